@@ -1,0 +1,7 @@
+"""Benchmark scenarios by name: each module exposes ``run(quick: bool = False)``."""
+
+SCENARIOS: dict[str, str] = {
+    "mailbox": "bench.scenarios.mailbox",
+    "timers": "bench.scenarios.timers",
+    "idle": "bench.scenarios.idle",
+}

@@ -1,0 +1,119 @@
+"""Every exception Turnstile raises, in one place.
+
+The hierarchy::
+
+    TurnstileError
+    ├── ActorError
+    │   ├── MailboxFull            tell_nowait on a full mailbox (a WouldBlock for actors)
+    │   ├── ActorStopped           the actor stopped before handling the message
+    │   ├── ActorCrashed           the actor crashed and was given up on
+    │   └── SupervisorEscalation   a supervisor exceeded its restart intensity
+    ├── DecodeError                a malformed or unknown message; ``field`` names the culprit
+    ├── TimerError                 misuse of the timer wheel (past deadline, unknown handle)
+    └── StoreError
+        ├── NotFound (also LookupError)   no row with that id
+        ├── AlreadyExists                 a row with that id exists
+        ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
+        └── MigrationError                the schema could not be brought up to date
+
+Each error carries a stable ``code`` so that it can cross the wire unchanged.
+"""
+
+from __future__ import annotations
+
+
+class TurnstileError(Exception):
+    """Base of every error Turnstile raises on purpose."""
+
+    code: str = "internal"
+
+
+class ActorError(TurnstileError):
+    """Something went wrong delivering to, or running, an actor."""
+
+    code = "actor_error"
+
+
+class MailboxFull(ActorError):
+    """``tell_nowait`` found the mailbox at capacity; await ``tell`` to wait instead."""
+
+    code = "busy"
+
+
+class ActorStopped(ActorError):
+    """The actor stopped (or was never running) before it could handle the message."""
+
+    code = "actor_stopped"
+
+
+class ActorCrashed(ActorError):
+    """The actor crashed more often than its supervisor allows and was given up on."""
+
+    code = "actor_crashed"
+
+
+class SupervisorEscalation(ActorError):
+    """A supervisor exceeded its restart intensity and hands the failure to its parent.
+
+    Attributes:
+        supervisor: name of the supervisor that gave up.
+        report: the crash report of the last failure.
+    """
+
+    code = "supervisor_escalation"
+
+    def __init__(self, supervisor: str, report: object) -> None:
+        super().__init__(f"supervisor {supervisor!r} exceeded its restart intensity: {report}")
+        self.supervisor = supervisor
+        self.report = report
+
+
+class DecodeError(TurnstileError):
+    """A message could not be decoded.
+
+    Attributes:
+        field: dotted path of the offending field (``"$.session_id"``), or None when the
+            payload as a whole is malformed.
+    """
+
+    code = "bad_message"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class TimerError(TurnstileError):
+    """The timer wheel was used in a way it does not allow."""
+
+    code = "timer_error"
+
+
+class StoreError(TurnstileError):
+    """A store operation failed."""
+
+    code = "store_error"
+
+
+class NotFound(StoreError, LookupError):
+    """No row with the given id."""
+
+    code = "not_found"
+
+
+class AlreadyExists(StoreError):
+    """A row with the given id already exists."""
+
+    code = "already_exists"
+
+
+class ConflictError(StoreError):
+    """A compare-and-set lost, or a state transition is not allowed from the current state."""
+
+    code = "conflict"
+
+
+class MigrationError(StoreError):
+    """The schema could not be migrated (for example, it is newer than this code)."""
+
+    code = "migration_error"

@@ -1,0 +1,75 @@
+"""Fixtures shared by the whole suite.
+
+PostgreSQL: ``pg_dsn`` yields a DSN for a reachable server (``TURNSTILE_TEST_PG_DSN``, default
+``postgresql://postgres@127.0.0.1:5432/test``). Without one the test is skipped with the reason,
+except under ``CI=true``, where a skipped PostgreSQL test is a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import socket
+from urllib.parse import urlparse
+
+import pytest
+import trio
+
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _pg_reachable(dsn: str) -> str | None:
+    """None when a TCP connection to the DSN's host works, else why not."""
+    url = urlparse(dsn)
+    host, port = url.hostname or "127.0.0.1", url.port or 5432
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return None
+    except OSError as exc:
+        return f"PostgreSQL at {host}:{port} unreachable ({exc})"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    dsn = os.environ.get("TURNSTILE_TEST_PG_DSN", DEFAULT_PG_DSN)
+    why = _pg_reachable(dsn)
+    if why is not None:
+        if IN_CI:
+            pytest.fail(f"{why}; CI=true requires PostgreSQL tests to run")
+        pytest.skip(f"{why}; set TURNSTILE_TEST_PG_DSN or start the local cluster")
+    return dsn
+
+
+GUARD_SECONDS = 60
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "guard(seconds): raise the per-test fail_after deadline (trio's clock)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Wrap every async test in ``trio.fail_after``: no test may hang the suite.
+
+    The deadline is on trio's clock, so under ``MockClock(autojump_threshold=0)`` a deadlock
+    (every task blocked forever) fails at once instead of hanging.
+    """
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if not inspect.iscoroutinefunction(fn):
+            continue
+        marker = item.get_closest_marker("guard")
+        seconds = marker.args[0] if marker else GUARD_SECONDS
+        item.obj = _guarded(fn, seconds)
+
+
+def _guarded(fn, seconds: float):
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        with trio.fail_after(seconds):
+            return await fn(*args, **kwargs)
+
+    return wrapper
