@@ -1,0 +1,130 @@
+"""Virtual actors: activation on first message, passivation when idle, state round trip."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from runtime.actor import Actor
+from runtime.registry import Registry
+from runtime.supervisor import open_supervisor
+
+
+class Account(Actor):
+    """Keeps a balance in a dict that stands in for the store."""
+
+    def __init__(self, key: str, store: dict, log: list) -> None:
+        self.key = key
+        self.store = store
+        self.log = log
+        self.balance = 0
+
+    async def on_start(self) -> None:
+        await trio.sleep(0.01)  # a load takes time
+        self.balance = self.store.get(self.key, 0)
+        self.log.append(("activate", self.key, self.balance))
+
+    async def on_stop(self) -> None:
+        await trio.sleep(0.5)  # so does a save: a new activation must wait for it
+        self.store[self.key] = self.balance
+        self.log.append(("passivate", self.key, self.balance))
+
+    async def receive(self, message):
+        if message == "boom":
+            raise RuntimeError("boom")
+        self.balance += message
+        return self.balance
+
+
+async def open_registry(sup, store, log, idle=10.0):
+    registry = Registry(sup, idle_timeout=idle)
+    registry.register("account", lambda key: Account(key, store, log))
+    return registry
+
+
+async def test_first_message_activates_and_idle_passivates_with_state_saved(autojump_clock):
+    store: dict = {}
+    log: list = []
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, store, log)
+        ref = registry.ref("account:alice")
+        assert not registry.is_active("account:alice")
+        assert await ref.ask(5) == 5
+        assert registry.is_active("account:alice")
+        await trio.sleep(9)
+        assert await ref.ask(1) == 6  # activity resets the idle timer
+        await trio.sleep(11)
+        assert not registry.is_active("account:alice")
+        assert store == {"account:alice".split(":")[1]: 6}
+        assert await ref.ask(4) == 10  # reactivated from saved state
+        stats = registry.statistics()
+        assert (stats.activations, stats.passivations) == (2, 1)
+    assert log == [
+        ("activate", "alice", 0),
+        ("passivate", "alice", 6),
+        ("activate", "alice", 6),
+        ("passivate", "alice", 10),
+    ]
+
+
+async def test_message_during_passivation_waits_for_the_save(autojump_clock):
+    store: dict = {}
+    log: list = []
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, store, log, idle=1.0)
+        ref = registry.ref("account:bob")
+        await ref.tell(3)
+        await trio.sleep(1.2)  # idle fired; on_stop is still saving (takes 0.5 s)
+        assert registry.statistics().passivating == 1
+        assert await ref.ask(2) == 5  # the new activation loaded what the old one saved
+    assert log[:3] == [("activate", "bob", 0), ("passivate", "bob", 3), ("activate", "bob", 3)]
+
+
+async def test_concurrent_first_messages_activate_once():
+    store: dict = {}
+    log: list = []
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, store, log)
+        ref = registry.ref("account:carol")
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(ref.tell, 1)
+        assert await ref.ask(0) == 50
+        assert registry.statistics().activations == 1
+
+
+async def test_a_crashing_actor_restarts_without_touching_the_others(autojump_clock):
+    store: dict = {}
+    log: list = []
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, store, log)
+        a, b = registry.ref("account:a"), registry.ref("account:b")
+        await a.tell(1)
+        await b.tell(7)
+        await a.tell("boom")
+        assert await a.ask(1) == 1  # fresh incarnation, state as loaded (nothing saved)
+        assert await b.ask(0) == 7
+
+
+async def test_unknown_kind_and_bad_address_are_lookup_errors():
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = Registry(sup)
+        with pytest.raises(LookupError, match="^no actor kind 'nope' registered$"):
+            registry.ref("nope:1")
+        with pytest.raises(LookupError, match="^address must look like 'kind:key', got 'x'$"):
+            registry.ref("x")
+        with pytest.raises(ValueError, match="^kind must be non-empty without ':', got 'a:b'$"):
+            registry.register("a:b", Actor)
+
+
+async def test_passivated_actors_leave_nothing_in_the_registry(autojump_clock):
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, {}, [], idle=1.0)
+        for i in range(200):
+            await registry.ref(f"account:{i}").tell(1)
+        assert registry.statistics().active == 200
+        await trio.sleep(5)
+        stats = registry.statistics()
+        assert (stats.active, stats.passivating) == (0, 0)
+        assert sup.children == []
