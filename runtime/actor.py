@@ -112,7 +112,7 @@ class ActorRef:
     async def stop(self) -> None:
         """Stop gracefully: queued messages are handled first; wait until ``on_stop`` is done."""
         self._cell.request_stop()
-        await self._cell.stopped.wait()
+        await self._cell.wait_stopped()
 
 
 class ActorCell:
@@ -127,6 +127,7 @@ class ActorCell:
         on_idle: a synchronous callback that returns True to stop the actor for idleness.
 
     Attributes:
+        finished: True once the actor is gone for good.
         on_finish: called once, synchronously, when the actor is gone for good.
     """
 
@@ -135,7 +136,8 @@ class ActorCell:
         "factory",
         "mailbox",
         "ref",
-        "stopped",
+        "finished",
+        "_stopped",
         "idle_timeout",
         "on_idle",
         "on_finish",
@@ -154,7 +156,8 @@ class ActorCell:
         self.factory = factory
         self.mailbox = Mailbox(capacity, owner=name)
         self.ref = ActorRef(name, self)
-        self.stopped = trio.Event()
+        self.finished = False
+        self._stopped: trio.Event | None = None  # made on demand: idle actors stay small
         self.idle_timeout = idle_timeout
         self.on_idle = on_idle
         self.on_finish: Callable[[ActorCell], None] | None = None
@@ -171,10 +174,21 @@ class ActorCell:
         self.mailbox.close()
         self.mailbox.fail_pending(error_factory)
         self.actor = None
-        if not self.stopped.is_set():
-            self.stopped.set()
+        if not self.finished:
+            self.finished = True
+            if self._stopped is not None:
+                self._stopped.set()
             if self.on_finish is not None:
                 self.on_finish(self)
+
+    async def wait_stopped(self) -> None:
+        """Wait until the actor is gone for good (returns at once if it already is)."""
+        if self.finished:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._stopped is None:
+            self._stopped = trio.Event()
+        await self._stopped.wait()
 
     async def run_incarnation(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run one incarnation: ``on_start``, messages until stopped, ``on_stop``.

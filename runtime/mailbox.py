@@ -111,7 +111,7 @@ class Mailbox:
         self.capacity = capacity
         self.owner = owner
         self._reader: trio.lowlevel.Task | None = None
-        self._writers = ParkingLot()
+        self._writers: ParkingLot | None = None  # made when a writer first waits
         self._closed = False
 
     def __len__(self) -> int:
@@ -147,6 +147,8 @@ class Mailbox:
         """
         await checkpoint_if_cancelled()
         while len(self.queue) >= self.capacity and not self._closed:
+            if self._writers is None:
+                self._writers = ParkingLot()
             await self._writers.park()
         self.put_nowait(item)
         await cancel_shielded_checkpoint()
@@ -185,7 +187,8 @@ class Mailbox:
     def close(self) -> None:
         """Refuse new messages from now on; writers waiting for room get ``ActorStopped``."""
         self._closed = True
-        self._writers.unpark_all()
+        if self._writers is not None:
+            self._writers.unpark_all()
 
     def reopen(self) -> None:
         """Accept messages again (a supervisor restarting the owner)."""
@@ -203,5 +206,6 @@ class Mailbox:
             if type(item) is Ask:
                 item.reply.set_error(error_factory())
             dropped += 1
-        self._writers.unpark_all()
+        if self._writers is not None:
+            self._writers.unpark_all()
         return dropped

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from runtime.actor import Actor, ActorCell, ActorRef
 from runtime.errors import ActorStopped
 from runtime.supervisor import Supervisor
@@ -97,7 +95,7 @@ class Registry:
         self._supervisor = supervisor
         self._factories: dict[str, Callable[[str], Actor]] = {}
         self._live: dict[str, ActorCell] = {}
-        self._passivating: dict[str, trio.Event] = {}
+        self._passivating: dict[str, ActorCell] = {}
         self.idle_timeout = idle_timeout
         self.mailbox_size = mailbox_size
         self._activations = 0
@@ -142,7 +140,7 @@ class Registry:
         cell = self._live.get(address)
         if cell is not None:
             self._begin_passivation(cell)
-            await cell.stopped.wait()
+            await cell.wait_stopped()
 
     def _split(self, address: str) -> tuple[str, str]:
         kind, sep, key = address.partition(":")
@@ -160,7 +158,7 @@ class Registry:
             saving = self._passivating.get(address)
             if saving is None:
                 return self._activate(address)
-            await saving.wait()  # the old activation is saving; start after it
+            await saving.wait_stopped()  # the old activation is saving; start after it
 
     def _resolve_nowait(self, address: str) -> ActorRef:
         cell = self._live.get(address)
@@ -191,7 +189,7 @@ class Registry:
         address = cell.name
         if self._live.get(address) is cell:
             del self._live[address]
-            self._passivating[address] = cell.stopped
+            self._passivating[address] = cell
             self._passivations += 1
         cell.request_stop()
         return True
@@ -201,5 +199,5 @@ class Registry:
         address = cell.name
         if self._live.get(address) is cell:
             del self._live[address]
-        if self._passivating.get(address) is cell.stopped:
+        if self._passivating.get(address) is cell:
             del self._passivating[address]

@@ -81,7 +81,7 @@ class _Child:
         self.run_once = run_once
         self.restart = restart
         self.scope: trio.CancelScope | None = None
-        self.restarts: deque[float] = deque()
+        self.restarts: deque[float] | None = None  # per-child intensity, made on first crash
         self.cell = cell
 
 
@@ -310,7 +310,12 @@ class Supervisor:
         if not child.restart:
             self._give_up(child, report)
         now = trio.current_time()
-        window = self._restarts if self.escalate else child.restarts
+        if self.escalate:
+            window = self._restarts
+        else:
+            if child.restarts is None:
+                child.restarts = deque()
+            window = child.restarts
         while window and window[0] <= now - self.within:
             window.popleft()
         if len(window) >= self.max_restarts:

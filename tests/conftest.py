@@ -73,3 +73,13 @@ def _guarded(fn, seconds: float):
             return await fn(*args, **kwargs)
 
     return wrapper
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """Under CI=true a skipped PostgreSQL test is a failure, never a quiet skip."""
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and item.get_closest_marker("postgres") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"PostgreSQL test skipped under CI=true: {report.longrepr}"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv and install the project into it, editable.
+# Usage: scripts/venv.sh [EXTRAS]   e.g. scripts/venv.sh dev
+# Reinstalls only when pyproject.toml changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "turnstile needs Python >= 3.11 (found: $("$python" --version 2>&1))" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=".venv/.installed-${extras:-base}"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  spec="."
+  [ -n "$extras" ] && spec=".[$extras]"
+  .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/python -m pip install --quiet -e "$spec"
+  echo "$want" > "$stamp"
+fi
