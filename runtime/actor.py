@@ -271,4 +271,3 @@ class Crash(Exception):
         self.actor = actor
         self.message = message
         self.exc = exc
-

@@ -63,8 +63,7 @@ async def serve(settings: ServeSettings, *, task_status=trio.TASK_STATUS_IGNORED
                     "turnstile_actors_active": stats.active,
                     "turnstile_actor_activations_total": stats.activations,
                     "turnstile_actor_passivations_total": stats.passivations,
-                    "turnstile_crashes_total": len(root.crash_reports)
-                    + len(actors.crash_reports),
+                    "turnstile_crashes_total": len(root.crash_reports) + len(actors.crash_reports),
                 }
 
             app = build_app(health=store.ping, metrics=metrics, version=package_version())

@@ -193,9 +193,7 @@ class Supervisor:
         cell = self._new_cell(factory, name, mailbox_size, idle_timeout, on_idle)
         child = _Child(cell.name, cell.run_incarnation, restart, cell)
         self._children[cell.name] = child
-        self._require_nursery().start_soon(
-            self._supervise, child, False, name=f"actor {cell.name}"
-        )
+        self._require_nursery().start_soon(self._supervise, child, False, name=f"actor {cell.name}")
         return cell.ref
 
     async def spawn_supervisor(
