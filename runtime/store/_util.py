@@ -1,0 +1,174 @@
+"""Helpers shared by the backends: argument checks, JSON, timestamps, error messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from runtime.clock import utc
+from runtime.errors import ConflictError, NotFound
+from runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
+
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+def check_text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    return value
+
+
+def check_int(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    return value
+
+
+def check_limit(limit: object) -> int:
+    check_int(limit, "limit")
+    if limit <= 0:  # type: ignore[operator]
+        raise ValueError("limit must be positive")
+    return limit  # type: ignore[return-value]
+
+
+def check_time(value: object, what: str) -> datetime:
+    """An aware UTC datetime (naive input is taken to be UTC)."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
+    return utc(value)
+
+
+def check_input_states(states: Sequence[str] | None) -> list[str] | None:
+    if states is None:
+        return None
+    if isinstance(states, str):
+        raise TypeError("states must be a sequence of str, not a str")
+    for s in states:
+        if s not in INPUT_STATES:
+            raise ValueError(f"unknown input state {s!r}")
+    return list(states)
+
+
+def check_job_state(state: object) -> str:
+    if state not in JOB_STATES:
+        raise ValueError(f"unknown job state {state!r}")
+    return state  # type: ignore[return-value]
+
+
+def check_job_states(states: Sequence[str] | None) -> list[str] | None:
+    if states is None:
+        return None
+    if isinstance(states, str):
+        raise TypeError("states must be a sequence of str, not a str")
+    return [check_job_state(s) for s in states]
+
+
+def check_input_state(state: object) -> str:
+    """``state`` must name an input state (whether the move is legal is checked later)."""
+    if state not in INPUT_STATES:
+        raise ValueError(f"unknown input state {state!r}")
+    return state  # type: ignore[return-value]
+
+
+def transition_error(input_id: int, current: str, target: str) -> ConflictError:
+    return ConflictError(f"cannot move input {input_id} from {current} to {target}")
+
+
+def finish_allowed(current: str, target: str) -> bool:
+    return current == "running" and target in FINAL_INPUT_STATES
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def encode_json(value: dict[str, Any], what: str = "payload") -> str:
+    """A dict as JSON text; anything else (or anything unencodable) is a TypeError."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be a dict, not {type(value).__name__}")
+    try:
+        return _json_encoder.encode(value).decode()
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(f"{what} is not JSON-encodable: {exc}") from None
+
+
+def encode_optional_json(value: dict[str, Any] | None, what: str = "detail") -> str | None:
+    return None if value is None else encode_json(value, what)
+
+
+def decode_json(text: str | bytes) -> Any:
+    return _json_decoder.decode(text)
+
+
+def decode_optional_json(text: str | bytes | None) -> Any:
+    return None if text is None else _json_decoder.decode(text)
+
+
+# -- timestamps (SQLite stores fixed-width ISO-8601 text, so text order is time order) ----------
+
+
+def format_ts(dt: datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC (always 27 characters)."""
+    return utc(dt).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def format_optional_ts(dt: datetime | None) -> str | None:
+    return None if dt is None else format_ts(dt)
+
+
+def parse_ts(text: str) -> datetime:
+    return utc(datetime.fromisoformat(text))
+
+
+def parse_optional_ts(text: str | None) -> datetime | None:
+    return None if text is None else parse_ts(text)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def no_session(session_id: str) -> NotFound:
+    return NotFound(f"no session with id {session_id!r}")
+
+
+def no_input(input_id: int) -> NotFound:
+    return NotFound(f"no input with id {input_id}")
+
+
+def no_job(job_id: str) -> NotFound:
+    return NotFound(f"no job with id {job_id!r}")
+
+
+def no_run(run_id: int) -> NotFound:
+    return NotFound(f"no run with id {run_id}")
+
+
+def check_fire_input(value: object) -> tuple[str, str] | None:
+    """``(source, payload)`` -> ``(source, payload as JSON)``."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise TypeError("input must be a (source, payload) pair")
+    source, payload = value
+    return check_text(source, "source"), encode_json(payload)
+
+
+def check_events(events: object) -> list[tuple[str, str]]:
+    """``[(type, payload), ...]`` -> ``[(type, payload as JSON), ...]``."""
+    if isinstance(events, str | bytes | dict) or not isinstance(events, Sequence):
+        raise TypeError("events must be a sequence of (type, payload) pairs")
+    out = []
+    for event in events:
+        if not isinstance(event, tuple | list) or len(event) != 2:
+            raise TypeError("events must be a sequence of (type, payload) pairs")
+        type_, payload = event
+        out.append((check_text(type_, "event type"), encode_json(payload)))
+    return out

@@ -1,0 +1,395 @@
+"""The ``Store`` protocol: the durable truth of the runtime.
+
+The store is the truth; memory is a cache. Every method is a trio-flavoured coroutine; every
+write is durable (committed) when the call returns. Two backends implement it:
+:mod:`runtime.store.sqlite` (embedded default) and :mod:`runtime.store.postgres`.
+
+Errors (all from :mod:`runtime.errors`):
+
+* :class:`~runtime.errors.NotFound` - no row with that id (``no session with id 'x'``).
+* :class:`~runtime.errors.AlreadyExists` - a row with that id exists.
+* :class:`~runtime.errors.ConflictError` - an illegal state transition.
+* :class:`~runtime.errors.MigrationError` - the schema could not be brought up to date.
+* :class:`~runtime.errors.StoreError` - anything else the database reported.
+
+Malformed arguments (a payload that is not a dict, an unknown state name) raise ``TypeError``
+or ``ValueError`` before anything is written.
+
+Optional arguments of the ``update_*`` methods default to :data:`UNSET` ("leave as is"), so
+that ``None`` can mean "set to NULL" where a column is nullable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from msgspec import UNSET, UnsetType
+
+from runtime.clock import Clock
+from runtime.store.records import (
+    EventRecord,
+    FireResult,
+    InboxItem,
+    Job,
+    JobRun,
+    MigrationRecord,
+    Session,
+)
+
+__all__ = ["Store", "UNSET", "UnsetType"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Sessions, their inboxes and event logs, and the scheduler's jobs and runs.
+
+    Attributes:
+        backend: ``"sqlite"`` or ``"postgres"``.
+        clock: the clock whose wall time stamps every row.
+    """
+
+    backend: str
+    clock: Clock
+
+    # -- schema -------------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        """Round-trip a trivial query; raises when the database does not answer.
+
+        Used by ``/healthz``.
+        """
+        ...
+
+    async def migrations(self) -> list[MigrationRecord]:
+        """The applied schema migrations, oldest first.
+
+        Returns:
+            One record per row of ``schema_migrations``.
+        """
+        ...
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        id: str,
+        owner: str,
+        metadata: dict[str, Any] | None = None,
+        policy: str = "enqueue",
+    ) -> Session:
+        """Create a session with an empty inbox and event log.
+
+        Args:
+            id: caller-supplied, non-empty.
+            owner: the user it belongs to.
+            metadata: free-form JSON object (default ``{}``).
+            policy: what to do with input arriving mid-turn.
+
+        Returns:
+            The new session (``last_seq`` 0).
+
+        Raises:
+            AlreadyExists: ``session 'x' already exists``.
+        """
+        ...
+
+    async def get_session(self, id: str) -> Session:
+        """Read one session.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def list_sessions(
+        self, owner: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Session]:
+        """List sessions ordered by id (byte order), one page at a time.
+
+        Args:
+            owner: only this user's sessions; None for all.
+            limit: at most this many (positive).
+            after_id: keyset pagination - only ids greater than this one.
+
+        Returns:
+            Up to ``limit`` sessions; pass the last one's id as ``after_id`` for the next page.
+        """
+        ...
+
+    async def update_session(
+        self,
+        id: str,
+        *,
+        metadata: dict[str, Any] | UnsetType = UNSET,
+        policy: str | UnsetType = UNSET,
+    ) -> Session:
+        """Replace a session's metadata and/or policy; bumps ``updated_at`` when anything is set.
+
+        Returns:
+            The session as stored after the update.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def delete_session(self, id: str) -> None:
+        """Delete a session with its inbox, events, jobs and their runs.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    # -- inbox --------------------------------------------------------------------------------
+
+    async def enqueue_input(
+        self, session_id: str, source: str, payload: dict[str, Any]
+    ) -> InboxItem:
+        """Append a turn input to a session's inbox, in state ``queued``.
+
+        The input is durable when this returns: the return is the acknowledgement.
+
+        Args:
+            session_id: the session.
+            source: where it came from (``"user"``, ``"cron"``, ...).
+            payload: the input.
+
+        Returns:
+            The stored item, with its store-assigned monotonic id.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def claim_next_input(self, session_id: str) -> InboxItem | None:
+        """Atomically move the oldest ``queued`` input of a session to ``running``.
+
+        Concurrent callers (even on different store instances) never get the same item.
+
+        Returns:
+            The claimed item (state ``running``), or None when nothing is queued.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def finish_input(
+        self, input_id: int, state: str, detail: dict[str, Any] | None = None
+    ) -> InboxItem:
+        """Move a ``running`` input to ``done``, ``failed`` or ``interrupted``.
+
+        Args:
+            input_id: the item.
+            state: one of :data:`~runtime.store.records.FINAL_INPUT_STATES`.
+            detail: what to record with it (an error, a summary); replaces any earlier detail.
+
+        Returns:
+            The item as stored after the change.
+
+        Raises:
+            ValueError: ``state`` is not an input state at all.
+            NotFound: ``no input with id 5``.
+            ConflictError: the transition is illegal: ``cannot move input 5 from done to failed``.
+        """
+        ...
+
+    async def list_inputs(
+        self, session_id: str, states: Sequence[str] | None = None
+    ) -> list[InboxItem]:
+        """A session's inbox in id (arrival) order, optionally only items in ``states``.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def interrupt_running(self) -> list[InboxItem]:
+        """Crash recovery at start-up: move every ``running`` input to ``interrupted``.
+
+        Returns:
+            The items changed, by id.
+        """
+        ...
+
+    async def sessions_with_queued_inputs(self) -> list[str]:
+        """Ids of the sessions that have at least one ``queued`` input, sorted (for recovery)."""
+        ...
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def append_events(
+        self, session_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[EventRecord]:
+        """Atomically append events to a session's log.
+
+        Seqs are consecutive, gap-free and strictly increasing per session, however many
+        appenders (tasks, processes, store instances) run at once.
+
+        Args:
+            session_id: the session.
+            events: ``(type, payload)`` pairs; an empty sequence is a no-op.
+
+        Returns:
+            The stored events, with their seqs, in the given order.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def read_events(
+        self, session_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[EventRecord]:
+        """Events with ``seq > after_seq``, ordered by seq, at most ``limit`` of them.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def last_seq(self, session_id: str) -> int:
+        """The seq of the session's last event, 0 when its log is empty.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    async def create_job(
+        self,
+        id: str,
+        *,
+        kind: str,
+        spec: dict[str, Any],
+        session_id: str | None = None,
+        next_fire_at: datetime | None = None,
+        state: str = "active",
+    ) -> Job:
+        """Create a job (``run_count`` 0).
+
+        Args:
+            id: caller-supplied, non-empty.
+            kind: the kind of schedule; not interpreted by the store.
+            spec: the schedule and what to deliver.
+            session_id: the session its turns go to, or None.
+            next_fire_at: the first occurrence, or None.
+            state: one of :data:`~runtime.store.records.JOB_STATES`.
+
+        Raises:
+            AlreadyExists: ``job 'x' already exists``.
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def get_job(self, id: str) -> Job:
+        """Read one job.
+
+        Raises:
+            NotFound: ``no job with id 'x'``.
+        """
+        ...
+
+    async def list_jobs(
+        self, session_id: str | None = None, states: Sequence[str] | None = None
+    ) -> list[Job]:
+        """Jobs ordered by (created_at, id), optionally of one session and/or in ``states``."""
+        ...
+
+    async def update_job(
+        self,
+        id: str,
+        *,
+        kind: str | UnsetType = UNSET,
+        spec: dict[str, Any] | UnsetType = UNSET,
+        state: str | UnsetType = UNSET,
+        next_fire_at: datetime | None | UnsetType = UNSET,
+    ) -> Job:
+        """Change a job's fields; bumps ``updated_at`` when anything is set.
+
+        This is a plain write, not a compare-and-set: to consume an occurrence use
+        :meth:`fire_job`.
+
+        Returns:
+            The job as stored after the update.
+
+        Raises:
+            NotFound: ``no job with id 'x'``.
+        """
+        ...
+
+    async def delete_job(self, id: str) -> None:
+        """Delete a job and its runs (inbox items it enqueued stay).
+
+        Raises:
+            NotFound: ``no job with id 'x'``.
+        """
+        ...
+
+    async def due_jobs(self, before: datetime, limit: int = 100) -> list[Job]:
+        """Active jobs with ``next_fire_at <= before``, ordered by (next_fire_at, id)."""
+        ...
+
+    async def list_runs(self, job_id: str, limit: int = 100) -> list[JobRun]:
+        """A job's runs, newest first, at most ``limit``.
+
+        Raises:
+            NotFound: ``no job with id 'x'``.
+        """
+        ...
+
+    async def update_run(
+        self, run_id: int, state: str, detail: dict[str, Any] | None = None
+    ) -> JobRun:
+        """Set a run's state (any non-empty string, e.g. ``"turn_completed"``).
+
+        Args:
+            run_id: the run.
+            state: the new state.
+            detail: the new detail; None leaves the current detail as it is.
+
+        Raises:
+            NotFound: ``no run with id 5``.
+        """
+        ...
+
+    async def fire_job(
+        self,
+        job_id: str,
+        expected_next_fire_at: datetime,
+        new_next_fire_at: datetime | None,
+        run_state: str = "queued",
+        input: tuple[str, dict[str, Any]] | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> FireResult | None:
+        """Consume one occurrence of a job, exactly once, in one transaction.
+
+        Compare-and-set: only when the job is ``active`` and its ``next_fire_at`` equals
+        ``expected_next_fire_at``, the store advances ``next_fire_at`` to ``new_next_fire_at``
+        (None also moves the job to ``completed``), increments ``run_count``, records a run for
+        the occurrence (``scheduled_for = expected_next_fire_at``) and, when ``input`` is
+        given, enqueues it in the job's session inbox and links it to the run.
+
+        Args:
+            job_id: the job.
+            expected_next_fire_at: the occurrence being fired, as read from the job.
+            new_next_fire_at: the following occurrence, or None when there is none.
+            run_state: the state of the new run.
+            input: ``(source, payload)`` of the turn input to enqueue, or None.
+            detail: the new run's detail, or None.
+
+        Returns:
+            What was written, or None when the compare-and-set lost (the job was fired,
+            changed, paused or completed by someone else).
+
+        Raises:
+            NotFound: ``no job with id 'x'``.
+            ConflictError: ``input`` was given but the job has no session.
+        """
+        ...

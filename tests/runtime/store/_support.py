@@ -1,0 +1,73 @@
+"""Helpers for the store suite: a manual clock, and raw SQL access behind the store's back."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from runtime.clock import Clock
+from runtime.store import open_store
+
+T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+
+
+class ManualClock(Clock):
+    """Wall time that only moves when told to."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.t = start
+        super().__init__(lambda: self.t)
+
+    def advance(self, **delta: float) -> None:
+        self.t += timedelta(**delta)
+
+
+class Backend:
+    """Which database a test runs against, and raw SQL access to it behind the store's back."""
+
+    def __init__(self, kind: str, url: str, admin_dsn: str | None = None) -> None:
+        self.kind = kind
+        self.url = url
+        self.admin_dsn = admin_dsn
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.kind}>"
+
+    def open(self, clock: Clock | None = None):
+        return open_store(self.url, clock=clock)
+
+    async def sql(self, query: str, *args: Any) -> list[tuple]:
+        """Run one statement (``?`` placeholders for sqlite, ``$n`` for postgres)."""
+        if self.kind == "sqlite":
+            path = self.url.removeprefix("sqlite:///")
+
+            def run() -> list[tuple]:
+                conn = sqlite3.connect(path, isolation_level=None)
+                try:
+                    return [tuple(r) for r in conn.execute(query, args).fetchall()]
+                finally:
+                    conn.close()
+
+            return await trio.to_thread.run_sync(run)
+        rows = await pg_run(self.url, query, *args)
+        return [tuple(r) for r in rows]
+
+    async def count(self, table: str) -> int:
+        return (await self.sql(f"SELECT count(*) FROM {table}"))[0][0]
+
+
+async def pg_run(dsn: str, query: str, *args: Any) -> list[Any]:
+    """One statement on a fresh connection (own trio-asyncio loop)."""
+    async with trio_asyncio.open_loop() as loop:
+        aio = trio_asyncio.aio_as_trio
+
+        conn = await aio(asyncpg.connect, loop=loop)(dsn)
+        try:
+            return await aio(conn.fetch, loop=loop)(query, *args)
+        finally:
+            await aio(conn.close, loop=loop)()

@@ -1,0 +1,196 @@
+"""Jobs, runs and the exactly-once ``fire_job``, on both backends."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import trio
+
+from runtime.errors import AlreadyExists, ConflictError, NotFound
+from runtime.store import Job
+from tests.runtime.store._support import T0
+
+H = timedelta(hours=1)
+
+
+async def test_create_get_list_job(store):
+    await store.create_session("s1", "ada")
+    job = await store.create_job(
+        "j1", kind="cron", spec={"cron": "0 9 * * *"}, session_id="s1", next_fire_at=T0
+    )
+    assert job == Job(
+        id="j1",
+        session_id="s1",
+        kind="cron",
+        spec={"cron": "0 9 * * *"},
+        state="active",
+        next_fire_at=T0,
+        created_at=T0,
+        updated_at=T0,
+        run_count=0,
+    )
+    assert await store.get_job("j1") == job
+    bare = await store.create_job("j0", kind="once", spec={}, state="paused")
+    assert bare.session_id is None and bare.next_fire_at is None and bare.state == "paused"
+
+    assert [j.id for j in await store.list_jobs()] == ["j0", "j1"]
+    assert [j.id for j in await store.list_jobs(session_id="s1")] == ["j1"]
+    assert [j.id for j in await store.list_jobs(states=["paused"])] == ["j0"]
+    assert [j.id for j in await store.list_jobs(states=["active", "paused"])] == ["j0", "j1"]
+    assert await store.list_jobs(session_id="s1", states=["paused"]) == []
+    assert await store.list_jobs(states=[]) == []
+
+
+async def test_job_errors(store):
+    await store.create_job("j1", kind="once", spec={})
+    with pytest.raises(AlreadyExists, match=r"^job 'j1' already exists$"):
+        await store.create_job("j1", kind="once", spec={})
+    with pytest.raises(NotFound, match=r"^no session with id 'nope'$"):
+        await store.create_job("j2", kind="once", spec={}, session_id="nope")
+    with pytest.raises(NotFound, match=r"^no job with id 'nope'$"):
+        await store.get_job("nope")
+    with pytest.raises(NotFound, match=r"^no job with id 'nope'$"):
+        await store.update_job("nope", state="paused")
+    with pytest.raises(NotFound, match=r"^no job with id 'nope'$"):
+        await store.delete_job("nope")
+    with pytest.raises(NotFound, match=r"^no job with id 'nope'$"):
+        await store.list_runs("nope")
+    with pytest.raises(ValueError, match=r"^unknown job state 'running'$"):
+        await store.create_job("j3", kind="once", spec={}, state="running")
+    with pytest.raises(ValueError, match=r"^unknown job state 'x'$"):
+        await store.update_job("j1", state="x")
+    with pytest.raises(ValueError, match=r"^unknown job state 'x'$"):
+        await store.list_jobs(states=["x"])
+    with pytest.raises(TypeError, match="spec must be a dict"):
+        await store.create_job("j4", kind="once", spec=None)
+    assert [j.id for j in await store.list_jobs()] == ["j1"]
+
+
+async def test_update_and_delete_job(store, clock):
+    await store.create_job("j1", kind="cron", spec={"a": 1}, next_fire_at=T0)
+    clock.advance(minutes=1)
+    job = await store.update_job("j1", state="paused", spec={"a": 2})
+    assert (job.state, job.spec, job.next_fire_at) == ("paused", {"a": 2}, T0)
+    assert job.updated_at == T0 + timedelta(minutes=1)
+    job = await store.update_job("j1", next_fire_at=T0 + H, kind="interval")
+    assert (job.kind, job.next_fire_at) == ("interval", T0 + H)
+    job = await store.update_job("j1", next_fire_at=None)
+    assert job.next_fire_at is None
+    assert await store.update_job("j1") == job
+    assert await store.get_job("j1") == job
+    await store.delete_job("j1")
+    with pytest.raises(NotFound):
+        await store.get_job("j1")
+
+
+async def test_due_jobs(store):
+    await store.create_job("late", kind="once", spec={}, next_fire_at=T0 + 2 * H)
+    await store.create_job("b", kind="once", spec={}, next_fire_at=T0)
+    await store.create_job("a", kind="once", spec={}, next_fire_at=T0)
+    await store.create_job("early", kind="once", spec={}, next_fire_at=T0 - H)
+    await store.create_job("paused", kind="once", spec={}, next_fire_at=T0 - H, state="paused")
+    await store.create_job("never", kind="once", spec={})
+    assert [j.id for j in await store.due_jobs(T0)] == ["early", "a", "b"]
+    assert [j.id for j in await store.due_jobs(T0, limit=2)] == ["early", "a"]
+    assert [j.id for j in await store.due_jobs(T0 - 2 * H)] == []
+    assert [j.id for j in await store.due_jobs(T0 + 3 * H)] == ["early", "a", "b", "late"]
+    # a naive datetime is taken to be UTC
+    assert len(await store.due_jobs(T0.replace(tzinfo=None))) == 3
+
+
+async def test_fire_job(store, clock):
+    await store.create_session("s1", "ada")
+    await store.create_job("j1", kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    clock.advance(seconds=2)
+
+    fired = await store.fire_job("j1", T0, T0 + H, input=("cron", {"text": "standup"}))
+    assert fired is not None
+    assert (fired.job.next_fire_at, fired.job.run_count, fired.job.state) == (T0 + H, 1, "active")
+    assert fired.input.session_id == "s1" and fired.input.source == "cron"
+    assert fired.input.payload == {"text": "standup"} and fired.input.state == "queued"
+    assert fired.run.job_id == "j1" and fired.run.scheduled_for == T0
+    assert fired.run.state == "queued" and fired.run.input_id == fired.input.id
+    assert await store.get_job("j1") == fired.job
+    assert await store.list_inputs("s1") == [fired.input]
+    assert await store.list_runs("j1") == [fired.run]
+
+    # the same occurrence again: the compare-and-set loses, nothing is written
+    assert await store.fire_job("j1", T0, T0 + H, input=("cron", {})) is None
+    assert len(await store.list_inputs("s1")) == 1
+    assert (await store.get_job("j1")).run_count == 1
+
+    # a missed occurrence: a run without input
+    missed = await store.fire_job("j1", T0 + H, T0 + 2 * H, run_state="missed", detail={"n": 1})
+    assert missed.input is None and missed.run.input_id is None
+    assert (missed.run.state, missed.run.detail) == ("missed", {"n": 1})
+
+    # no next occurrence: the job completes and can no longer fire
+    last = await store.fire_job("j1", T0 + 2 * H, None, input=("cron", {}))
+    assert (last.job.state, last.job.next_fire_at, last.job.run_count) == ("completed", None, 3)
+    assert await store.fire_job("j1", T0 + 2 * H, None) is None
+    assert await store.due_jobs(T0 + 10 * H) == []
+    assert [r.scheduled_for for r in await store.list_runs("j1")] == [T0 + 2 * H, T0 + H, T0]
+
+
+async def test_fire_job_refusals(store):
+    await store.create_session("s1", "ada")
+    await store.create_job("paused", kind="cron", spec={}, next_fire_at=T0, state="paused")
+    assert await store.fire_job("paused", T0, T0 + H) is None
+    with pytest.raises(NotFound, match=r"^no job with id 'nope'$"):
+        await store.fire_job("nope", T0, T0 + H)
+
+    await store.create_job("lonely", kind="cron", spec={}, next_fire_at=T0)
+    with pytest.raises(ConflictError, match=r"^job 'lonely' has no session$"):
+        await store.fire_job("lonely", T0, T0 + H, input=("cron", {}))
+    job = await store.get_job("lonely")  # rolled back entirely
+    assert (job.next_fire_at, job.run_count) == (T0, 0)
+    assert await store.list_runs("lonely") == []
+    with pytest.raises(TypeError, match=r"input must be a \(source, payload\) pair"):
+        await store.fire_job("lonely", T0, T0 + H, input={"text": "x"})
+
+
+async def test_concurrent_fires_enqueue_once(store, backend):
+    """Two store instances race to fire each occurrence: exactly one wins, one input appears."""
+    await store.create_session("s1", "ada")
+    await store.create_job("j1", kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    async with backend.open() as other:
+        for k in range(5):
+            results = []
+
+            async def fire(s, k=k, results=results) -> None:
+                occurrence = T0 + k * H
+                results.append(
+                    await s.fire_job("j1", occurrence, occurrence + H, input=("cron", {"k": k}))
+                )
+
+            async with trio.open_nursery() as nursery:
+                for s in (store, other, store, other):
+                    nursery.start_soon(fire, s)
+            assert sum(r is not None for r in results) == 1
+    inputs = await store.list_inputs("s1")
+    assert [i.payload["k"] for i in inputs] == [0, 1, 2, 3, 4]
+    runs = await store.list_runs("j1")
+    assert len(runs) == 5 and {r.input_id for r in runs} == {i.id for i in inputs}
+    assert (await store.get_job("j1")).run_count == 5
+
+
+async def test_list_and_update_runs(store, clock):
+    await store.create_job("j1", kind="cron", spec={}, next_fire_at=T0)
+    for k in range(4):
+        await store.fire_job("j1", T0 + k * H, T0 + (k + 1) * H)
+    runs = await store.list_runs("j1")
+    assert [r.scheduled_for for r in runs] == [T0 + k * H for k in (3, 2, 1, 0)]  # newest first
+    assert [r.id for r in await store.list_runs("j1", limit=2)] == [runs[0].id, runs[1].id]
+
+    clock.advance(seconds=30)
+    run = await store.update_run(runs[-1].id, "turn_completed", {"tokens": 5})
+    assert (run.state, run.detail, run.created_at) == ("turn_completed", {"tokens": 5}, T0)
+    assert run.updated_at == T0 + timedelta(seconds=30)
+    run = await store.update_run(run.id, "turn_failed")  # None keeps the detail
+    assert (run.state, run.detail) == ("turn_failed", {"tokens": 5})
+    with pytest.raises(NotFound, match=r"^no run with id 99999$"):
+        await store.update_run(99999, "missed")
+    await store.delete_job("j1")
+    with pytest.raises(NotFound, match=rf"^no run with id {run.id}$"):
+        await store.update_run(run.id, "missed")
