@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 import trio
@@ -17,14 +18,21 @@ def _serve(args: argparse.Namespace) -> int:
     settings = ServeSettings(host=args.host, port=args.port, store=args.store)
 
     async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, settings)
-            print(f"turnstile serving on {', '.join(binds)} (store {settings.store})", flush=True)
+        # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the
+        # actors (their on_stop runs), then close the store.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(serve, settings)
+                print(
+                    f"turnstile serving on {', '.join(binds)} (store {settings.store})", flush=True
+                )
+                async for signum in signals:
+                    print(f"turnstile stopping ({signal.Signals(signum).name})", file=sys.stderr)
+                    nursery.cancel_scope.cancel()
+                    break
 
-    try:
-        trio.run(run)
-    except KeyboardInterrupt:
-        print("turnstile stopped", file=sys.stderr)
+    trio.run(run)
+    print("turnstile stopped", file=sys.stderr)
     return 0
 
 

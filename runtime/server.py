@@ -70,6 +70,7 @@ async def serve(settings: ServeSettings, *, task_status=trio.TASK_STATUS_IGNORED
             config = Config()
             config.bind = [f"{settings.host}:{settings.port}"]
             config.accesslog = None
+            config.errorlog = None  # our own logging config reports what hypercorn says
             config.graceful_timeout = 5.0
             binds = await root._require_nursery().start(hypercorn_serve, app, config)
             log.info("turnstile %s serving on %s", package_version(), ", ".join(binds))
