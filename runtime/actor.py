@@ -42,6 +42,16 @@ class Actor:
 
     ref: ActorRef
 
+    #: Set True to get ``self.nursery``: a nursery that lives as long as this incarnation, for
+    #: tasks the actor starts itself (a session's running turn). It is cancelled after
+    #: ``on_stop``; a task in it that fails crashes the actor.
+    uses_nursery: bool = False
+    nursery: trio.Nursery | None = None
+
+    def can_passivate(self) -> bool:
+        """Whether an idle virtual actor may be passivated now (False while work runs)."""
+        return True
+
     async def on_start(self) -> None:
         """Runs before the first message of each incarnation (load state here)."""
 
@@ -201,6 +211,26 @@ class ActorCell:
         actor = self.factory()
         actor.ref = self.ref
         self.actor = actor
+        if not actor.uses_nursery:
+            await self._run(actor, task_status)
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                actor.nursery = nursery
+                await self._run(actor, task_status)
+                nursery.cancel_scope.cancel()  # whatever the actor left running ends with it
+        except BaseExceptionGroup as group:
+            crashes, _ = group.split(Crash)
+            if crashes is not None:
+                raise _first_leaf(crashes) from None
+            errors, _ = group.split(Exception)
+            if errors is not None:  # one of the actor's own tasks failed
+                raise Crash(self.name, None, errors, "running its own task") from errors
+            raise
+        finally:
+            actor.nursery = None
+
+    async def _run(self, actor: Actor, task_status) -> None:
         mailbox = self.mailbox
         queue = mailbox.queue
         item: object = None
@@ -218,7 +248,12 @@ class ActorCell:
                     else:
                         with trio.move_on_after(self.idle_timeout):
                             await mailbox.wait_nonempty()
-                        if not queue and self.on_idle is not None and self.on_idle(self):
+                        if (
+                            not queue
+                            and self.on_idle is not None
+                            and actor.can_passivate()
+                            and self.on_idle(self)
+                        ):
                             break
                         continue
                 item = mailbox.take()
@@ -263,11 +298,21 @@ async def _run_failure_hook(actor: Actor, exc: BaseException, message: object) -
         log.exception("on_failure of %r failed", actor)
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 class Crash(Exception):
     """One incarnation of an actor failed; carries what a crash report needs."""
 
-    def __init__(self, actor: str, message: object, exc: BaseException) -> None:
+    def __init__(
+        self, actor: str, message: object, exc: BaseException, during: str | None = None
+    ) -> None:
         super().__init__(f"{actor} crashed")
         self.actor = actor
         self.message = message
         self.exc = exc
+        if during is None:
+            during = "starting" if message is None else f"handling {type(message).__name__}"
+        self.during = during

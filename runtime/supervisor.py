@@ -53,7 +53,9 @@ class CrashReport:
     Attributes:
         supervisor: the supervisor's name.
         actor: the crashed child's name.
-        message_type: the type name of the message being handled, or None (``on_start``).
+        message_type: the type name of the message being handled, or None.
+        during: what the actor was doing: ``handling Foo``, ``starting``, or
+            ``running its own task``.
         error: the exception raised.
         traceback: the formatted traceback.
         at: trio's clock when it happened.
@@ -62,13 +64,15 @@ class CrashReport:
     supervisor: str
     actor: str
     message_type: str | None
+    during: str
     error: BaseException
     traceback: str
     at: float
 
     def __str__(self) -> str:
-        what = f"handling {self.message_type}" if self.message_type else "starting"
-        return f"{self.actor} crashed while {what}: {type(self.error).__name__}: {self.error}"
+        return (
+            f"{self.actor} crashed while {self.during}: {type(self.error).__name__}: {self.error}"
+        )
 
 
 class _Child:
@@ -334,14 +338,15 @@ class Supervisor:
 
     def _report(self, child: _Child, failure: BaseException) -> CrashReport:
         if isinstance(failure, Crash):
-            error, message = failure.exc, failure.message
+            error, message, during = failure.exc, failure.message, failure.during
             message_type = None if message is None else type(message).__name__
         else:
-            error, message_type = failure, None
+            error, message_type, during = failure, None, "supervising its children"
         report = CrashReport(
             supervisor=self.name,
             actor=child.name,
             message_type=message_type,
+            during=during,
             error=error,
             traceback="".join(traceback.format_exception(error)),
             at=trio.current_time(),

@@ -147,3 +147,57 @@ async def test_cancelled_actor_still_runs_on_stop(autojump_clock):
             await ref.tell(("slow", 100))
             await trio.sleep_forever()
     assert log == ["start", "stop"]
+
+
+class Worker(Actor):
+    """Starts background work in its own nursery."""
+
+    uses_nursery = True
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    async def _work(self, seconds: float, fail: bool) -> None:
+        try:
+            await trio.sleep(seconds)
+            if fail:
+                raise OSError("background work failed")
+            self.log.append("work done")
+        except trio.Cancelled:
+            self.log.append("work cancelled")
+            raise
+
+    async def on_stop(self) -> None:
+        self.log.append("stop")
+
+    async def receive(self, message):
+        seconds, fail = message
+        self.nursery.start_soon(self._work, seconds, fail)
+        return "started"
+
+
+async def test_actor_nursery_tasks_run_beside_the_mailbox_and_end_with_the_actor(autojump_clock):
+    log: list = []
+    async with open_supervisor() as sup:
+        ref = await sup.spawn(lambda: Worker(log), name="worker")
+        assert await ref.ask((1, False)) == "started"
+        assert await ref.ask((50, False)) == "started"  # the mailbox is free while work runs
+        await trio.sleep(2)
+        await ref.stop()
+    assert log == ["work done", "stop", "work cancelled"]
+
+
+async def test_a_failing_actor_task_crashes_the_actor_and_it_restarts(autojump_clock):
+    log: list = []
+    reports = []
+    async with open_supervisor(on_crash=reports.append) as sup:
+        ref = await sup.spawn(lambda: Worker(log), name="worker")
+        await ref.ask((1, True))
+        await trio.sleep(2)
+        assert await ref.ask((1, False)) == "started"  # a new incarnation answers
+        await trio.sleep(2)
+    assert [str(r) for r in reports] == [
+        "worker crashed while running its own task: ExceptionGroup: Exceptions from Trio nursery "
+        "(1 sub-exception)"
+    ]
+    assert "work done" in log

@@ -1,0 +1,23 @@
+"""Agents: the protocol a turn runs through, and the built-in agents."""
+
+from runtime.agents.base import (
+    Agent,
+    AgentError,
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnContext,
+    TurnInput,
+)
+from runtime.agents.scripted import ScriptedAgent
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "HistoryEntry",
+    "ToolResult",
+    "ToolSpec",
+    "TurnContext",
+    "TurnInput",
+    "ScriptedAgent",
+]

@@ -1,0 +1,133 @@
+"""The agent protocol: what a turn gets, and what it gives back.
+
+A session runs one turn at a time. For each turn the runtime builds a ``TurnContext`` and calls
+``await agent.run_turn(ctx)``. The agent streams text and thinking through ``ctx.emit``, calls
+tools through ``ctx.call_tool`` (the runtime emits ``tool_started`` / ``tool_call`` events and
+records the call in history), and, before each model call, folds in what
+``ctx.take_injections()`` hands it (background results, watcher escalations, injected user
+messages). It returns the final response text; an empty string closes the turn with the
+explicit status ``empty``. Raising closes the turn as ``failed`` with a short message on the
+stream; the full exception goes to the internal run record, not the transcript.
+
+Cancellation (``stop``, ``interrupt``) arrives as ``trio.Cancelled`` at the agent's next
+checkpoint; agents must let it propagate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "HistoryEntry",
+    "ToolSpec",
+    "ToolResult",
+    "TurnContext",
+    "TurnInput",
+]
+
+
+class AgentError(Exception):
+    """A turn failed for a reason worth showing the user in one short line."""
+
+
+class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
+    """What started the turn.
+
+    Attributes:
+        input_id: the durable inbox id.
+        source: ``user``, ``cron``, ``recall``, ``heartbeat``, ``webhook`` or ``notification``.
+        content: the text the agent should respond to.
+        payload: everything else the sender attached.
+    """
+
+    input_id: int
+    source: str
+    content: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One item of a session's transcript, oldest first.
+
+    Attributes:
+        role: ``user`` (any input, see ``source``), ``assistant`` or ``tool``.
+        content: the text (for ``tool``: the JSON result).
+        source: for ``user`` entries, where the input came from.
+        tool: for ``tool`` entries, the tool's name.
+        arguments: for ``tool`` entries, the arguments it was called with.
+        call_id: for ``tool`` entries, the model's id for the call (if any).
+        status: for ``assistant`` entries, how the turn ended.
+    """
+
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    source: str | None = None
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+    call_id: str | None = None
+    status: str | None = None
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as a model's function calling sees it (name, description, JSON schema)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The outcome of a tool call, success or not; tool errors are data, not exceptions.
+
+    Attributes:
+        ok: whether the tool succeeded.
+        data: the tool's result when ``ok``.
+        error: ``{"code": …, "message": …, "field"?: …}`` when not ``ok``.
+    """
+
+    ok: bool
+    data: Any = None
+    error: dict[str, Any] | None = None
+
+
+@runtime_checkable
+class TurnContext(Protocol):
+    """What an agent may see and do during one turn."""
+
+    session_id: str
+    input: TurnInput
+    history: list[HistoryEntry]
+    tools: list[ToolSpec]
+
+    async def emit(self, type: Literal["stream_delta", "thinking_delta"], text: str) -> None:
+        """Stream a piece of the answer (``stream_delta``) or of the reasoning."""
+        ...
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], call_id: str | None = None
+    ) -> ToolResult:
+        """Run a tool by name; never raises for tool failures (see ``ToolResult.ok``)."""
+        ...
+
+    def take_injections(self) -> list[HistoryEntry]:
+        """Inputs queued for this turn's next model call (and forget them)."""
+        ...
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Something that can run a turn."""
+
+    name: str
+
+    async def run_turn(self, turn: TurnContext) -> str:
+        """Run one turn and return the final response text ('' for an empty result)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the agent holds (HTTP clients, …)."""
+        ...
