@@ -12,8 +12,11 @@ from runtime.errors import (
     ActorError,
     ActorStopped,
     AlreadyExists,
+    Busy,
     ConflictError,
     DecodeError,
+    InvalidArgument,
+    LimitExceeded,
     MailboxFull,
     MigrationError,
     NotFound,
@@ -21,6 +24,7 @@ from runtime.errors import (
     SupervisorEscalation,
     TimerError,
     TurnstileError,
+    Unauthorized,
 )
 from runtime.registry import Registry, RegistryStatistics, VirtualRef
 from runtime.store import Store, open_store
@@ -60,6 +64,10 @@ __all__ = [
     "ActorCrashed",
     "SupervisorEscalation",
     "DecodeError",
+    "InvalidArgument",
+    "LimitExceeded",
+    "Busy",
+    "Unauthorized",
     "TimerError",
     "StoreError",
     "NotFound",

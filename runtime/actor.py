@@ -119,6 +119,10 @@ class ActorRef:
         await self._cell.mailbox.put(Ask(message, reply))
         return await reply.wait()
 
+    def stop_nowait(self) -> None:
+        """Ask the actor to stop gracefully without waiting (an actor may do this to itself)."""
+        self._cell.request_stop()
+
     async def stop(self) -> None:
         """Stop gracefully: queued messages are handled first; wait until ``on_stop`` is done."""
         self._cell.request_stop()

@@ -9,6 +9,10 @@ The hierarchy::
     │   ├── ActorCrashed           the actor crashed and was given up on
     │   └── SupervisorEscalation   a supervisor exceeded its restart intensity
     ├── DecodeError                a malformed or unknown message; ``field`` names the culprit
+    ├── InvalidArgument            a well-formed request with a value out of bounds (``field``)
+    ├── LimitExceeded              a configured limit was reached (sessions per user, queue depth)
+    ├── Busy                       the target refuses work now (a session with policy reject)
+    ├── Unauthorized               no valid token
     ├── TimerError                 misuse of the timer wheel (past deadline, unknown handle)
     └── StoreError
         ├── NotFound (also LookupError)   no row with that id
@@ -81,6 +85,42 @@ class DecodeError(TurnstileError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidArgument(TurnstileError, ValueError):
+    """A value is out of bounds or not allowed.
+
+    Attributes:
+        field: the offending field's name, if there is one.
+    """
+
+    code = "invalid_argument"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LimitExceeded(TurnstileError):
+    """A configured limit was reached; the message names the limit."""
+
+    code = "limit_exceeded"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class Busy(TurnstileError):
+    """The target cannot take this work right now; retry later."""
+
+    code = "busy"
+
+
+class Unauthorized(TurnstileError):
+    """The request carries no valid token."""
+
+    code = "unauthorized"
 
 
 class TimerError(TurnstileError):
