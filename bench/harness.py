@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import logging
 import os
 import platform
 import sys
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
     args = parser.parse_args(argv)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a baseline, not our output
     names = args.scenarios or list(SCENARIOS)
     results = []
     for name in names:

@@ -9,6 +9,7 @@ from runtime.agents.base import (
     TurnContext,
     TurnInput,
 )
+from runtime.agents.openai import OpenAIAgent
 from runtime.agents.scripted import ScriptedAgent
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "TurnContext",
     "TurnInput",
     "ScriptedAgent",
+    "OpenAIAgent",
 ]

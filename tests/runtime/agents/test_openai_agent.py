@@ -1,0 +1,409 @@
+"""OpenAIAgent against a real (fake) OpenAI-compatible server on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+import trio
+
+from runtime.agents.base import (
+    AgentError,
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnContext,
+    TurnInput,
+)
+from runtime.agents.openai import OpenAIAgent
+from tests.runtime.agents.fake_openai import (
+    FakeOpenAI,
+    Reply,
+    Stall,
+    Stream,
+    chunk,
+    start_fake_openai,
+    text_stream,
+    tool_piece,
+)
+
+ENV_VARS = (
+    "TURNSTILE_OPENAI_BASE_URL",
+    "OPENAI_BASE_URL",
+    "TURNSTILE_OPENAI_MODEL",
+    "OPENAI_MODEL",
+    "TURNSTILE_OPENAI_API_KEY",
+    "OPENAI_API_KEY",
+)
+CLOCK = ToolSpec(
+    name="clock",
+    description="What time is it?",
+    parameters={"type": "object", "properties": {"zone": {"type": "string"}}},
+)
+
+
+class FakeTurn:
+    """A TurnContext that records what the agent does."""
+
+    def __init__(
+        self,
+        content: str = "hello",
+        *,
+        source: str = "user",
+        history: list[HistoryEntry] | None = None,
+        tools: list[ToolSpec] | None = None,
+        injections: list[HistoryEntry] | None = None,
+        inject_on_call: list[HistoryEntry] | None = None,
+    ) -> None:
+        self.session_id = "s-1"
+        self.input = TurnInput(input_id=1, source=source, content=content)
+        self.history = history or []
+        self.tools = tools or []
+        self.events: list[tuple[str, str]] = []
+        self.calls: list[tuple[str, dict[str, Any], str | None]] = []
+        self.injections = list(injections or [])
+        self.inject_on_call = list(inject_on_call or [])
+
+    async def emit(self, type: str, text: str) -> None:
+        self.events.append((type, text))
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], call_id: str | None = None
+    ) -> ToolResult:
+        self.calls.append((name, arguments, call_id))
+        self.injections.extend(self.inject_on_call)
+        self.inject_on_call = []
+        if name == "broken":
+            return ToolResult(ok=False, error={"code": "boom", "message": "it broke"})
+        return ToolResult(ok=True, data={"time": "12:00", "args": arguments})
+
+    def take_injections(self) -> list[HistoryEntry]:
+        taken, self.injections = self.injections, []
+        return taken
+
+    def deltas(self, kind: str = "stream_delta") -> list[str]:
+        return [text for type, text in self.events if type == kind]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+async def fake(nursery) -> FakeOpenAI:
+    return await start_fake_openai(nursery)
+
+
+@pytest.fixture
+async def agent(fake):
+    agent = OpenAIAgent(base_url=fake.base_url, model="test-model")
+    yield agent
+    await agent.aclose()
+
+
+def test_fake_turn_is_a_turn_context():
+    assert isinstance(FakeTurn(), TurnContext)
+
+
+async def test_streams_text_deltas_in_order_and_returns_the_full_text(fake, agent):
+    fake.script(text_stream("Hel", "lo", ", ", "world.", split=True))  # events cut in two
+    turn = FakeTurn("hi")
+    assert await agent.run_turn(turn) == "Hello, world."
+    assert turn.events == [("stream_delta", p) for p in ("Hel", "lo", ", ", "world.")]
+    (seen,) = fake.requests
+    assert seen.body["stream"] is True
+    assert seen.body["model"] == "test-model"
+    assert seen.body["messages"] == [{"role": "user", "content": "hi"}]
+    assert "tools" not in seen.body
+
+
+async def test_thinking_deltas_in_both_spellings(fake, agent):
+    fake.script(
+        Stream(
+            [
+                chunk(reasoning_content="Let me "),
+                chunk(reasoning="think."),
+                chunk(content="Done."),
+            ]
+        )
+    )
+    turn = FakeTurn()
+    assert await agent.run_turn(turn) == "Done."
+    assert turn.events == [
+        ("thinking_delta", "Let me "),
+        ("thinking_delta", "think."),
+        ("stream_delta", "Done."),
+    ]
+
+
+async def test_tool_call_round_trip(fake, agent):
+    fake.script(
+        Stream(
+            [
+                chunk(content="Checking. "),
+                chunk(tool_calls=[tool_piece(0, id="call_a", name="clock", arguments="")]),
+                chunk(tool_calls=[tool_piece(0, arguments='{"zo')]),
+                chunk(tool_calls=[tool_piece(0, arguments='ne": "UTC"}')]),
+                chunk(tool_calls=[tool_piece(1, id="call_b", name="broken", arguments="{}")]),
+            ]
+        ),
+        text_stream("It is ", "noon."),
+    )
+    turn = FakeTurn("what time is it?", tools=[CLOCK])
+    assert await agent.run_turn(turn) == "It is noon."
+    assert turn.calls == [("clock", {"zone": "UTC"}, "call_a"), ("broken", {}, "call_b")]
+    assert turn.deltas() == ["Checking. ", "It is ", "noon."]
+
+    first, second = fake.requests
+    assert first.body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "clock",
+                "description": "What time is it?",
+                "parameters": CLOCK.parameters,
+            },
+        }
+    ]
+    assert second.body["messages"][:1] == first.body["messages"]
+    assistant, clock_result, broken_result = second.body["messages"][1:]
+    assert assistant == {
+        "role": "assistant",
+        "content": "Checking. ",
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "clock", "arguments": '{"zone": "UTC"}'},
+            },
+            {"id": "call_b", "type": "function", "function": {"name": "broken", "arguments": "{}"}},
+        ],
+    }
+    assert clock_result == {
+        "role": "tool",
+        "tool_call_id": "call_a",
+        "content": json.dumps({"time": "12:00", "args": {"zone": "UTC"}}),
+    }
+    assert broken_result["tool_call_id"] == "call_b"
+    assert json.loads(broken_result["content"]) == {
+        "error": {"code": "boom", "message": "it broke"}
+    }
+
+
+async def test_history_sources_and_injections_become_messages(fake, agent):
+    history = [
+        HistoryEntry(role="user", content="remind me at 9", source="user"),
+        HistoryEntry(role="tool", content='{"ok": true}', tool="remind", arguments={"at": "9"}),
+        HistoryEntry(role="tool", content="[]", tool="list", arguments={}, call_id="call_h"),
+        HistoryEntry(role="assistant", content="Done.", status="completed"),
+        HistoryEntry(role="user", content="nightly report", source="cron"),
+    ]
+    fake.script(
+        Stream([chunk(tool_calls=[tool_piece(0, id="call_1", name="clock", arguments="{}")])]),
+        text_stream("ok"),
+    )
+    turn = FakeTurn(
+        "it is 9",
+        source="recall",
+        history=history,
+        injections=[HistoryEntry(role="user", content="early", source="user")],
+        inject_on_call=[HistoryEntry(role="user", content="job done", source="notification")],
+    )
+    agent.system_prompt = "Be brief."
+    assert await agent.run_turn(turn) == "ok"
+
+    first, second = (seen.body["messages"] for seen in fake.requests)
+    generated_id = first[2]["tool_calls"][0]["id"]
+    assert generated_id.startswith("call_")
+    assert first == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "remind me at 9"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": generated_id,
+                    "type": "function",
+                    "function": {"name": "remind", "arguments": '{"at": "9"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": generated_id, "content": '{"ok": true}'},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_h",
+                    "type": "function",
+                    "function": {"name": "list", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_h", "content": "[]"},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "[cron] nightly report"},
+        {"role": "user", "content": "[recall] it is 9"},
+        {"role": "user", "content": "early"},
+    ]
+    assert second[: len(first)] == first
+    assert second[len(first) :][-1] == {"role": "user", "content": "[notification] job done"}
+    assert [m["role"] for m in second[len(first) :]] == ["assistant", "tool", "user"]
+
+
+async def test_bad_tool_arguments_are_reported_to_the_model(fake, agent):
+    fake.script(
+        Stream(
+            [
+                chunk(tool_calls=[tool_piece(0, id="c1", name="clock", arguments='{"zone": ')]),
+                chunk(tool_calls=[tool_piece(1, id="c2", name="clock", arguments="[1]")]),
+            ]
+        ),
+        text_stream("sorry"),
+    )
+    turn = FakeTurn(tools=[CLOCK])
+    assert await agent.run_turn(turn) == "sorry"
+    assert turn.calls == []  # neither call reached the tool
+    results = [m for m in fake.requests[1].body["messages"] if m["role"] == "tool"]
+    first, second = (json.loads(m["content"])["error"] for m in results)
+    assert first["code"] == second["code"] == "invalid_arguments"
+    assert "not valid JSON" in first["message"]
+    assert "must be a JSON object" in second["message"]
+
+
+async def test_max_tool_rounds_is_enforced(fake):
+    call = Stream([chunk(tool_calls=[tool_piece(0, id="c", name="clock", arguments="{}")])])
+    fake.script(call, call, call, call)
+    agent = OpenAIAgent(base_url=fake.base_url, max_tool_rounds=2)
+    turn = FakeTurn()
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(turn)
+    await agent.aclose()
+    assert str(info.value) == "tool call limit reached (2 rounds)"
+    assert len(turn.calls) == 2
+    assert len(fake.requests) == 3
+
+
+async def test_http_error_status_uses_the_json_error_message(fake, agent):
+    fake.script(Reply(500, json.dumps({"error": {"message": "model exploded", "type": "x"}})))
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    assert str(info.value) == "model server answered 500: model exploded"
+
+
+async def test_http_error_status_with_a_plain_body(fake, agent):
+    fake.script(Reply(502, "upstream\n  " + "x" * 300, content_type="text/plain"))
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    assert str(info.value) == "model server answered 502: " + ("upstream " + "x" * 300)[:200]
+
+
+async def test_the_api_key_is_sent_as_bearer_and_never_echoed(fake):
+    fake.script(text_stream("hi"), Reply(401, json.dumps({"error": "bad key sk-secret-123"})))
+    agent = OpenAIAgent(base_url=fake.base_url, api_key="sk-secret-123")
+    await agent.run_turn(FakeTurn())
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    await agent.aclose()
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-secret-123"
+    assert str(info.value) == "model server answered 401: bad key ***"
+    assert "sk-secret" not in repr(agent)
+
+
+async def test_no_authorization_header_without_a_key(fake, agent):
+    fake.script(text_stream("hi"))
+    await agent.run_turn(FakeTurn())
+    assert "authorization" not in fake.requests[0].headers
+
+
+async def test_unreachable_server():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    agent = OpenAIAgent(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x")
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    await agent.aclose()
+    assert str(info.value).startswith("model server unreachable: ")
+
+
+async def test_read_timeout_is_unreachable(fake):
+    fake.script(Stall())
+    agent = OpenAIAgent(base_url=fake.base_url, timeout=0.2)
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    await agent.aclose()
+    assert str(info.value) == "model server unreachable: timed out"
+
+
+async def test_cancellation_propagates(fake, agent):
+    fake.script(Stall())
+    with trio.move_on_after(0.2) as scope:
+        await agent.run_turn(FakeTurn())
+    assert scope.cancelled_caught
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        Stream([chunk(content="a"), "{not json"]),
+        Stream(['["a list"]']),
+        Stream([{"choices": "nope"}]),
+        Stream([chunk(tool_calls="nope")]),
+    ],
+)
+async def test_malformed_stream_data(fake, agent, stream):
+    fake.script(stream)
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    assert str(info.value) == "model server sent malformed data"
+
+
+async def test_error_event_mid_stream(fake, agent):
+    fake.script(Stream([chunk(content="a"), {"error": {"message": "overloaded"}}]))
+    with pytest.raises(AgentError) as info:
+        await agent.run_turn(FakeTurn())
+    assert str(info.value) == "model server error: overloaded"
+
+
+async def test_non_streaming_json_answer_is_accepted(fake, agent):
+    message = {"role": "assistant", "content": "whole"}
+    fake.script(Reply(200, json.dumps({"choices": [{"index": 0, "message": message}]})))
+    turn = FakeTurn()
+    assert await agent.run_turn(turn) == "whole"
+    assert turn.deltas() == ["whole"]
+
+
+async def test_empty_answer_and_usage_only_chunks(fake, agent):
+    fake.script(Stream([chunk(role="assistant"), {"choices": [], "usage": {"total_tokens": 3}}]))
+    assert await agent.run_turn(FakeTurn()) == ""
+
+
+async def test_env_fallback(fake, monkeypatch):
+    monkeypatch.setenv("TURNSTILE_OPENAI_BASE_URL", fake.base_url + "/")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # TURNSTILE_* wins
+    monkeypatch.setenv("OPENAI_MODEL", "env-model")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    fake.script(text_stream("hi"))
+    agent = OpenAIAgent()
+    assert await agent.run_turn(FakeTurn()) == "hi"
+    await agent.aclose()
+    assert fake.requests[0].body["model"] == "env-model"
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-env"
+
+
+def test_defaults_and_config():
+    agent = OpenAIAgent()
+    assert (agent.base_url, agent.model) == ("https://api.openai.com/v1", "gpt-4o-mini")
+    configured = OpenAIAgent.from_config(
+        {"base_url": "http://localhost:11434/v1", "model": "qwen3", "system_prompt": "hi"}
+    )
+    assert configured.base_url == "http://localhost:11434/v1"
+    assert (configured.model, configured.system_prompt) == ("qwen3", "hi")
+    with pytest.raises(ValueError, match="modle"):
+        OpenAIAgent.from_config({"modle": "x"})
