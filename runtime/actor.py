@@ -88,6 +88,11 @@ class ActorRef:
         """How many messages are waiting."""
         return len(self._cell.mailbox)
 
+    @property
+    def mailbox_capacity(self) -> int:
+        """How many messages may wait before ``tell`` blocks."""
+        return self._cell.mailbox.capacity
+
     async def tell(self, message: object) -> None:
         """Deliver ``message``, waiting while the mailbox is full.
 

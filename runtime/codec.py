@@ -24,8 +24,9 @@ _AT_PATH = re.compile(r" - at `(?P<path>[^`]+)`$")
 
 
 class Message(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
-    """Base for every message. Subclasses get a ``type`` tag (their snake_case name by default
-    via ``tag=...``) and should give new fields defaults so stored messages stay readable."""
+    """Base for every message. Subclasses set their ``type`` tag with ``tag=...``, pass
+    ``kw_only=True`` when a required field follows one with a default (msgspec applies it per
+    class), and give new fields defaults so stored messages stay readable."""
 
 
 class ClientMessage(Message, forbid_unknown_fields=True):

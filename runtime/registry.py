@@ -122,6 +122,19 @@ class Registry:
         self._split(address)
         return VirtualRef(address, self)
 
+    async def resolve(self, address: str) -> ActorRef:
+        """The live actor behind ``address``, activating it if needed.
+
+        Raises:
+            LookupError: the kind is not registered, or the address is malformed.
+        """
+        self._split(address)
+        return await self._resolve(address)
+
+    def mailbox_depth(self) -> int:
+        """Messages waiting in every live activation's mailbox, together."""
+        return sum(len(cell.mailbox) for cell in self._live.values())
+
     def is_active(self, address: str) -> bool:
         """True while an activation for ``address`` is live."""
         return address in self._live

@@ -1,78 +1,42 @@
-"""``turnstile serve``: one node — the store, the actor system and the HTTP gateway.
-
-Everything runs under one nursery: the supervisor that owns the actors, and hypercorn serving
-the Starlette app on trio. Shutdown (Ctrl-C or cancellation) stops the gateway, then every
-actor gracefully, then closes the store.
-"""
+"""Serving an ASGI app with hypercorn's trio worker, the way a node needs it."""
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
-
 import trio
-from hypercorn.config import Config
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from runtime.gateway import build_app
-from runtime.registry import Registry
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
-
-__all__ = ["ServeSettings", "serve"]
-
-log = logging.getLogger("turnstile.server")
+__all__ = ["serve_app", "package_version"]
 
 
 def package_version() -> str:
     """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("turnstile-runtime")
     except PackageNotFoundError:
         return "0+unknown"
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    """What ``turnstile serve`` was asked to do.
+async def serve_app(
+    app,
+    *,
+    host: str,
+    port: int,
+    max_frame_bytes: int,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until cancelled; ``task_status.started`` gets the bound URLs.
 
-    Attributes:
-        host: the address to bind; 127.0.0.1 unless told otherwise.
-        port: the TCP port (0 picks a free one).
-        store: a store URL, ``sqlite:///path`` or ``postgresql://…``.
-        idle_timeout: seconds before an idle virtual actor is passivated.
+    WebSocket messages larger than ``max_frame_bytes`` are refused by hypercorn itself (close
+    code 1009) before they are buffered.
     """
-
-    host: str = "127.0.0.1"
-    port: int = 8765
-    store: str = "sqlite:///turnstile.db"
-    idle_timeout: float = 300.0
-
-
-async def serve(settings: ServeSettings, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run a node until cancelled; ``task_status.started`` gets the bound ``host:port`` list."""
-    async with open_store(settings.store) as store:
-        async with open_supervisor("root") as root:
-            actors = await root.spawn_supervisor("actors")
-            registry = Registry(actors, idle_timeout=settings.idle_timeout)
-
-            def metrics() -> dict[str, float]:
-                stats = registry.statistics()
-                return {
-                    "turnstile_actors_active": stats.active,
-                    "turnstile_actor_activations_total": stats.activations,
-                    "turnstile_actor_passivations_total": stats.passivations,
-                    "turnstile_crashes_total": len(root.crash_reports) + len(actors.crash_reports),
-                }
-
-            app = build_app(health=store.ping, metrics=metrics, version=package_version())
-            config = Config()
-            config.bind = [f"{settings.host}:{settings.port}"]
-            config.accesslog = None
-            config.errorlog = None  # our own logging config reports what hypercorn says
-            config.graceful_timeout = 5.0
-            binds = await root._require_nursery().start(hypercorn_serve, app, config)
-            log.info("turnstile %s serving on %s", package_version(), ", ".join(binds))
-            task_status.started(binds)
-            await trio.sleep_forever()
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None  # our logging reports what matters
+    config.graceful_timeout = 5.0
+    config.websocket_max_message_size = max_frame_bytes
+    config.h11_max_incomplete_size = 64 * 1024
+    await hypercorn_serve(app, config, task_status=task_status)

@@ -207,12 +207,18 @@ class Supervisor:
         *,
         max_restarts: int = 3,
         within: float = 5.0,
+        escalate: bool = True,
     ) -> Supervisor:
         """Start a nested supervisor as a child. Its escalation counts as this child's crash."""
         if name in self._children:
             raise ValueError(f"a child named {name!r} is already running")
         sub = Supervisor(
-            name, strategy, max_restarts=max_restarts, within=within, on_crash=self.on_crash
+            name,
+            strategy,
+            max_restarts=max_restarts,
+            within=within,
+            escalate=escalate,
+            on_crash=self.on_crash,
         )
         child = _Child(name, sub._run, True, None)
         self._children[name] = child

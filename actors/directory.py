@@ -1,0 +1,180 @@
+"""The session directory: the gateway's ``SessionBackend``, on top of session actors.
+
+It checks ownership (someone else's session is ``NotFound``, so ids do not leak), enforces the
+per-user and per-session limits, and turns each request into a message to the session's
+virtual actor. Reads that need no actor (events, history) go straight to the store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from actors.session import (
+    POLICIES,
+    Attach,
+    DeleteSession,
+    Detach,
+    SetPolicy,
+    StopTurn,
+    Submit,
+    ToolCaller,
+    load_history,
+)
+from runtime.agents.base import HistoryEntry, ToolResult
+from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
+from runtime.gateway.backend import Attached, Submitted, Subscriber
+from runtime.metrics import Metrics
+from runtime.registry import Registry
+from runtime.store import EventRecord, Session, Store
+
+__all__ = ["SessionDirectory"]
+
+#: Transcript entries ``GET /sessions/{id}/history`` returns at most.
+HISTORY_LIMIT = 1000
+_OWNER_CACHE_MAX = 100_000
+
+
+class SessionDirectory:
+    """Implements ``runtime.gateway.SessionBackend``.
+
+    Args:
+        store: the node's store.
+        registry: where ``session:<id>`` actors live.
+        tools: runs tools for ``call`` frames.
+        max_sessions_per_user: creation beyond it is ``LimitExceeded``.
+        metrics: where request counts go.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        tools: ToolCaller,
+        *,
+        max_sessions_per_user: int,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.tools = tools
+        self.max_sessions_per_user = max_sessions_per_user
+        self._metrics = metrics
+        self._owners: dict[str, str] = {}
+
+    async def ping(self) -> None:
+        await self.store.ping()
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics.snapshot()
+
+    # -- ownership --
+
+    async def _owned(self, user: str, session_id: str) -> None:
+        owner = self._owners.get(session_id)
+        if owner is None:
+            try:
+                owner = (await self.store.get_session(session_id)).owner
+            except NotFound:
+                raise NotFound(f"no session with id {session_id!r}") from None
+            if len(self._owners) >= _OWNER_CACHE_MAX:
+                self._owners.clear()
+            self._owners[session_id] = owner
+        if owner != user:
+            raise NotFound(f"no session with id {session_id!r}")
+
+    async def _ask(self, session_id: str, message: Any) -> Any:
+        ref = await self.registry.resolve(f"session:{session_id}")
+        if ref.mailbox_depth >= ref.mailbox_capacity:
+            raise Busy(f"session {session_id!r} has too many messages waiting; try again")
+        return await ref.ask(message)
+
+    # -- sessions --
+
+    async def create_session(
+        self,
+        user: str,
+        *,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        policy: str = "enqueue",
+    ) -> Session:
+        if policy not in POLICIES:
+            raise InvalidArgument(
+                f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy"
+            )
+        mine = await self.store.list_sessions(owner=user, limit=self.max_sessions_per_user)
+        if len(mine) >= self.max_sessions_per_user:
+            raise LimitExceeded(
+                f"user {user!r} already has {len(mine)} sessions "
+                f"(limit {self.max_sessions_per_user})"
+            )
+        session_id = session_id or uuid.uuid4().hex
+        session = await self.store.create_session(
+            session_id, user, metadata=metadata or {}, policy=policy
+        )
+        self._owners[session_id] = user
+        self._metrics.inc("turnstile_sessions_created_total")
+        return session
+
+    async def list_sessions(
+        self, user: str, *, limit: int = 100, after_id: str | None = None
+    ) -> list[Session]:
+        return await self.store.list_sessions(owner=user, limit=limit, after_id=after_id)
+
+    async def get_session(self, user: str, session_id: str) -> Session:
+        await self._owned(user, session_id)
+        return await self.store.get_session(session_id)
+
+    async def delete_session(self, user: str, session_id: str) -> None:
+        await self._owned(user, session_id)
+        await self._ask(session_id, DeleteSession())
+        self._owners.pop(session_id, None)
+
+    # -- turns --
+
+    async def submit(
+        self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None
+    ) -> Submitted:
+        await self._owned(user, session_id)
+        submitted = await self._ask(
+            session_id, Submit(source="user", content=content, payload=payload or {})
+        )
+        self._metrics.inc("turnstile_inputs_total")
+        return submitted
+
+    async def stop(self, user: str, session_id: str) -> bool:
+        await self._owned(user, session_id)
+        return await self._ask(session_id, StopTurn())
+
+    async def set_policy(self, user: str, session_id: str, policy: str) -> str:
+        await self._owned(user, session_id)
+        return await self._ask(session_id, SetPolicy(policy=policy))
+
+    # -- watching --
+
+    async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached:
+        await self._owned(user, session_id)
+        return await self._ask(session_id, Attach(subscriber=subscriber))
+
+    async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
+        await self._owned(user, session_id)
+        if self.registry.is_active(f"session:{session_id}"):
+            await self._ask(session_id, Detach(subscriber=subscriber))
+
+    async def read_events(
+        self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[EventRecord]:
+        await self._owned(user, session_id)
+        return await self.store.read_events(session_id, after_seq=after_seq, limit=limit)
+
+    async def history(self, user: str, session_id: str) -> list[HistoryEntry]:
+        await self._owned(user, session_id)
+        return await load_history(self.store, session_id, HISTORY_LIMIT)
+
+    async def call_tool(
+        self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
+    ) -> ToolResult:
+        await self._owned(user, session_id)
+        self._metrics.inc("turnstile_tool_calls_total")
+        return await self.tools.call(session_id, user, tool, arguments)

@@ -1,0 +1,589 @@
+"""The session actor: one agent session, one turn at a time.
+
+A ``SessionActor`` is a virtual actor (``session:<id>``). Its mailbox takes control messages —
+submit, attach, detach, stop, set_policy, inject, status, delete — and answers them at once, even
+mid-turn, because the turn itself runs as a task in the actor's own nursery. Turn inputs are
+durable: ``Submit`` writes the input to the session's inbox in the store *before* it answers,
+so an acknowledged input survives a crash. A single runner task claims inputs from the inbox
+oldest first and runs each as a turn, so turns never overlap and keep arrival order. Scheduled
+inputs (cron, recall, heartbeat, …) are ordinary inbox rows: one that arrives during a turn
+waits for the turn to end and is never folded into it.
+
+User messages that arrive during a turn follow the session's policy:
+
+* ``enqueue`` (default) — queue it; it runs after the current turn.
+* ``reject`` — refuse it with ``Busy``.
+* ``interrupt`` — queue it and cancel the running turn, which closes as ``interrupted``.
+* ``inject`` — fold it into the running turn before its next model call.
+
+Every turn that starts ends with a visible closure: a ``stream_end`` event whose ``status`` is
+``completed``, ``empty``, ``failed`` (with a short message; the traceback goes to the inbox
+row's detail, not the transcript), ``stopped`` or ``interrupted``.
+
+Events are appended to the session's log in the store (which assigns the gap-free ``seq``)
+and then offered to every attached subscriber; offering never blocks the session, so a slow
+client cannot stall a turn. The transcript (``history``) is derived from the same log.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import msgspec
+import trio
+
+from runtime.actor import Actor
+from runtime.agents.base import (
+    Agent,
+    AgentError,
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnInput,
+)
+from runtime.codec import Message
+from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
+from runtime.gateway.backend import Attached, Submitted, Subscriber
+from runtime.store import EventRecord, InboxItem, Session, Store
+
+__all__ = [
+    "POLICIES",
+    "SessionActor",
+    "SessionServices",
+    "SessionLimits",
+    "ToolCaller",
+    "Submit",
+    "Attach",
+    "Detach",
+    "StopTurn",
+    "SetPolicy",
+    "Inject",
+    "GetStatus",
+    "SessionStatus",
+    "Wake",
+    "DeleteSession",
+    "history_from_events",
+]
+
+log = logging.getLogger("turnstile.session")
+
+POLICIES = ("enqueue", "reject", "interrupt", "inject")
+Policy = Literal["enqueue", "reject", "interrupt", "inject"]
+
+#: How long closing a turn (final event, inbox state) may take once the turn is cancelled.
+CLOSE_GRACE_SECONDS = 5.0
+HISTORY_TYPES = frozenset({"stream_start", "user_message", "tool_call", "stream_end"})
+
+
+# -- what the session needs from the rest of the node ---------------------------------------
+
+
+class ToolCaller(Protocol):
+    """Runs tools for a session's turns (the tool registry implements this)."""
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools an agent may call, as function-calling specs."""
+        ...
+
+    async def call(
+        self, session_id: str, owner: str, name: str, arguments: dict[str, Any]
+    ) -> ToolResult:
+        """Run ``name``; tool failures are returned, not raised."""
+        ...
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds on what one session may hold.
+
+    Attributes:
+        max_queued_inputs: inputs waiting in the inbox before ``submit`` answers ``Busy``.
+        max_content_chars: longest accepted input text.
+        history_entries: transcript entries kept in memory and given to the agent.
+    """
+
+    max_queued_inputs: int = 100
+    max_content_chars: int = 32_000
+    history_entries: int = 200
+
+
+@dataclass
+class SessionServices:
+    """Everything a session actor uses, shared by all sessions of a node."""
+
+    store: Store
+    agent: Agent
+    tools: ToolCaller
+    limits: SessionLimits
+    encode_event: Callable[[str, EventRecord], bytes]
+    on_turn_closed: Callable[[str, float], None] | None = None
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+class Submit(Message, tag="submit", kw_only=True):
+    """A turn input: store it, then run it (or fold it in, by policy)."""
+
+    source: str = "user"
+    content: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Attach(Message, tag="attach"):
+    """Start offering live events to ``subscriber``."""
+
+    subscriber: Any
+
+
+class Detach(Message, tag="detach"):
+    """Stop offering events to ``subscriber``."""
+
+    subscriber: Any
+
+
+class StopTurn(Message, tag="stop_turn"):
+    """Cancel the running turn, if any; it closes as ``stopped``. Returns whether one ran."""
+
+
+class SetPolicy(Message, tag="set_policy"):
+    """Change what happens to user messages that arrive during a turn."""
+
+    policy: str
+
+
+class Inject(Message, tag="inject", kw_only=True):
+    """A notification for the session: into the running turn, or a turn of its own."""
+
+    source: str = "notification"
+    content: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class GetStatus(Message, tag="get_status"):
+    """Ask for a ``SessionStatus``."""
+
+
+class SessionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a session actor."""
+
+    session_id: str
+    busy: bool
+    policy: str
+    queued: int
+    current_input_id: int | None
+    subscribers: int
+    last_seq: int
+
+
+class Wake(Message, tag="wake"):
+    """Run whatever is queued (sent at start-up to sessions with queued inputs)."""
+
+
+class DeleteSession(Message, tag="delete_session"):
+    """Stop the running turn, drop every subscriber, delete the session from the store."""
+
+
+# -- the actor ---------------------------------------------------------------------------------
+
+
+class _Turn:
+    __slots__ = ("item", "scope", "injections", "cancel_status")
+
+    def __init__(self, item: InboxItem) -> None:
+        self.item = item
+        self.scope = trio.CancelScope()
+        self.injections: list[HistoryEntry] = []
+        self.cancel_status = "stopped"
+
+    def cancel(self, status: str) -> None:
+        self.cancel_status = status
+        self.scope.cancel()
+
+
+class SessionActor(Actor):
+    """One session. Built by the registry from its id; see the module docstring."""
+
+    uses_nursery = True
+
+    def __init__(self, session_id: str, services: SessionServices) -> None:
+        self.session_id = session_id
+        self.services = services
+        self.session: Session | None = None
+        self.history: list[HistoryEntry] = []
+        self.subscribers: set[Subscriber] = set()
+        self.turn: _Turn | None = None
+        self.runner_active = False
+        self.runner_done: trio.Event | None = None
+        self.wakeup_pending = False
+        self.deleting = False
+        self.queued = 0
+        self.last_seq = 0
+        self._emit_lock = trio.Lock()
+
+    # -- lifecycle --
+
+    async def on_start(self) -> None:
+        store = self.services.store
+        try:
+            self.session = await store.get_session(self.session_id)
+        except NotFound:
+            self.session = None  # deleted under us: every message answers NotFound
+            return
+        self.last_seq = self.session.last_seq
+        self.history = await load_history(
+            store, self.session_id, self.services.limits.history_entries
+        )
+        self.queued = len(await store.list_inputs(self.session_id, states=["queued"]))
+        if self.queued:
+            self._ensure_runner()
+
+    def can_passivate(self) -> bool:
+        return not self.runner_active and not self.subscribers
+
+    async def on_stop(self) -> None:
+        if self.turn is not None:
+            self.turn.cancel("interrupted")
+
+    # -- messages --
+
+    async def receive(self, message: Any) -> Any:
+        if self.session is None:
+            raise NotFound(f"no session with id {self.session_id!r}")
+        match message:
+            case Submit():
+                return await self._submit(message)
+            case Attach(subscriber=subscriber):
+                self.subscribers.add(subscriber)
+                return self._attached()
+            case Detach(subscriber=subscriber):
+                self.subscribers.discard(subscriber)
+                return None
+            case StopTurn():
+                if self.turn is None:
+                    return False
+                self.turn.cancel("stopped")
+                return True
+            case SetPolicy(policy=policy):
+                return await self._set_policy(policy)
+            case Inject():
+                return await self._inject(message)
+            case GetStatus():
+                return self._status()
+            case Wake():
+                self._ensure_runner()
+                return None
+            case DeleteSession():
+                return await self._delete()
+        raise InvalidArgument(f"session cannot handle {type(message).__name__}")
+
+    def _attached(self) -> Attached:
+        return Attached(
+            last_seq=self.last_seq,
+            busy=self.turn is not None,
+            policy=self.session.policy,
+            queued=self.queued,
+            current_input_id=None if self.turn is None else self.turn.item.id,
+        )
+
+    def _status(self) -> SessionStatus:
+        return SessionStatus(
+            session_id=self.session_id,
+            busy=self.runner_active,
+            policy=self.session.policy,
+            queued=self.queued,
+            current_input_id=None if self.turn is None else self.turn.item.id,
+            subscribers=len(self.subscribers),
+            last_seq=self.last_seq,
+        )
+
+    async def _set_policy(self, policy: str) -> str:
+        if policy not in POLICIES:
+            raise InvalidArgument(
+                f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy"
+            )
+        self.session = await self.services.store.update_session(self.session_id, policy=policy)
+        return policy
+
+    async def _submit(self, msg: Submit) -> Submitted:
+        limits = self.services.limits
+        if len(msg.content) > limits.max_content_chars:
+            raise InvalidArgument(
+                f"content is longer than {limits.max_content_chars} characters", field="content"
+            )
+        busy = self.turn is not None  # a turn is running right now (not merely queued)
+        policy = self.session.policy
+        if busy and msg.source == "user":
+            if policy == "reject":
+                raise Busy("session is busy with a turn and its policy is reject")
+            if policy == "inject" and self.turn is not None:
+                await self._fold_in(self.turn, msg.source, msg.content, msg.payload)
+                return Submitted(injected=True)
+        if self.queued >= limits.max_queued_inputs:
+            raise LimitExceeded(
+                f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
+            )
+        item = await self._enqueue(msg.source, msg.content, msg.payload)
+        if busy and msg.source == "user" and policy == "interrupt" and self.turn is not None:
+            self.turn.cancel("interrupted")
+        return Submitted(input_id=item.id)
+
+    async def _enqueue(self, source: str, content: str, payload: dict[str, Any]) -> InboxItem:
+        item = await self.services.store.enqueue_input(
+            self.session_id, source, {**payload, "content": content}
+        )
+        self.queued += 1
+        ahead = self.queued - 1 + (1 if self.runner_active else 0)
+        await self._emit("turn_queued", {"input_id": item.id, "source": source, "ahead": ahead})
+        self._ensure_runner()
+        return item
+
+    async def _inject(self, msg: Inject) -> Submitted:
+        if self.turn is not None:
+            await self._fold_in(self.turn, msg.source, msg.content, msg.payload)
+            return Submitted(injected=True)
+        item = await self._enqueue(msg.source, msg.content, msg.payload)
+        return Submitted(input_id=item.id)
+
+    async def _fold_in(
+        self, turn: _Turn, source: str, content: str, payload: dict[str, Any]
+    ) -> None:
+        """Record an input as part of the running turn; the agent takes it before its next call."""
+        await self._emit(
+            "user_message",
+            {"source": source, "content": content, "injected_into": turn.item.id, **payload},
+        )
+        entry = HistoryEntry(role="user", content=content, source=source)
+        turn.injections.append(entry)
+        self._remember(entry)
+
+    async def _delete(self) -> None:
+        self.deleting = True  # the runner takes no further input
+        if self.turn is not None:
+            self.turn.cancel("stopped")
+        if self.runner_active and self.runner_done is not None:
+            await self.runner_done.wait()  # let the turn close before its rows go
+        await self.services.store.delete_session(self.session_id)
+        for subscriber in list(self.subscribers):
+            subscriber.lagged(self.session_id, self.last_seq)
+        self.subscribers.clear()
+        self.session = None
+        self.ref.stop_nowait()
+
+    # -- the turn runner --
+
+    def _ensure_runner(self) -> None:
+        self.wakeup_pending = True
+        if not self.runner_active and not self.deleting:
+            self.runner_active = True
+            self.runner_done = trio.Event()
+            self.nursery.start_soon(self._drain, name=f"turns of session {self.session_id}")
+
+    async def _drain(self) -> None:
+        """Run queued inputs one at a time, oldest first, until none is left."""
+        try:
+            while not self.deleting:
+                self.wakeup_pending = False
+                item = await self.services.store.claim_next_input(self.session_id)
+                if item is None:
+                    if self.wakeup_pending:
+                        continue  # something was enqueued while we looked
+                    return
+                self.queued = max(0, self.queued - 1)
+                await self._run_turn(item)
+        finally:
+            self.runner_active = False
+            self.runner_done.set()
+
+    async def _run_turn(self, item: InboxItem) -> None:
+        turn = _Turn(item)
+        self.turn = turn
+        started = trio.current_time()
+        payload = dict(item.payload)
+        content = str(payload.pop("content", ""))
+        status, text, error, detail = "interrupted", "", None, None
+        try:
+            await self._emit(
+                "stream_start", {"input_id": item.id, "source": item.source, "content": content}
+            )
+            self._remember(HistoryEntry(role="user", content=content, source=item.source))
+            context = _TurnContext(
+                self,
+                turn,
+                TurnInput(input_id=item.id, source=item.source, content=content, payload=payload),
+            )
+            with turn.scope:
+                try:
+                    text = await self.services.agent.run_turn(context)
+                    status = "completed" if text else "empty"
+                except AgentError as exc:
+                    status, error = "failed", str(exc) or "the agent failed"
+                except Exception as exc:
+                    log.exception("turn %s of session %s failed", item.id, self.session_id)
+                    status, error = "failed", f"the agent failed ({type(exc).__name__})"
+                    detail = {"exception": "".join(traceback.format_exception(exc))}
+            if turn.scope.cancelled_caught:
+                status = turn.cancel_status
+        finally:
+            self.turn = None
+            if self.services.on_turn_closed is not None:
+                self.services.on_turn_closed(status, trio.current_time() - started)
+            with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+                await self._close_turn(turn, status, text, error, detail)
+
+    async def _close_turn(
+        self,
+        turn: _Turn,
+        status: str,
+        text: str,
+        error: str | None,
+        detail: dict[str, Any] | None,
+    ) -> None:
+        """Close the turn visibly (stream and history) and settle its inbox row."""
+        end: dict[str, Any] = {"input_id": turn.item.id, "status": status, "text": text}
+        if error is not None:
+            end["error"] = error
+        await self._emit("stream_end", end)
+        self._remember(
+            HistoryEntry(role="assistant", content=text if text else (error or ""), status=status)
+        )
+        state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
+            status, "interrupted"
+        )
+        await self.services.store.finish_input(
+            turn.item.id, state, {"status": status, **(detail or {})}
+        )
+        # Injections the agent never took are not lost: they become turns of their own.
+        for entry in turn.injections:
+            await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    # -- events and history --
+
+    async def _emit(self, type_: str, payload: dict[str, Any]) -> EventRecord:
+        """Persist one event (the store assigns its seq), then offer it to every subscriber."""
+        async with self._emit_lock:  # seq order and delivery order must agree
+            (record,) = await self.services.store.append_events(self.session_id, [(type_, payload)])
+            self.last_seq = record.seq
+            if self.subscribers:
+                frame = self.services.encode_event(self.session_id, record)
+                for subscriber in list(self.subscribers):
+                    if not subscriber.offer(self.session_id, record.seq, frame):
+                        self.subscribers.discard(subscriber)
+                        subscriber.lagged(self.session_id, record.seq - 1)
+            return record
+
+    def _remember(self, entry: HistoryEntry) -> None:
+        self.history.append(entry)
+        overflow = len(self.history) - self.services.limits.history_entries
+        if overflow > 0:
+            del self.history[:overflow]
+
+
+class _TurnContext:
+    """The ``TurnContext`` a session hands its agent for one turn."""
+
+    __slots__ = ("_session", "_turn", "session_id", "input", "history", "tools")
+
+    def __init__(self, session: SessionActor, turn: _Turn, turn_input: TurnInput) -> None:
+        self._session = session
+        self._turn = turn
+        self.session_id = session.session_id
+        self.input = turn_input
+        self.history = list(session.history[:-1])  # everything before this turn's input
+        self.tools = session.services.tools.specs()
+
+    async def emit(self, type: str, text: str) -> None:
+        if type not in ("stream_delta", "thinking_delta"):
+            raise InvalidArgument(f"agents emit stream_delta or thinking_delta, not {type!r}")
+        await self._session._emit(type, {"input_id": self.input.input_id, "text": text})
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], call_id: str | None = None
+    ) -> ToolResult:
+        session = self._session
+        common: dict[str, Any] = {"input_id": self.input.input_id, "tool": name}
+        if call_id is not None:
+            common["call_id"] = call_id
+        await session._emit("tool_started", {**common, "arguments": arguments})
+        result = await session.services.tools.call(
+            session.session_id, session.session.owner, name, arguments
+        )
+        outcome = {"ok": result.ok}
+        if result.ok:
+            outcome["result"] = result.data
+        else:
+            outcome["error"] = result.error
+        await session._emit("tool_call", {**common, "arguments": arguments, **outcome})
+        session._remember(
+            HistoryEntry(
+                role="tool",
+                content=_json_text(result),
+                tool=name,
+                arguments=arguments,
+                call_id=call_id,
+            )
+        )
+        return result
+
+    def take_injections(self) -> list[HistoryEntry]:
+        taken, self._turn.injections = self._turn.injections, []
+        return taken
+
+
+def _json_text(result: ToolResult) -> str:
+    body = result.data if result.ok else {"error": result.error}
+    return msgspec.json.encode(body).decode()
+
+
+async def load_history(store: Store, session_id: str, keep: int) -> list[HistoryEntry]:
+    """Rebuild the last ``keep`` transcript entries from the session's event log."""
+    entries: list[HistoryEntry] = []
+    after = 0
+    while True:
+        page = await store.read_events(session_id, after_seq=after, limit=1000)
+        if not page:
+            break
+        entries.extend(history_from_events(page))
+        if len(entries) > keep:
+            del entries[: len(entries) - keep]
+        after = page[-1].seq
+    return entries
+
+
+def history_from_events(events: list[EventRecord]) -> list[HistoryEntry]:
+    """The transcript entries that a list of events stands for, in order."""
+    out: list[HistoryEntry] = []
+    for event in events:
+        p = event.payload
+        if event.type == "stream_start":
+            out.append(
+                HistoryEntry(role="user", content=p.get("content", ""), source=p.get("source"))
+            )
+        elif event.type == "user_message":
+            out.append(
+                HistoryEntry(role="user", content=p.get("content", ""), source=p.get("source"))
+            )
+        elif event.type == "tool_call":
+            body = p.get("result") if p.get("ok") else {"error": p.get("error")}
+            out.append(
+                HistoryEntry(
+                    role="tool",
+                    content=msgspec.json.encode(body).decode(),
+                    tool=p.get("tool"),
+                    arguments=p.get("arguments"),
+                    call_id=p.get("call_id"),
+                )
+            )
+        elif event.type == "stream_end":
+            out.append(
+                HistoryEntry(
+                    role="assistant",
+                    content=p.get("text") or p.get("error") or "",
+                    status=p.get("status"),
+                )
+            )
+    return out

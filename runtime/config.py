@@ -1,0 +1,108 @@
+"""The node's configuration: a TOML file (``--config turnstile.toml``), then flags on top.
+
+Example::
+
+    host = "127.0.0.1"
+    port = 8765
+    store = "sqlite:///turnstile.db"
+    agent = "scripted"                 # or "openai"
+    allowed_origins = ["http://localhost:5173"]
+
+    [[users]]
+    name = "ada"
+    token = "a-long-random-secret"
+
+    [limits]
+    max_sessions_per_user = 100
+
+    [scripted]
+    token_delay = 0.02
+
+    [openai]
+    base_url = "http://127.0.0.1:11434/v1"
+    model = "llama3.1"
+
+Unknown keys are errors (a typo should not silently change nothing), reported with their path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from runtime.errors import DecodeError
+
+__all__ = ["Config", "Limits", "UserConfig", "ScriptedConfig", "load_config"]
+
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class UserConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A user and the bearer token that authenticates them."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    token: Annotated[str, msgspec.Meta(min_length=16)]
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True):
+    """Bounds on every input, so no client can grow the server without limit."""
+
+    max_frame_bytes: Positive = 256 * 1024
+    max_content_chars: Positive = 32_000
+    max_sessions_per_user: Positive = 100
+    max_queued_inputs: Positive = 100
+    outbox_frames: Positive = 2048
+    max_attached_per_connection: Positive = 64
+    mailbox_size: Positive = 1000
+    history_entries: Positive = 200
+
+
+class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Options of the built-in scripted agent."""
+
+    token_delay: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    """Everything ``turnstile serve`` can be told."""
+
+    host: str = "127.0.0.1"
+    port: Port = 8765
+    store: str = "sqlite:///turnstile.db"
+    agent: Literal["scripted", "openai"] = "scripted"
+    idle_timeout: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    users: list[UserConfig] = msgspec.field(default_factory=list)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    scripted: ScriptedConfig = msgspec.field(default_factory=ScriptedConfig)
+    openai: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read a TOML config file (or return the defaults for None).
+
+    Raises:
+        DecodeError: the file is not valid TOML or a value is wrong; ``field`` names it.
+        OSError: the file cannot be read.
+    """
+    if path is None:
+        return Config()
+    data = Path(path).read_bytes()
+    try:
+        config = msgspec.toml.decode(data, type=Config)
+    except msgspec.ValidationError as exc:
+        from runtime.codec import _decode_error
+
+        raise _decode_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"{path}: not valid TOML: {exc}") from None
+    names = [user.name for user in config.users]
+    if len(set(names)) != len(names):
+        raise DecodeError("user names must be unique", field="$.users")
+    tokens = [user.token for user in config.users]
+    if len(set(tokens)) != len(tokens):
+        raise DecodeError("user tokens must be unique", field="$.users")
+    return config

@@ -1,0 +1,256 @@
+"""The HTTP and WebSocket surface of a node (Starlette, served by hypercorn's trio worker).
+
+Every route but ``/healthz`` and ``/metrics`` needs a bearer token. Errors are JSON
+``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
+token, 404 unknown (including someone else's session: ids do not leak), 409 busy or conflict,
+429 a limit reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from runtime.codec import Codec
+from runtime.errors import (
+    Busy,
+    ConflictError,
+    DecodeError,
+    LimitExceeded,
+    NotFound,
+    TurnstileError,
+    Unauthorized,
+)
+from runtime.gateway.auth import Auth
+from runtime.gateway.backend import SessionBackend
+from runtime.gateway.connection import Connection, ConnectionLimits
+from runtime.gateway.frames import PROTOCOL_VERSION, SessionId, encode_event, error_frame
+
+__all__ = ["build_app"]
+
+_STATUS = {
+    Unauthorized: 401,
+    NotFound: 404,
+    Busy: 409,
+    ConflictError: 409,
+    LimitExceeded: 429,
+}
+
+
+class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
+    id: SessionId | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    policy: str = "enqueue"
+
+
+class PostMessage(msgspec.Struct, forbid_unknown_fields=True):
+    content: str
+    client_msg_id: str | None = None
+
+
+_CREATE = Codec(CreateSession)
+_MESSAGE = Codec(PostMessage)
+_encoder = msgspec.json.Encoder()
+
+
+class _Json(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return _encoder.encode(content)
+
+
+def _error_response(exc: BaseException) -> Response:
+    if not isinstance(exc, TurnstileError):
+        return _Json({"error": {"code": "internal", "message": "internal error"}}, 500)
+    status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+    body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+    if getattr(exc, "field", None):
+        body["field"] = exc.field
+    return _Json({"error": body}, status)
+
+
+def _session_json(session) -> dict[str, Any]:
+    return {
+        "id": session.id,
+        "owner": session.owner,
+        "metadata": session.metadata,
+        "policy": session.policy,
+        "created_at": session.created_at,
+        "updated_at": session.updated_at,
+        "last_seq": session.last_seq,
+    }
+
+
+def build_app(
+    *,
+    backend: SessionBackend,
+    auth: Auth,
+    limits: ConnectionLimits,
+    version: str,
+    on_connection: Callable[[int], None] | None = None,
+    on_frame_sent: Callable[[], None] | None = None,
+) -> Starlette:
+    """Build the ASGI app over a session backend.
+
+    Args:
+        backend: the sessions.
+        auth: tokens and origins.
+        limits: per-connection bounds.
+        version: reported by ``/healthz``.
+        on_connection: called with +1 / -1 as WebSockets open and close (metrics).
+        on_frame_sent: called for every frame sent to a client (metrics).
+    """
+
+    def authed(handler):
+        async def endpoint(request: Request) -> Response:
+            try:
+                user = auth.user_for(request.headers, request.query_params)
+                return await handler(request, user)
+            except Exception as exc:
+                return _error_response(exc)
+
+        return endpoint
+
+    async def body(request: Request, codec: Codec):
+        raw = await request.body()
+        if len(raw) > limits.max_frame_bytes:
+            raise DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
+        return codec.decode_json(raw or b"{}")
+
+    async def healthz(_: Request) -> Response:
+        try:
+            await backend.ping()
+        except Exception as exc:  # report, don't crash: this is the probe
+            return _Json(
+                {"status": "unhealthy", "error": {"code": "unhealthy", "message": str(exc)}}, 503
+            )
+        return _Json({"status": "ok", "version": version, "protocol": PROTOCOL_VERSION})
+
+    async def metrics(_: Request) -> Response:
+        lines = []
+        seen: set[str] = set()
+        for name, value in sorted(backend.metrics().items()):
+            family = name.split("{")[0]
+            kind = "counter" if family.endswith("_total") else "gauge"
+            for suffix in ("_sum", "_count"):
+                if family.endswith(suffix):
+                    family, kind = family.removesuffix(suffix), "summary"
+            if family not in seen:
+                seen.add(family)
+                lines.append(f"# TYPE {family} {kind}")
+            lines.append(f"{name} {value}")
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def create_session(request: Request, user: str) -> Response:
+        spec = await body(request, _CREATE)
+        session = await backend.create_session(
+            user, session_id=spec.id, metadata=spec.metadata, policy=spec.policy
+        )
+        return _Json(_session_json(session), 201)
+
+    async def list_sessions(request: Request, user: str) -> Response:
+        try:
+            limit = int(request.query_params.get("limit", "100"))
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= 1000:
+            raise DecodeError("limit must be an integer from 1 to 1000", field="limit")
+        after = request.query_params.get("after")
+        sessions = await backend.list_sessions(user, limit=limit, after_id=after)
+        return _Json({"sessions": [_session_json(s) for s in sessions]})
+
+    async def get_session(request: Request, user: str) -> Response:
+        session = await backend.get_session(user, request.path_params["id"])
+        return _Json(_session_json(session))
+
+    async def delete_session(request: Request, user: str) -> Response:
+        await backend.delete_session(user, request.path_params["id"])
+        return Response(status_code=204)
+
+    async def history(request: Request, user: str) -> Response:
+        entries = await backend.history(user, request.path_params["id"])
+        return _Json({"history": entries})
+
+    async def events(request: Request, user: str) -> Response:
+        try:
+            after = int(request.query_params.get("after_seq", "0"))
+        except ValueError:
+            after = -1
+        if after < 0:
+            raise DecodeError("after_seq must be a non-negative integer", field="after_seq")
+        sid = request.path_params["id"]
+        page = await backend.read_events(user, sid, after, 1000)
+        return Response(
+            b'{"events":[' + b",".join(encode_event(sid, e) for e in page) + b"]}",
+            media_type="application/json",
+        )
+
+    async def post_message(request: Request, user: str) -> Response:
+        message = await body(request, _MESSAGE)
+        submitted = await backend.submit(user, request.path_params["id"], message.content)
+        out: dict[str, Any] = {"input_id": submitted.input_id}
+        if submitted.injected:
+            out["injected"] = True
+        if message.client_msg_id is not None:
+            out["client_msg_id"] = message.client_msg_id
+        return _Json(out, 202)
+
+    async def stop(request: Request, user: str) -> Response:
+        running = await backend.stop(user, request.path_params["id"])
+        return _Json({"stopped": running})
+
+    async def websocket_endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            user = auth.user_for(websocket.headers, websocket.query_params)
+        except Unauthorized as exc:
+            await websocket.send_text(error_frame(exc).decode())
+            await websocket.close(code=4401)
+            return
+        if not auth.origin_allowed(websocket.headers.get("origin")):
+            await websocket.send_text(error_frame(Unauthorized("origin not allowed")).decode())
+            await websocket.close(code=4403)
+            return
+        if on_connection is not None:
+            on_connection(1)
+        try:
+            await Connection(websocket, user, backend, limits, on_frame_sent).serve()
+        finally:
+            if on_connection is not None:
+                on_connection(-1)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _Json(
+            {"error": {"code": "not_found", "message": f"no route {request.url.path}"}}, 404
+        )
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return _Json(
+            {"error": {"code": "method_not_allowed", "message": f"{request.method} not allowed"}},
+            405,
+        )
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/metrics", metrics),
+            Route("/sessions", authed(create_session), methods=["POST"]),
+            Route("/sessions", authed(list_sessions), methods=["GET"]),
+            Route("/sessions/{id}", authed(get_session), methods=["GET"]),
+            Route("/sessions/{id}", authed(delete_session), methods=["DELETE"]),
+            Route("/sessions/{id}/history", authed(history), methods=["GET"]),
+            Route("/sessions/{id}/events", authed(events), methods=["GET"]),
+            Route("/sessions/{id}/messages", authed(post_message), methods=["POST"]),
+            Route("/sessions/{id}/stop", authed(stop), methods=["POST"]),
+            WebSocketRoute("/ws", websocket_endpoint),
+        ],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+    )

@@ -1,0 +1,103 @@
+"""What the gateway needs from the sessions behind it, and what it gives them.
+
+The gateway (HTTP + WebSocket) knows nothing about session actors: it talks to a
+``SessionBackend`` (implemented by ``actors.directory.SessionDirectory``) and hands each attached
+client to sessions as a ``Subscriber``. Every backend call takes the authenticated user's name;
+a session owned by someone else is ``NotFound`` — never "forbidden" — so ids do not leak.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+from runtime.agents.base import HistoryEntry, ToolResult
+from runtime.store import EventRecord, Session
+
+__all__ = ["Attached", "SessionBackend", "Submitted", "Subscriber"]
+
+
+class Submitted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The acknowledgement of a turn input: it is durable.
+
+    Attributes:
+        input_id: the inbox id; None when the input was folded into the running turn.
+        injected: True when folded into the running turn (policy ``inject``).
+    """
+
+    input_id: int | None = None
+    injected: bool = False
+
+
+class Attached(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's state at the moment a client attached."""
+
+    last_seq: int
+    busy: bool
+    policy: str
+    queued: int
+    current_input_id: int | None
+
+
+class Subscriber(Protocol):
+    """An attached client, as a session sees it."""
+
+    def offer(self, session_id: str, seq: int, frame: bytes) -> bool:
+        """Queue an encoded event without blocking; False means the client fell behind."""
+        ...
+
+    def lagged(self, session_id: str, last_seq: int) -> None:
+        """The session dropped this client (it fell behind, or the session was deleted)."""
+        ...
+
+
+class SessionBackend(Protocol):
+    """Sessions as the gateway sees them. Every method checks that ``user`` owns the session."""
+
+    async def ping(self) -> None:
+        """Raise if the node cannot serve (the store does not answer)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples by name (labels inline, e.g. ``turns_total{status="failed"}``)."""
+        ...
+
+    async def create_session(
+        self,
+        user: str,
+        *,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        policy: str = "enqueue",
+    ) -> Session: ...
+
+    async def list_sessions(
+        self, user: str, *, limit: int = 100, after_id: str | None = None
+    ) -> list[Session]: ...
+
+    async def get_session(self, user: str, session_id: str) -> Session: ...
+
+    async def delete_session(self, user: str, session_id: str) -> None: ...
+
+    async def submit(
+        self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None
+    ) -> Submitted: ...
+
+    async def stop(self, user: str, session_id: str) -> bool: ...
+
+    async def set_policy(self, user: str, session_id: str, policy: str) -> str: ...
+
+    async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached: ...
+
+    async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None: ...
+
+    async def read_events(
+        self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[EventRecord]: ...
+
+    async def history(self, user: str, session_id: str) -> list[HistoryEntry]: ...
+
+    async def call_tool(
+        self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
+    ) -> ToolResult: ...

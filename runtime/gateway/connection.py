@@ -1,0 +1,294 @@
+"""One WebSocket client: its frames in, its events out.
+
+A connection reads frames and answers them in order; a writer task sends what is queued in the
+connection's bounded outbox. Sessions *offer* events to the connection without ever waiting, so
+a client that stops reading cannot slow a session or the other clients: once its outbox is full
+it is dropped from that session with a ``lagged`` error naming the last ``seq`` it was sent, and
+it can re-attach with ``after_seq`` to catch up from the store.
+
+Attaching with ``after_seq`` replays the persisted events after it, then goes live. Events that
+arrive during the replay are held (bounded) and delivered after it, skipping any ``seq`` already
+sent, so the client sees every event exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from runtime.errors import DecodeError, InvalidArgument, TurnstileError
+from runtime.gateway.backend import SessionBackend
+from runtime.gateway.frames import (
+    CLIENT_FRAMES,
+    AttachFrame,
+    CallFrame,
+    DetachFrame,
+    SendFrame,
+    SetPolicyFrame,
+    StopFrame,
+    encode_event,
+    encode_frame,
+    error_frame,
+)
+
+__all__ = ["Connection", "ConnectionLimits"]
+
+log = logging.getLogger("turnstile.gateway")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Bounds for one WebSocket client.
+
+    Attributes:
+        max_frame_bytes: largest accepted client frame.
+        outbox_frames: frames queued for a client before it counts as fallen behind.
+        max_attached: sessions one connection may watch at once.
+    """
+
+    max_frame_bytes: int = 256 * 1024
+    outbox_frames: int = 2048
+    max_attached: int = 64
+
+
+class _Subscription:
+    __slots__ = ("session_id", "live", "pending", "last_sent")
+
+    def __init__(self, session_id: str, last_sent: int) -> None:
+        self.session_id = session_id
+        self.live = False
+        self.pending: list[tuple[int, bytes]] = []
+        self.last_sent = last_sent
+
+
+class Connection:
+    """Serves one accepted WebSocket for one authenticated user."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        user: str,
+        backend: SessionBackend,
+        limits: ConnectionLimits,
+        on_frame_sent=None,
+    ) -> None:
+        self.websocket = websocket
+        self.user = user
+        self.backend = backend
+        self.limits = limits
+        self.subscriptions: dict[str, _Subscription] = {}
+        self._outbox: deque[bytes] = deque()
+        self._ready = trio.Event()
+        self._room = trio.Event()
+        self._closed = False
+        self._on_frame_sent = on_frame_sent
+
+    # -- the Subscriber protocol (called by sessions, never blocks) --
+
+    def offer(self, session_id: str, seq: int, frame: bytes) -> bool:
+        sub = self.subscriptions.get(session_id)
+        if sub is None or self._closed:
+            return False
+        if not sub.live:
+            if len(sub.pending) >= self.limits.outbox_frames:
+                return False
+            sub.pending.append((seq, frame))
+            return True
+        if seq <= sub.last_sent:
+            return True  # already sent during replay
+        if len(self._outbox) >= self.limits.outbox_frames:
+            return False
+        sub.last_sent = seq
+        self._push(frame)
+        return True
+
+    def lagged(self, session_id: str, last_seq: int) -> None:
+        sub = self.subscriptions.pop(session_id, None)
+        if sub is None or self._closed:
+            return
+        self._push(
+            encode_frame(
+                "error",
+                code="lagged",
+                message=f"dropped from session {session_id!r}; re-attach with "
+                f"after_seq={sub.last_sent} to catch up",
+                session_id=session_id,
+                last_seq=sub.last_sent,
+            )
+        )
+
+    # -- outbox --
+
+    def _push(self, frame: bytes) -> None:
+        self._outbox.append(frame)
+        self._ready.set()
+
+    async def _put(self, frame: bytes) -> None:
+        """Queue a frame for this client, waiting for room (for replies and replays)."""
+        while len(self._outbox) >= self.limits.outbox_frames and not self._closed:
+            self._room = trio.Event()
+            await self._room.wait()
+        self._push(frame)
+
+    async def _writer(self) -> None:
+        send = self.websocket.send_text
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready = trio.Event()
+                while self._outbox:
+                    frame = self._outbox.popleft()
+                    await send(frame.decode())
+                    if self._on_frame_sent is not None:
+                        self._on_frame_sent()
+                    self._room.set()
+        except (WebSocketDisconnect, OSError, RuntimeError, trio.BrokenResourceError):
+            self._closed = True  # the client is gone; the reader sees the disconnect
+
+    # -- serving --
+
+    async def serve(self) -> None:
+        """Read and answer frames until the client goes away; then detach everywhere."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, name=f"ws writer {self.user}")
+                try:
+                    await self._read_loop()
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._closed = True
+            with trio.move_on_after(5, shield=True):
+                for session_id in list(self.subscriptions):
+                    await self._detach(session_id)
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except WebSocketDisconnect:
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            if len(raw) > self.limits.max_frame_bytes:
+                await self._put(
+                    error_frame(
+                        InvalidArgument(f"frame is larger than {self.limits.max_frame_bytes} bytes")
+                    )
+                )
+                continue
+            try:
+                frame = CLIENT_FRAMES.decode_json(raw)
+            except DecodeError as exc:
+                await self._put(error_frame(exc))
+                continue
+            await self._handle(frame)
+
+    async def _handle(self, frame: Any) -> None:
+        session_id = frame.session_id
+        call_id = frame.id if isinstance(frame, CallFrame) else None
+        try:
+            match frame:
+                case AttachFrame():
+                    await self._attach(frame)
+                case DetachFrame():
+                    await self._detach(session_id)
+                    await self._put(encode_frame("detached", session_id=session_id))
+                case SendFrame():
+                    submitted = await self.backend.submit(self.user, session_id, frame.content)
+                    await self._put(
+                        encode_frame(
+                            "ack",
+                            session_id=session_id,
+                            client_msg_id=frame.client_msg_id,
+                            input_id=submitted.input_id,
+                            injected=submitted.injected or None,
+                        )
+                    )
+                case StopFrame():
+                    stopped = await self.backend.stop(self.user, session_id)
+                    await self._put(
+                        encode_frame("stopping", session_id=session_id, running=stopped)
+                    )
+                case SetPolicyFrame():
+                    policy = await self.backend.set_policy(self.user, session_id, frame.policy)
+                    await self._put(encode_frame("policy", session_id=session_id, policy=policy))
+                case CallFrame():
+                    result = await self.backend.call_tool(
+                        self.user, session_id, frame.tool, frame.arguments
+                    )
+                    fields: dict[str, Any] = {"id": frame.id, "ok": result.ok}
+                    if result.ok:
+                        fields["data"] = result.data
+                    else:
+                        fields["error"] = result.error
+                    await self._put(encode_frame("result", **fields))
+        except TurnstileError as exc:
+            await self._put(error_frame(exc, session_id=session_id, id=call_id))
+        except Exception as exc:  # a bug must not take the connection down
+            log.exception("handling %s frame failed", type(frame).__name__)
+            await self._put(error_frame(exc, session_id=session_id, id=call_id))
+
+    async def _attach(self, frame: AttachFrame) -> None:
+        session_id = frame.session_id
+        if session_id in self.subscriptions:
+            await self._detach(session_id)
+        elif len(self.subscriptions) >= self.limits.max_attached:
+            raise InvalidArgument(
+                f"a connection may attach to at most {self.limits.max_attached} sessions"
+            )
+        sub = _Subscription(session_id, last_sent=frame.after_seq or 0)
+        self.subscriptions[session_id] = sub
+        try:
+            info = await self.backend.attach(self.user, session_id, self)
+        except BaseException:
+            self.subscriptions.pop(session_id, None)
+            raise
+        if frame.after_seq is None or frame.after_seq > info.last_seq:
+            sub.last_sent = info.last_seq  # live from here on (nothing to replay)
+        await self._put(encode_frame("attached", session_id=session_id, last_seq=info.last_seq))
+        if frame.after_seq is not None:
+            after = sub.last_sent
+            while self.subscriptions.get(session_id) is sub:
+                page = await self.backend.read_events(self.user, session_id, after, 500)
+                if not page:
+                    break
+                for event in page:
+                    await self._put(encode_event(session_id, event))
+                    sub.last_sent = event.seq
+                after = page[-1].seq
+        if self.subscriptions.get(session_id) is not sub:
+            return  # dropped while replaying (lagged or deleted)
+        await self._put(
+            encode_frame(
+                "session_sync",
+                session_id=session_id,
+                seq=sub.last_sent,
+                busy=info.busy,
+                policy=info.policy,
+                queued=info.queued,
+                current_input_id=info.current_input_id,
+            )
+        )
+        for seq, event_frame in sub.pending:
+            if seq > sub.last_sent:
+                await self._put(event_frame)
+                sub.last_sent = seq
+        sub.pending = []
+        sub.live = True
+
+    async def _detach(self, session_id: str) -> None:
+        if self.subscriptions.pop(session_id, None) is None:
+            return
+        try:
+            await self.backend.detach(self.user, session_id, self)
+        except TurnstileError:
+            pass  # the session is gone; nothing to detach from

@@ -1,0 +1,124 @@
+"""The WebSocket protocol's frames (version 1): JSON objects tagged by ``type``.
+
+Client → server frames are strict (unknown fields are errors) and bounded; server → client
+frames are built here too, so ``docs/protocol.md`` has one place to be checked against.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from runtime.codec import ClientMessage, Codec
+from runtime.errors import TurnstileError
+from runtime.store import EventRecord
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SessionId",
+    "AttachFrame",
+    "DetachFrame",
+    "SendFrame",
+    "StopFrame",
+    "CallFrame",
+    "SetPolicyFrame",
+    "ClientFrame",
+    "CLIENT_FRAMES",
+    "encode_event",
+    "encode_frame",
+    "error_frame",
+]
+
+PROTOCOL_VERSION = 1
+
+SessionId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+]
+ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
+ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class AttachFrame(ClientMessage, tag="attach"):
+    """Watch a session. With ``after_seq``, first replay every event after it."""
+
+    session_id: SessionId
+    after_seq: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class DetachFrame(ClientMessage, tag="detach"):
+    """Stop watching a session."""
+
+    session_id: SessionId
+
+
+class SendFrame(ClientMessage, tag="send"):
+    """A user message; acknowledged with ``ack`` once it is stored."""
+
+    session_id: SessionId
+    content: str
+    client_msg_id: ClientMsgId | None = None
+
+
+class StopFrame(ClientMessage, tag="stop"):
+    """Cancel the session's running turn (it closes as ``stopped``)."""
+
+    session_id: SessionId
+
+
+class CallFrame(ClientMessage, tag="call"):
+    """Invoke a tool or primitive by name; answered by ``result`` with the same ``id``."""
+
+    id: ClientMsgId
+    session_id: SessionId
+    tool: ToolName
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SetPolicyFrame(ClientMessage, tag="set_policy"):
+    """Set what happens to user messages sent during a turn."""
+
+    session_id: SessionId
+    policy: str
+
+
+ClientFrame = AttachFrame | DetachFrame | SendFrame | StopFrame | CallFrame | SetPolicyFrame
+CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame)
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_frame(type_: str, **fields: Any) -> bytes:
+    """A server frame: ``{"type": type_, **fields}`` as JSON bytes (None fields dropped)."""
+    return _encoder.encode({"type": type_, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def encode_event(session_id: str, event: EventRecord) -> bytes:
+    """A session event frame: the event's payload plus ``type``, ``session_id``, ``seq``, ``ts``."""
+    return _encoder.encode(
+        {
+            **event.payload,
+            "type": event.type,
+            "session_id": session_id,
+            "seq": event.seq,
+            "ts": event.ts,
+        }
+    )
+
+
+def error_frame(
+    error: BaseException, *, session_id: str | None = None, id: str | None = None
+) -> bytes:
+    """An ``error`` frame for ``error``: its stable code, message and offending field."""
+    if isinstance(error, TurnstileError):
+        code, message = error.code, str(error)
+    else:
+        code, message = "internal", "internal error"
+    return encode_frame(
+        "error",
+        code=code,
+        message=message,
+        field=getattr(error, "field", None),
+        session_id=session_id,
+        id=id,
+    )

@@ -1,0 +1,175 @@
+"""A Turnstile node, assembled: store, supervisors, session actors, tools, agent, gateway.
+
+This is the composition root, so it sits at the top of the dependency chain
+(``tools -> actors -> runtime``): the only module that knows every part. ``turnstile serve``
+runs ``run_node``.
+
+Start-up order matters for "nothing lost on a crash": migrations run, inputs that were
+``running`` when the previous process died are closed as ``interrupted`` (with a visible
+``stream_end`` in their session), then every session with queued inputs is woken so they run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from actors.directory import SessionDirectory
+from actors.session import SessionActor, SessionLimits, SessionServices, Wake
+from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
+from runtime.clock import Clock, SystemClock
+from runtime.config import Config
+from runtime.gateway import Auth, ConnectionLimits, build_app
+from runtime.gateway.frames import encode_event
+from runtime.metrics import Metrics
+from runtime.registry import Registry
+from runtime.server import package_version, serve_app
+from runtime.store import Store, open_store
+from runtime.supervisor import open_supervisor
+from tools.builtin import register_builtin_tools
+from tools.registry import ToolRegistry
+
+__all__ = ["run_node", "make_agent", "recover"]
+
+log = logging.getLogger("turnstile.node")
+
+
+def make_agent(config: Config) -> Agent:
+    """The agent the config names."""
+    if config.agent == "openai":
+        return OpenAIAgent.from_config(config.openai)
+    return ScriptedAgent(token_delay=config.scripted.token_delay)
+
+
+async def recover(store: Store) -> list[str]:
+    """Close turns cut off by a crash and list the sessions with inputs waiting.
+
+    Returns:
+        ids of sessions that have queued inputs.
+    """
+    for item in await store.interrupt_running():
+        await store.append_events(
+            item.session_id,
+            [
+                (
+                    "stream_end",
+                    {
+                        "input_id": item.id,
+                        "status": "interrupted",
+                        "text": "",
+                        "error": "the node stopped during this turn",
+                    },
+                )
+            ],
+        )
+        log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
+    return await store.sessions_with_queued_inputs()
+
+
+async def run_node(
+    config: Config,
+    tokens: dict[str, str],
+    *,
+    agent: Agent | None = None,
+    clock: Clock | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a node until cancelled; ``task_status.started`` gets the bound URLs.
+
+    Args:
+        config: what to run (store, agent, limits, bind address).
+        tokens: bearer token → user name.
+        agent: overrides the agent the config names (tests, embedding).
+        clock: overrides the system clock (tests).
+    """
+    clock = clock or SystemClock()
+    agent = agent or make_agent(config)
+    limits = config.limits
+    metrics = Metrics()
+    try:
+        async with open_store(config.store, clock=clock) as store:
+            waiting = await recover(store)
+            async with open_supervisor("root") as root:
+                sessions = await root.spawn_supervisor(
+                    "sessions", max_restarts=3, within=10.0, escalate=False
+                )
+                registry = Registry(
+                    sessions, idle_timeout=config.idle_timeout, mailbox_size=limits.mailbox_size
+                )
+                tools = ToolRegistry()
+                register_builtin_tools(tools, clock)
+
+                def turn_closed(status: str, seconds: float) -> None:
+                    metrics.inc(f'turnstile_turns_total{{status="{status}"}}')
+                    metrics.observe("turnstile_turn_seconds", seconds)
+
+                services = SessionServices(
+                    store=store,
+                    agent=agent,
+                    tools=tools,
+                    limits=SessionLimits(
+                        max_queued_inputs=limits.max_queued_inputs,
+                        max_content_chars=limits.max_content_chars,
+                        history_entries=limits.history_entries,
+                    ),
+                    encode_event=_counting_encoder(metrics),
+                    on_turn_closed=turn_closed,
+                )
+                registry.register("session", lambda key: SessionActor(key, services))
+                metrics.gauge("turnstile_sessions_active", lambda: registry.statistics().active)
+                metrics.gauge("turnstile_mailbox_depth", registry.mailbox_depth)
+                metrics.gauge(
+                    "turnstile_crashes_total",
+                    lambda: len(root.crash_reports) + len(sessions.crash_reports),
+                )
+                directory = SessionDirectory(
+                    store,
+                    registry,
+                    tools,
+                    max_sessions_per_user=limits.max_sessions_per_user,
+                    metrics=metrics,
+                )
+                for session_id in waiting:
+                    await registry.ref(f"session:{session_id}").tell(Wake())
+                connections = [0]
+
+                def on_connection(delta: int) -> None:
+                    connections[0] += delta
+
+                metrics.gauge("turnstile_websocket_connections", lambda: connections[0])
+                app = build_app(
+                    backend=directory,
+                    auth=Auth(tokens, config.allowed_origins),
+                    limits=ConnectionLimits(
+                        max_frame_bytes=limits.max_frame_bytes,
+                        outbox_frames=limits.outbox_frames,
+                        max_attached=limits.max_attached_per_connection,
+                    ),
+                    version=package_version(),
+                    on_connection=on_connection,
+                    on_frame_sent=lambda: metrics.inc("turnstile_frames_sent_total"),
+                )
+                binds = await root._require_nursery().start(
+                    lambda task_status: serve_app(
+                        app,
+                        host=config.host,
+                        port=config.port,
+                        max_frame_bytes=limits.max_frame_bytes,
+                        task_status=task_status,
+                    )
+                )
+                log.info("turnstile %s serving on %s", package_version(), ", ".join(binds))
+                task_status.started(binds)
+                await trio.sleep_forever()
+    finally:
+        with trio.move_on_after(5, shield=True):
+            await agent.aclose()
+
+
+def _counting_encoder(metrics: Metrics):
+    def encode(session_id, record) -> bytes:
+        metrics.inc("turnstile_events_broadcast_total")
+        return encode_event(session_id, record)
+
+    return encode

@@ -1,0 +1,118 @@
+"""The tool registry: named tools with typed parameters, callable by agents and clients.
+
+A tool is an async function taking a ``ToolCall`` context and a msgspec ``Struct`` of
+parameters. The registry derives each tool's JSON schema from that type (what a model's
+function calling needs), validates arguments before the tool runs — a wrong argument is an
+error naming the field, and the tool never sees it — and turns every failure into a
+``ToolResult`` with a stable code instead of an exception, so one bad call cannot break a turn.
+
+Policies (AUTO / APPROVE / BLOCK) and the http, filesystem and shell modules build on this.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from runtime.agents.base import ToolResult, ToolSpec
+from runtime.codec import Codec
+from runtime.errors import DecodeError, TurnstileError
+
+__all__ = ["ToolCall", "ToolRegistry", "Tool"]
+
+log = logging.getLogger("turnstile.tools")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """Who is calling a tool: the session and its owner."""
+
+    session_id: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool."""
+
+    name: str
+    description: str
+    params: type[msgspec.Struct]
+    handler: Callable[[ToolCall, Any], Awaitable[Any]]
+    codec: Codec
+    schema: dict[str, Any]
+
+
+class ToolRegistry:
+    """Tools by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(
+        self,
+        name: str,
+        params: type[msgspec.Struct],
+        handler: Callable[[ToolCall, Any], Awaitable[Any]],
+        description: str,
+    ) -> None:
+        """Add a tool.
+
+        Raises:
+            ValueError: the name is taken or malformed.
+        """
+        if not name or len(name) > 128 or not name.replace(".", "_").isidentifier():
+            raise ValueError(f"tool name must look like module.action, got {name!r}")
+        if name in self._tools:
+            raise ValueError(f"tool {name!r} is already registered")
+        schema = msgspec.json.schema(params)
+        if "$ref" in schema:  # inline the single definition: models want a plain object schema
+            ref = schema["$ref"].rsplit("/", 1)[-1]
+            schema = schema["$defs"][ref]
+        self._tools[name] = Tool(name, description, params, handler, Codec(params), schema)
+
+    def names(self) -> list[str]:
+        """Registered tool names, sorted."""
+        return sorted(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        """Every tool as a function-calling spec."""
+        return [
+            ToolSpec(name=t.name, description=t.description, parameters=t.schema)
+            for t in sorted(self._tools.values(), key=lambda t: t.name)
+        ]
+
+    async def call(
+        self, session_id: str, owner: str, name: str, arguments: dict[str, Any]
+    ) -> ToolResult:
+        """Validate ``arguments`` and run ``name``; failures come back as ``ToolResult``."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return ToolResult(
+                ok=False, error={"code": "unknown_tool", "message": f"no tool named {name!r}"}
+            )
+        try:
+            params = tool.codec.convert(arguments)
+        except DecodeError as exc:
+            error = {"code": "bad_arguments", "message": str(exc)}
+            if exc.field:
+                error["field"] = exc.field
+            return ToolResult(ok=False, error=error)
+        try:
+            data = await tool.handler(ToolCall(session_id, owner), params)
+        except TurnstileError as exc:
+            error = {"code": exc.code, "message": str(exc)}
+            if getattr(exc, "field", None):
+                error["field"] = exc.field
+            return ToolResult(ok=False, error=error)
+        except Exception as exc:
+            log.exception("tool %s failed", name)
+            return ToolResult(
+                ok=False,
+                error={"code": "tool_failed", "message": f"{name} failed ({type(exc).__name__})"},
+            )
+        return ToolResult(ok=True, data=msgspec.to_builtins(data))
