@@ -4,4 +4,5 @@ SCENARIOS: dict[str, str] = {
     "mailbox": "bench.scenarios.mailbox",
     "timers": "bench.scenarios.timers",
     "idle": "bench.scenarios.idle",
+    "sessions": "bench.scenarios.sessions",
 }

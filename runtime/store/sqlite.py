@@ -241,6 +241,39 @@ class _Writer:
 # -- row conversion ---------------------------------------------------------------------------
 
 
+class _InlineWriter(_Writer):
+    """The writer for ``:memory:`` databases: statements run on the trio thread itself.
+
+    An in-memory database has no disk to wait for, so a thread buys nothing; running inline
+    also keeps ``MockClock(autojump_threshold=0)`` tests exact: no task ever waits on a
+    thread, so the mock clock never jumps while the store is working.
+    """
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await trio.lowlevel.checkpoint()
+        if not self._accepting:
+            raise StoreError("store is closed")
+        req = _Request(fn, None)  # type: ignore[arg-type]
+        req.state = _TAKEN
+        try:
+            self._transact([req])
+        except Exception as exc:  # BEGIN or COMMIT failed: nothing committed
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            req.error = StoreError(f"sqlite: transaction failed: {exc}")
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    async def stop(self) -> None:
+        if self._accepting:
+            self._accepting = False
+            self._conn.close()
+
+
 def _session(row: sqlite3.Row) -> Session:
     return Session(
         id=row["id"],
@@ -715,13 +748,17 @@ class SQLiteStore:
             raise MigrationError(f"sqlite: migration failed: {exc}") from exc
 
     async def open(self) -> None:
-        """Connect, apply migrations and start the writer thread."""
+        """Connect, apply migrations and start the writer thread (inline for ``:memory:``)."""
         try:
-            await trio.to_thread.run_sync(self._open_sync)
+            if self._memory:
+                self._open_sync()
+            else:
+                await trio.to_thread.run_sync(self._open_sync)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: cannot open {self.path!r}: {exc}") from exc
         assert self._write_conn is not None
-        self._writer = _Writer(self._write_conn, self._max_batch)
+        writer = _InlineWriter if self._memory else _Writer
+        self._writer = writer(self._write_conn, self._max_batch)
         self._writer.start()
 
     async def aclose(self) -> None:

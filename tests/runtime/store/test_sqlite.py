@@ -195,3 +195,16 @@ async def test_file_is_plain_sqlite(tmp_path):
     finally:
         conn.close()
     assert row[0] == "s1" and row[1] == '{"k":1}' and row[2].endswith("Z")
+
+
+async def test_memory_store_runs_inline_so_a_mock_clock_never_jumps(autojump_clock):
+    from runtime.store import open_store
+
+    async with open_store("sqlite:///:memory:") as store:
+        start = trio.current_time()
+        with trio.fail_after(1):  # a thread wait would let the clock jump to this deadline
+            await store.create_session("m", "ada")
+            for i in range(50):
+                await store.enqueue_input("m", "user", {"n": i})
+            assert (await store.claim_next_input("m")).payload == {"n": 0}
+        assert trio.current_time() == start

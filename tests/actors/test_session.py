@@ -1,0 +1,176 @@
+"""The session actor on its own: scheduled inputs, injections, passivation, slow subscribers."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from actors.session import (
+    Attach,
+    Detach,
+    GetStatus,
+    Inject,
+    SessionActor,
+    SessionLimits,
+    SessionServices,
+    SetPolicy,
+    Submit,
+)
+from runtime.agents.base import ToolResult
+from runtime.gateway.frames import encode_event
+from runtime.registry import Registry
+from runtime.store import open_store
+from runtime.supervisor import open_supervisor
+from tests.e2e.conftest import GatedAgent
+
+
+class NoTools:
+    def specs(self):
+        return []
+
+    async def call(self, session_id, owner, name, arguments):
+        return ToolResult(ok=False, error={"code": "unknown_tool", "message": name})
+
+
+class Recorder:
+    """A subscriber that records event types and can refuse (a client fallen behind)."""
+
+    def __init__(self, accept: int = 10**9) -> None:
+        self.frames: list[bytes] = []
+        self.accept = accept
+        self.lagged_at: int | None = None
+        self._arrived = trio.Event()
+
+    def offer(self, session_id, seq, frame) -> bool:
+        if len(self.frames) >= self.accept:
+            return False
+        self.frames.append(frame)
+        self._arrived.set()
+        return True
+
+    def count(self, needle: bytes) -> int:
+        return sum(needle in frame for frame in self.frames)
+
+    async def until(self, needle: bytes, n: int = 1) -> None:
+        """Wait until ``n`` received frames contain ``needle``."""
+        while self.count(needle) < n:
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+
+    def lagged(self, session_id, last_seq) -> None:
+        self.lagged_at = last_seq
+
+
+class IgnoresInjections(GatedAgent):
+    async def run_turn(self, turn):
+        if turn.input.content.startswith("wait:"):
+            await self.gate(turn.input.content).wait()
+        return f"reply:{turn.input.content}"
+
+
+@pytest.fixture
+async def session(request):
+    agent = getattr(request, "param", None) or GatedAgent()
+    async with open_store("sqlite:///:memory:") as store:  # inline: exact under MockClock
+        await store.create_session("s", "ada")
+        services = SessionServices(
+            store=store,
+            agent=agent,
+            tools=NoTools(),
+            limits=SessionLimits(),
+            encode_event=encode_event,
+        )
+        async with open_supervisor("sessions", escalate=False) as sup:
+            registry = Registry(sup, idle_timeout=30.0)
+            registry.register("session", lambda key: SessionActor(key, services))
+            ref = registry.ref("session:s")
+            seen = Recorder()
+            await ref.ask(Attach(subscriber=seen))
+            yield ref, store, agent, registry, seen
+
+
+async def ended_inputs(store) -> list[tuple[int, str, str]]:
+    events = await store.read_events("s")
+    return [
+        (e.payload["input_id"], e.payload["status"], e.payload["text"])
+        for e in events
+        if e.type == "stream_end"
+    ]
+
+
+async def test_a_cron_input_during_a_turn_waits_and_is_never_injected(session):
+    ref, store, agent, _, seen = session
+    await ref.ask(Submit(content="wait:user"))
+    await seen.until(b'"stream_start"')
+    await ref.ask(SetPolicy(policy="inject"))  # even with inject, only user input folds in
+    queued = await ref.ask(Submit(source="cron", content="nightly report"))
+    assert queued.injected is False and queued.input_id is not None
+    agent.gate("wait:user").set()
+    await seen.until(b'"stream_end"', 2)
+    events = await store.read_events("s")
+    starts = [
+        (e.payload["source"], e.payload["content"]) for e in events if e.type == "stream_start"
+    ]
+    assert starts == [("user", "wait:user"), ("cron", "nightly report")]
+    assert [text for _, _, text in await ended_inputs(store)] == [
+        "reply:wait:user",
+        "reply:nightly report",
+    ]
+
+
+async def test_notifications_fold_into_a_running_turn_or_start_one_when_idle(session):
+    ref, store, agent, _, seen = session
+    idle = await ref.ask(Inject(content="build finished"))
+    assert idle.input_id is not None  # idle: a turn of its own
+    await seen.until(b'"stream_end"')
+    await ref.ask(Submit(content="wait:t"))
+    await seen.until(b'"stream_start"', 2)
+    folded = await ref.ask(Inject(content="watcher fired"))
+    assert folded.injected is True
+    agent.gate("wait:t").set()
+    await seen.until(b'"stream_end"', 2)
+    texts = [text for _, _, text in await ended_inputs(store)]
+    assert texts == ["reply:build finished", "reply:wait:t +watcher fired"]
+
+
+@pytest.mark.parametrize("session", [IgnoresInjections()], indirect=True)
+async def test_an_injection_the_agent_never_took_becomes_a_turn_of_its_own(session):
+    ref, store, agent, _, seen = session
+    await ref.ask(Submit(content="wait:t"))
+    await seen.until(b'"stream_start"')
+    assert (await ref.ask(Inject(content="late news"))).injected is True
+    agent.gate("wait:t").set()
+    await seen.until(b'"stream_end"', 2)
+    texts = [text for _, _, text in await ended_inputs(store)]
+    assert texts == ["reply:wait:t", "reply:late news"]
+
+
+@pytest.mark.guard(1000)
+async def test_a_session_is_not_passivated_mid_turn_or_while_watched(session, autojump_clock):
+    ref, store, agent, registry, seen = session
+    await ref.ask(Detach(subscriber=seen))
+    await ref.ask(Submit(content="wait:long"))
+    await trio.sleep(100)  # far past the 30 s idle timeout
+    assert registry.is_active("session:s")
+    assert (await ref.ask(GetStatus())).busy is True
+    watcher = Recorder()
+    await ref.ask(Attach(subscriber=watcher))
+    agent.gate("wait:long").set()
+    await watcher.until(b'"stream_end"')
+    await trio.sleep(100)
+    assert registry.is_active("session:s")  # an attached client keeps it alive
+    await ref.ask(Detach(subscriber=watcher))
+    await trio.sleep(100)
+    assert not registry.is_active("session:s")
+
+
+async def test_a_subscriber_that_falls_behind_is_dropped_and_told_where_it_stopped(session):
+    ref, store, agent, _, fast = session
+    slow = Recorder(accept=3)
+    await ref.ask(Attach(subscriber=slow))
+    await ref.ask(Submit(content="hello"))
+    await fast.until(b'"stream_end"')
+    assert slow.lagged_at == 3  # it got seqs 1-3, refused 4, and was dropped
+    assert len(slow.frames) == 3
+    assert len(fast.frames) == (await store.last_seq("s"))
