@@ -258,52 +258,64 @@ class _StalledClient:
         self.stream = stream
         self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         self._text: list[str] = []
+        self._decoded: list[dict | None] = []
 
     @classmethod
-    async def open(cls, port: int, session_id: str) -> _StalledClient:
+    async def open(cls, port: int, session_ids: list[str]) -> _StalledClient:
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # stall sooner
         await sock.connect((HOST, port))
         self = cls(trio.SocketStream(sock))
         await self.stream.send_all(
             self.ws.send(wse.Request(host=f"{HOST}:{port}", target="/ws", extra_headers=AUTH))
         )
         await self.read_until(lambda f: f is None)  # the handshake
-        await self.stream.send_all(
-            self.ws.send(wse.TextMessage(json.dumps({"type": "attach", "session_id": session_id})))
-        )
-        frames = await self.read_until(lambda f: f is not None and f["type"] == "session_sync")
-        assert frames[-1]["type"] == "session_sync"
+        for session_id in session_ids:
+            attach = json.dumps({"type": "attach", "session_id": session_id})
+            await self.stream.send_all(self.ws.send(wse.TextMessage(attach)))
+            await self.read_until(
+                lambda f: f is not None and f["type"] in ("session_sync", "error")
+            )
         return self
 
-    async def read_until(self, done) -> list[dict | None]:
-        """Read and decode frames until ``done(frame)``; None stands for the accepted handshake."""
-        out: list[dict | None] = []
-        while True:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                raise RuntimeError("server closed the stalled client's connection")
-            self.ws.receive_data(data)
-            for event in self.ws.events():
-                item: dict | None
-                if isinstance(event, wse.AcceptConnection):
-                    item = None
-                elif isinstance(event, wse.TextMessage):
-                    self._text.append(event.data)
-                    if not event.message_finished:
-                        continue
-                    item = json.loads("".join(self._text))
+    async def _receive(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise RuntimeError("server closed the stalled client's connection")
+        self.ws.receive_data(data)
+        for event in self.ws.events():
+            if isinstance(event, wse.AcceptConnection):
+                self._decoded.append(None)
+            elif isinstance(event, wse.TextMessage):
+                self._text.append(event.data)
+                if event.message_finished:
+                    self._decoded.append(json.loads("".join(self._text)))
                     self._text = []
-                elif isinstance(event, wse.Ping):
-                    await self.stream.send_all(self.ws.send(event.response()))
-                    continue
-                elif isinstance(event, wse.RejectConnection):
-                    raise RuntimeError(f"handshake refused: {event.status_code}")
-                else:
-                    continue
-                out.append(item)
-                if done(item):
-                    return out
+            elif isinstance(event, wse.Ping):
+                await self.stream.send_all(self.ws.send(event.response()))
+            elif isinstance(event, wse.RejectConnection):
+                raise RuntimeError(f"handshake refused: {event.status_code}")
+
+    async def read_until(self, done) -> list[dict | None]:
+        """Frames up to the first for which ``done(frame)``; None is the accepted handshake."""
+        with trio.fail_after(10):
+            while True:
+                for index, item in enumerate(self._decoded):
+                    if done(item):
+                        out, self._decoded = self._decoded[: index + 1], self._decoded[index + 1 :]
+                        return out
+                await self._receive()
+
+    async def drain(self, quiet: float = 1.0, limit: float = 30.0) -> list[dict]:
+        """Everything the server sends until it has been quiet for ``quiet`` seconds."""
+        with trio.move_on_after(limit):
+            while True:
+                with trio.move_on_after(quiet) as idle:
+                    await self._receive()
+                if idle.cancelled_caught:
+                    break
+        out, self._decoded = self._decoded, []
+        return [f for f in out if f is not None]
 
 
 @asynccontextmanager
@@ -365,6 +377,7 @@ async def _stall(
     rounds: int,
 ) -> dict:
     (busy,) = await _connect_clients(nursery, ws_url, ["busy"])
+    watched = ["busy"] + [c.session_id for c in clients[: _limits().max_attached_per_connection - 1]]
     without: list[_Tally] = []
     with_: list[_Tally] = []
     stalled = None
@@ -372,28 +385,34 @@ async def _stall(
     for _ in range(rounds):  # alternate, so drift (a growing database) hits both alike
         without.append(await _phase(clients, m, busy))
         if stalled is None:
-            stalled = await _StalledClient.open(port, "busy")
+            stalled = await _StalledClient.open(port, watched)
+            rss.append(_rss_mb())
+            at_attach = _produced(busy, clients, watched)
         with_.append(await _phase(clients, m, busy))
         rss.append(_rss_mb())
-    # Now read what the stalled client was sent: everything up to its lagged error, if any.
-    received: list[dict] = []
-    dropped = False
-    with trio.move_on_after(20):
-        frames = await stalled.read_until(
-            lambda f: f is not None and f.get("type") == "error" and f.get("code") == "lagged"
-        )
-        received = [f for f in frames if f is not None]
-        dropped = True
+    # Now read what the stalled client was sent: the live events until each session dropped
+    # it (one lagged error per session), then nothing.
+    received = await stalled.drain()
     await stalled.stream.aclose()
     await busy.ws.aclose()
+    lagged = [f for f in received if f.get("type") == "error" and f.get("code") == "lagged"]
+    events = [f for f in received if "seq" in f]
+    produced = _produced(busy, clients, watched) - at_attach
     return {
         "without": without,
         "with": with_,
         "rss": rss,
-        "dropped": dropped,
-        "received": len(received),
-        "busy_events": busy.next_seq - 1,
+        "watched": len(watched),
+        "lagged": len(set(f.get("session_id") for f in lagged)),
+        "received": len(events),
+        "produced": produced,
     }
+
+
+def _produced(busy: _WsClient, clients: list[_WsClient], watched: list[str]) -> int:
+    """Events the watched sessions have emitted so far (as their own clients saw them)."""
+    names = set(watched)
+    return busy.next_seq - 1 + sum(c.next_seq - 1 for c in clients if c.session_id in names)
 
 
 # -- baseline: the same turns in process, no gateway ------------------------------------------

@@ -1,0 +1,51 @@
+"""The terminal client: ``turnstile attach`` and ``turnstile sessions`` against a live node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from tests.e2e.conftest import ALICE, new_session, running_node
+
+
+async def read_until(stream, needle: bytes, buffer: bytearray) -> None:
+    with trio.fail_after(15):
+        while needle not in buffer:
+            chunk = await stream.receive_some()
+            if not chunk:
+                raise AssertionError(f"stream closed before {needle!r}: {bytes(buffer)!r}")
+            buffer += chunk
+
+
+@pytest.mark.slow
+async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path):
+    async with running_node(tmp_path) as node:
+        await new_session(node, "cli")
+        cli = [sys.executable, "-m", "runtime.cli"]
+        process = await trio.lowlevel.open_process(
+            [*cli, "attach", "cli", "--url", node.url, "--token", ALICE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out = bytearray()
+        try:
+            await read_until(process.stdout, b"[attached to cli", out)
+            await process.stdin.send_all(b"hello from a terminal\n")
+            await read_until(process.stdout, b"[turn completed]", out)
+            assert b"You said: hello from a terminal" in out
+            await process.stdin.send_all(b"/quit\n")
+            with trio.fail_after(10):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+        listed = await trio.run_process(
+            [*cli, "sessions", "--url", node.url, "--token", ALICE], capture_stdout=True
+        )
+        assert listed.stdout.decode().split("\t")[:2] == ["cli", "enqueue"]
