@@ -65,6 +65,8 @@ __all__ = [
     "GetStatus",
     "SessionStatus",
     "Wake",
+    "Delivered",
+    "Publish",
     "DeleteSession",
     "history_from_events",
 ]
@@ -184,6 +186,21 @@ class Wake(Message, tag="wake"):
     """Run whatever is queued (sent at start-up to sessions with queued inputs)."""
 
 
+class Delivered(Message, tag="delivered", kw_only=True):
+    """The scheduler put a turn input straight into the inbox (in its fire transaction)."""
+
+    input_id: int
+    source: str
+    job_update: dict[str, Any]
+
+
+class Publish(Message, tag="publish", kw_only=True):
+    """Append an event to the session's log and offer it to attached clients."""
+
+    event: str
+    payload: dict[str, Any]
+
+
 class DeleteSession(Message, tag="delete_session"):
     """Stop the running turn, drop every subscriber, delete the session from the store."""
 
@@ -276,6 +293,19 @@ class SessionActor(Actor):
                 return self._status()
             case Wake():
                 self._ensure_runner()
+                return None
+            case Delivered():
+                self.queued += 1
+                await self._emit("job_update", message.job_update)
+                ahead = self.queued - 1 + (1 if self.turn is not None else 0)
+                await self._emit(
+                    "turn_queued",
+                    {"input_id": message.input_id, "source": message.source, "ahead": ahead},
+                )
+                self._ensure_runner()
+                return None
+            case Publish():
+                await self._emit(message.event, message.payload)
                 return None
             case DeleteSession():
                 return await self._delete()
@@ -406,10 +436,19 @@ class SessionActor(Actor):
         payload = dict(item.payload)
         content = str(payload.pop("content", ""))
         status, text, error, detail = "interrupted", "", None, None
+        run = await self._job_run(item)
         try:
-            await self._emit(
-                "stream_start", {"input_id": item.id, "source": item.source, "content": content}
-            )
+            start: dict[str, Any] = {
+                "input_id": item.id,
+                "source": item.source,
+                "content": content,
+            }
+            if run is not None:  # a scheduled input: say which job and run it came from
+                start["job_id"] = run.job_id
+                start["run_id"] = run.id
+                if payload.get("label"):
+                    start["label"] = payload["label"]
+            await self._emit("stream_start", start)
             self._remember(HistoryEntry(role="user", content=content, source=item.source))
             context = _TurnContext(
                 self,
@@ -434,6 +473,16 @@ class SessionActor(Actor):
                 self.services.on_turn_closed(status, trio.current_time() - started)
             with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
                 await self._close_turn(turn, status, text, error, detail)
+                if run is not None:
+                    outcome = (
+                        "turn_completed" if status in ("completed", "empty") else "turn_failed"
+                    )
+                    note = {**(run.detail or {}), "status": status}
+                    if error is not None:
+                        note["error"] = error
+                    await self.services.store.update_run(
+                        run.id, outcome, {**note, **(detail or {})}
+                    )
 
     async def _close_turn(
         self,
@@ -460,6 +509,17 @@ class SessionActor(Actor):
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    async def _job_run(self, item: InboxItem):
+        """The run record a scheduled input belongs to, if it came from a job."""
+        job_id = item.payload.get("job_id")
+        if not isinstance(job_id, str):
+            return None
+        try:
+            runs = await self.services.store.list_runs(job_id, limit=50)
+        except NotFound:
+            return None
+        return next((r for r in runs if r.input_id == item.id), None)
 
     # -- events and history --
 

@@ -367,6 +367,8 @@ class Store(Protocol):
         run_state: str = "queued",
         input: tuple[str, dict[str, Any]] | None = None,
         detail: dict[str, Any] | None = None,
+        counts: bool = True,
+        extra_runs: Sequence[tuple[datetime, str, dict[str, Any] | None]] = (),
     ) -> FireResult | None:
         """Consume one occurrence of a job, exactly once, in one transaction.
 
@@ -383,6 +385,11 @@ class Store(Protocol):
             run_state: the state of the new run.
             input: ``(source, payload)`` of the turn input to enqueue, or None.
             detail: the new run's detail, or None.
+            counts: whether the occurrence counts towards ``run_count`` (a skipped, missed
+                occurrence does not).
+            extra_runs: more run records to write in the same transaction, as
+                ``(scheduled_for, state, detail)`` — the occurrences a misfire policy
+                coalesced or skipped.
 
         Returns:
             What was written, or None when the compare-and-set lost (the job was fired,

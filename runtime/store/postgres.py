@@ -456,17 +456,20 @@ async def _op_fire_job(
     input: tuple[str, str] | None,
     detail: str | None,
     now: datetime,
+    counts: bool = True,
+    extra_runs: list[tuple[datetime, str, str | None]] = (),
 ) -> FireResult | None:
     async with conn.transaction():
         row = await conn.fetchrow(
             "UPDATE jobs SET next_fire_at = $1::timestamptz,"
             " state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,"
-            " run_count = run_count + 1, updated_at = $2"
+            " run_count = run_count + $5, updated_at = $2"
             " WHERE id = $3 AND state = 'active' AND next_fire_at = $4 RETURNING *",
             new,
             now,
             job_id,
             expected,
+            1 if counts else 0,
         )
         if row is None:
             await _require_job(conn, job_id)
@@ -487,6 +490,12 @@ async def _op_fire_job(
             detail,
             now,
         )
+        if extra_runs:
+            await conn.executemany(
+                "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail,"
+                " created_at, updated_at) VALUES ($1, $2, $3, NULL, $4::jsonb, $5, $5)",
+                [(job_id, when, state, data, now) for when, state, data in extra_runs],
+            )
     return FireResult(job=job, run=_run(run), input=item)
 
 
@@ -771,6 +780,8 @@ class PostgresStore:
         run_state: str = "queued",
         input: tuple[str, dict[str, Any]] | None = None,
         detail: dict[str, Any] | None = None,
+        counts: bool = True,
+        extra_runs: Sequence[tuple[datetime, str, dict[str, Any] | None]] = (),
     ) -> FireResult | None:
         expected = u.check_time(expected_next_fire_at, "expected_next_fire_at")
         new = (
@@ -779,8 +790,12 @@ class PostgresStore:
         u.check_text(run_state, "run_state")
         inp = u.check_fire_input(input)
         data = u.encode_optional_json(detail)
+        extra = [
+            (u.check_time(when, "extra_runs"), state, u.encode_optional_json(more))
+            for when, state, more in extra_runs
+        ]
         return await self._call(
-            _op_fire_job, job_id, expected, new, run_state, inp, data, self._now()
+            _op_fire_job, job_id, expected, new, run_state, inp, data, self._now(), counts, extra
         )
 
 

@@ -623,13 +623,15 @@ def _op_fire_job(
     input: tuple[str, str] | None,
     detail: str | None,
     now: str,
+    counts: bool = True,
+    extra_runs: list[tuple[str, str, str | None]] = (),
 ) -> FireResult | None:
     row = conn.execute(
         "UPDATE jobs SET next_fire_at = ?1,"
         " state = CASE WHEN ?1 IS NULL THEN 'completed' ELSE state END,"
-        " run_count = run_count + 1, updated_at = ?2"
+        " run_count = run_count + ?5, updated_at = ?2"
         " WHERE id = ?3 AND state = 'active' AND next_fire_at = ?4 RETURNING *",
-        (new, now, job_id, expected),
+        (new, now, job_id, expected, 1 if counts else 0),
     ).fetchone()
     if row is None:
         _require_job(conn, job_id)
@@ -645,6 +647,12 @@ def _op_fire_job(
         " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
         (job_id, expected, run_state, item.id if item else None, detail, now, now),
     ).fetchone()
+    if extra_runs:
+        conn.executemany(
+            "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+            " updated_at) VALUES (?, ?, ?, NULL, ?, ?, ?)",
+            [(job_id, when, state, data, now, now) for when, state, data in extra_runs],
+        )
     return FireResult(job=job, run=_run(run), input=item)
 
 
@@ -1030,6 +1038,8 @@ class SQLiteStore:
         run_state: str = "queued",
         input: tuple[str, dict[str, Any]] | None = None,
         detail: dict[str, Any] | None = None,
+        counts: bool = True,
+        extra_runs: Sequence[tuple[datetime, str, dict[str, Any] | None]] = (),
     ) -> FireResult | None:
         expected = u.format_ts(u.check_time(expected_next_fire_at, "expected_next_fire_at"))
         new = (
@@ -1049,6 +1059,15 @@ class SQLiteStore:
             input=inp,
             detail=data,
             now=self._now_str(),
+            counts=counts,
+            extra_runs=[
+                (
+                    u.format_ts(u.check_time(when, "extra_runs")),
+                    state,
+                    u.encode_optional_json(extra),
+                )
+                for when, state, extra in extra_runs
+            ],
         )
 
 

@@ -194,3 +194,26 @@ async def test_list_and_update_runs(store, clock):
     await store.delete_job("j1")
     with pytest.raises(NotFound, match=rf"^no run with id {run.id}$"):
         await store.update_run(run.id, "missed")
+
+
+async def test_fire_job_can_skip_counting_and_records_extra_runs_atomically(store):
+    await store.create_session("s1", "ada")
+    await store.create_job("j", kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    fired = await store.fire_job(
+        "j",
+        T0,
+        T0 + 3 * H,
+        run_state="missed",
+        counts=False,
+        extra_runs=[(T0 + H, "missed", None), (T0 + 2 * H, "missed", {"why": "downtime"})],
+    )
+    assert fired is not None and fired.job.run_count == 0 and fired.input is None
+    runs = await store.list_runs("j")
+    assert [(r.scheduled_for, r.state, r.detail) for r in reversed(runs)] == [
+        (T0, "missed", None),
+        (T0 + H, "missed", None),
+        (T0 + 2 * H, "missed", {"why": "downtime"}),
+    ]
+    # a lost compare-and-set writes none of them
+    assert await store.fire_job("j", T0, T0 + 4 * H, extra_runs=[(T0, "coalesced", None)]) is None
+    assert len(await store.list_runs("j")) == 3
