@@ -1,0 +1,261 @@
+"""The scheduler on trio's MockClock: exact firing, misfires, max_runs, cron deferral, CAS."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import trio
+import trio.testing
+
+from actors.scheduler import AddJob, CancelJob, Schedule, SchedulerActor, SchedulerLimits
+from actors.session import Attach, SessionActor, SessionLimits, SessionServices, Submit
+from runtime.clock import MockWallClock
+from runtime.gateway.frames import encode_event
+from runtime.registry import Registry
+from runtime.store import open_store
+from runtime.supervisor import open_supervisor
+from tests.actors.test_session import NoTools, Recorder
+from tests.e2e.conftest import GatedAgent
+
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+LIMITS = SchedulerLimits(min_interval_seconds=300)
+DAY = 86400
+
+
+class Node:
+    """A store, sessions and a scheduler, as a node wires them, on a mock clock."""
+
+    def __init__(self, store, clock, registry, sup, agent) -> None:
+        self.store, self.clock, self.registry, self.sup, self.agent = (
+            store,
+            clock,
+            registry,
+            sup,
+            agent,
+        )
+        self.scheduler = None
+        self.seen = Recorder()
+
+    async def publish(self, session_id, message) -> None:
+        await self.registry.ref(f"session:{session_id}").tell(message)
+
+    async def start_scheduler(self, name: str = "scheduler"):
+        self.scheduler = await self.sup.spawn(
+            lambda: SchedulerActor(self.store, self.clock, publish=self.publish, limits=LIMITS),
+            name=name,
+        )
+        return self.scheduler
+
+    async def add(self, **fields):
+        fields.setdefault("session_id", "s")
+        fields.setdefault("kind", "once")
+        fields.setdefault("deliver", {"prompt": "do the thing", "source": "schedule"})
+        return await self.scheduler.ask(AddJob(**fields))
+
+    def ends(self) -> list[dict]:
+        import json
+
+        return [json.loads(f) for f in self.seen.frames if b'"stream_end"' in f]
+
+    def starts(self) -> list[dict]:
+        import json
+
+        return [json.loads(f) for f in self.seen.frames if b'"stream_start"' in f]
+
+
+@asynccontextmanager
+async def node(start_scheduler: bool = True):
+    clock = MockWallClock(T0)
+    agent = GatedAgent()
+    async with open_store("sqlite:///:memory:", clock=clock) as store:
+        await store.create_session("s", "ada")
+        services = SessionServices(
+            store=store,
+            agent=agent,
+            tools=NoTools(),
+            limits=SessionLimits(),
+            encode_event=encode_event,
+        )
+        async with open_supervisor("root", escalate=False) as sup:
+            registry = Registry(sup, idle_timeout=10 * DAY)
+            registry.register("session", lambda key: SessionActor(key, services))
+            n = Node(store, clock, registry, sup, agent)
+            await registry.ref("session:s").ask(Attach(subscriber=n.seen))
+            if start_scheduler:
+                await n.start_scheduler()
+            yield n
+
+
+def once(at: datetime) -> Schedule:
+    return Schedule(type="once", run_at=at)
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_once_job_fires_exactly_on_time_and_its_run_follows_the_turn(autojump_clock):
+    async with node() as n:
+        job = await n.add(schedule=once(T0 + timedelta(hours=5)), label="reminder")
+        assert job.next_fire_at == T0 + timedelta(hours=5)
+        await trio.sleep(5 * 3600 - 1)
+        assert n.starts() == []  # not a moment early
+        await n.seen.until(b'"stream_end"')
+        assert n.clock.now() == T0 + timedelta(hours=5)  # fired on the dot (mock time)
+        (start,) = n.starts()
+        assert (start["source"], start["content"], start["label"]) == (
+            "schedule",
+            "do the thing",
+            "reminder",
+        )
+        assert n.ends()[0]["text"] == "reply:do the thing"
+        await trio.testing.wait_all_tasks_blocked()  # the run record is settled after the close
+        (run,) = await n.store.list_runs(job.id)
+        assert run.state == "turn_completed"
+        assert run.detail["prompt"] == "do the thing" and run.detail["late_seconds"] == 0
+        assert (await n.store.get_job(job.id)).state == "completed"
+        assert start["job_id"] == job.id and start["run_id"] == run.id
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_an_interval_job_stops_after_max_runs(autojump_clock):
+    async with node() as n:
+        job = await n.add(
+            kind="interval",
+            schedule=Schedule(type="interval", interval_seconds=600),
+            max_runs=3,
+        )
+        await trio.sleep(DAY)
+        assert len(n.starts()) == 3
+        runs = await n.store.list_runs(job.id)
+        assert sorted(r.scheduled_for for r in runs) == [
+            T0 + timedelta(minutes=10 * k) for k in (1, 2, 3)
+        ]
+        done = await n.store.get_job(job.id)
+        assert (done.state, done.run_count) == ("completed", 3)
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_cron_occurrence_during_a_turn_waits_for_it_to_end(autojump_clock):
+    async with node() as n:
+        await n.registry.ref("session:s").ask(Submit(content="wait:long"))
+        await n.add(
+            kind="cron",
+            schedule=Schedule(type="cron", cron="0 13 * * *"),
+            deliver={
+                "prompt": "daily digest",
+                "source": "cron",
+            },
+        )
+        await trio.sleep(2 * 3600)  # 13:00 passes while the user's turn is still running
+        assert [s["content"] for s in n.starts()] == ["wait:long"]
+        n.agent.gate("wait:long").set()
+        await n.seen.until(b'"stream_end"', 2)
+        assert [(s["source"], s["content"]) for s in n.starts()] == [
+            ("user", "wait:long"),
+            ("cron", "daily digest"),
+        ]
+        assert [e["text"] for e in n.ends()] == ["reply:wait:long", "reply:daily digest"]
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_cancelled_job_never_fires(autojump_clock):
+    async with node() as n:
+        job = await n.add(schedule=once(T0 + timedelta(minutes=30)))
+        cancelled = await n.scheduler.ask(CancelJob(job_id=job.id, session_id="s"))
+        assert cancelled.state == "cancelled"
+        await trio.sleep(3600)
+        assert n.starts() == [] and await n.store.list_runs(job.id) == []
+
+
+async def downtime(n: Node, policy: str, hours: int):
+    """A job every hour; the scheduler is down for ``hours`` hours, then restarts."""
+    job = await n.add(
+        kind="cron",
+        schedule=Schedule(type="cron", cron="30 * * * *"),
+        misfire=policy,
+        deliver={"prompt": "hourly", "source": "cron"},
+    )
+    await n.scheduler.stop()
+    await trio.sleep(hours * 3600)  # 12:30, 13:30, … pass with no scheduler running
+    await n.start_scheduler("scheduler-again")
+    await trio.sleep(60)
+    return job
+
+
+@pytest.mark.guard(2 * DAY)
+@pytest.mark.parametrize(
+    ("policy", "delivered", "states"),
+    [
+        ("coalesce", 1, {"turn_completed": 1, "coalesced": 2}),
+        ("skip", 0, {"missed": 3}),
+        ("catch_up", 3, {"turn_completed": 3}),
+    ],
+)
+async def test_misfire_policies_after_downtime(autojump_clock, policy, delivered, states):
+    async with node() as n:
+        job = await downtime(n, policy, hours=3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(n.starts()) == delivered
+        runs = await n.store.list_runs(job.id)
+        counted: dict[str, int] = {}
+        for run in runs:
+            counted[run.state] = counted.get(run.state, 0) + 1
+        assert counted == states
+        assert sorted(r.scheduled_for for r in runs) == [
+            T0 + timedelta(minutes=30 + 60 * k) for k in range(3)
+        ]
+        after = await n.store.get_job(job.id)
+        assert after.next_fire_at == T0 + timedelta(hours=3, minutes=30)  # back on schedule
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_two_schedulers_on_one_store_deliver_an_occurrence_once(autojump_clock):
+    async with node() as n:
+        job = await n.add(schedule=once(T0 + timedelta(minutes=5)))
+        await n.start_scheduler("second")  # loads the same job from the store
+        await trio.sleep(600)
+        assert len(n.starts()) == 1
+        assert len(await n.store.list_runs(job.id)) == 1
+        assert len(await n.store.list_inputs("s")) == 1
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_overdue_jobs_at_restart_are_spread_not_stampeded(autojump_clock):
+    async with node(start_scheduler=False) as n:
+        n.scheduler = await n.start_scheduler()
+        jobs = [await n.add(schedule=once(T0 + timedelta(minutes=1))) for _ in range(20)]
+        await n.scheduler.stop()
+        await trio.sleep(3600)
+        limits = SchedulerLimits(min_interval_seconds=300, restart_rate=10)
+        await n.sup.spawn(
+            lambda: SchedulerActor(n.store, n.clock, publish=n.publish, limits=limits),
+            name="restarted",
+        )
+        await trio.sleep(10)
+        fired = []
+        for job in jobs:
+            (run,) = await n.store.list_runs(job.id)
+            fired.append(run.created_at)
+        spread = (max(fired) - min(fired)).total_seconds()
+        assert spread == pytest.approx(1.9, abs=0.01)  # 20 jobs at 10 per second
+
+
+async def test_bad_schedules_are_refused_with_the_field(autojump_clock):
+    from runtime.errors import InvalidArgument
+
+    async with node() as n:
+        cases = [
+            (dict(schedule=once(T0 - timedelta(minutes=1))), "when"),
+            (dict(schedule=Schedule(type="interval", interval_seconds=5)), "interval_seconds"),
+            (dict(schedule=Schedule(type="cron", cron="* * * * *")), "cron"),
+            (dict(schedule=Schedule(type="cron", cron="nope")), "cron"),
+            (dict(schedule=once(T0 + timedelta(hours=1)), misfire="retry"), "misfire"),
+            (
+                dict(schedule=once(T0 + timedelta(hours=1)), deliver={"prompt": "x" * 9000}),
+                "prompt",
+            ),
+        ]
+        for fields, field in cases:
+            with pytest.raises(InvalidArgument) as info:
+                await n.add(**fields)
+            assert info.value.field == field, fields
