@@ -26,7 +26,7 @@ from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
 from runtime.gateway.backend import Attached, Submitted, Subscriber
 from runtime.metrics import Metrics
 from runtime.registry import Registry
-from runtime.store import EventRecord, Session, Store
+from runtime.store import EventRecord, Job, JobRun, Session, Store
 
 __all__ = ["SessionDirectory"]
 
@@ -178,3 +178,19 @@ class SessionDirectory:
         await self._owned(user, session_id)
         self._metrics.inc("turnstile_tool_calls_total")
         return await self.tools.call(session_id, user, tool, arguments)
+
+    # -- jobs --
+
+    async def list_jobs(self, user: str, session_id: str) -> list[Job]:
+        await self._owned(user, session_id)
+        return await self.store.list_jobs(session_id=session_id)
+
+    async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
+        try:
+            job = await self.store.get_job(job_id)
+            if job.session_id is None:
+                raise NotFound(job_id)
+            await self._owned(user, job.session_id)
+        except NotFound:
+            raise NotFound(f"no job with id {job_id!r}") from None
+        return job, await self.store.list_runs(job_id, limit=100)

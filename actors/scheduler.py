@@ -29,6 +29,7 @@ import hashlib
 import logging
 import math
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -146,6 +147,19 @@ def first_occurrence(schedule: Schedule, now: datetime, cron: CronSchedule | Non
     return found
 
 
+def _content(job: Job, deliver: dict[str, Any]) -> str:
+    """What the session's turn is given when the job fires."""
+    action = deliver.get("action_type", "llm_prompt")
+    prompt = deliver.get("prompt", "")
+    label = job.spec.get("label", "")
+    head = f"job_id={job.id}" + (f" label={label}" if label else "")
+    if action == "notification":
+        return f"[SCHEDULED NOTIFICATION] {head}\n{prompt}"
+    if action == "tool_call":
+        return f"[SCHEDULED TOOL CALL] {head} tool={deliver.get('tool_name')}"
+    return prompt
+
+
 def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
     if seconds <= 0:
         return 0.0
@@ -197,7 +211,8 @@ class SchedulerActor(Actor):
         self.entries: dict[str, _Entry] = {}
         self._wake = trio.Event()
         self._fires = trio.CapacityLimiter(MAX_CONCURRENT_FIRES)
-        self.lateness: list[float] = []  # seconds, due → inbox commit (bounded, for the bench)
+        #: Recent lateness samples in seconds, due → inbox commit (for the bench).
+        self.lateness: deque[float] = deque(maxlen=100_000)
 
     # -- lifecycle --
 
@@ -431,7 +446,7 @@ class SchedulerActor(Actor):
         late = (now - occurrence).total_seconds()
         payload = {
             **deliver,
-            "content": deliver.get("prompt", ""),
+            "content": _content(job, deliver),
             "job_id": job.id,
             "kind": job.kind,
             "label": job.spec.get("label", ""),
@@ -454,8 +469,7 @@ class SchedulerActor(Actor):
             committed = (self.clock.now() - occurrence).total_seconds()
             self.metrics.inc("turnstile_scheduler_fires_total")
             self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
-            if len(self.lateness) < 1_000_000:
-                self.lateness.append(committed)
+            self.lateness.append(committed)
             update = self._update_payload(result.job, "fired", run_id=result.run.id)
             await self._tell(
                 job.session_id,

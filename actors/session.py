@@ -78,6 +78,8 @@ Policy = Literal["enqueue", "reject", "interrupt", "inject"]
 
 #: How long closing a turn (final event, inbox state) may take once the turn is cancelled.
 CLOSE_GRACE_SECONDS = 5.0
+#: A scheduled tool's result is cut here before the agent sees it.
+TOOL_RESULT_CHARS = 2000
 HISTORY_TYPES = frozenset({"stream_start", "user_message", "tool_call", "stream_end"})
 
 
@@ -457,6 +459,8 @@ class SessionActor(Actor):
             )
             with turn.scope:
                 try:
+                    if payload.get("action_type") == "tool_call":
+                        context.input = await self._scheduled_tool_call(context, payload)
                     text = await self.services.agent.run_turn(context)
                     status = "completed" if text else "empty"
                 except AgentError as exc:
@@ -509,6 +513,22 @@ class SessionActor(Actor):
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    async def _scheduled_tool_call(self, context: _TurnContext, payload: dict[str, Any]):
+        """Run a scheduled job's tool, then hand the agent its result."""
+        name = str(payload.get("tool_name"))
+        params = payload.get("tool_params") or {}
+        result = await context.call_tool(name, params if isinstance(params, dict) else {})
+        body = _json_text(result)
+        if len(body) > TOOL_RESULT_CHARS:
+            body = body[:TOOL_RESULT_CHARS] + f"… (truncated at {TOOL_RESULT_CHARS} chars)"
+        head = f"job_id={payload.get('job_id')} tool={name} ok={str(result.ok).lower()}"
+        return TurnInput(
+            input_id=context.input.input_id,
+            source=context.input.source,
+            content=f"[SCHEDULED TOOL RESULT] {head}\n{body}",
+            payload=payload,
+        )
 
     async def _job_run(self, item: InboxItem):
         """The run record a scheduled input belongs to, if it came from a job."""

@@ -58,6 +58,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_attached_per_connection: Positive = 64
     mailbox_size: Positive = 1000
     history_entries: Positive = 200
+    max_jobs_per_session: Positive = 100
+    min_job_interval_seconds: Annotated[float, msgspec.Meta(ge=1)] = 60.0
+    max_prompt_chars: Positive = 8000
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -16,6 +16,7 @@ import logging
 import trio
 
 from actors.directory import SessionDirectory
+from actors.scheduler import SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
 from runtime.clock import Clock, SystemClock
@@ -29,6 +30,7 @@ from runtime.store import Store, open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
 from tools.registry import ToolRegistry
+from tools.scheduling import register_scheduling_tools
 
 __all__ = ["run_node", "make_agent", "recover"]
 
@@ -99,6 +101,25 @@ async def run_node(
                 )
                 tools = ToolRegistry()
                 register_builtin_tools(tools, clock)
+
+                async def tell_session(session_id: str, message) -> None:
+                    await registry.ref(f"session:{session_id}").tell(message)
+
+                scheduler = await root.spawn(
+                    lambda: SchedulerActor(
+                        store,
+                        clock,
+                        publish=tell_session,
+                        limits=SchedulerLimits(
+                            max_jobs_per_session=limits.max_jobs_per_session,
+                            min_interval_seconds=limits.min_job_interval_seconds,
+                            max_prompt_chars=limits.max_prompt_chars,
+                        ),
+                        metrics=metrics,
+                    ),
+                    name="scheduler",
+                )
+                register_scheduling_tools(tools, scheduler, store, clock)
 
                 def turn_closed(status: str, seconds: float) -> None:
                     metrics.inc(f'turnstile_turns_total{{status="{status}"}}')

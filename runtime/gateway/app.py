@@ -207,6 +207,14 @@ def build_app(
         running = await backend.stop(user, request.path_params["id"])
         return _Json({"stopped": running})
 
+    async def session_jobs(request: Request, user: str) -> Response:
+        jobs = await backend.list_jobs(user, request.path_params["id"])
+        return _Json({"jobs": jobs})
+
+    async def get_job(request: Request, user: str) -> Response:
+        job, runs = await backend.get_job(user, request.path_params["id"])
+        return _Json({"job": job, "runs": runs})
+
     async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
@@ -250,6 +258,8 @@ def build_app(
             Route("/sessions/{id}/events", authed(events), methods=["GET"]),
             Route("/sessions/{id}/messages", authed(post_message), methods=["POST"]),
             Route("/sessions/{id}/stop", authed(stop), methods=["POST"]),
+            Route("/sessions/{id}/jobs", authed(session_jobs), methods=["GET"]),
+            Route("/jobs/{id}", authed(get_job), methods=["GET"]),
             WebSocketRoute("/ws", websocket_endpoint),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import msgspec
 
 from runtime.agents.base import HistoryEntry, ToolResult
-from runtime.store import EventRecord, Session
+from runtime.store import EventRecord, Job, JobRun, Session
 
 __all__ = ["Attached", "SessionBackend", "Submitted", "Subscriber"]
 
@@ -101,3 +101,9 @@ class SessionBackend(Protocol):
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
     ) -> ToolResult: ...
+
+    async def list_jobs(self, user: str, session_id: str) -> list[Job]: ...
+
+    async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
+        """A job of one of ``user``'s sessions and its recent runs (newest first)."""
+        ...

@@ -66,7 +66,7 @@ class Node:
 
 
 @asynccontextmanager
-async def node(start_scheduler: bool = True):
+async def node(start_scheduler: bool = True, tools=None):
     clock = MockWallClock(T0)
     agent = GatedAgent()
     async with open_store("sqlite:///:memory:", clock=clock) as store:
@@ -74,7 +74,7 @@ async def node(start_scheduler: bool = True):
         services = SessionServices(
             store=store,
             agent=agent,
-            tools=NoTools(),
+            tools=tools or NoTools(),
             limits=SessionLimits(),
             encode_event=encode_event,
         )

@@ -1,0 +1,156 @@
+"""The scheduling primitives as an agent calls them, on trio's MockClock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import trio
+import trio.testing
+
+from tests.actors.test_scheduler import DAY, T0, node
+from tools.registry import ToolRegistry
+from tools.scheduling import register_scheduling_tools
+
+
+async def tools_for(n):
+    registry = ToolRegistry()
+    register_scheduling_tools(registry, n.scheduler, n.store, n.clock)
+
+    async def call(name, **arguments):
+        return await registry.call("s", "ada", name, arguments)
+
+    return call
+
+
+@pytest.mark.guard(3 * DAY)
+async def test_schedule_once_echoes_what_it_understood_and_fires_a_notification(autojump_clock):
+    async with node() as n:
+        call = await tools_for(n)
+        result = await call("schedule_once", when="in 2h 15m", prompt="stretch", label="break")
+        assert result.ok, result.error
+        data = result.data
+        assert data["run_at"] == "2026-11-21T14:15:00Z"
+        assert data["understood"].startswith("in 2h 15m")
+        assert (data["schedule_type"], data["status"], data["action_type"]) == (
+            "once",
+            "active",
+            "notification",
+        )
+        await trio.sleep(2 * 3600 + 15 * 60)
+        await n.seen.until(b'"stream_end"')
+        (start,) = n.starts()
+        assert (
+            start["content"]
+            == f"[SCHEDULED NOTIFICATION] job_id={data['job_id']} label=break\nstretch"
+        )
+        assert start["source"] == "schedule"
+
+
+@pytest.mark.guard(12 * DAY)
+async def test_schedule_cron_in_a_timezone_and_list_status_cancel(autojump_clock):
+    async with node() as n:
+        call = await tools_for(n)
+        made = await call(
+            "schedule_cron",
+            cron="every Monday at 10am",
+            timezone="Europe/Paris",
+            action_type="llm_prompt",
+            prompt="weekly plan",
+        )
+        assert made.ok, made.error
+        job = made.data
+        assert (job["cron"], job["timezone"]) == ("0 10 * * 1", "Europe/Paris")
+        assert job["next_run_at"] == "2026-11-23T09:00:00Z"  # 10:00 in Paris is 09:00Z in winter
+        await trio.sleep(3 * DAY)
+        await n.seen.until(b'"stream_end"')
+        assert [s["content"] for s in n.starts()] == ["weekly plan"]
+        status = (await call("schedule_status", job_id=job["job_id"])).data
+        assert status["run_count"] == 1
+        assert status["recent_runs"][0]["state"] == "turn_completed"
+        assert status["recent_runs"][0]["scheduled_for"] == "2026-11-23T09:00:00Z"
+        listed = (await call("schedule_list")).data
+        assert (listed["total"], listed["active"]) == (1, 1)
+        cancelled = await call("schedule_cancel", job_id=job["job_id"])
+        assert cancelled.data == {"job_id": job["job_id"], "status": "cancelled"}
+        await trio.sleep(7 * DAY)
+        assert len(n.starts()) == 1
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_remember_understands_french(autojump_clock):
+    async with node() as n:
+        call = await tools_for(n)
+        reminder = await call("remember", what="check the deploy", when="demain à 9h")
+        assert reminder.ok and reminder.data["run_at"] == "2026-11-22T09:00:00Z"
+        assert reminder.data["action_type"] == "notification"
+        await trio.sleep(DAY)
+        await n.seen.until(b'"stream_end"')
+        assert "check the deploy" in n.starts()[0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "message"),
+    [
+        ({"when": "blorp", "prompt": "x"}, "invalid_argument", "could not understand 'blorp'"),
+        ({"when": "every day at 9am", "prompt": "x"}, "invalid_argument", "use schedule_cron"),
+        ({"when": "in 5m"}, "invalid_argument", "notification needs a prompt"),
+        ({"when": "in 5m", "prompt": "x", "output_channel": "slack"}, "invalid_argument",
+         "output channel 'slack' is not configured (available: llm_notification)"),
+        ({"when": "in 5m", "prompt": "x", "action_type": "tool_call"}, "invalid_argument",
+         "tool_call needs tool_name"),
+        ({"when": "in 5m", "prompt": "x", "surprise": 1}, "bad_arguments",
+         "unknown field at $.surprise"),
+        ({"when": "2020-01-01T00:00:00Z", "prompt": "x"}, "invalid_argument", "is in the past"),
+    ],
+)  # fmt: skip
+async def test_bad_schedule_once_calls_are_typed_errors(autojump_clock, arguments, code, message):
+    async with node() as n:
+        call = await tools_for(n)
+        result = await call("schedule_once", **arguments)
+        assert not result.ok
+        assert result.error["code"] == code
+        assert message in result.error["message"]
+
+
+async def test_jobs_of_another_session_are_not_found(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("other", "bob")
+        call = await tools_for(n)
+        made = (await call("schedule_once", when="in 1h", prompt="mine")).data
+        registry = ToolRegistry()
+        register_scheduling_tools(registry, n.scheduler, n.store, n.clock)
+        theirs = await registry.call("other", "bob", "schedule_cancel", {"job_id": made["job_id"]})
+        assert theirs.error == {
+            "code": "not_found",
+            "message": f"no job with id {made['job_id']!r}",
+        }
+        assert (await registry.call("other", "bob", "schedule_list", {})).data["total"] == 0
+        assert n.clock.now() - T0 < timedelta(minutes=1)
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_scheduled_tool_call_runs_the_tool_and_hands_the_agent_its_result(autojump_clock):
+    from runtime.clock import SystemClock
+    from tools.builtin import register_builtin_tools
+
+    session_tools = ToolRegistry()
+    register_builtin_tools(session_tools, SystemClock())
+    async with node(tools=session_tools) as n:
+        call = await tools_for(n)
+        made = await call(
+            "schedule_once",
+            when="in 10m",
+            action_type="tool_call",
+            tool_name="echo",
+            tool_params={"text": "pong"},
+        )
+        assert made.ok, made.error
+        await trio.sleep(600)
+        await n.seen.until(b'"stream_end"')
+        assert n.seen.count(b'"tool_call"') == 1
+        (end,) = n.ends()
+        job_id = made.data["job_id"]
+        assert end["text"] == (
+            f'reply:[SCHEDULED TOOL RESULT] job_id={job_id} tool=echo ok=true\n{{"text":"pong"}}'
+        )
