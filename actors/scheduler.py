@@ -54,6 +54,7 @@ __all__ = [
     "SchedulerLimits",
     "AddJob",
     "CancelJob",
+    "RescheduleJob",
     "next_occurrence",
 ]
 
@@ -108,7 +109,16 @@ class AddJob(Message, tag="add_job", kw_only=True):
     max_runs: int = 0
     jitter_seconds: float = 0.0
     job_id: str | None = None
+    immediate: bool = False
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class RescheduleJob(Message, tag="reschedule_job", kw_only=True):
+    """Move an active job's next occurrence; answers the stored ``Job``."""
+
+    job_id: str
+    next_fire_at: datetime
+    session_id: str | None = None
 
 
 class CancelJob(Message, tag="cancel_job", kw_only=True):
@@ -240,6 +250,8 @@ class SchedulerActor(Actor):
                 return await self._add(message)
             case CancelJob():
                 return await self._cancel(message)
+            case RescheduleJob():
+                return await self._reschedule(message)
         raise InvalidArgument(f"scheduler cannot handle {type(message).__name__}")
 
     # -- adding and cancelling --
@@ -258,8 +270,8 @@ class SchedulerActor(Actor):
             if msg.schedule.type == "cron"
             else None
         )
-        first = first_occurrence(msg.schedule, now, entry_cron)
-        if msg.schedule.type == "once" and first <= now:
+        first = now if msg.immediate else first_occurrence(msg.schedule, now, entry_cron)
+        if msg.schedule.type == "once" and first <= now and not msg.immediate:
             raise InvalidArgument(
                 f"{first.isoformat()} is in the past (now is {now.isoformat()})", field="when"
             )
@@ -337,6 +349,23 @@ class SchedulerActor(Actor):
         entry = self.entries.pop(job.id, None)
         if entry is not None and entry.handle is not None:
             self.wheel.cancel(entry.handle)
+        return job
+
+    async def _reschedule(self, msg: RescheduleJob) -> Job:
+        job = await self.store.get_job(msg.job_id)
+        if msg.session_id is not None and job.session_id != msg.session_id:
+            raise NotFound(f"no job with id {msg.job_id!r}")
+        if job.state != "active":
+            raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
+        job = await self.store.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
+        entry = self.entries.get(job.id)
+        if entry is None:
+            entry = self.entries[job.id] = _Entry(
+                job, _schedule_codec.decode(msgspec.json.encode(job.spec["schedule"]))
+            )
+        entry.job = job
+        self._index(entry, self._due_at(entry))
+        await self._job_update(job, "rescheduled")
         return job
 
     # -- the wheel --

@@ -259,3 +259,22 @@ async def test_bad_schedules_are_refused_with_the_field(autojump_clock):
             with pytest.raises(InvalidArgument) as info:
                 await n.add(**fields)
             assert info.value.field == field, fields
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_reschedule_moves_the_next_occurrence_and_immediate_fires_now(autojump_clock):
+    from actors.scheduler import RescheduleJob
+
+    async with node() as n:
+        job = await n.add(schedule=once(T0 + timedelta(hours=1)))
+        moved = await n.scheduler.ask(
+            RescheduleJob(job_id=job.id, session_id="s", next_fire_at=T0 + timedelta(hours=3))
+        )
+        assert moved.next_fire_at == T0 + timedelta(hours=3)
+        await trio.sleep(2 * 3600)
+        assert n.starts() == []  # not at the old time
+        await n.seen.until(b'"stream_end"')
+        assert n.clock.now() == T0 + timedelta(hours=3)
+        await n.add(schedule=once(n.clock.now()), immediate=True)
+        await n.seen.until(b'"stream_end"', 2)
+        assert n.clock.now() == T0 + timedelta(hours=3)  # at once
