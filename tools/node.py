@@ -21,6 +21,7 @@ from actors.session import SessionActor, SessionLimits, SessionServices, Wake
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
 from runtime.clock import Clock, SystemClock
 from runtime.config import Config
+from runtime.errors import NotFound
 from runtime.gateway import Auth, ConnectionLimits, build_app
 from runtime.gateway.frames import encode_event
 from runtime.metrics import Metrics
@@ -66,6 +67,16 @@ async def recover(store: Store) -> list[str]:
             ],
         )
         log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
+        job_id = item.payload.get("job_id")
+        if isinstance(job_id, str):  # a scheduled turn: its run record says what happened
+            try:
+                runs = await store.list_runs(job_id, limit=50)
+            except NotFound:
+                continue
+            for run in runs:
+                if run.input_id == item.id:
+                    note = {**(run.detail or {}), "status": "interrupted"}
+                    await store.update_run(run.id, "turn_interrupted", note)
     return await store.sessions_with_queued_inputs()
 
 

@@ -93,3 +93,95 @@ async def test_kill_9_loses_no_acknowledged_input(tmp_path):
     started_order = [e["input_id"] for e in events if e["type"] == "stream_start"]
     assert started_order == acked
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.slow
+async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path):
+    db = str(tmp_path / "jobs.db")
+    process, node = await start_server(db)
+    try:
+        await new_session(node, "j", token=TOKEN)
+        async with connect(node, TOKEN) as client:
+            for i in range(3):
+                await client.send(
+                    type="call",
+                    id=str(i),
+                    session_id="j",
+                    tool="schedule_once",
+                    arguments={"when": "in 2s", "prompt": f"job {i}", "action_type": "llm_prompt"},
+                )
+                assert (await client.expect("result", id=str(i)))["ok"] is True
+        process.send_signal(signal.SIGKILL)  # down before any of them is due
+        with trio.fail_after(10):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    await trio.sleep(2.5)  # the downtime itself: the jobs fall due while nothing runs
+    process, node = await start_server(db)
+    try:
+        async with connect(node, TOKEN) as client:
+            await client.send(type="attach", session_id="j", after_seq=0)
+            for i in range(3):
+                await client.expect("stream_end", text=f"You said: job {i}")
+            async with node.http(TOKEN) as http:
+                jobs = (await http.get("/sessions/j/jobs")).json()["jobs"]
+                runs = [(await http.get(f"/jobs/{job['id']}")).json()["runs"] for job in jobs]
+        events = client.events("j")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            await process.wait()
+    starts = [e for e in events if e["type"] == "stream_start"]
+    assert sorted(s["content"] for s in starts) == ["job 0", "job 1", "job 2"]  # once each
+    assert [job["state"] for job in jobs] == ["completed"] * 3
+    assert all(len(r) == 1 and r[0]["state"] == "turn_completed" for r in runs)
+    assert all(r[0]["detail"]["late_seconds"] > 0 for r in runs)  # fired late, and said so
+
+
+@pytest.mark.slow
+async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp_path):
+    db = str(tmp_path / "inflight.db")
+    process, node = await start_server(db)
+    try:
+        await new_session(node, "f", token=TOKEN)
+        async with connect(node, TOKEN) as client:
+            await client.send(type="attach", session_id="f")
+            await client.send(
+                type="call",
+                id="1",
+                session_id="f",
+                tool="schedule_once",
+                arguments={"when": "in 1s", "prompt": "/sleep 600", "action_type": "llm_prompt"},
+            )
+            job_id = (await client.expect("result", id="1"))["data"]["job_id"]
+            await client.expect("stream_start", job_id=job_id)  # fired; its turn is running
+            process.send_signal(signal.SIGKILL)
+            with trio.fail_after(10):
+                await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    process, node = await start_server(db)
+    try:
+        async with connect(node, TOKEN) as client:
+            await client.send(type="attach", session_id="f", after_seq=0)
+            await client.expect("stream_end", status="interrupted")
+            await client.send(type="send", session_id="f", content="after", client_msg_id="a")
+            await client.expect("stream_end", text="You said: after")
+            async with node.http(TOKEN) as http:
+                detail = (await http.get(f"/jobs/{job_id}")).json()
+        events = client.events("f")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            await process.wait()
+    job_starts = [e for e in events if e["type"] == "stream_start" and e.get("job_id") == job_id]
+    assert len(job_starts) == 1  # not lost (it ran), not doubled (it did not run again)
+    assert detail["job"]["state"] == "completed" and detail["job"]["run_count"] == 1
+    (run,) = detail["runs"]
+    assert (run["state"], run["detail"]["status"]) == ("turn_interrupted", "interrupted")
