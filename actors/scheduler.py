@@ -17,6 +17,9 @@ Misfires (the scheduler was down, or the job is due far in the past):
 * ``skip`` — deliver nothing; every missed occurrence is recorded as a ``missed`` run.
 * ``catch_up`` — deliver every missed occurrence, up to ``MAX_CATCH_UP``; the rest are ``missed``.
 
+A job with ``active_hours`` in its spec (heartbeats) runs no turn outside that window: the
+occurrence is recorded as ``outside_active_hours`` and the job moves on.
+
 An occurrence is a misfire when it is more than ``misfire_grace_seconds`` (default 60) late.
 Overdue jobs found at start-up are spread over time (``restart_rate`` per second) so 10,000 of
 them do not stampede the sessions. ``max_runs`` completes a job after that many deliveries;
@@ -56,6 +59,7 @@ __all__ = [
     "CancelJob",
     "RescheduleJob",
     "next_occurrence",
+    "in_active_hours",
 ]
 
 log = logging.getLogger("turnstile.scheduler")
@@ -167,7 +171,32 @@ def _content(job: Job, deliver: dict[str, Any]) -> str:
         return f"[SCHEDULED NOTIFICATION] {head}\n{prompt}"
     if action == "tool_call":
         return f"[SCHEDULED TOOL CALL] {head} tool={deliver.get('tool_name')}"
+    if action == "heartbeat":
+        return f"[HEARTBEAT] job_id={job.id}\n{prompt}"
     return prompt
+
+
+def in_active_hours(window: dict[str, Any], now: datetime) -> bool:
+    """Whether ``now`` falls in ``{"start": "HH:MM", "end": "HH:MM", "timezone": …}``.
+
+    The window is read on the local wall clock of its timezone; ``end`` before ``start``
+    wraps past midnight (22:00–06:00). ``start == end`` means all day.
+    """
+    from runtime.cronexpr import resolve_timezone
+
+    local = now.astimezone(resolve_timezone(window.get("timezone") or "UTC"))
+    minutes = local.hour * 60 + local.minute
+    start, end = _minutes(window["start"]), _minutes(window["end"])
+    if start == end:
+        return True
+    if start < end:
+        return start <= minutes < end
+    return minutes >= start or minutes < end
+
+
+def _minutes(hhmm: str) -> int:
+    hours, _, minutes = hhmm.partition(":")
+    return int(hours) * 60 + int(minutes or 0)
 
 
 def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
@@ -427,6 +456,9 @@ class SchedulerActor(Actor):
             following = next_occurrence(schedule, now, cron)
         misfired = now - expected > grace or len(due) > 1
         policy = spec.get("misfire", "coalesce") if misfired else "on_time"
+        window = spec.get("active_hours")
+        if window and not in_active_hours(window, now):
+            policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
         max_runs = int(spec.get("max_runs", 0))
 
         if policy == "catch_up":
@@ -442,19 +474,20 @@ class SchedulerActor(Actor):
                 job = result.job
                 if job.state != "active":
                     break
-        elif policy == "skip":
+        elif policy in ("skip", "outside_active_hours"):
+            state = "missed" if policy == "skip" else "outside_active_hours"
             result = await self.store.fire_job(
                 job.id,
                 expected,
                 following,
-                run_state="missed",
+                run_state=state,
                 counts=False,
                 detail={"late_seconds": (now - expected).total_seconds()},
-                extra_runs=[(o, "missed", None) for o in due[1:]],
+                extra_runs=[(o, state, None) for o in due[1:]],
             )
             if result is None:
                 return self._forget_or_reload(job.id)
-            await self._job_update(result.job, "missed")
+            await self._job_update(result.job, state)
         else:  # on time, or coalesce: deliver once
             extra = [(o, "coalesced", None) for o in due[1:]]
             result = await self._fire_one(job, expected, following, now, extra, max_runs)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -78,6 +78,20 @@ Policy = Literal["enqueue", "reject", "interrupt", "inject"]
 
 #: How long closing a turn (final event, inbox state) may take once the turn is cancelled.
 CLOSE_GRACE_SECONDS = 5.0
+HEARTBEAT_PROMPT = (
+    "This is a scheduled heartbeat check. You are running autonomously on a timer, not in "
+    "response to a user message.\n\n"
+    "Rules:\n"
+    "- Follow your checklist strictly. Do NOT infer or repeat tasks from prior conversations.\n"
+    "- If nothing on the checklist needs attention, respond briefly with what you checked and "
+    "that everything looks good.\n"
+    "- If something needs attention, take action (if your tools allow it) or alert via the "
+    "appropriate channel.\n"
+    "- Be concise. This is a check-in, not a conversation.\n\n"
+    "Your checklist:\n"
+    "{checklist}"
+)
+
 #: A scheduled tool's result is cut here before the agent sees it.
 TOOL_RESULT_CHARS = 2000
 HISTORY_TYPES = frozenset({"stream_start", "user_message", "tool_call", "stream_end"})
@@ -125,6 +139,10 @@ class SessionServices:
     limits: SessionLimits
     encode_event: Callable[[str, EventRecord], bytes]
     on_turn_closed: Callable[[str, float], None] | None = None
+    #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.
+    tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
+    #: Cancels a job (a heartbeat whose ``on_error`` is ``disable``).
+    disable_job: Callable[[str], Awaitable[None]] | None = None
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -211,13 +229,18 @@ class DeleteSession(Message, tag="delete_session"):
 
 
 class _Turn:
-    __slots__ = ("item", "scope", "injections", "cancel_status")
+    __slots__ = ("item", "scope", "injections", "cancel_status", "buffer", "tool_calls", "allowed")
 
     def __init__(self, item: InboxItem) -> None:
         self.item = item
         self.scope = trio.CancelScope()
         self.injections: list[HistoryEntry] = []
         self.cancel_status = "stopped"
+        #: Events held back until the turn ends (a heartbeat may turn out to be suppressed).
+        self.buffer: list[tuple[str, dict[str, Any]]] | None = None
+        self.tool_calls = 0
+        #: Tools this turn may call (a heartbeat's tool profile); None allows every tool.
+        self.allowed: frozenset[str] | None = None
 
     def cancel(self, status: str) -> None:
         self.cancel_status = status
@@ -439,6 +462,25 @@ class SessionActor(Actor):
         content = str(payload.pop("content", ""))
         status, text, error, detail = "interrupted", "", None, None
         run = await self._job_run(item)
+        heartbeat = payload.get("heartbeat") if item.source == "heartbeat" else None
+        history_mark = len(self.history)
+        turn_input = TurnInput(
+            input_id=item.id, source=item.source, content=content, payload=payload
+        )
+        if isinstance(heartbeat, dict):
+            turn.buffer = []
+            turn.allowed = self.services.tool_profiles.get(
+                heartbeat.get("tool_profile", "heartbeat"), frozenset()
+            )
+            turn_input = TurnInput(
+                input_id=item.id,
+                source=item.source,
+                content=content,
+                payload=payload,
+                system_segment=HEARTBEAT_PROMPT.format(checklist=heartbeat.get("checklist", "")),
+                model=heartbeat.get("model_override"),
+                max_tokens=heartbeat.get("max_tokens"),
+            )
         try:
             start: dict[str, Any] = {
                 "input_id": item.id,
@@ -450,13 +492,11 @@ class SessionActor(Actor):
                 start["run_id"] = run.id
                 if payload.get("label"):
                     start["label"] = payload["label"]
-            await self._emit("stream_start", start)
+            await self._turn_emit(turn, "stream_start", start)
             self._remember(HistoryEntry(role="user", content=content, source=item.source))
-            context = _TurnContext(
-                self,
-                turn,
-                TurnInput(input_id=item.id, source=item.source, content=content, payload=payload),
-            )
+            context = _TurnContext(self, turn, turn_input)
+            if isinstance(heartbeat, dict) and heartbeat.get("dedicated", True):
+                context.history = []  # a dedicated heartbeat starts from a clean context
             with turn.scope:
                 try:
                     if payload.get("action_type") == "tool_call":
@@ -476,6 +516,10 @@ class SessionActor(Actor):
             if self.services.on_turn_closed is not None:
                 self.services.on_turn_closed(status, trio.current_time() - started)
             with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+                if isinstance(heartbeat, dict):
+                    detail = await self._settle_heartbeat(
+                        turn, heartbeat, status, text, error, detail, history_mark
+                    )
                 await self._close_turn(turn, status, text, error, detail)
                 if run is not None:
                     outcome = (
@@ -500,10 +544,14 @@ class SessionActor(Actor):
         end: dict[str, Any] = {"input_id": turn.item.id, "status": status, "text": text}
         if error is not None:
             end["error"] = error
-        await self._emit("stream_end", end)
-        self._remember(
-            HistoryEntry(role="assistant", content=text if text else (error or ""), status=status)
-        )
+        suppressed = turn.buffer is not None and (detail or {}).get("suppressed")
+        if not suppressed:
+            await self._turn_emit(turn, "stream_end", end)
+            self._remember(
+                HistoryEntry(
+                    role="assistant", content=text if text else (error or ""), status=status
+                )
+            )
         state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
             status, "interrupted"
         )
@@ -513,6 +561,58 @@ class SessionActor(Actor):
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    async def _turn_emit(self, turn: _Turn, type_: str, payload: dict[str, Any]) -> None:
+        """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats)."""
+        if turn.buffer is not None:
+            turn.buffer.append((type_, payload))
+        else:
+            await self._emit(type_, payload)
+
+    async def _settle_heartbeat(
+        self,
+        turn: _Turn,
+        heartbeat: dict[str, Any],
+        status: str,
+        text: str,
+        error: str | None,
+        detail: dict[str, Any] | None,
+        history_mark: int,
+    ) -> dict[str, Any]:
+        """Suppress a short, action-free heartbeat, or forward it; apply ``on_error``.
+
+        Returns the inbox/run detail, with ``suppressed`` set when nothing was forwarded.
+        """
+        detail = dict(detail or {})
+        threshold = int(heartbeat.get("suppress_threshold", 300))
+        quiet = status in ("completed", "empty") and turn.tool_calls == 0 and len(text) < threshold
+        buffered, turn.buffer = turn.buffer or [], None
+        if quiet:
+            # Logged, not forwarded: the run record keeps the answer, the transcript does not.
+            del self.history[history_mark:]
+            detail.update(suppressed=True, response=text)
+            log.info("heartbeat %s of session %s suppressed", turn.item.id, self.session_id)
+            await self._emit("heartbeat_suppressed", {"input_id": turn.item.id, "chars": len(text)})
+            return detail
+        for type_, payload in buffered:
+            await self._emit(type_, payload)
+        if status == "failed":
+            policy = heartbeat.get("on_error", "skip")
+            if policy == "retry_once" and not turn.item.payload.get("retry"):
+                retry = {k: v for k, v in turn.item.payload.items() if k != "content"}
+                await self._enqueue(
+                    "heartbeat", turn.item.payload.get("content", ""), {**retry, "retry": True}
+                )
+                detail["on_error"] = "retried"
+            elif policy == "disable" and self.services.disable_job is not None:
+                job_id = turn.item.payload.get("job_id")
+                if isinstance(job_id, str):
+                    await self.services.disable_job(job_id)
+                    await self._emit(
+                        "heartbeat_disabled", {"job_id": job_id, "error": error or "failed"}
+                    )
+                    detail["on_error"] = "disabled"
+        return detail
 
     async def _scheduled_tool_call(self, context: _TurnContext, payload: dict[str, Any]):
         """Run a scheduled job's tool, then hand the agent its result."""
@@ -574,12 +674,19 @@ class _TurnContext:
         self.session_id = session.session_id
         self.input = turn_input
         self.history = list(session.history[:-1])  # everything before this turn's input
-        self.tools = session.services.tools.specs()
+        allowed = turn.allowed
+        self.tools = [
+            spec
+            for spec in session.services.tools.specs()
+            if allowed is None or spec.name in allowed
+        ]
 
     async def emit(self, type: str, text: str) -> None:
         if type not in ("stream_delta", "thinking_delta"):
             raise InvalidArgument(f"agents emit stream_delta or thinking_delta, not {type!r}")
-        await self._session._emit(type, {"input_id": self.input.input_id, "text": text})
+        await self._session._turn_emit(
+            self._turn, type, {"input_id": self.input.input_id, "text": text}
+        )
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], call_id: str | None = None
@@ -588,16 +695,27 @@ class _TurnContext:
         common: dict[str, Any] = {"input_id": self.input.input_id, "tool": name}
         if call_id is not None:
             common["call_id"] = call_id
-        await session._emit("tool_started", {**common, "arguments": arguments})
-        result = await session.services.tools.call(
-            session.session_id, session.session.owner, name, arguments
-        )
+        turn = self._turn
+        turn.tool_calls += 1
+        await session._turn_emit(turn, "tool_started", {**common, "arguments": arguments})
+        if turn.allowed is not None and name not in turn.allowed:
+            result = ToolResult(
+                ok=False,
+                error={
+                    "code": "not_allowed",
+                    "message": f"tool {name!r} is not allowed in this turn's tool profile",
+                },
+            )
+        else:
+            result = await session.services.tools.call(
+                session.session_id, session.session.owner, name, arguments
+            )
         outcome = {"ok": result.ok}
         if result.ok:
             outcome["result"] = result.data
         else:
             outcome["error"] = result.error
-        await session._emit("tool_call", {**common, "arguments": arguments, **outcome})
+        await session._turn_emit(turn, "tool_call", {**common, "arguments": arguments, **outcome})
         session._remember(
             HistoryEntry(
                 role="tool",

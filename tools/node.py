@@ -16,7 +16,7 @@ import logging
 import trio
 
 from actors.directory import SessionDirectory
-from actors.scheduler import SchedulerActor, SchedulerLimits
+from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
 from runtime.clock import Clock, SystemClock
@@ -30,6 +30,7 @@ from runtime.server import package_version, serve_app
 from runtime.store import Store, open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
+from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
 
@@ -131,6 +132,10 @@ async def run_node(
                     name="scheduler",
                 )
                 register_scheduling_tools(tools, scheduler, store, clock)
+                register_heartbeat_tools(tools, scheduler, store, clock)
+
+                async def disable_job(job_id: str) -> None:
+                    await scheduler.ask(CancelJob(job_id=job_id))
 
                 def turn_closed(status: str, seconds: float) -> None:
                     metrics.inc(f'turnstile_turns_total{{status="{status}"}}')
@@ -147,6 +152,8 @@ async def run_node(
                     ),
                     encode_event=_counting_encoder(metrics),
                     on_turn_closed=turn_closed,
+                    tool_profiles=HEARTBEAT_PROFILES,
+                    disable_job=disable_job,
                 )
                 registry.register("session", lambda key: SessionActor(key, services))
                 metrics.gauge("turnstile_sessions_active", lambda: registry.statistics().active)

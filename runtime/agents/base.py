@@ -42,12 +42,19 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
         source: ``user``, ``cron``, ``recall``, ``heartbeat``, ``webhook`` or ``notification``.
         content: the text the agent should respond to.
         payload: everything else the sender attached.
+        system_segment: text to append to the agent's system prompt for this turn only
+            (heartbeats say "this is a scheduled check" and give the checklist).
+        model: a model to use for this turn instead of the agent's default.
+        max_tokens: a cap on the answer's length for this turn.
     """
 
     input_id: int
     source: str
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    system_segment: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
 
 
 class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

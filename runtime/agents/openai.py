@@ -115,8 +115,10 @@ class OpenAIAgent:
     async def run_turn(self, turn: TurnContext) -> str:
         """Talk to the model until it answers without tool calls; return that answer."""
         messages: list[dict[str, Any]] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
+        # A turn may add a segment to the system prompt (heartbeats do); it is appended.
+        system = "\n\n".join(p for p in (self.system_prompt, turn.input.system_segment) if p)
+        if system:
+            messages.append({"role": "system", "content": system})
         for entry in turn.history:
             messages.extend(_history_messages(entry))
         messages.append(_user_message(turn.input.source, turn.input.content))
@@ -142,7 +144,13 @@ class OpenAIAgent:
         self, turn: TurnContext, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> tuple[str, list[_ToolCall]]:
         """One streamed model call: emit deltas, return the text and the tool calls."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": True}
+        body: dict[str, Any] = {
+            "model": turn.input.model or self.model,
+            "messages": messages,
+            "stream": True,
+        }
+        if turn.input.max_tokens:
+            body["max_tokens"] = turn.input.max_tokens
         if tools:
             body["tools"] = tools
         text: list[str] = []

@@ -66,9 +66,9 @@ class Node:
 
 
 @asynccontextmanager
-async def node(start_scheduler: bool = True, tools=None):
+async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=None):
     clock = MockWallClock(T0)
-    agent = GatedAgent()
+    agent = agent or GatedAgent()
     async with open_store("sqlite:///:memory:", clock=clock) as store:
         await store.create_session("s", "ada")
         services = SessionServices(
@@ -77,11 +77,17 @@ async def node(start_scheduler: bool = True, tools=None):
             tools=tools or NoTools(),
             limits=SessionLimits(),
             encode_event=encode_event,
+            tool_profiles=profiles or {"full": None},
         )
         async with open_supervisor("root", escalate=False) as sup:
             registry = Registry(sup, idle_timeout=10 * DAY)
             registry.register("session", lambda key: SessionActor(key, services))
             n = Node(store, clock, registry, sup, agent)
+
+            async def disable_job(job_id):
+                await n.scheduler.ask(CancelJob(job_id=job_id))
+
+            services.disable_job = disable_job
             await registry.ref("session:s").ask(Attach(subscriber=n.seen))
             if start_scheduler:
                 await n.start_scheduler()

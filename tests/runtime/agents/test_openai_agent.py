@@ -407,3 +407,25 @@ def test_defaults_and_config():
     assert (configured.model, configured.system_prompt) == ("qwen3", "hi")
     with pytest.raises(ValueError, match="modle"):
         OpenAIAgent.from_config({"modle": "x"})
+
+
+async def test_a_turn_can_add_a_system_segment_and_override_model_and_max_tokens(fake, agent):
+    fake.script(text_stream("all good"))
+    turn = FakeTurn("check the checklist", source="heartbeat")
+    turn.input = TurnInput(
+        input_id=1,
+        source="heartbeat",
+        content="check the checklist",
+        system_segment="This is a scheduled heartbeat check.",
+        model="cheap-model",
+        max_tokens=256,
+    )
+    agent.system_prompt = "Be brief."
+    assert await agent.run_turn(turn) == "all good"
+    (seen,) = fake.requests
+    assert seen.body["model"] == "cheap-model"
+    assert seen.body["max_tokens"] == 256
+    assert seen.body["messages"][0] == {
+        "role": "system",
+        "content": "Be brief.\n\nThis is a scheduled heartbeat check.",
+    }
