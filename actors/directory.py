@@ -22,7 +22,7 @@ from actors.session import (
     load_history,
 )
 from runtime.agents.base import HistoryEntry, ToolResult
-from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
+from runtime.errors import BlockedByAutomations, Busy, InvalidArgument, LimitExceeded, NotFound
 from runtime.gateway.backend import Attached, Submitted, Subscriber
 from runtime.metrics import Metrics
 from runtime.registry import Registry
@@ -44,6 +44,9 @@ class SessionDirectory:
         tools: runs tools for ``call`` frames.
         max_sessions_per_user: creation beyond it is ``LimitExceeded``.
         metrics: where request counts go.
+        automations: ``async (session_id) -> list[dict]``: the scheduled jobs bound to a session
+            (deleting it is blocked while there are any, unless confirmed).
+        cancel_automations: ``async (session_id) -> list[dict]``: cancels them.
     """
 
     def __init__(
@@ -54,6 +57,8 @@ class SessionDirectory:
         *,
         max_sessions_per_user: int,
         metrics: Metrics,
+        automations=None,
+        cancel_automations=None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -61,6 +66,8 @@ class SessionDirectory:
         self.max_sessions_per_user = max_sessions_per_user
         self._metrics = metrics
         self._owners: dict[str, str] = {}
+        self._automations = automations
+        self._cancel_automations = cancel_automations
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -126,8 +133,18 @@ class SessionDirectory:
         await self._owned(user, session_id)
         return await self.store.get_session(session_id)
 
-    async def delete_session(self, user: str, session_id: str) -> None:
+    async def delete_session(self, user: str, session_id: str, *, confirm: bool = False) -> None:
         await self._owned(user, session_id)
+        if self._automations is not None:
+            bound = await self._automations(session_id)
+            if bound and not confirm:
+                raise BlockedByAutomations(
+                    f"session {session_id!r} has {len(bound)} scheduled job(s); "
+                    "delete with confirm=true to remove them too",
+                    bound,
+                )
+            if bound:
+                await self._cancel_automations(session_id)
         await self._ask(session_id, DeleteSession())
         self._owners.pop(session_id, None)
 

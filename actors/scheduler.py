@@ -430,6 +430,8 @@ class SchedulerActor(Actor):
     async def _fire_guarded(self, entry: _Entry) -> None:
         try:
             await self._fire(entry)
+        except NotFound:  # the job (or its session) was deleted: forget its timer
+            self.entries.pop(entry.job.id, None)
         except Exception:
             log.exception("firing job %s failed; it will be retried", entry.job.id)
             self.metrics.inc("turnstile_scheduler_fire_errors_total")

@@ -490,8 +490,9 @@ class SessionActor(Actor):
             if run is not None:  # a scheduled input: say which job and run it came from
                 start["job_id"] = run.job_id
                 start["run_id"] = run.id
-                if payload.get("label"):
-                    start["label"] = payload["label"]
+                for key in ("label", "kind", "prompt_ref", "reference"):
+                    if payload.get(key):
+                        start[key] = payload[key]
             await self._turn_emit(turn, "stream_start", start)
             self._remember(HistoryEntry(role="user", content=content, source=item.source))
             context = _TurnContext(self, turn, turn_input)

@@ -12,6 +12,7 @@ from runtime.errors import (
     ActorError,
     ActorStopped,
     AlreadyExists,
+    BlockedByAutomations,
     Busy,
     ConflictError,
     DecodeError,
@@ -72,6 +73,7 @@ __all__ = [
     "StoreError",
     "NotFound",
     "AlreadyExists",
+    "BlockedByAutomations",
     "ConflictError",
     "MigrationError",
 ]

@@ -18,6 +18,7 @@ The hierarchy::
         ├── NotFound (also LookupError)   no row with that id
         ├── AlreadyExists                 a row with that id exists
         ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
+        │   └── BlockedByAutomations      a session still has scheduled jobs bound to it
         └── MigrationError                the schema could not be brought up to date
 
 Each error carries a stable ``code`` so that it can cross the wire unchanged.
@@ -151,6 +152,20 @@ class ConflictError(StoreError):
     """A compare-and-set lost, or a state transition is not allowed from the current state."""
 
     code = "conflict"
+
+
+class BlockedByAutomations(ConflictError):
+    """Deleting a session that still has scheduled jobs needs confirmation.
+
+    Attributes:
+        automations: the bound jobs, as small views.
+    """
+
+    code = "blocked_by_automations"
+
+    def __init__(self, message: str, automations: list) -> None:
+        super().__init__(message)
+        self.automations = automations
 
 
 class MigrationError(StoreError):

@@ -30,6 +30,8 @@ from runtime.server import package_version, serve_app
 from runtime.store import Store, open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
+from tools.checks import register_check_tools
+from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
 from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
@@ -133,6 +135,8 @@ async def run_node(
                 )
                 register_scheduling_tools(tools, scheduler, store, clock)
                 register_heartbeat_tools(tools, scheduler, store, clock)
+                register_check_tools(tools, scheduler, store, clock)
+                register_cron_tool(tools, scheduler, store, clock)
 
                 async def disable_job(job_id: str) -> None:
                     await scheduler.ask(CancelJob(job_id=job_id))
@@ -168,6 +172,8 @@ async def run_node(
                     tools,
                     max_sessions_per_user=limits.max_sessions_per_user,
                     metrics=metrics,
+                    automations=lambda sid: bound_automations(store, sid),
+                    cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
                 )
                 for session_id in waiting:
                     await registry.ref(f"session:{session_id}").tell(Wake())

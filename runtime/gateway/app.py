@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket
 
 from runtime.codec import Codec
 from runtime.errors import (
+    BlockedByAutomations,
     Busy,
     ConflictError,
     DecodeError,
@@ -74,6 +75,8 @@ def _error_response(exc: BaseException) -> Response:
     body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
     if getattr(exc, "field", None):
         body["field"] = exc.field
+    if isinstance(exc, BlockedByAutomations):
+        return _Json({"error": body, "automations": exc.automations}, status)
     return _Json({"error": body}, status)
 
 
@@ -172,7 +175,8 @@ def build_app(
         return _Json(_session_json(session))
 
     async def delete_session(request: Request, user: str) -> Response:
-        await backend.delete_session(user, request.path_params["id"])
+        confirm = request.query_params.get("confirm", "").lower() in ("1", "true", "yes")
+        await backend.delete_session(user, request.path_params["id"], confirm=confirm)
         return Response(status_code=204)
 
     async def history(request: Request, user: str) -> Response:

@@ -78,7 +78,10 @@ class SessionBackend(Protocol):
 
     async def get_session(self, user: str, session_id: str) -> Session: ...
 
-    async def delete_session(self, user: str, session_id: str) -> None: ...
+    async def delete_session(self, user: str, session_id: str, *, confirm: bool = False) -> None:
+        """Delete a session; ``BlockedByAutomations`` while jobs are bound to it, unless
+        ``confirm`` (which cancels them first)."""
+        ...
 
     async def submit(
         self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None

@@ -11,7 +11,7 @@ EXPECTED = {
     "TurnstileError", "ActorError", "MailboxFull", "ActorStopped", "ActorCrashed",
     "SupervisorEscalation", "DecodeError", "TimerError", "StoreError", "NotFound",
     "AlreadyExists", "ConflictError", "MigrationError", "InvalidArgument", "LimitExceeded",
-    "Busy", "Unauthorized",
+    "Busy", "Unauthorized", "BlockedByAutomations",
 }  # fmt: skip
 
 
