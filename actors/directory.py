@@ -8,6 +8,8 @@ virtual actor. Reads that need no actor (events, history) go straight to the sto
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from actors.session import (
@@ -28,11 +30,20 @@ from runtime.metrics import Metrics
 from runtime.registry import Registry
 from runtime.store import EventRecord, Job, JobRun, Session, Store
 
-__all__ = ["SessionDirectory"]
+__all__ = ["RecallHooks", "SessionDirectory"]
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
 _OWNER_CACHE_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class RecallHooks:
+    """The recall operations behind ``/sessions/{id}/recall`` (implemented in ``tools``)."""
+
+    get: Callable[[str], Awaitable[dict[str, Any] | None]]
+    cancel: Callable[[str], Awaitable[dict[str, Any]]]
+    skip: Callable[[str], Awaitable[dict[str, Any]]]
 
 
 class SessionDirectory:
@@ -59,6 +70,7 @@ class SessionDirectory:
         metrics: Metrics,
         automations=None,
         cancel_automations=None,
+        recalls: RecallHooks | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -68,6 +80,7 @@ class SessionDirectory:
         self._owners: dict[str, str] = {}
         self._automations = automations
         self._cancel_automations = cancel_automations
+        self._recalls = recalls
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -211,3 +224,22 @@ class SessionDirectory:
         except NotFound:
             raise NotFound(f"no job with id {job_id!r}") from None
         return job, await self.store.list_runs(job_id, limit=100)
+
+    # -- recalls --
+
+    def _recall_hooks(self) -> RecallHooks:
+        if self._recalls is None:
+            raise NotFound("recalls are not enabled on this node")
+        return self._recalls
+
+    async def get_recall(self, user: str, session_id: str) -> dict[str, Any] | None:
+        await self._owned(user, session_id)
+        return await self._recall_hooks().get(session_id)
+
+    async def cancel_recall(self, user: str, session_id: str) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        return await self._recall_hooks().cancel(session_id)
+
+    async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        return await self._recall_hooks().skip(session_id)

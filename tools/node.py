@@ -15,7 +15,7 @@ import logging
 
 import trio
 
-from actors.directory import SessionDirectory
+from actors.directory import RecallHooks, SessionDirectory
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
@@ -33,6 +33,7 @@ from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
 from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
 
@@ -137,6 +138,7 @@ async def run_node(
                 register_heartbeat_tools(tools, scheduler, store, clock)
                 register_check_tools(tools, scheduler, store, clock)
                 register_cron_tool(tools, scheduler, store, clock)
+                register_recall_tools(tools, scheduler, store, clock, tell_session)
 
                 async def disable_job(job_id: str) -> None:
                     await scheduler.ask(CancelJob(job_id=job_id))
@@ -174,6 +176,11 @@ async def run_node(
                     metrics=metrics,
                     automations=lambda sid: bound_automations(store, sid),
                     cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
+                    recalls=RecallHooks(
+                        get=lambda sid: get_recall(store, sid),
+                        cancel=lambda sid: cancel_recall(scheduler, store, sid, tell_session),
+                        skip=lambda sid: skip_recall(scheduler, store, clock, sid, tell_session),
+                    ),
                 )
                 for session_id in waiting:
                     await registry.ref(f"session:{session_id}").tell(Wake())

@@ -219,6 +219,15 @@ def build_app(
         job, runs = await backend.get_job(user, request.path_params["id"])
         return _Json({"job": job, "runs": runs})
 
+    async def get_recall(request: Request, user: str) -> Response:
+        return _Json({"recall": await backend.get_recall(user, request.path_params["id"])})
+
+    async def cancel_recall(request: Request, user: str) -> Response:
+        return _Json(await backend.cancel_recall(user, request.path_params["id"]))
+
+    async def skip_recall(request: Request, user: str) -> Response:
+        return _Json(await backend.skip_recall(user, request.path_params["id"]))
+
     async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
@@ -264,6 +273,9 @@ def build_app(
             Route("/sessions/{id}/stop", authed(stop), methods=["POST"]),
             Route("/sessions/{id}/jobs", authed(session_jobs), methods=["GET"]),
             Route("/jobs/{id}", authed(get_job), methods=["GET"]),
+            Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
+            Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
+            Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
             WebSocketRoute("/ws", websocket_endpoint),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},

@@ -37,6 +37,14 @@ class Migration:
 _INPUT_STATES_SQL = "('queued', 'running', 'done', 'failed', 'interrupted')"
 _JOB_STATES_SQL = "('active', 'paused', 'completed', 'cancelled')"
 
+# v2: at most one pending (active or paused) recall per session, enforced by the database
+# itself, so that two concurrent ``schedule_recall`` calls (even on two nodes sharing one
+# PostgreSQL) cannot both succeed. Same statement on both backends: both have partial indexes.
+_ONE_PENDING_RECALL_SQL = """
+CREATE UNIQUE INDEX jobs_one_pending_recall_idx ON jobs (session_id)
+    WHERE kind = 'recall' AND state IN ('active', 'paused')
+"""
+
 # SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
 # JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
 SQLITE_BOOTSTRAP = """
@@ -119,6 +127,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
         ),
     ),
+    Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
 )
 
 # PostgreSQL: ids are COLLATE "C" so that ordering and keyset pagination match SQLite's byte
@@ -205,6 +214,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
         ),
     ),
+    Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
 )
 
 

@@ -369,8 +369,10 @@ async def _op_create_job(
             next_fire_at,
             now,
         )
-    except asyncpg.UniqueViolationError:
-        raise AlreadyExists(f"job {id!r} already exists") from None
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == "jobs_pkey":
+            raise AlreadyExists(f"job {id!r} already exists") from None
+        raise ConflictError(f"job {id!r} conflicts with an existing job: {exc}") from None
     except asyncpg.ForeignKeyViolationError:
         raise u.no_session(session_id or "") from None
     return _job(row)

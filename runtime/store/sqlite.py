@@ -541,11 +541,14 @@ def _op_create_job(
         raise AlreadyExists(f"job {id!r} already exists")
     if session_id is not None:
         _require_session(conn, session_id)
-    row = conn.execute(
-        "INSERT INTO jobs (id, session_id, kind, spec, state, next_fire_at, created_at,"
-        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
-        (id, session_id, kind, spec, state, next_fire_at, now, now),
-    ).fetchone()
+    try:
+        row = conn.execute(
+            "INSERT INTO jobs (id, session_id, kind, spec, state, next_fire_at, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+            (id, session_id, kind, spec, state, next_fire_at, now, now),
+        ).fetchone()
+    except sqlite3.IntegrityError as exc:  # a unique rule on kinds (one pending recall)
+        raise ConflictError(f"job {id!r} conflicts with an existing job: {exc}") from None
     return _job(row)
 
 

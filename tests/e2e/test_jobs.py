@@ -39,3 +39,32 @@ async def test_jobs_over_the_wire_and_deleting_a_session_with_automations(tmp_pa
             assert (await http.delete("/sessions/ops?confirm=true")).status_code == 204
             assert (await http.get("/sessions/ops")).status_code == 404
             assert (await http.get(f"/jobs/{job_id}")).status_code == 404
+
+
+async def test_recall_over_http(tmp_path):
+    async with running_node(tmp_path) as node:
+        await new_session(node, "r")
+        async with connect(node) as client:
+            await client.send(type="attach", session_id="r")
+            await client.send(
+                type="call",
+                id="1",
+                session_id="r",
+                tool="schedule_recall",
+                arguments={"call_type": "recurring", "interval_seconds": 3600,
+                           "additional_context_message": "Read /tmp/build.log and report."},
+            )  # fmt: skip
+            made = await client.expect("result", id="1")
+            assert made["ok"] is True, made
+            update = await client.expect("recall_update")
+            assert update["action"] == "scheduled"
+        async with node.http() as http, node.http(BOB) as bob:
+            pending = (await http.get("/sessions/r/recall")).json()["recall"]
+            assert pending["call_type"] == "recurring" and pending["status"] == "pending"
+            assert (await bob.get("/sessions/r/recall")).status_code == 404
+            skipped = await http.post("/sessions/r/recall/skip")
+            assert skipped.status_code == 200, skipped.text
+            assert skipped.json()["trigger_at"] > pending["trigger_at"]
+            cancelled = await http.delete("/sessions/r/recall")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+            assert (await http.get("/sessions/r/recall")).json() == {"recall": None}
