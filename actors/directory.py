@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.approvals import ApprovalDesk
 from actors.session import (
     POLICIES,
     Attach,
@@ -71,6 +72,7 @@ class SessionDirectory:
         automations=None,
         cancel_automations=None,
         recalls: RecallHooks | None = None,
+        approvals: ApprovalDesk | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -81,6 +83,7 @@ class SessionDirectory:
         self._automations = automations
         self._cancel_automations = cancel_automations
         self._recalls = recalls
+        self._approvals = approvals
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -243,3 +246,14 @@ class SessionDirectory:
     async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]:
         await self._owned(user, session_id)
         return await self._recall_hooks().skip(session_id)
+
+    # -- approvals --
+
+    async def resolve_approval(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
+        if self._approvals is None:
+            raise NotFound(f"no pending approval with id {approval_id!r}")
+        return self._approvals.resolve(user, approval_id, approved)
+
+    async def pending_approvals(self, user: str, session_id: str) -> list[dict[str, Any]]:
+        await self._owned(user, session_id)
+        return [] if self._approvals is None else self._approvals.pending(session_id)

@@ -82,6 +82,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     scripted: ScriptedConfig = msgspec.field(default_factory=ScriptedConfig)
     openai: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Tool policy overrides: ``"module.action"`` or ``"module.*"`` → AUTO | APPROVE | BLOCK.
+    policies: dict[str, str] = msgspec.field(default_factory=dict)
+    approval_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -102,6 +105,12 @@ def load_config(path: str | Path | None) -> Config:
         raise _decode_error(exc) from None
     except msgspec.DecodeError as exc:
         raise DecodeError(f"{path}: not valid TOML: {exc}") from None
+    for pattern, value in config.policies.items():
+        if str(value).upper() not in ("AUTO", "APPROVE", "BLOCK"):
+            raise DecodeError(
+                f"policy must be AUTO, APPROVE or BLOCK, got {value!r}",
+                field=f"$.policies.{pattern}",
+            )
     names = [user.name for user in config.users]
     if len(set(names)) != len(names):
         raise DecodeError("user names must be unique", field="$.users")

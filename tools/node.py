@@ -15,6 +15,7 @@ import logging
 
 import trio
 
+from actors.approvals import ApprovalDesk
 from actors.directory import RecallHooks, SessionDirectory
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
@@ -33,6 +34,7 @@ from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
 from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from tools.policy import PolicyTable
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
@@ -114,11 +116,15 @@ async def run_node(
                 registry = Registry(
                     sessions, idle_timeout=config.idle_timeout, mailbox_size=limits.mailbox_size
                 )
-                tools = ToolRegistry()
-                register_builtin_tools(tools, clock)
 
                 async def tell_session(session_id: str, message) -> None:
                     await registry.ref(f"session:{session_id}").tell(message)
+
+                approvals = ApprovalDesk(
+                    tell_session, clock, timeout=config.approval_timeout_seconds
+                )
+                tools = ToolRegistry(PolicyTable(config.policies), approver=approvals.request)
+                register_builtin_tools(tools, clock)
 
                 scheduler = await root.spawn(
                     lambda: SchedulerActor(
@@ -176,6 +182,7 @@ async def run_node(
                     metrics=metrics,
                     automations=lambda sid: bound_automations(store, sid),
                     cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
+                    approvals=approvals,
                     recalls=RecallHooks(
                         get=lambda sid: get_recall(store, sid),
                         cancel=lambda sid: cancel_recall(scheduler, store, sid, tell_session),

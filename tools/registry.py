@@ -21,8 +21,9 @@ import msgspec
 from runtime.agents.base import ToolResult, ToolSpec
 from runtime.codec import Codec
 from runtime.errors import DecodeError, TurnstileError
+from tools.policy import Policy, PolicyTable
 
-__all__ = ["ToolCall", "ToolRegistry", "Tool"]
+__all__ = ["Approver", "ToolCall", "ToolRegistry", "Tool"]
 
 log = logging.getLogger("turnstile.tools")
 
@@ -35,6 +36,10 @@ class ToolCall:
     owner: str
 
 
+#: Asks a person to approve a call: ``(call, tool name, arguments) -> approved``.
+Approver = Callable[[ToolCall, str, dict[str, Any]], Awaitable[bool]]
+
+
 @dataclass(frozen=True)
 class Tool:
     """A registered tool."""
@@ -45,13 +50,23 @@ class Tool:
     handler: Callable[[ToolCall, Any], Awaitable[Any]]
     codec: Codec
     schema: dict[str, Any]
+    policy: Policy = Policy.AUTO
 
 
 class ToolRegistry:
-    """Tools by name."""
+    """Tools by name, with their policies.
 
-    def __init__(self) -> None:
+    Args:
+        policies: overrides from the config file (see ``tools.policy``).
+        approver: asks a person about ``APPROVE`` calls; without one they are refused.
+    """
+
+    def __init__(
+        self, policies: PolicyTable | None = None, approver: Approver | None = None
+    ) -> None:
         self._tools: dict[str, Tool] = {}
+        self.policies = policies or PolicyTable()
+        self.approver = approver
 
     def register(
         self,
@@ -59,8 +74,9 @@ class ToolRegistry:
         params: type[msgspec.Struct],
         handler: Callable[[ToolCall, Any], Awaitable[Any]],
         description: str,
+        policy: Policy = Policy.AUTO,
     ) -> None:
-        """Add a tool.
+        """Add a tool; ``policy`` is its default (reads AUTO, writes APPROVE or BLOCK).
 
         Raises:
             ValueError: the name is taken or malformed.
@@ -73,7 +89,17 @@ class ToolRegistry:
         if "$ref" in schema:  # inline the single definition: models want a plain object schema
             ref = schema["$ref"].rsplit("/", 1)[-1]
             schema = schema["$defs"][ref]
-        self._tools[name] = Tool(name, description, params, handler, Codec(params), schema)
+        self._tools[name] = Tool(
+            name, description, params, handler, Codec(params), schema, Policy(policy)
+        )
+
+    def policy_of(self, name: str) -> Policy:
+        """The policy in force for ``name`` (config overrides applied).
+
+        Raises:
+            KeyError: no such tool.
+        """
+        return self.policies.decide(name, self._tools[name].policy)
 
     def names(self) -> list[str]:
         """Registered tool names, sorted."""
@@ -102,8 +128,27 @@ class ToolRegistry:
             if exc.field:
                 error["field"] = exc.field
             return ToolResult(ok=False, error=error)
+        policy = self.policies.decide(name, tool.policy)
+        call = ToolCall(session_id, owner)
+        if policy is Policy.BLOCK:
+            return ToolResult(
+                ok=False, error={"code": "blocked", "message": f"{name} is blocked by policy"}
+            )
+        if policy is Policy.APPROVE:
+            if self.approver is None:
+                return ToolResult(
+                    ok=False,
+                    error={
+                        "code": "requires_approval",
+                        "message": f"{name} needs approval and nobody can give it here",
+                    },
+                )
+            if not await self.approver(call, name, arguments):
+                return ToolResult(
+                    ok=False, error={"code": "denied", "message": f"{name} was not approved"}
+                )
         try:
-            data = await tool.handler(ToolCall(session_id, owner), params)
+            data = await tool.handler(call, params)
         except TurnstileError as exc:
             error = {"code": exc.code, "message": str(exc)}
             if getattr(exc, "field", None):

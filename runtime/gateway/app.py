@@ -219,6 +219,16 @@ def build_app(
         job, runs = await backend.get_job(user, request.path_params["id"])
         return _Json({"job": job, "runs": runs})
 
+    async def approve(request: Request, user: str) -> Response:
+        return _Json(await backend.resolve_approval(user, request.path_params["id"], True))
+
+    async def deny(request: Request, user: str) -> Response:
+        return _Json(await backend.resolve_approval(user, request.path_params["id"], False))
+
+    async def approvals(request: Request, user: str) -> Response:
+        pending = await backend.pending_approvals(user, request.path_params["id"])
+        return _Json({"approvals": pending})
+
     async def get_recall(request: Request, user: str) -> Response:
         return _Json({"recall": await backend.get_recall(user, request.path_params["id"])})
 
@@ -273,6 +283,9 @@ def build_app(
             Route("/sessions/{id}/stop", authed(stop), methods=["POST"]),
             Route("/sessions/{id}/jobs", authed(session_jobs), methods=["GET"]),
             Route("/jobs/{id}", authed(get_job), methods=["GET"]),
+            Route("/sessions/{id}/approvals", authed(approvals), methods=["GET"]),
+            Route("/approvals/{id}/approve", authed(approve), methods=["POST"]),
+            Route("/approvals/{id}/deny", authed(deny), methods=["POST"]),
             Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
             Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
             Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),

@@ -25,8 +25,10 @@ from runtime.errors import DecodeError, InvalidArgument, TurnstileError
 from runtime.gateway.backend import SessionBackend
 from runtime.gateway.frames import (
     CLIENT_FRAMES,
+    ApproveFrame,
     AttachFrame,
     CallFrame,
+    DenyFrame,
     DetachFrame,
     SendFrame,
     SetPolicyFrame,
@@ -221,6 +223,11 @@ class Connection:
                 case SetPolicyFrame():
                     policy = await self.backend.set_policy(self.user, session_id, frame.policy)
                     await self._put(encode_frame("policy", session_id=session_id, policy=policy))
+                case ApproveFrame() | DenyFrame():
+                    decided = await self.backend.resolve_approval(
+                        self.user, frame.approval_id, isinstance(frame, ApproveFrame)
+                    )
+                    await self._put(encode_frame("approval", **decided))
                 case CallFrame():
                     result = await self.backend.call_tool(
                         self.user, session_id, frame.tool, frame.arguments

@@ -23,6 +23,8 @@ __all__ = [
     "StopFrame",
     "CallFrame",
     "SetPolicyFrame",
+    "ApproveFrame",
+    "DenyFrame",
     "ClientFrame",
     "CLIENT_FRAMES",
     "encode_event",
@@ -82,7 +84,30 @@ class SetPolicyFrame(ClientMessage, tag="set_policy"):
     policy: str
 
 
-ClientFrame = AttachFrame | DetachFrame | SendFrame | StopFrame | CallFrame | SetPolicyFrame
+class ApproveFrame(ClientMessage, tag="approve"):
+    """Approve a pending tool call (``approval_required``)."""
+
+    session_id: SessionId
+    approval_id: ClientMsgId
+
+
+class DenyFrame(ClientMessage, tag="deny"):
+    """Refuse a pending tool call."""
+
+    session_id: SessionId
+    approval_id: ClientMsgId
+
+
+ClientFrame = (
+    AttachFrame
+    | DetachFrame
+    | SendFrame
+    | StopFrame
+    | CallFrame
+    | SetPolicyFrame
+    | ApproveFrame
+    | DenyFrame
+)
 CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame)
 
 _encoder = msgspec.json.Encoder()

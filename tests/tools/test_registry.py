@@ -1,0 +1,91 @@
+"""The tool registry: schemas, validation, and policies that no caller can bypass."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+import pytest
+
+from runtime.errors import InvalidArgument
+from tools.policy import Policy, PolicyTable
+from tools.registry import ToolRegistry
+
+
+class Params(msgspec.Struct, forbid_unknown_fields=True):
+    path: Annotated[str, msgspec.Meta(max_length=10, description="where")]
+
+
+def make(overrides=None, approver=None) -> tuple[ToolRegistry, list]:
+    ran: list = []
+
+    async def handler(call, params):
+        ran.append((call.session_id, params.path))
+        return {"done": params.path}
+
+    registry = ToolRegistry(PolicyTable(overrides), approver=approver)
+    registry.register("fs.read", Params, handler, "Read.")
+    registry.register("fs.write", Params, handler, "Write.", policy=Policy.APPROVE)
+    registry.register("shell.run", Params, handler, "Run.", policy=Policy.BLOCK)
+    return registry, ran
+
+
+def test_specs_carry_a_plain_json_schema_per_tool():
+    registry, _ = make()
+    spec = {s.name: s for s in registry.specs()}["fs.read"]
+    assert spec.parameters["type"] == "object"
+    assert spec.parameters["properties"]["path"] == {
+        "type": "string",
+        "maxLength": 10,
+        "description": "where",
+    }
+    assert spec.parameters["required"] == ["path"]
+
+
+async def test_defaults_and_overrides_resolve_exact_then_module_then_default():
+    registry, _ = make({"fs.*": "BLOCK", "fs.read": "AUTO", "shell.run": "approve"})
+    assert registry.policy_of("fs.read") is Policy.AUTO  # exact wins
+    assert registry.policy_of("fs.write") is Policy.BLOCK  # module wildcard
+    assert registry.policy_of("shell.run") is Policy.APPROVE  # case-insensitive value
+
+
+async def test_block_and_unapprovable_calls_never_run_the_tool():
+    registry, ran = make()
+    blocked = await registry.call("s", "ada", "shell.run", {"path": "x"})
+    assert blocked.error == {"code": "blocked", "message": "shell.run is blocked by policy"}
+    unapproved = await registry.call("s", "ada", "fs.write", {"path": "x"})
+    assert unapproved.error["code"] == "requires_approval"
+    assert ran == []
+
+
+async def test_approver_decides_and_sees_the_call():
+    asked = []
+
+    async def approver(call, name, arguments):
+        asked.append((call.session_id, call.owner, name, arguments))
+        return arguments["path"] == "ok"
+
+    registry, ran = make(approver=approver)
+    assert (await registry.call("s", "ada", "fs.write", {"path": "ok"})).ok
+    denied = await registry.call("s", "ada", "fs.write", {"path": "no"})
+    assert denied.error == {"code": "denied", "message": "fs.write was not approved"}
+    assert ran == [("s", "ok")]
+    assert asked[0] == ("s", "ada", "fs.write", {"path": "ok"})
+
+
+async def test_bad_arguments_are_refused_before_policy_and_handler():
+    registry, ran = make()
+    result = await registry.call("s", "ada", "fs.read", {"path": "x" * 11})
+    assert result.error == {
+        "code": "bad_arguments",
+        "message": "expected `str` of length <= 10 at $.path",
+        "field": "$.path",
+    }
+    assert ran == []
+
+
+def test_unknown_policy_values_are_refused():
+    with pytest.raises(
+        InvalidArgument, match="policy for 'fs.read' must be AUTO, APPROVE or BLOCK"
+    ):
+        PolicyTable({"fs.read": "SOMETIMES"})
