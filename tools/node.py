@@ -16,6 +16,7 @@ import logging
 import trio
 
 from actors.approvals import ApprovalDesk
+from actors.background import BackgroundActor
 from actors.directory import RecallHooks, SessionDirectory
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
@@ -33,6 +34,7 @@ from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
+from tools.execution import register_execution_tools
 from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
 from tools.policy import PolicyTable
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
@@ -145,6 +147,10 @@ async def run_node(
                 register_check_tools(tools, scheduler, store, clock)
                 register_cron_tool(tools, scheduler, store, clock)
                 register_recall_tools(tools, scheduler, store, clock, tell_session)
+                background = await root.spawn(
+                    lambda: BackgroundActor(tools.call, tell_session, clock), name="background"
+                )
+                register_execution_tools(tools, background)
 
                 async def disable_job(job_id: str) -> None:
                     await scheduler.ask(CancelJob(job_id=job_id))

@@ -1,0 +1,156 @@
+"""run_parallel and background tasks on trio's MockClock, with real session injection."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from actors.background import BackgroundActor
+from actors.session import Submit
+from runtime.errors import InvalidArgument
+from tests.actors.test_scheduler import DAY, node
+from tools.execution import register_execution_tools
+from tools.policy import Policy, PolicyTable
+from tools.registry import ToolRegistry
+
+
+class Nap(msgspec.Struct, forbid_unknown_fields=True):
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=10_000)]
+    fail: bool = False
+    big: bool = False
+
+
+def tools_with_naps(policies=None) -> ToolRegistry:
+    registry = ToolRegistry(PolicyTable(policies))
+
+    async def nap(call, params: Nap):
+        await trio.sleep(params.seconds)
+        if params.fail:
+            raise InvalidArgument("woke up grumpy")
+        return {"slept": params.seconds, "pad": "x" * 3000 if params.big else ""}
+
+    registry.register("slow.nap", Nap, nap, "Sleep.")
+    registry.register("slow.guarded", Nap, nap, "Sleep, if allowed.", policy=Policy.BLOCK)
+    return registry
+
+
+class Running:
+    def __init__(self, policies=None) -> None:
+        self.tools = tools_with_naps(policies)
+
+    async def __aenter__(self):
+        self._node = node(tools=self.tools)
+        n = await self._node.__aenter__()
+        background = await n.sup.spawn(
+            lambda: BackgroundActor(self.tools.call, n.publish, n.clock), name="background"
+        )
+        register_execution_tools(self.tools, background)
+
+        async def call(tool, **arguments):
+            return await self.tools.call("s", "ada", tool, arguments)
+
+        return n, call
+
+    async def __aexit__(self, *exc):
+        return await self._node.__aexit__(*exc)
+
+
+async def test_run_parallel_takes_as_long_as_the_slowest_and_keeps_order(autojump_clock):
+    async with Running() as (n, call):
+        start = trio.current_time()
+        result = await call(
+            "run_parallel",
+            actions=[
+                {"name": "slow.nap", "params": {"seconds": 3}},
+                {"name": "slow.nap", "params": {"seconds": 1, "fail": True}},
+                {"name": "slow.guarded", "params": {"seconds": 1}},
+                {"name": "slow.nap", "params": {"seconds": 2}},
+            ],
+        )
+        assert trio.current_time() - start == 3  # not 6: they ran at once
+        data = result.data
+        assert (data["total"], data["succeeded"], data["failed"]) == (4, 2, 2)
+        assert [r["index"] for r in data["results"]] == [0, 1, 2, 3]
+        assert data["results"][0]["data"]["slept"] == 3
+        assert data["results"][1]["error"]["message"] == "woke up grumpy"  # independent failure
+        assert data["results"][2]["error"]["code"] == "blocked"  # policy still applies
+
+
+async def test_run_parallel_bounds_and_no_nesting(autojump_clock):
+    async with Running() as (n, call):
+        too_many = await call("run_parallel", actions=[{"name": "slow.nap"}] * 51)
+        assert too_many.error["code"] == "bad_arguments"
+        nested = await call("run_parallel", actions=[{"name": "run_parallel"}])
+        assert nested.error["message"] == "run_parallel cannot run inside run_parallel"
+
+
+@pytest.mark.guard(DAY)
+async def test_a_background_task_notifies_an_idle_session_with_a_turn(autojump_clock):
+    async with Running() as (n, call):
+        started = (await call("background_run", name="slow.nap", params={"seconds": 30})).data
+        assert started["status"] == "running" and started["task_id"].startswith("bg-")
+        status = (await call("background_status", task_id=started["task_id"])).data
+        assert status["status"] == "running"
+        await n.seen.until(b'"stream_end"')
+        (start,) = n.starts()
+        assert start["source"] == "notification"
+        head = f"task_id={started['task_id']}, tool=slow.nap, elapsed=30.0s"
+        assert start["content"].startswith(f"[BACKGROUND TASK COMPLETED] {head}")
+        done = (await call("background_result", task_id=started["task_id"])).data
+        assert done["result"] == {"success": True, "data": {"slept": 30, "pad": ""}}
+
+
+@pytest.mark.guard(DAY)
+async def test_completions_fold_into_the_running_turn_batched(autojump_clock):
+    async with Running() as (n, call):
+        await n.registry.ref("session:s").ask(Submit(content="wait:turn"))
+        await n.seen.until(b'"stream_start"')
+        for seconds in (5, 5):
+            await call("background_run", name="slow.nap", params={"seconds": seconds})
+        await call("background_run", name="slow.nap", params={"seconds": 5, "fail": True})
+        await trio.sleep(10)
+        n.agent.gate("wait:turn").set()
+        await n.seen.until(b'"stream_end"')
+        folded = [json.loads(f) for f in n.seen.frames if b'"user_message"' in f]
+        assert len(folded) == 1  # three finished together: one notification
+        text = folded[0]["content"]
+        assert text.count("[BACKGROUND TASK COMPLETED]") == 2
+        assert "[BACKGROUND TASK FAILED]" in text and "Error: woke up grumpy" in text
+        assert n.ends()[0]["text"].startswith("reply:wait:turn +[BACKGROUND TASK")
+
+
+@pytest.mark.guard(DAY)
+async def test_wait_cancel_list_and_truncation(autojump_clock):
+    async with Running() as (n, call):
+        long = (await call("background_run", name="slow.nap", params={"seconds": 500})).data
+        waited = (await call("background_wait", task_id=long["task_id"], timeout=10)).data
+        assert waited["status"] == "running" and waited["note"].startswith("Timeout reached")
+        assert (await call("background_cancel", task_id=long["task_id"])).data["cancelled"]
+        big = await call("background_run", name="slow.nap", params={"seconds": 1, "big": True})
+        waited = (await call("background_wait", task_id=big.data["task_id"])).data
+        assert waited["status"] == "completed"
+        listed = (await call("background_list")).data
+        assert (listed["total"], listed["cancelled"], listed["completed"]) == (2, 1, 1)
+        await n.seen.until(b'"stream_end"', 2)
+        contents = [s["content"] for s in n.starts()]
+        assert any(c.startswith("[BACKGROUND TASK CANCELLED]") for c in contents)
+        (truncated,) = [c for c in contents if "truncated" in c]
+        assert f'Use background_result(task_id="{big.data["task_id"]}")' in truncated
+
+
+async def test_another_sessions_task_is_not_found(autojump_clock):
+    runner = Running()
+    async with runner as (n, call):
+        started = (await call("background_run", name="slow.nap", params={"seconds": 1})).data
+        theirs = await runner.tools.call(
+            "other", "bob", "background_status", {"task_id": started["task_id"]}
+        )
+        assert theirs.error == {
+            "code": "not_found",
+            "message": f"no background task with id {started['task_id']!r}",
+        }
