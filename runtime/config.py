@@ -69,6 +69,66 @@ class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):
     token_delay: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
 
 
+MiB = 1024 * 1024
+
+
+class HttpModuleConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``http`` tool module. Loopback, private and link-local addresses are refused unless
+    listed here (checked after DNS resolution and on every redirect)."""
+
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    allowed_networks: list[str] = msgspec.field(default_factory=list)
+    default_timeout: Annotated[float, msgspec.Meta(gt=0, le=120)] = 30.0
+    max_timeout: Annotated[float, msgspec.Meta(gt=0, le=120)] = 120.0
+    default_max_bytes: Positive = 1 * MiB
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=10 * MiB)] = 10 * MiB
+    max_download_bytes: Positive = 100 * MiB
+    max_request_bytes: Positive = 1 * MiB
+    max_redirects: Annotated[int, msgspec.Meta(ge=0, le=20)] = 5
+    max_concurrency: Positive = 16
+
+
+class FilesystemModuleConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``filesystem`` tool module: every path stays under ``root``."""
+
+    root: str = "workspace"
+    max_read_bytes: Positive = 1 * MiB
+    max_write_bytes: Positive = 1 * MiB
+    max_list_entries: Positive = 1000
+    max_concurrency: Positive = 8
+
+
+class ShellModuleConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``shell`` tool module (BLOCK unless a policy opens it). No shell: argv only."""
+
+    default_timeout: Annotated[float, msgspec.Meta(gt=0, le=600)] = 30.0
+    max_timeout: Annotated[float, msgspec.Meta(gt=0, le=600)] = 600.0
+    max_output_bytes: Positive = 65536
+    inherit_env: list[str] = msgspec.field(
+        default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"]
+    )
+    allowed_env: list[str] = msgspec.field(
+        default_factory=lambda: [
+            "LANG",
+            "LC_ALL",
+            "LC_CTYPE",
+            "TZ",
+            "TERM",
+            "NO_COLOR",
+            "PYTHONUNBUFFERED",
+        ]
+    )
+    max_concurrency: Positive = 2
+
+
+class ModulesConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Tool modules and their limits."""
+
+    http: HttpModuleConfig = msgspec.field(default_factory=HttpModuleConfig)
+    filesystem: FilesystemModuleConfig = msgspec.field(default_factory=FilesystemModuleConfig)
+    shell: ShellModuleConfig = msgspec.field(default_factory=ShellModuleConfig)
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     """Everything ``turnstile serve`` can be told."""
 
@@ -85,6 +145,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     #: Tool policy overrides: ``"module.action"`` or ``"module.*"`` → AUTO | APPROVE | BLOCK.
     policies: dict[str, str] = msgspec.field(default_factory=dict)
     approval_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
+    modules: ModulesConfig = msgspec.field(default_factory=ModulesConfig)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -23,7 +23,7 @@ from runtime.actor import ActorRef
 from runtime.errors import InvalidArgument
 from tools.registry import ToolCall, ToolRegistry
 
-__all__ = ["register_execution_tools", "PRIMITIVES"]
+__all__ = ["register_execution_tools", "register_shell_background", "PRIMITIVES"]
 
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
@@ -191,4 +191,34 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
         Wait,
         background_wait,
         "Wait for a task to end (timeout default 60 s, at most 3600 s).",
+    )
+
+
+def register_shell_background(registry: ToolRegistry, background: ActorRef) -> None:
+    """``shell.background_run``: ``shell.run`` as a background task (notified when it ends).
+
+    It starts nothing when ``shell.run`` is blocked; otherwise the task's own ``shell.run`` call
+    applies the policy (so an APPROVE policy asks once, not twice).
+    """
+    from tools.modules.shell import RunParams
+    from tools.policy import Policy
+
+    async def background_shell(call: ToolCall, params: RunParams) -> dict[str, Any]:
+        if registry.policy_of("shell.run") is Policy.BLOCK:
+            raise InvalidArgument("shell.run is blocked by policy", field="name")
+        task = await background.ask(
+            StartTask(
+                session_id=call.session_id,
+                owner=call.owner,
+                tool="shell.run",
+                params=msgspec.to_builtins(params),
+            )
+        )
+        return task.view(trio.current_time())
+
+    registry.register(
+        "shell.background_run",
+        RunParams,
+        background_shell,
+        "Run a command in the background (like shell.run); you are notified when it ends.",
     )

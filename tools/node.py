@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import trio
 
 from actors.approvals import ApprovalDesk
@@ -34,8 +35,11 @@ from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
-from tools.execution import register_execution_tools
+from tools.execution import register_execution_tools, register_shell_background
 from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
+from tools.modules.http import HttpConfig, register_http_module
+from tools.modules.shell import ShellConfig, register_shell_module
 from tools.policy import PolicyTable
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
@@ -127,6 +131,7 @@ async def run_node(
                 )
                 tools = ToolRegistry(PolicyTable(config.policies), approver=approvals.request)
                 register_builtin_tools(tools, clock)
+                register_modules(tools, config)
 
                 scheduler = await root.spawn(
                     lambda: SchedulerActor(
@@ -151,6 +156,7 @@ async def run_node(
                     lambda: BackgroundActor(tools.call, tell_session, clock), name="background"
                 )
                 register_execution_tools(tools, background)
+                register_shell_background(tools, background)
 
                 async def disable_job(job_id: str) -> None:
                     await scheduler.ask(CancelJob(job_id=job_id))
@@ -230,6 +236,21 @@ async def run_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
+
+
+def register_modules(tools: ToolRegistry, config: Config) -> None:
+    """Register the http, filesystem and shell modules with the config's settings."""
+
+    def settings(struct) -> dict:
+        return {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in msgspec.structs.asdict(struct).items()
+        }
+
+    modules = config.modules
+    fs = register_filesystem_module(tools, FilesystemConfig(**settings(modules.filesystem)))
+    register_http_module(tools, HttpConfig(**settings(modules.http)), sandbox=fs.sandbox)
+    register_shell_module(tools, ShellConfig(**settings(modules.shell)), fs.sandbox)
 
 
 def _counting_encoder(metrics: Metrics):

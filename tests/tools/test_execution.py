@@ -49,6 +49,7 @@ class Running:
         background = await n.sup.spawn(
             lambda: BackgroundActor(self.tools.call, n.publish, n.clock), name="background"
         )
+        self.background = background
         register_execution_tools(self.tools, background)
 
         async def call(tool, **arguments):
@@ -154,3 +155,26 @@ async def test_another_sessions_task_is_not_found(autojump_clock):
             "code": "not_found",
             "message": f"no background task with id {started['task_id']!r}",
         }
+
+
+async def test_shell_background_run_is_refused_while_shell_is_blocked_and_runs_when_open(
+    tmp_path,
+):
+    # A real clock: a real subprocess runs, and a mock clock would jump while it does.
+    from tools.execution import register_shell_background
+    from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
+    from tools.modules.shell import ShellConfig, register_shell_module
+
+    for policies, expect_ok in ((None, False), ({"shell.*": "AUTO"}, True)):
+        runner = Running(policies)
+        fs = register_filesystem_module(runner.tools, FilesystemConfig(root=str(tmp_path)))
+        register_shell_module(runner.tools, ShellConfig(), fs.sandbox)
+        async with runner as (n, call):
+            register_shell_background(runner.tools, runner.background)
+            started = await call("shell.background_run", command=["echo", "hi"])
+            assert started.ok is expect_ok, started
+            if expect_ok:
+                waited = await call("background_wait", task_id=started.data["task_id"])
+                assert waited.data["result"]["data"]["stdout"] == "hi\n"
+            else:
+                assert started.error["message"] == "shell.run is blocked by policy"

@@ -1,0 +1,494 @@
+"""The http module: ``http.get``, ``http.post`` and ``http.download``, through the netguard.
+
+Every request goes through ``tools.netguard``: destinations are vetted after DNS resolution,
+connections go to the vetted address, and redirects (at most ``max_redirects``) are followed
+one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
+
+* **Limits** — ``timeout`` (default 30 s, at most 120 s) bounds the whole call: resolution,
+  connection, every redirect and the body. ``max_bytes`` (default 1 MiB, at most 10 MiB)
+  bounds the body kept: reading stops there and the result says ``truncated: true``. Requests
+  ask for ``Accept-Encoding: identity`` unless the caller says otherwise, so a small
+  compressed body cannot expand into a huge one.
+* **Request headers** — at most 50, names must be HTTP tokens, values may not contain line
+  breaks; ``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection`` and the other
+  hop-by-hop headers are refused (the transport sets them). ``Authorization`` and ``Cookie``
+  are dropped when a redirect changes origin.
+* **Response** — ``status_code``, ``url`` (after redirects), ``redirects`` (the URLs
+  redirected from), ``headers`` (a selection: content type and length, caching, location…),
+  ``body`` and ``encoding``, ``bytes``, ``truncated``, ``elapsed_ms``. The body is parsed JSON
+  (``encoding: "json"``) when the response says it is JSON and arrived whole — so a watcher
+  can test ``result.body.items.0.price`` — text (``"text"``) when it is textual, and base64
+  (``"base64"``) otherwise. A 4xx/5xx status is a result, not an error.
+* ``http.download`` streams the body into a file under the filesystem module's root
+  (``dest``, resolved like any filesystem path): a temporary file renamed into place when
+  complete, so a failed or oversized download leaves nothing behind. It refuses non-2xx
+  answers and bodies over ``max_bytes`` (default and ceiling: ``max_download_bytes``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import httpcore
+import httpx
+import msgspec
+import trio
+
+from runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
+from tools.modules.filesystem import PendingFile, Sandbox
+from tools.netguard import NetPolicy, Resolver, check_url, guarded_client, open_response
+from tools.policy import Policy
+from tools.registry import ToolCall, ToolRegistry
+
+__all__ = [
+    "POLICIES",
+    "HttpConfig",
+    "HttpModule",
+    "RequestFailed",
+    "RequestTimeout",
+    "register_http_module",
+]
+
+MiB = 1024 * 1024
+
+#: Default policy per action: reading a URL runs on its own; sending data or writing files
+#: needs a person's approval.
+POLICIES: dict[str, str] = {
+    "http.get": "AUTO",
+    "http.post": "APPROVE",
+    "http.download": "APPROVE",
+}
+
+#: Response headers copied into results.
+RESPONSE_HEADERS = (
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "content-disposition",
+    "content-language",
+    "location",
+    "last-modified",
+    "etag",
+    "cache-control",
+    "expires",
+    "date",
+    "retry-after",
+    "www-authenticate",
+    "x-request-id",
+)
+
+_FORBIDDEN_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "expect",
+        "proxy-authorization",
+        "proxy-connection",
+    }
+)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class RequestFailed(TurnstileError):
+    """The request could not be completed (connection refused, protocol error, bad status
+    for a download)."""
+
+    code = "request_failed"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RequestTimeout(TurnstileError):
+    """The call took longer than its ``timeout``."""
+
+    code = "timeout"
+
+    def __init__(self, message: str, field: str | None = "timeout") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """Settings of the http module.
+
+    Attributes:
+        allowed_hosts: host names (or ``*.suffix``, or IP literals) opened despite resolving
+            to non-public addresses.
+        allowed_networks: CIDR blocks opened likewise.
+        default_timeout / max_timeout: seconds per call, when unsaid / at most.
+        default_max_bytes / max_bytes: response body kept, when unsaid / at most.
+        max_download_bytes: largest ``http.download`` (its default and ceiling).
+        max_request_bytes: largest ``http.post`` body.
+        max_redirects: redirects followed per call.
+        max_concurrency: calls of this module running at once.
+        user_agent: the ``User-Agent`` sent unless the call sets one.
+    """
+
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_networks: tuple[str, ...] = ()
+    default_timeout: float = 30.0
+    max_timeout: float = 120.0
+    default_max_bytes: int = 1 * MiB
+    max_bytes: int = 10 * MiB
+    max_download_bytes: int = 100 * MiB
+    max_request_bytes: int = 1 * MiB
+    max_redirects: int = 5
+    max_concurrency: int = 16
+    user_agent: str = "turnstile-http/0.1"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.default_timeout <= self.max_timeout:
+            raise ValueError("default_timeout must be positive and at most max_timeout")
+        if not 0 < self.default_max_bytes <= self.max_bytes:
+            raise ValueError("default_max_bytes must be positive and at most max_bytes")
+        if self.max_redirects < 0 or self.max_concurrency < 1:
+            raise ValueError("max_redirects must be >= 0 and max_concurrency >= 1")
+        NetPolicy(tuple(self.allowed_hosts), tuple(self.allowed_networks))  # valid CIDR
+
+
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, description="http(s) URL")]
+Headers = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(min_length=1, max_length=256)],
+        Annotated[str, msgspec.Meta(max_length=8192)],
+    ],
+    msgspec.Meta(max_length=50),
+]
+Timeout = Annotated[float, msgspec.Meta(gt=0, le=120, description="seconds for the whole call")]
+MaxBytes = Annotated[int, msgspec.Meta(ge=1, le=10 * MiB, description="response bytes kept")]
+
+
+class GetParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Arguments of ``http.get``."""
+
+    url: Url
+    headers: Headers = msgspec.field(default_factory=dict)
+    timeout: Timeout | None = None
+    max_bytes: MaxBytes | None = None
+
+
+class PostParams(GetParams, kw_only=True):
+    """Arguments of ``http.post``: ``body`` (text) or ``json`` (any value), not both."""
+
+    body: Annotated[str, msgspec.Meta(max_length=10 * MiB)] | None = None
+    json: Any | msgspec.UnsetType = msgspec.UNSET
+    content_type: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+
+class DownloadParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Arguments of ``http.download``."""
+
+    url: Url
+    dest: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=4096, description="path under the root")
+    ]
+    headers: Headers = msgspec.field(default_factory=dict)
+    timeout: Timeout | None = None
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    overwrite: bool = False
+    create_parents: bool = False
+
+
+def _check_headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise InvalidArgument(f"header name {name!r} is not valid", field="headers")
+        if name.lower() in _FORBIDDEN_HEADERS:
+            raise InvalidArgument(f"header {name!r} may not be set", field="headers")
+        if any(c in value for c in "\r\n\x00"):
+            raise InvalidArgument(f"header {name!r} contains a line break", field="headers")
+    return headers
+
+
+def _mime(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _is_json(mime: str) -> bool:
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _is_text(mime: str) -> bool:
+    return (
+        mime.startswith("text/")
+        or _is_json(mime)
+        or mime.endswith("+xml")
+        or mime
+        in (
+            "application/xml",
+            "application/javascript",
+            "application/x-www-form-urlencoded",
+            "application/x-ndjson",
+            "application/yaml",
+        )
+    )
+
+
+def _render_body(response: httpx.Response, data: bytes, truncated: bool) -> dict[str, Any]:
+    mime = _mime(response)
+    if _is_json(mime) and not truncated and data:
+        try:
+            return {"body": msgspec.json.decode(data), "encoding": "json"}
+        except msgspec.DecodeError:
+            pass  # not really JSON: shown as text
+    if _is_text(mime) or not mime:
+        charset = response.charset_encoding or "utf-8"
+        try:
+            text = data.decode(charset, errors="replace" if mime else "strict")
+        except LookupError:
+            text = data.decode("utf-8", errors="replace")
+        except UnicodeDecodeError:  # no content type and not UTF-8: binary
+            text = None
+        if text is not None:
+            return {"body": text, "encoding": "text"}
+    return {"body": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    buffer = bytearray()
+    async for chunk in response.aiter_bytes():
+        room = limit - len(buffer)
+        if len(chunk) > room:
+            buffer += chunk[:room]
+            return bytes(buffer), True
+        buffer += chunk
+    return bytes(buffer), False
+
+
+class HttpModule:
+    """The handlers of the http module (see ``register_http_module``)."""
+
+    def __init__(
+        self,
+        config: HttpConfig,
+        *,
+        sandbox: Sandbox | None = None,
+        resolver: Resolver | None = None,
+        backend: httpcore.AsyncNetworkBackend | None = None,
+    ) -> None:
+        self.config = config
+        self.sandbox = sandbox
+        self.policy = NetPolicy(tuple(config.allowed_hosts), tuple(config.allowed_networks))
+        self.resolver = resolver
+        self.backend = backend
+        self.limiter = trio.CapacityLimiter(config.max_concurrency)
+
+    def _timeout(self, timeout: float | None) -> float:
+        value = timeout or self.config.default_timeout
+        if value > self.config.max_timeout:
+            raise InvalidArgument(
+                f"timeout may be at most {self.config.max_timeout:g} seconds", field="timeout"
+            )
+        return value
+
+    def _headers(self, headers: dict[str, str]) -> dict[str, str]:
+        merged = {"user-agent": self.config.user_agent, "accept-encoding": "identity"}
+        for name, value in _check_headers(headers).items():
+            merged[name.lower()] = value
+        return merged
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        timeout: float,  # noqa: ASYNC109 (the tool's own deadline, applied below)
+        content: bytes | None,
+        consume: Any,
+    ) -> dict[str, Any]:
+        """Send the request and hand the streamed response to ``consume``, within
+        ``timeout`` and the module's concurrency limit; maps failures to Turnstile errors."""
+        check_url(url)
+        started = trio.current_time()
+        async with self.limiter:
+            with trio.move_on_after(timeout) as deadline:
+                try:
+                    async with guarded_client(
+                        self.policy, timeout=timeout, resolver=self.resolver, backend=self.backend
+                    ) as client:
+                        async with open_response(
+                            client,
+                            method,
+                            url,
+                            headers=headers,
+                            content=content,
+                            max_redirects=self.config.max_redirects,
+                        ) as (response, hops):
+                            result = await consume(response)
+                            result.setdefault("status_code", response.status_code)
+                            result["url"] = str(response.url)
+                            result["redirects"] = hops
+                except httpx.TimeoutException:
+                    raise RequestTimeout(f"{method} {url} timed out after {timeout:g} s") from None
+                except httpx.HTTPError as exc:
+                    detail = str(exc) or type(exc).__name__
+                    raise RequestFailed(f"{method} {url} failed: {detail}", field="url") from None
+        if deadline.cancelled_caught:
+            raise RequestTimeout(f"{method} {url} timed out after {timeout:g} s")
+        result["elapsed_ms"] = round((trio.current_time() - started) * 1000)
+        return result
+
+    def _max_bytes(self, value: int | None) -> int:
+        limit = value or self.config.default_max_bytes
+        if limit > self.config.max_bytes:
+            raise InvalidArgument(
+                f"max_bytes may be at most {self.config.max_bytes}", field="max_bytes"
+            )
+        return limit
+
+    async def _fetch(
+        self, method: str, params: GetParams, content: bytes | None, headers: dict[str, str]
+    ) -> dict[str, Any]:
+        limit = self._max_bytes(params.max_bytes)
+
+        async def consume(response: httpx.Response) -> dict[str, Any]:
+            data, truncated = await _read_capped(response, limit)
+            return {
+                "status_code": response.status_code,
+                "headers": {
+                    name: response.headers[name]
+                    for name in RESPONSE_HEADERS
+                    if name in response.headers
+                },
+                **_render_body(response, data, truncated),
+                "bytes": len(data),
+                "truncated": truncated,
+            }
+
+        return await self._exchange(
+            method, params.url, headers, self._timeout(params.timeout), content, consume
+        )
+
+    async def get(self, call: ToolCall, params: GetParams) -> dict[str, Any]:
+        return await self._fetch("GET", params, None, self._headers(params.headers))
+
+    async def post(self, call: ToolCall, params: PostParams) -> dict[str, Any]:
+        headers = self._headers(params.headers)
+        if params.body is not None and params.json is not msgspec.UNSET:
+            raise InvalidArgument("give body or json, not both", field="json")
+        if params.json is not msgspec.UNSET:
+            content = msgspec.json.encode(params.json)
+            headers.setdefault("content-type", "application/json")
+        else:
+            content = (params.body or "").encode("utf-8")
+            headers.setdefault("content-type", "text/plain; charset=utf-8")
+        if params.content_type is not None:
+            headers["content-type"] = _check_headers({"content-type": params.content_type})[
+                "content-type"
+            ]
+        if len(content) > self.config.max_request_bytes:
+            raise LimitExceeded(
+                f"the request body is {len(content)} bytes; "
+                f"the limit is {self.config.max_request_bytes}",
+                field="json" if params.json is not msgspec.UNSET else "body",
+            )
+        return await self._fetch("POST", params, content, headers)
+
+    async def download(self, call: ToolCall, params: DownloadParams) -> dict[str, Any]:
+        sandbox = self.sandbox
+        assert sandbox is not None, "http.download is registered only with a sandbox"
+        limit = params.max_bytes or self.config.max_download_bytes
+        if limit > self.config.max_download_bytes:
+            raise InvalidArgument(
+                f"max_bytes may be at most {self.config.max_download_bytes}", field="max_bytes"
+            )
+        check_url(params.url)
+        target = await trio.to_thread.run_sync(sandbox.resolve, params.dest, "dest")
+
+        async def consume(response: httpx.Response) -> dict[str, Any]:
+            if not 200 <= response.status_code < 300:
+                raise RequestFailed(
+                    f"the server answered {response.status_code} {response.reason_phrase}; "
+                    "nothing was written",
+                    field="url",
+                )
+            pending: PendingFile = await trio.to_thread.run_sync(
+                lambda: sandbox.begin_write(
+                    target,
+                    overwrite=params.overwrite,
+                    create_parents=params.create_parents,
+                    field="dest",
+                )
+            )
+            try:
+                async for chunk in response.aiter_bytes():
+                    if pending.size + len(chunk) > limit:
+                        raise LimitExceeded(
+                            f"the download is larger than {limit} bytes; nothing was written",
+                            field="max_bytes",
+                        )
+                    await trio.to_thread.run_sync(pending.write, chunk)
+                await trio.to_thread.run_sync(pending.commit)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(pending.discard)
+                raise
+            return {
+                "status_code": response.status_code,
+                "path": target.rel,
+                "bytes": pending.size,
+                "content_type": response.headers.get("content-type"),
+            }
+
+        return await self._exchange(
+            "GET",
+            params.url,
+            self._headers(params.headers),
+            self._timeout(params.timeout),
+            None,
+            consume,
+        )
+
+
+def register_http_module(
+    registry: ToolRegistry,
+    config: HttpConfig,
+    *,
+    sandbox: Sandbox | None = None,
+    resolver: Resolver | None = None,
+    backend: httpcore.AsyncNetworkBackend | None = None,
+) -> HttpModule:
+    """Register ``http.get``, ``http.post`` and — given the filesystem module's ``sandbox`` —
+    ``http.download``.
+
+    Args:
+        resolver, backend: replace DNS resolution and the socket layer (tests).
+    """
+    module = HttpModule(config, sandbox=sandbox, resolver=resolver, backend=backend)
+    registry.register(
+        "http.get",
+        GetParams,
+        module.get,
+        "GET an http(s) URL (public addresses only, redirects followed); returns status, "
+        "selected headers and the body (JSON parsed, text, or base64), truncated at max_bytes.",
+        policy=Policy(POLICIES["http.get"]),
+    )
+    registry.register(
+        "http.post",
+        PostParams,
+        module.post,
+        "POST text (body) or JSON (json) to an http(s) URL; returns like http.get.",
+        policy=Policy(POLICIES["http.post"]),
+    )
+    if sandbox is not None:
+        registry.register(
+            "http.download",
+            DownloadParams,
+            module.download,
+            "Download an http(s) URL into a file under the workspace root (dest); the file "
+            "appears only when the download is complete.",
+            policy=Policy(POLICIES["http.download"]),
+        )
+    return module
