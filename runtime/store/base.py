@@ -400,3 +400,35 @@ class Store(Protocol):
             ConflictError: ``input`` was given but the job has no session.
         """
         ...
+
+    # -- key-value ------------------------------------------------------------------------------
+
+    async def kv_put(
+        self,
+        namespace: str,
+        items: Sequence[tuple[str, dict[str, Any], datetime | None]],
+    ) -> None:
+        """Insert or replace ``(key, value, expires_at)`` items of ``namespace``, in one commit.
+
+        For small state that belongs to no table of its own (watchers, notification buffers):
+        ``value`` is a JSON object; an item whose ``expires_at`` has passed reads as absent.
+        """
+        ...
+
+    async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        """The value under ``key``, or None (missing or expired)."""
+        ...
+
+    async def kv_delete(self, namespace: str, keys: Sequence[str]) -> int:
+        """Delete ``keys`` of ``namespace``; returns how many existed."""
+        ...
+
+    async def kv_list(
+        self, namespace: str, *, after_key: str | None = None, limit: int = 1000
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Unexpired ``(key, value)`` pairs of ``namespace`` in key order, after ``after_key``."""
+        ...
+
+    async def kv_purge_expired(self) -> int:
+        """Delete every expired item; returns how many."""
+        ...

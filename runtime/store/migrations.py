@@ -128,6 +128,23 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
+    Migration(
+        3,
+        "kv",
+        (
+            """
+            CREATE TABLE kv (
+                namespace TEXT NOT NULL,
+                key TEXT NOT NULL,
+                value TEXT NOT NULL,
+                expires_at TEXT,
+                updated_at TEXT NOT NULL,
+                PRIMARY KEY (namespace, key)
+            ) STRICT, WITHOUT ROWID
+            """,
+            "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
+        ),
+    ),
 )
 
 # PostgreSQL: ids are COLLATE "C" so that ordering and keyset pagination match SQLite's byte
@@ -215,6 +232,23 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
+    Migration(
+        3,
+        "kv",
+        (
+            """
+            CREATE TABLE kv (
+                namespace text COLLATE "C" NOT NULL,
+                key text COLLATE "C" NOT NULL,
+                value jsonb NOT NULL,
+                expires_at timestamptz,
+                updated_at timestamptz NOT NULL,
+                PRIMARY KEY (namespace, key)
+            )
+            """,
+            "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
+        ),
+    ),
 )
 
 

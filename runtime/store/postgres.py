@@ -501,6 +501,56 @@ async def _op_fire_job(
     return FireResult(job=job, run=_run(run), input=item)
 
 
+async def _op_kv_put(conn: Conn, namespace: str, rows, now: datetime) -> None:
+    await conn.executemany(
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+        " VALUES ($1, $2, $3::jsonb, $4, $5) ON CONFLICT (namespace, key) DO UPDATE"
+        " SET value = excluded.value, expires_at = excluded.expires_at,"
+        " updated_at = excluded.updated_at",
+        [(namespace, key, value, expires, now) for key, value, expires in rows],
+    )
+
+
+async def _op_kv_get(conn: Conn, namespace: str, key: str, now: datetime):
+    value = await conn.fetchval(
+        "SELECT value FROM kv WHERE namespace = $1 AND key = $2"
+        " AND (expires_at IS NULL OR expires_at > $3)",
+        namespace,
+        key,
+        now,
+    )
+    return None if value is None else u.decode_json(value)
+
+
+async def _op_kv_delete(conn: Conn, namespace: str, keys: list[str]) -> int:
+    return await conn.fetchval(
+        "WITH gone AS (DELETE FROM kv WHERE namespace = $1 AND key = ANY($2::text[])"
+        " RETURNING 1) SELECT count(*) FROM gone",
+        namespace,
+        keys,
+    )
+
+
+async def _op_kv_list(conn: Conn, namespace: str, after: str, limit: int, now: datetime):
+    rows = await conn.fetch(
+        "SELECT key, value FROM kv WHERE namespace = $1 AND key > $2"
+        " AND (expires_at IS NULL OR expires_at > $3) ORDER BY key LIMIT $4",
+        namespace,
+        after,
+        now,
+        limit,
+    )
+    return [(r["key"], u.decode_json(r["value"])) for r in rows]
+
+
+async def _op_kv_purge(conn: Conn, now: datetime) -> int:
+    return await conn.fetchval(
+        "WITH gone AS (DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= $1"
+        " RETURNING 1) SELECT count(*) FROM gone",
+        now,
+    )
+
+
 # -- the store --------------------------------------------------------------------------------
 
 
@@ -699,6 +749,33 @@ class PostgresStore:
 
     async def last_seq(self, session_id: str) -> int:
         return await self._call(_op_last_seq, session_id)
+
+    # ---- key-value ----
+
+    async def kv_put(self, namespace, items) -> None:
+        u.check_text(namespace, "namespace")
+        rows = [
+            (
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                None if expires is None else u.check_time(expires, "expires_at"),
+            )
+            for key, value, expires in items
+        ]
+        if rows:
+            await self._call(_op_kv_put, namespace, rows, self._now())
+
+    async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        return await self._call(_op_kv_get, namespace, key, self._now())
+
+    async def kv_delete(self, namespace: str, keys) -> int:
+        return await self._call(_op_kv_delete, namespace, list(keys))
+
+    async def kv_list(self, namespace: str, *, after_key: str | None = None, limit: int = 1000):
+        return await self._call(_op_kv_list, namespace, after_key or "", limit, self._now())
+
+    async def kv_purge_expired(self) -> int:
+        return await self._call(_op_kv_purge, self._now())
 
     # ---- jobs ----
 

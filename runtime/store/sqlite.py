@@ -659,6 +659,48 @@ def _op_fire_job(
     return FireResult(job=job, run=_run(run), input=item)
 
 
+def _op_kv_put(conn, namespace: str, rows: list[tuple[str, str, str | None]], now: str) -> None:
+    conn.executemany(
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+        " expires_at = excluded.expires_at, updated_at = excluded.updated_at",
+        [(namespace, key, value, expires, now) for key, value, expires in rows],
+    )
+
+
+def _op_kv_get(conn, namespace: str, key: str, now: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT value FROM kv WHERE namespace = ? AND key = ?"
+        " AND (expires_at IS NULL OR expires_at > ?)",
+        (namespace, key, now),
+    ).fetchone()
+    return None if row is None else u.decode_json(row["value"])
+
+
+def _op_kv_delete(conn, namespace: str, keys: list[str]) -> int:
+    total = 0
+    for key in keys:
+        total += conn.execute(
+            "DELETE FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
+        ).rowcount
+    return total
+
+
+def _op_kv_list(conn, namespace: str, after: str, limit: int, now: str):
+    rows = conn.execute(
+        "SELECT key, value FROM kv WHERE namespace = ? AND key > ?"
+        " AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?",
+        (namespace, after, now, limit),
+    ).fetchall()
+    return [(r["key"], u.decode_json(r["value"])) for r in rows]
+
+
+def _op_kv_purge(conn, now: str) -> int:
+    return conn.execute(
+        "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+    ).rowcount
+
+
 # -- the store --------------------------------------------------------------------------------
 
 
@@ -945,6 +987,39 @@ class SQLiteStore:
 
     async def last_seq(self, session_id: str) -> int:
         return await self._read(_op_last_seq, session_id=session_id)
+
+    # ---- key-value ----
+
+    async def kv_put(self, namespace, items) -> None:
+        u.check_text(namespace, "namespace")
+        rows = [
+            (
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                None if expires is None else u.format_ts(u.check_time(expires, "expires_at")),
+            )
+            for key, value, expires in items
+        ]
+        if rows:
+            await self._write(_op_kv_put, namespace=namespace, rows=rows, now=self._now_str())
+
+    async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        return await self._read(_op_kv_get, namespace=namespace, key=key, now=self._now_str())
+
+    async def kv_delete(self, namespace: str, keys) -> int:
+        return await self._write(_op_kv_delete, namespace=namespace, keys=list(keys))
+
+    async def kv_list(self, namespace: str, *, after_key: str | None = None, limit: int = 1000):
+        return await self._read(
+            _op_kv_list,
+            namespace=namespace,
+            after=after_key or "",
+            limit=limit,
+            now=self._now_str(),
+        )
+
+    async def kv_purge_expired(self) -> int:
+        return await self._write(_op_kv_purge, now=self._now_str())
 
     # ---- jobs ----
 

@@ -20,7 +20,11 @@ async def test_store_satisfies_protocol(store, backend):
 async def test_migrations_recorded_and_idempotent(backend, clock):
     async with backend.open(clock) as store:
         first = await store.migrations()
-    assert [(m.version, m.name) for m in first] == [(1, "initial"), (2, "one_pending_recall")]
+    assert [(m.version, m.name) for m in first] == [
+        (1, "initial"),
+        (2, "one_pending_recall"),
+        (3, "kv"),
+    ]
     assert first[-1].version == SCHEMA_VERSION and first[0].applied_at == T0
     async with backend.open(ManualClock(T0.replace(year=2031))) as store:
         assert await store.migrations() == first  # nothing re-applied

@@ -90,12 +90,13 @@ async def test_the_constraint_is_per_session_per_kind_and_only_while_pending(sto
 
 async def test_migration_2_is_recorded_and_applied_to_a_version_1_database(backend, clock):
     async with backend.open(clock) as store:
-        assert [(m.version, m.name) for m in await store.migrations()][1:] == [
+        assert [(m.version, m.name) for m in await store.migrations()][1:2] == [
             (2, "one_pending_recall")
         ]
     assert SCHEMA_VERSION >= 2
     # Roll the database back to version 1, as a node of the previous release left it ...
     await backend.sql(f"DROP INDEX {INDEX}")
+    await backend.sql("DROP TABLE kv")  # migration 3's table
     await backend.sql("DELETE FROM schema_migrations WHERE version >= 2")
     # ... and the next start-up brings it back up to date.
     async with backend.open(clock) as store:

@@ -177,7 +177,7 @@ async def test_memory_database():
         await store.append_events("s1", [("a", {})])
         assert (await store.get_session("s1")).last_seq == 1
         assert len(await store.list_inputs("s1")) == 1
-        assert [m.version for m in await store.migrations()] == [1, 2]
+        assert [m.version for m in await store.migrations()] == [1, 2, 3]
 
 
 async def test_unopenable_file(tmp_path):
