@@ -4,9 +4,38 @@ from __future__ import annotations
 
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.tcp_server import TCPServer
 
-__all__ = ["serve_app", "package_version"]
+__all__ = ["serve_app", "package_version", "SEND_DEADLINE"]
+
+#: Seconds a single socket write may wait for a peer that stopped reading before the
+#: connection is aborted. Without it a stalled client would pin its connection forever and
+#: make a graceful shutdown hang (hypercorn shields socket writes from cancellation).
+SEND_DEADLINE = 10.0
+
+_original_protocol_send = TCPServer.protocol_send
+
+
+async def _protocol_send_with_deadline(self, event) -> None:
+    """hypercorn's ``protocol_send`` with a deadline on raw writes (see ``SEND_DEADLINE``)."""
+    if not isinstance(event, RawData):
+        return await _original_protocol_send(self, event)
+    async with self.send_lock:
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + SEND_DEADLINE
+                await self.stream.send_all(event.data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.protocol.handle(Closed())
+            return
+    if scope.cancelled_caught:  # the peer has not read for SEND_DEADLINE: give up on it
+        await trio.aclose_forcefully(self.stream)
+        await self.protocol.handle(Closed())
+
+
+TCPServer.protocol_send = _protocol_send_with_deadline
 
 
 def package_version() -> str:

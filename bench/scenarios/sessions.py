@@ -77,6 +77,8 @@ TOKEN_DELAY_20MS = 0.020 / 3
 #: Words in the busy session's messages (each reply streams this many deltas, plus two).
 BUSY_WORDS = 300
 CONNECT_CONCURRENCY = 50
+#: A turn whose ack or stream_end has not come after this long counts as lost.
+TURN_TIMEOUT = 60.0
 
 
 def _limits() -> Limits:
@@ -202,8 +204,15 @@ class _WsClient:
             )
             input_id = None
             acked = ended = False
+            deadline = trio.current_time() + TURN_TIMEOUT
             while not (acked and ended):
-                frame = json.loads(await ws.get_message())
+                with trio.move_on_at(deadline) as waited:
+                    raw = await ws.get_message()
+                if waited.cancelled_caught:
+                    tally.errors.append(f"{sid}: no ack/stream_end for {msg_id} in {TURN_TIMEOUT}s")
+                    tally.missing_ends += m - i
+                    return
+                frame = json.loads(raw)
                 tally.frames += 1
                 kind = frame["type"]
                 seq = frame.get("seq")
@@ -385,6 +394,7 @@ class _Stall:
     received: list[int] = field(default_factory=list)  # events it was sent, per round
     produced: list[int] = field(default_factory=list)  # events of its sessions, per round
     busy: _Tally = field(default_factory=_Tally)  # what the busy session's own client saw
+    stalled_errors: int = 0  # gaps, events after its lagged error, wrong last_seq in it
 
 
 async def _gateway(
@@ -442,15 +452,28 @@ async def _stall(
         # each), then nothing: read it all now, then hang up.
         received = await stalled.drain(quiet=0.3)
         await stalled.stream.aclose()
-        lagged = {
-            f.get("session_id")
-            for f in received
-            if f.get("type") == "error" and f.get("code") == "lagged"
-        }
-        out.lagged.append(len(lagged))
+        out.lagged.append(sum(1 for f in received if f.get("code") == "lagged"))
         out.received.append(sum(1 for f in received if "seq" in f))
+        out.stalled_errors += _check_stalled(received)
     await busy.ws.aclose()
     return out
+
+
+def _check_stalled(received: list[dict]) -> int:
+    """What the stalled client was sent, per session: gap-free seqs, then one lagged error whose
+    ``last_seq`` is the last event sent, then nothing. Returns the number of violations."""
+    bad = 0
+    last: dict[str, int] = {}
+    dropped: set[str] = set()
+    for f in received:
+        sid = f.get("session_id")
+        if f.get("code") == "lagged":
+            bad += sid in dropped or f.get("last_seq") != last.get(sid, f.get("last_seq"))
+            dropped.add(sid)
+        elif "seq" in f and f["type"] != "session_sync":
+            bad += sid in dropped or (sid in last and f["seq"] != last[sid] + 1)
+            last[sid] = f["seq"]
+    return bad
 
 
 def _produced(busy: _WsClient, clients: list[_WsClient], watched: list[str]) -> int:
@@ -680,7 +703,7 @@ def run(quick: bool = False) -> ScenarioResult:
     m = 5 if quick else 10
     solo_m = 30 if quick else 200
     delays = [0.0, TOKEN_DELAY_20MS]
-    stall_n, stall_rounds = 100, (1 if quick else 3)
+    stall_n, stall_rounds = 100, (2 if quick else 3)
     stall_m = 10  # enough events to fill the stalled client's outbox even in a quick run
     measures: list[Measure] = []
     notes: list[str] = []
@@ -827,6 +850,7 @@ def _stall_measures(n: int, s: _Stall) -> list[Measure]:
     received = max(s.received)
     bad = sum(_bad(t, n * s.m) for t in s.without + s.with_)
     bad += s.busy.gaps + s.busy.disorder + len(s.busy.errors)  # its turns are cut off mid-way
+    bad += s.stalled_errors
     return [
         Measure(
             f"other clients' turns/s with a stalled client (N={n:,})",
@@ -911,5 +935,7 @@ def _stall_note(n: int, s: _Stall) -> str:
         + f" of {s.watched} sessions; RSS growth per run with it "
         + ", ".join(f"{g:.1f}" for g in s.rss_growth)
         + f" MB. The busy session's own (reading) client saw {s.busy.events:,} events: gaps "
-        f"{s.busy.gaps}, disorder {s.busy.disorder}, errors {len(s.busy.errors)}."
+        f"{s.busy.gaps}, disorder {s.busy.disorder}, errors {len(s.busy.errors)}; what the stalled "
+        f"client was sent broke order (gap, event after its lagged error, lagged.last_seq not "
+        f"its last event) {s.stalled_errors} times."
     )
