@@ -44,6 +44,7 @@ def _tokens(config: Config, dev_token: str | None) -> tuple[dict[str, str], str 
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from runtime.server import tune_gc
     from tools.node import run_node
 
     try:
@@ -65,10 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.token_delay is not None:
         config.scripted.token_delay = args.token_delay
     tokens, generated = _tokens(config, args.dev_token)
-    # A node keeps many long-lived objects (sessions, connections, in-flight turns); with the
-    # default thresholds full collections over all of them dominated the CPU at 1,000 clients
-    # (bench "sessions"). Collect young objects less often, and keep start-up objects out.
-    gc.set_threshold(50_000, 20, 10)
+    tune_gc()
 
     async def run() -> None:
         # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the

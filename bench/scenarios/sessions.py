@@ -61,6 +61,7 @@ from runtime.config import Config, Limits
 from runtime.gateway.frames import encode_event
 from runtime.metrics import Metrics
 from runtime.registry import Registry
+from runtime.server import tune_gc
 from runtime.store import open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
@@ -708,6 +709,9 @@ def run(quick: bool = False) -> ScenarioResult:
     measures: list[Measure] = []
     notes: list[str] = []
     load_before = os.getloadavg()[0]
+    thresholds = gc.get_threshold()
+    tune_gc()  # what `turnstile serve` does; baselines run under the same settings
+    notes.append(f"GC thresholds as in `turnstile serve`: {gc.get_threshold()}.")
     for n in sizes:
         stalling = stall_rounds if n == stall_n else 0
         first = n == sizes[0]
@@ -742,6 +746,7 @@ def run(quick: bool = False) -> ScenarioResult:
         f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after (this run alone adds ~1; "
         "more means something else shared the 2 cores)."
     )
+    gc.set_threshold(*thresholds)  # leave the process as we found it
     return ScenarioResult("sessions", measures, notes)
 
 
