@@ -137,7 +137,8 @@ class Supervisor:
         """Names of the children, in start order."""
         return list(self._children)
 
-    def _new_cell(self, factory, name, mailbox_size, idle_timeout, on_idle) -> ActorCell:
+    def _add_child(self, factory, name, mailbox_size, restart, idle_timeout, on_idle) -> _Child:
+        """Make an actor's cell and record it as a child (not started yet)."""
         if name is None:
             self._serial += 1
             name = f"{getattr(factory, '__name__', 'actor')}-{self._serial}"
@@ -145,7 +146,9 @@ class Supervisor:
             raise ValueError(f"a child named {name!r} is already running")
         if mailbox_size < 1:
             raise ValueError("mailbox_size must be >= 1")
-        return ActorCell(name, factory, mailbox_size, idle_timeout, on_idle)
+        cell = ActorCell(name, factory, mailbox_size, idle_timeout, on_idle)
+        child = self._children[name] = _Child(name, cell.run_incarnation, restart, cell)
+        return child
 
     async def spawn(
         self,
@@ -170,12 +173,10 @@ class Supervisor:
         Raises:
             Exception: whatever the actor's first ``on_start`` raised.
         """
-        cell = self._new_cell(factory, name, mailbox_size, idle_timeout, on_idle)
-        child = _Child(cell.name, cell.run_incarnation, restart, cell)
-        self._children[cell.name] = child
+        child = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
         try:
             return await self._require_nursery().start(
-                self._supervise, child, name=f"actor {cell.name}"
+                self._supervise, child, name=f"actor {child.name}"
             )
         except Crash as crash:
             raise crash.exc from None
@@ -194,11 +195,11 @@ class Supervisor:
 
         A failing first ``on_start`` counts as a crash (restart, or give up).
         """
-        cell = self._new_cell(factory, name, mailbox_size, idle_timeout, on_idle)
-        child = _Child(cell.name, cell.run_incarnation, restart, cell)
-        self._children[cell.name] = child
-        self._require_nursery().start_soon(self._supervise, child, False, name=f"actor {cell.name}")
-        return cell.ref
+        child = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
+        self._require_nursery().start_soon(
+            self._supervise, child, False, name=f"actor {child.name}"
+        )
+        return child.cell.ref
 
     async def spawn_supervisor(
         self,
