@@ -73,6 +73,7 @@ class SessionDirectory:
         cancel_automations=None,
         recalls: RecallHooks | None = None,
         approvals: ApprovalDesk | None = None,
+        notifier=None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -84,6 +85,7 @@ class SessionDirectory:
         self._cancel_automations = cancel_automations
         self._recalls = recalls
         self._approvals = approvals
+        self._notifier = notifier
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -162,6 +164,8 @@ class SessionDirectory:
             if bound:
                 await self._cancel_automations(session_id)
         await self._ask(session_id, DeleteSession())
+        if self._notifier is not None:
+            await self._notifier.discard_buffered(session_id)
         self._owners.pop(session_id, None)
 
     # -- turns --
@@ -188,7 +192,10 @@ class SessionDirectory:
 
     async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached:
         await self._owned(user, session_id)
-        return await self._ask(session_id, Attach(subscriber=subscriber))
+        attached = await self._ask(session_id, Attach(subscriber=subscriber))
+        if self._notifier is not None:  # what was held while nobody watched, in order
+            await self._notifier.deliver_buffered(session_id)
+        return attached
 
     async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
         await self._owned(user, session_id)

@@ -129,6 +129,39 @@ class ModulesConfig(msgspec.Struct, forbid_unknown_fields=True):
     shell: ShellModuleConfig = msgspec.field(default_factory=ShellModuleConfig)
 
 
+class ChannelSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """One output channel, ``[channels.<name>]`` (see docs/tools.md)."""
+
+    type: Literal["llm_notification", "webhook", "log", "email"]
+    fallback: bool = True
+    url: str = ""  # webhook
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    backoff_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.5
+    path: str = ""  # log
+    host: str = ""  # email
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
+    from_address: str = ""
+    to: list[str] = msgspec.field(default_factory=list)
+    starttls: bool = False
+    ssl: bool = False
+    username: str | None = None
+    password: str | None = None
+    allowed_recipients: list[str] = msgspec.field(default_factory=list)
+    subject_prefix: str = ""
+    helo_name: str = "localhost"
+
+
+class NotificationsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Buffering of notifications for sessions nobody is watching."""
+
+    max_buffered: Positive = 100
+    buffer_ttl_seconds: Annotated[float, msgspec.Meta(gt=0)] = 86400.0
+    max_concurrency: Positive = 16
+    max_structured_bytes: Annotated[int, msgspec.Meta(ge=2)] = 16384
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     """Everything ``turnstile serve`` can be told."""
 
@@ -146,6 +179,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     policies: dict[str, str] = msgspec.field(default_factory=dict)
     approval_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
     modules: ModulesConfig = msgspec.field(default_factory=ModulesConfig)
+    channels: dict[str, ChannelSettings] = msgspec.field(default_factory=dict)
+    notifications: NotificationsConfig = msgspec.field(default_factory=NotificationsConfig)
 
 
 def load_config(path: str | Path | None) -> Config:

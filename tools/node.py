@@ -19,6 +19,7 @@ import trio
 from actors.approvals import ApprovalDesk
 from actors.background import BackgroundActor
 from actors.directory import RecallHooks, SessionDirectory
+from actors.notifier import ChannelConfig, Notifier, NotifierConfig
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
@@ -40,6 +41,8 @@ from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
 from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
 from tools.modules.http import HttpConfig, register_http_module
 from tools.modules.shell import ShellConfig, register_shell_module
+from tools.netguard import NetPolicy
+from tools.notify import guarded_webhook_post, register_notify_tools
 from tools.policy import PolicyTable
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
@@ -132,6 +135,9 @@ async def run_node(
                 tools = ToolRegistry(PolicyTable(config.policies), approver=approvals.request)
                 register_builtin_tools(tools, clock)
                 register_modules(tools, config)
+                notifier = make_notifier(config, store, clock, registry)
+                register_notify_tools(tools, notifier)
+                root._require_nursery().start_soon(purge_expired, store, name="kv purge")
 
                 scheduler = await root.spawn(
                     lambda: SchedulerActor(
@@ -195,6 +201,7 @@ async def run_node(
                     automations=lambda sid: bound_automations(store, sid),
                     cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
                     approvals=approvals,
+                    notifier=notifier,
                     recalls=RecallHooks(
                         get=lambda sid: get_recall(store, sid),
                         cancel=lambda sid: cancel_recall(scheduler, store, sid, tell_session),
@@ -236,6 +243,46 @@ async def run_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
+
+
+def make_notifier(config: Config, store: Store, clock: Clock, registry: Registry) -> Notifier:
+    """The notifier with the config's channels; webhooks go through the SSRF guard."""
+
+    async def ask_session(session_id: str, message):
+        return await registry.ref(f"session:{session_id}").ask(message)
+
+    def listed(struct) -> dict:
+        return {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in msgspec.structs.asdict(struct).items()
+        }
+
+    http = config.modules.http
+    return Notifier(
+        store,
+        clock,
+        ask_session,
+        NotifierConfig(
+            channels=tuple(
+                ChannelConfig(name=name, **listed(channel))
+                for name, channel in config.channels.items()
+            ),
+            **msgspec.structs.asdict(config.notifications),
+        ),
+        webhook_post=guarded_webhook_post(
+            NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))
+        ),
+    )
+
+
+async def purge_expired(store: Store, every: float = 3600.0) -> None:
+    """Delete expired key-value rows (notification buffers) now and then."""
+    while True:
+        await trio.sleep(every)
+        try:
+            await store.kv_purge_expired()
+        except Exception:
+            log.warning("purging expired rows failed", exc_info=True)
 
 
 def register_modules(tools: ToolRegistry, config: Config) -> None:

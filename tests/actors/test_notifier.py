@@ -1,0 +1,660 @@
+"""The notifier: every channel, fallback, webhook retries, and the per-session buffer.
+
+Webhooks go to a tiny HTTP server on 127.0.0.1 through the real SSRF guard, which allow-lists
+``127.0.0.1`` only in the tests that need it; refusals are checked with a socket layer that
+fails the test if any connection is attempted. Email goes to a fake SMTP server on loopback.
+Timed tests run on trio's MockClock; those with real sockets use a small autojump threshold,
+so the clock only jumps when every task has been idle for a moment of real time.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import functools
+import json
+from datetime import timedelta
+from http import HTTPStatus
+
+import httpcore
+import pytest
+import trio
+import trio.testing
+
+from actors.notifier import (
+    MAX_MESSAGE_CHARS,
+    ChannelConfig,
+    NotificationFailed,
+    Notifier,
+    NotifierConfig,
+    UnknownChannel,
+    notification_text,
+)
+from actors.session import Attach, Detach, Submit
+from runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from tests.actors.test_scheduler import DAY, T0, node
+from tests.actors.test_session import Recorder
+from tools.netguard import NetPolicy
+from tools.notify import guarded_webhook_post
+
+LOCAL = NetPolicy(allowed_hosts=("127.0.0.1",))
+HOUR = 3600
+#: Real seconds every task must be idle before the mock clock jumps (tests with real sockets).
+IDLE = 0.05
+
+
+def make_notifier(n, *channels, policy=LOCAL, resolver=None, backend=None, **config) -> Notifier:
+    async def ask(session_id, message):
+        return await n.registry.ref(f"session:{session_id}").ask(message)
+
+    post = guarded_webhook_post(policy, resolver=resolver, backend=backend)
+    return Notifier(
+        n.store, n.clock, ask, NotifierConfig(channels=tuple(channels), **config), webhook_post=post
+    )
+
+
+def events(recorder: Recorder, type_: str) -> list[dict]:
+    decoded = [json.loads(frame) for frame in recorder.frames]
+    return [e for e in decoded if e["type"] == type_]
+
+
+async def agent_saw(n, session_id: str) -> list[str]:
+    """Every notification text the session's agent was given (turn inputs and injections)."""
+    seen = []
+    for event in await n.store.read_events(session_id, after_seq=0, limit=10_000):
+        content = event.payload.get("content", "")
+        if event.type in ("stream_start", "user_message") and content.startswith("[NOTIF"):
+            seen.append(content)
+    return seen
+
+
+# -- a loopback webhook receiver and SMTP server ---------------------------------------------
+
+
+class Hook:
+    """A minimal HTTP/1.1 server: records each request with trio's time, answers scripted
+    statuses (the last one repeats), or never answers (``hang``)."""
+
+    def __init__(self, *statuses: int, hang: bool = False) -> None:
+        self.statuses = list(statuses or (200,))
+        self.hang = hang
+        self.requests: list[tuple[float, str, dict[str, str], bytes]] = []
+        self.url = ""
+
+    async def handle(self, stream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        line, *rest = head.decode().split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in rest)}
+        while len(body) < int(headers.get("content-length", 0)):
+            body += await stream.receive_some(65536)
+        self.requests.append((trio.current_time(), line, headers, body))
+        if self.hang:
+            await trio.sleep_forever()
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        await stream.send_all(
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-length: 0\r\n"
+            "connection: close\r\n\r\n".encode()
+        )
+        await stream.aclose()
+
+    def times(self) -> list[float]:
+        return [t - self.requests[0][0] for t, *_ in self.requests]
+
+
+async def serve(nursery, handler) -> int:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return listeners[0].socket.getsockname()[1]
+
+
+@pytest.fixture
+async def hook(nursery, request) -> Hook:
+    statuses, hang = getattr(request, "param", ((200,), False))
+    receiver = Hook(*statuses, hang=hang)
+    receiver.url = f"http://127.0.0.1:{await serve(nursery, receiver.handle)}/hook"
+    return receiver
+
+
+class FakeSMTP:
+    """Speaks just enough SMTP for ``smtplib``: records envelopes and message bodies."""
+
+    def __init__(self, reject_mail: bool = False) -> None:
+        self.reject_mail = reject_mail
+        self.mails: list[dict] = []
+
+    async def handle(self, stream) -> None:
+        buffer = bytearray()
+
+        async def line() -> bytes:
+            while b"\r\n" not in buffer:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    raise EOFError
+                buffer.extend(chunk)
+            end = buffer.index(b"\r\n")
+            out = bytes(buffer[:end])
+            del buffer[: end + 2]
+            return out
+
+        async def say(text: str) -> None:
+            await stream.send_all(text.encode() + b"\r\n")
+
+        envelope: dict = {"from": None, "to": []}
+        await say("220 fake ESMTP")
+        try:
+            while True:
+                command = await line()
+                verb = command[:4].upper()
+                if verb in (b"EHLO", b"HELO"):
+                    envelope["helo"] = command[5:].decode()
+                    await say("250-fake\r\n250 8BITMIME")
+                elif verb == b"MAIL":
+                    if self.reject_mail:
+                        await say("550 5.7.1 sender rejected")
+                        continue
+                    envelope["from"] = command.decode()
+                    await say("250 OK")
+                elif verb == b"RCPT":
+                    envelope["to"].append(command.decode())
+                    await say("250 OK")
+                elif verb == b"DATA":
+                    await say("354 go ahead")
+                    lines = []
+                    while (text := await line()) != b".":
+                        lines.append(text[1:] if text.startswith(b"..") else text)
+                    self.mails.append({**envelope, "data": b"\r\n".join(lines)})
+                    envelope = {"from": None, "to": []}
+                    await say("250 queued")
+                elif verb == b"QUIT":
+                    await say("221 bye")
+                    return
+                else:
+                    await say("250 OK")
+        except EOFError:
+            return
+
+
+class NoSockets(httpcore.AsyncNetworkBackend):
+    """A socket layer that fails the test if the guard lets any connection through."""
+
+    def __init__(self) -> None:
+        self.hosts: list[str] = []
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ASYNC109
+        self.hosts.append(host)
+        raise AssertionError(f"a connection to {host} was attempted")
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+
+# -- llm_notification ---------------------------------------------------------------------------
+
+
+@pytest.mark.guard(DAY)
+async def test_llm_notification_reaches_the_agent_and_the_attached_client(autojump_clock):
+    async with node() as n:
+        notifier = make_notifier(n)
+        result = await notifier.notify(
+            "s",
+            "ada",
+            "llm_notification",
+            "disk 91% full",
+            title="Disk",
+            priority="high",
+            tags=["ops"],
+            structured_data={"disk": "/dev/sda1", "used": 0.91},
+        )
+        assert result["notification_id"].startswith("ntf-")
+        assert {k: result[k] for k in ("channel", "delivered", "fallback", "buffered")} == {
+            "channel": "llm_notification",
+            "delivered": True,
+            "fallback": False,
+            "buffered": False,
+        }
+        await n.seen.until(b'"stream_end"')
+        (event,) = events(n.seen, "notification")
+        assert (event["message"], event["title"], event["priority"], event["tags"]) == (
+            "disk 91% full",
+            "Disk",
+            "high",
+            ["ops"],
+        )
+        assert event["structured_data"] == {"disk": "/dev/sda1", "used": 0.91}
+        assert event["created_at"] == "2026-11-21T12:00:00Z" and event["fallback"] is False
+        (start,) = events(n.seen, "stream_start")  # an idle session: a turn of its own
+        assert start["source"] == "notification"
+        assert start["content"] == (
+            "[NOTIFICATION] Disk (priority=high, tags=ops)\n"
+            "disk 91% full\n"
+            'Data: {"disk": "/dev/sda1", "used": 0.91}'
+        )
+
+
+@pytest.mark.guard(DAY)
+async def test_llm_notification_folds_into_a_running_turn(autojump_clock):
+    async with node() as n:
+        notifier = make_notifier(n)
+        await n.registry.ref("session:s").ask(Submit(content="wait:work"))
+        await n.seen.until(b'"stream_start"')
+        await notifier.notify("s", "ada", "llm_notification", "build is green")
+        (folded,) = events(n.seen, "user_message")
+        assert folded["source"] == "notification" and folded["injected_into"] is not None
+        assert folded["content"] == "[NOTIFICATION] (priority=normal)\nbuild is green"
+        n.agent.gate("wait:work").set()
+        await n.seen.until(b'"stream_end"')
+        (end,) = events(n.seen, "stream_end")
+        assert end["text"].endswith("+[NOTIFICATION] (priority=normal)\nbuild is green")
+
+
+async def test_arguments_are_checked(autojump_clock):
+    async with node() as n:
+        notifier = make_notifier(
+            n, ChannelConfig(name="audit", type="log", path="/nonexistent/audit.jsonl")
+        )
+        with pytest.raises(UnknownChannel) as unknown:
+            await notifier.notify("s", "ada", "slack", "hi")
+        assert str(unknown.value) == (
+            "no channel named 'slack'; configured channels: audit, llm_notification"
+        )
+        assert unknown.value.code == "unknown_channel" and unknown.value.field == "channel"
+        too_long = "x" * (MAX_MESSAGE_CHARS + 1)
+        with pytest.raises(InvalidArgument, match="message is longer than 10000 characters"):
+            await notifier.notify("s", "ada", "llm_notification", too_long)
+        cut = await notifier.notify("s", "ada", "llm_notification", too_long, truncate=True)
+        assert cut["delivered"]
+        (event,) = events(n.seen, "notification")
+        assert len(event["message"]) == MAX_MESSAGE_CHARS
+        assert event["message"].endswith("… (truncated from 10001 chars)")
+        with pytest.raises(InvalidArgument, match="priority must be one of"):
+            await notifier.notify("s", "ada", "llm_notification", "hi", priority="meh")
+        with pytest.raises(LimitExceeded, match="structured_data is"):
+            await notifier.notify(
+                "s", "ada", "llm_notification", "hi", structured_data={"x": "y" * 20_000}
+            )
+        with pytest.raises(InvalidArgument) as config:
+            await notifier.notify("s", "ada", "audit", "hi", output_config={"to_address": "a@b.c"})
+        assert str(config.value) == (
+            "output_config key 'to_address' is not supported by log channels (supported: none)"
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await agent_saw(n, "s")) == 1  # nothing but the truncated one got through
+
+
+# -- the buffer ---------------------------------------------------------------------------------
+
+
+@pytest.mark.guard(DAY)
+async def test_105_while_detached_100_delivered_in_order_on_attach_5_dropped(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n)
+        for i in range(105):
+            result = await notifier.notify("t", "ada", "llm_notification", f"n{i}")
+            assert result["buffered"] is True and result["injected"] is True
+        await trio.testing.wait_all_tasks_blocked()
+        # The agent got every one with nobody watching (an injection that arrives as a turn
+        # closes becomes a turn of its own, so a text may be seen twice).
+        assert set(await agent_saw(n, "t")) == {
+            f"[NOTIFICATION] (priority=normal)\nn{i}" for i in range(105)
+        }
+        assert not any(e.type == "notification" for e in await n.store.read_events("t", 0, 10_000))
+
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        assert await notifier.deliver_buffered("t") == 100
+        (dropped,) = events(client, "notifications_dropped")
+        assert dropped["dropped"] == 5 and dropped["message"].startswith("5 dropped")
+        delivered = events(client, "notification")
+        assert [e["message"] for e in delivered] == [f"n{i}" for i in range(5, 105)]
+        assert all(e["buffered"] for e in delivered)
+        assert dropped["seq"] < delivered[0]["seq"]
+        assert await notifier.deliver_buffered("t") == 0  # delivered once
+        assert await n.store.kv_list("notify:t") == []
+        assert notifier._locks == {}
+
+
+@pytest.mark.guard(3 * DAY)
+async def test_buffered_notifications_expire_after_24_hours(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n)
+        await notifier.notify("t", "ada", "llm_notification", "old")
+        await trio.sleep(13 * HOUR)
+        await notifier.notify("t", "ada", "llm_notification", "new")
+        await trio.sleep(12 * HOUR)  # "old" is 25 h old, "new" 12 h
+        assert n.clock.now() == T0 + timedelta(hours=25)
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        assert await notifier.deliver_buffered("t") == 1
+        assert [e["message"] for e in events(client, "notification")] == ["new"]
+        assert events(client, "notification")[0]["created_at"] == "2026-11-22T01:00:00Z"
+
+        await n.registry.ref("session:t").ask(Detach(subscriber=client))
+        await notifier.notify("t", "ada", "llm_notification", "forgotten")
+        await trio.sleep(25 * HOUR)
+        assert await n.store.kv_purge_expired() == 1
+        assert await notifier.deliver_buffered("t") == 0
+
+
+@pytest.mark.guard(DAY)
+async def test_a_notification_racing_an_attach_comes_after_the_buffered_ones(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n)
+        for i in range(3):
+            await notifier.notify("t", "ada", "llm_notification", f"b{i}")
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        async with trio.open_nursery() as nursery:  # the live one wins the lock
+            nursery.start_soon(notifier.notify, "t", "ada", "llm_notification", "live")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(notifier.deliver_buffered, "t")
+        messages = [e["message"] for e in events(client, "notification")]
+        assert messages == ["b0", "b1", "b2", "live"]
+        assert [e.get("buffered", False) for e in events(client, "notification")] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+
+
+async def test_discard_buffered(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n, max_buffered=2)
+        for i in range(3):
+            await notifier.notify("t", "ada", "llm_notification", f"b{i}")
+        assert await notifier.discard_buffered("t") == 2
+        assert await n.store.kv_list("notify:t") == []
+        assert await n.store.kv_list("notify-meta:t") == []
+
+
+# -- webhook ------------------------------------------------------------------------------------
+
+
+def webhook(url: str, **fields) -> ChannelConfig:
+    fields.setdefault("headers", {"Authorization": "Bearer hook-secret"})
+    return ChannelConfig(name="ops", type="webhook", url=url, **fields)
+
+
+async def test_a_webhook_gets_the_json(hook):
+    async with node() as n:
+        notifier = make_notifier(n, webhook(hook.url))
+        result = await notifier.notify(
+            "s", "ada", "ops", "deployed v2", title="Deploy", structured_data={"v": 2}
+        )
+        assert (result["channel"], result["fallback"], result["attempts"]) == ("ops", False, 1)
+        assert result["status_code"] == 200
+        ((_, line, headers, body),) = hook.requests
+        assert line == "POST /hook HTTP/1.1"
+        assert headers["content-type"] == "application/json"
+        assert headers["authorization"] == "Bearer hook-secret"
+        sent = json.loads(body)
+        assert (sent["message"], sent["title"], sent["channel"], sent["session_id"]) == (
+            "deployed v2",
+            "Deploy",
+            "ops",
+            "s",
+        )
+        assert sent["structured_data"] == {"v": 2} and sent["id"] == result["notification_id"]
+        assert events(n.seen, "notification") == []  # an external success is not echoed
+
+
+@pytest.mark.parametrize("hook", [((503,), False)], indirect=True)
+async def test_webhook_5xx_retries_with_backoff_then_falls_back(hook, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    async with node() as n:
+        notifier = make_notifier(n, webhook(hook.url))
+        result = await notifier.notify("s", "ada", "ops", "deployed v2")
+        assert hook.times() == [0, 0.5, 1.5, 3.5]  # 4 attempts: 0.5 s, 1 s, 2 s apart
+        reason = "HTTP 503 Service Unavailable after 4 attempts"
+        assert result["fallback"] is True and result["fallback_reason"] == reason
+        assert (result["channel"], result["requested_channel"]) == ("llm_notification", "ops")
+        assert result["attempts"] == 4
+        await n.seen.until(b'"stream_start"')
+        (event,) = events(n.seen, "notification")
+        assert (event["fallback"], event["fallback_reason"], event["requested_channel"]) == (
+            True,
+            reason,
+            "ops",
+        )
+        (start,) = events(n.seen, "stream_start")
+        assert start["content"] == (
+            "[NOTIFICATION] (priority=normal)\n"
+            f"Note: delivery via webhook failed: {reason}; delivered here instead "
+            "(channel 'ops').\n"
+            "deployed v2"
+        )
+
+
+@pytest.mark.parametrize("hook", [((502, 200), False)], indirect=True)
+async def test_webhook_recovers_on_retry(hook, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    async with node() as n:
+        result = await make_notifier(n, webhook(hook.url)).notify("s", "ada", "ops", "hi")
+        assert (result["fallback"], result["attempts"], result["status_code"]) == (False, 2, 200)
+        assert hook.times() == [0, 0.5]
+
+
+@pytest.mark.parametrize("hook", [((404,), False)], indirect=True)
+async def test_webhook_4xx_is_not_retried(hook, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    async with node() as n:
+        result = await make_notifier(n, webhook(hook.url)).notify("s", "ada", "ops", "hi")
+        assert len(hook.requests) == 1
+        assert result["fallback_reason"] == "HTTP 404 Not Found (not retried)"
+        assert (result["attempts"], result["status_code"]) == (1, 404)
+
+
+@pytest.mark.parametrize("hook", [((200,), True)], indirect=True)
+async def test_webhook_timeouts_are_retried(hook, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    async with node() as n:
+        notifier = make_notifier(n, webhook(hook.url, timeout=2, retries=1))
+        start = trio.current_time()
+        result = await notifier.notify("s", "ada", "ops", "hi")
+        assert trio.current_time() - start == pytest.approx(4.5)  # 2 s, 0.5 s, 2 s
+        assert result["fallback_reason"] == "timed out after 2 s after 2 attempts"
+        assert len(hook.requests) == 2
+
+
+async def test_webhook_connection_refused_is_retried_then_falls_back(nursery, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    with trio.socket.socket() as sock:  # a port nobody listens on
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with node() as n:
+        notifier = make_notifier(n, webhook(f"http://127.0.0.1:{port}/", retries=2))
+        result = await notifier.notify("s", "ada", "ops", "hi")
+        assert result["fallback"] and result["attempts"] == 3
+        assert result["fallback_reason"].startswith("ConnectError")
+        assert result["fallback_reason"].endswith("after 3 attempts")
+
+
+async def test_webhook_to_a_private_address_is_refused_by_the_guard(autojump_clock):
+    async with node() as n:
+        sockets = NoSockets()
+
+        async def resolver(host, port):
+            return {"hooks.example.com": ["10.0.0.7"]}[host]
+
+        notifier = make_notifier(
+            n,
+            webhook("http://10.1.2.3/hook"),
+            ChannelConfig(name="named", type="webhook", url="https://hooks.example.com/x"),
+            resolver=resolver,
+            backend=sockets,
+        )
+        direct = await notifier.notify("s", "ada", "ops", "hi")
+        assert (
+            direct["fallback_reason"] == "refusing 10.1.2.3 (private address) for host '10.1.2.3'"
+        )
+        assert direct["attempts"] == 1  # a refusal is not retried
+        named = await notifier.notify("s", "ada", "named", "hi")  # vetted after resolution
+        assert named["fallback_reason"] == (
+            "refusing 10.0.0.7 (private address) for host 'hooks.example.com'"
+        )
+        assert sockets.hosts == []
+        await n.seen.until(b'"notification"', 2)
+        reasons = [e["fallback_reason"] for e in events(n.seen, "notification")]
+        assert reasons == [direct["fallback_reason"], named["fallback_reason"]]
+
+
+async def test_loopback_needs_the_allow_list(hook):
+    async with node() as n:
+        notifier = make_notifier(n, webhook(hook.url), policy=NetPolicy())
+        result = await notifier.notify("s", "ada", "ops", "hi")
+        assert result["fallback_reason"] == (
+            "refusing 127.0.0.1 (loopback address) for host '127.0.0.1'"
+        )
+        assert hook.requests == []
+
+
+async def test_a_channel_without_fallback_raises(autojump_clock):
+    async with node() as n:
+        notifier = make_notifier(
+            n, webhook("http://10.1.2.3/", fallback=False), backend=NoSockets()
+        )
+        with pytest.raises(NotificationFailed) as failed:
+            await notifier.notify("s", "ada", "ops", "hi")
+        assert str(failed.value) == (
+            "delivery via webhook failed: refusing 10.1.2.3 (private address) for host '10.1.2.3'"
+        )
+        assert events(n.seen, "notification") == []
+
+
+async def test_a_missing_session(autojump_clock):
+    async with node() as n:
+        notifier = make_notifier(n, webhook("http://10.1.2.3/"), backend=NoSockets())
+        with pytest.raises(NotFound, match="no session with id 'ghost'"):
+            await notifier.notify("ghost", "ada", "llm_notification", "hi")
+        with pytest.raises(NotificationFailed) as failed:
+            await notifier.notify("ghost", "ada", "ops", "hi")
+        assert str(failed.value) == (
+            "delivery via webhook failed: refusing 10.1.2.3 (private address) for host "
+            "'10.1.2.3'; the fallback to llm_notification failed too: no session with id 'ghost'"
+        )
+        assert notifier._locks == {}
+
+
+def test_webhook_channels_need_a_post_function():
+    with pytest.raises(ValueError, match="webhook channels need a webhook_post"):
+        Notifier(None, None, None, NotifierConfig(channels=(webhook("https://example.com/"),)))
+    with pytest.raises(ValueError, match="the url must be http"):
+        webhook("ftp://example.com/")
+
+
+# -- log ----------------------------------------------------------------------------------------
+
+
+async def test_log_lines_are_json(tmp_path):
+    path = tmp_path / "notifications.jsonl"
+    async with node() as n:
+        notifier = make_notifier(n, ChannelConfig(name="audit", type="log", path=str(path)))
+        first = await notifier.notify("s", "ada", "audit", "line one\nline two", tags=["a"])
+        await notifier.notify("s", "ada", "audit", "ünïcode ✓", priority="critical")
+        assert first == {
+            "notification_id": first["notification_id"],
+            "channel": "audit",
+            "channel_type": "log",
+            "delivered": True,
+            "fallback": False,
+            "path": str(path),
+        }
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["message"] for r in records] == ["line one\nline two", "ünïcode ✓"]
+    assert [r["priority"] for r in records] == ["normal", "urgent"]
+    assert records[0]["owner"] == "ada" and records[0]["tags"] == ["a"]
+    assert records[0]["id"] == first["notification_id"]
+
+
+async def test_an_unwritable_log_falls_back(tmp_path):
+    path = tmp_path / "missing" / "notifications.jsonl"
+    async with node() as n:
+        notifier = make_notifier(n, ChannelConfig(name="audit", type="log", path=str(path)))
+        result = await notifier.notify("s", "ada", "audit", "hi")
+        assert result["fallback"] is True
+        assert result["fallback_reason"] == f"cannot write {path}: No such file or directory"
+        await n.seen.until(b'"notification"')
+
+
+# -- email --------------------------------------------------------------------------------------
+
+
+def mailer(port: int, **fields) -> ChannelConfig:
+    return ChannelConfig(
+        name="mail",
+        type="email",
+        host="127.0.0.1",
+        port=port,
+        from_address="bot@turnstile.test",
+        to=("ops@example.com",),
+        timeout=5,
+        **fields,
+    )
+
+
+async def test_email_reaches_the_smtp_server(nursery):
+    smtp = FakeSMTP()
+    port = await serve(nursery, smtp.handle)
+    async with node() as n:
+        notifier = make_notifier(
+            n, mailer(port, allowed_recipients=("*@example.org",), subject_prefix="[tt] ")
+        )
+        result = await notifier.notify(
+            "s",
+            "ada",
+            "mail",
+            "Deployment completed for v2.3.1 ✓",
+            title="Deploy\r\nBcc: evil@example.com",
+            priority="high",
+            structured_data={"version": "2.3.1"},
+        )
+        assert result["recipients"] == ["ops@example.com"] and not result["fallback"]
+        other = await notifier.notify(
+            "s", "ada", "mail", "hi", output_config={"to_address": "dev@example.org"}
+        )
+        assert other["recipients"] == ["dev@example.org"]
+        again = await notifier.notify(
+            "s", "ada", "mail", "hi", output_config={"to_address": ["OPS@example.com"]}
+        )
+        assert again["recipients"] == ["OPS@example.com"]  # a default recipient is allowed
+        with pytest.raises(InvalidArgument, match="may not send to 'x@evil.com'"):
+            await notifier.notify(
+                "s", "ada", "mail", "hi", output_config={"to_address": "x@evil.com"}
+            )
+    first, second, _third = smtp.mails
+    assert first["from"].upper() == "MAIL FROM:<BOT@TURNSTILE.TEST>"
+    assert [r.upper() for r in first["to"]] == ["RCPT TO:<OPS@EXAMPLE.COM>"]
+    assert [r.upper() for r in second["to"]] == ["RCPT TO:<DEV@EXAMPLE.ORG>"]
+    assert first["helo"] == "localhost"
+    message = email.message_from_bytes(first["data"], policy=email.policy.default)
+    assert message["Subject"] == "[tt] Deploy Bcc: evil@example.com"  # no header injection
+    assert message["Bcc"] is None
+    assert message["X-Priority"] == "2 (High)"
+    body = message.get_content()
+    assert body.startswith("Deployment completed for v2.3.1 ✓")
+    assert '"version": "2.3.1"' in body
+
+
+async def test_email_failures_fall_back(nursery):
+    smtp = FakeSMTP(reject_mail=True)
+    port = await serve(nursery, smtp.handle)
+    async with node() as n:
+        notifier = make_notifier(n, mailer(port))
+        result = await notifier.notify("s", "ada", "mail", "hi")
+        assert result["fallback_reason"] == "SMTP 550 5.7.1 sender rejected"
+        assert smtp.mails == []
+        await n.seen.until(b'"notification"')
+
+
+def test_notification_text_without_extras():
+    assert notification_text(message="m") == "[NOTIFICATION] (priority=normal)\nm"
