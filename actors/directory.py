@@ -12,7 +12,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import trio
+
 from actors.approvals import ApprovalDesk
+from actors.background import CancelTask, GetTask, ListTasks
 from actors.session import (
     POLICIES,
     Attach,
@@ -24,6 +27,7 @@ from actors.session import (
     ToolCaller,
     load_history,
 )
+from runtime.actor import ActorRef
 from runtime.agents.base import HistoryEntry, ToolResult
 from runtime.errors import BlockedByAutomations, Busy, InvalidArgument, LimitExceeded, NotFound
 from runtime.gateway.backend import Attached, Submitted, Subscriber
@@ -45,6 +49,24 @@ class RecallHooks:
     get: Callable[[str], Awaitable[dict[str, Any] | None]]
     cancel: Callable[[str], Awaitable[dict[str, Any]]]
     skip: Callable[[str], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class WatcherHooks:
+    """The watcher operations behind the HTTP watcher endpoints (implemented in ``tools``).
+
+    ``start(session_id, owner, spec)``, ``list(session_id, owner)``, and
+    ``get|stop|pause|resume(watcher_id, owner)`` (another user's watcher is ``NotFound``);
+    ``drop_session(session_id)`` stops a deleted session's watchers.
+    """
+
+    start: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+    list: Callable[[str, str], Awaitable[dict[str, Any]]]
+    get: Callable[[str, str], Awaitable[dict[str, Any]]]
+    stop: Callable[[str, str], Awaitable[dict[str, Any]]]
+    pause: Callable[[str, str], Awaitable[dict[str, Any]]]
+    resume: Callable[[str, str], Awaitable[dict[str, Any]]]
+    drop_session: Callable[[str], Awaitable[int]]
 
 
 class SessionDirectory:
@@ -74,6 +96,8 @@ class SessionDirectory:
         recalls: RecallHooks | None = None,
         approvals: ApprovalDesk | None = None,
         notifier=None,
+        watchers: WatcherHooks | None = None,
+        background: ActorRef | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -86,6 +110,8 @@ class SessionDirectory:
         self._recalls = recalls
         self._approvals = approvals
         self._notifier = notifier
+        self._watchers = watchers
+        self._background = background
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -164,6 +190,8 @@ class SessionDirectory:
             if bound:
                 await self._cancel_automations(session_id)
         await self._ask(session_id, DeleteSession())
+        if self._watchers is not None:
+            await self._watchers.drop_session(session_id)
         if self._notifier is not None:
             await self._notifier.discard_buffered(session_id)
         self._owners.pop(session_id, None)
@@ -264,3 +292,50 @@ class SessionDirectory:
     async def pending_approvals(self, user: str, session_id: str) -> list[dict[str, Any]]:
         await self._owned(user, session_id)
         return [] if self._approvals is None else self._approvals.pending(session_id)
+
+    # -- watchers --
+
+    def _watcher_hooks(self) -> WatcherHooks:
+        if self._watchers is None:
+            raise NotFound("watchers are not enabled on this node")
+        return self._watchers
+
+    async def start_watcher(
+        self, user: str, session_id: str, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        return await self._watcher_hooks().start(session_id, user, spec)
+
+    async def list_watchers(self, user: str, session_id: str) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        return await self._watcher_hooks().list(session_id, user)
+
+    async def watcher(self, user: str, watcher_id: str, action: str) -> dict[str, Any]:
+        """``get``, ``stop``, ``pause`` or ``resume`` one of ``user``'s watchers."""
+        hooks = self._watcher_hooks()
+        return await getattr(hooks, action)(watcher_id, user)
+
+    # -- background tasks --
+
+    def _background_ref(self) -> ActorRef:
+        if self._background is None:
+            raise NotFound("background tasks are not enabled on this node")
+        return self._background
+
+    async def list_tasks(self, user: str, session_id: str) -> list[dict[str, Any]]:
+        await self._owned(user, session_id)
+        tasks = await self._background_ref().ask(ListTasks(session_id=session_id))
+        now = trio.current_time()
+        return [t.view(now) for t in tasks]
+
+    async def task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        task = await self._background_ref().ask(GetTask(session_id=session_id, task_id=task_id))
+        return task.view(trio.current_time())
+
+    async def cancel_task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
+        await self._owned(user, session_id)
+        cancelled = await self._background_ref().ask(
+            CancelTask(session_id=session_id, task_id=task_id)
+        )
+        return {"task_id": task_id, "cancelled": cancelled}

@@ -18,10 +18,11 @@ import trio
 
 from actors.approvals import ApprovalDesk
 from actors.background import BackgroundActor
-from actors.directory import RecallHooks, SessionDirectory
+from actors.directory import RecallHooks, SessionDirectory, WatcherHooks
 from actors.notifier import ChannelConfig, Notifier, NotifierConfig
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
+from actors.watcher import DropSessionWatchers, WatcherActor
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
 from runtime.clock import Clock, SystemClock
 from runtime.config import Config
@@ -47,6 +48,16 @@ from tools.policy import PolicyTable
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
+from tools.watchers import (
+    get_watcher,
+    list_watchers,
+    pause_watcher,
+    register_watch_tools,
+    resume_watcher,
+    start_watcher,
+    stop_watcher,
+    watch_runner,
+)
 
 __all__ = ["run_node", "make_agent", "recover"]
 
@@ -163,6 +174,13 @@ async def run_node(
                 )
                 register_execution_tools(tools, background)
                 register_shell_background(tools, background)
+                # After the sessions supervisor: children stop newest first, so the watcher
+                # saves its state and delivers what is pending while sessions still run.
+                watchers = await root.spawn(
+                    lambda: WatcherActor(watch_runner(tools), tell_session, store, clock),
+                    name="watchers",
+                )
+                register_watch_tools(tools, watchers)
 
                 async def disable_job(job_id: str) -> None:
                     await scheduler.ask(CancelJob(job_id=job_id))
@@ -200,6 +218,20 @@ async def run_node(
                     metrics=metrics,
                     automations=lambda sid: bound_automations(store, sid),
                     cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
+                    watchers=WatcherHooks(
+                        start=lambda sid, owner, spec: start_watcher(
+                            watchers, tools, sid, owner, spec
+                        ),
+                        list=lambda sid, owner: list_watchers(
+                            watchers, session_id=sid, owner=owner
+                        ),
+                        get=lambda wid, owner: get_watcher(watchers, wid, owner),
+                        stop=lambda wid, owner: stop_watcher(watchers, wid, owner),
+                        pause=lambda wid, owner: pause_watcher(watchers, wid, owner),
+                        resume=lambda wid, owner: resume_watcher(watchers, wid, owner),
+                        drop_session=lambda sid: watchers.ask(DropSessionWatchers(session_id=sid)),
+                    ),
+                    background=background,
                     approvals=approvals,
                     notifier=notifier,
                     recalls=RecallHooks(

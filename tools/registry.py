@@ -93,6 +93,15 @@ class ToolRegistry:
             name, description, params, handler, Codec(params), schema, Policy(policy)
         )
 
+    def validate(self, name: str, arguments: dict[str, Any]) -> None:
+        """Check ``arguments`` against ``name``'s parameters without running it.
+
+        Raises:
+            KeyError: no such tool.
+            DecodeError: the arguments do not fit; ``field`` names the culprit.
+        """
+        self._tools[name].codec.convert(arguments)
+
     def policy_of(self, name: str) -> Policy:
         """The policy in force for ``name`` (config overrides applied).
 

@@ -229,6 +229,39 @@ def build_app(
         pending = await backend.pending_approvals(user, request.path_params["id"])
         return _Json({"approvals": pending})
 
+    async def create_watcher(request: Request, user: str) -> Response:
+        raw = await request.body()
+        if len(raw) > limits.max_frame_bytes:
+            raise DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
+        try:
+            spec = msgspec.json.decode(raw or b"{}")
+        except msgspec.DecodeError as exc:
+            raise DecodeError(f"malformed JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise DecodeError("expected a JSON object")
+        view = await backend.start_watcher(user, request.path_params["id"], spec)
+        return _Json(view, 201)
+
+    async def session_watchers(request: Request, user: str) -> Response:
+        return _Json(await backend.list_watchers(user, request.path_params["id"]))
+
+    def watcher_action(action: str):
+        async def endpoint(request: Request, user: str) -> Response:
+            return _Json(await backend.watcher(user, request.path_params["id"], action))
+
+        return endpoint
+
+    async def session_tasks(request: Request, user: str) -> Response:
+        return _Json({"tasks": await backend.list_tasks(user, request.path_params["id"])})
+
+    async def get_task(request: Request, user: str) -> Response:
+        params = request.path_params
+        return _Json(await backend.task(user, params["id"], params["task_id"]))
+
+    async def cancel_task(request: Request, user: str) -> Response:
+        params = request.path_params
+        return _Json(await backend.cancel_task(user, params["id"], params["task_id"]))
+
     async def get_recall(request: Request, user: str) -> Response:
         return _Json({"recall": await backend.get_recall(user, request.path_params["id"])})
 
@@ -286,6 +319,15 @@ def build_app(
             Route("/sessions/{id}/approvals", authed(approvals), methods=["GET"]),
             Route("/approvals/{id}/approve", authed(approve), methods=["POST"]),
             Route("/approvals/{id}/deny", authed(deny), methods=["POST"]),
+            Route("/sessions/{id}/watchers", authed(create_watcher), methods=["POST"]),
+            Route("/sessions/{id}/watchers", authed(session_watchers), methods=["GET"]),
+            Route("/watchers/{id}", authed(watcher_action("get")), methods=["GET"]),
+            Route("/watchers/{id}", authed(watcher_action("stop")), methods=["DELETE"]),
+            Route("/watchers/{id}/pause", authed(watcher_action("pause")), methods=["POST"]),
+            Route("/watchers/{id}/resume", authed(watcher_action("resume")), methods=["POST"]),
+            Route("/sessions/{id}/tasks", authed(session_tasks), methods=["GET"]),
+            Route("/sessions/{id}/tasks/{task_id}", authed(get_task), methods=["GET"]),
+            Route("/sessions/{id}/tasks/{task_id}/cancel", authed(cancel_task), methods=["POST"]),
             Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
             Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
             Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
