@@ -143,6 +143,8 @@ class SessionServices:
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
     #: Cancels a job (a heartbeat whose ``on_error`` is ``disable``).
     disable_job: Callable[[str], Awaitable[None]] | None = None
+    #: The notifier's ``notify``: where scheduled output bound for another channel goes.
+    notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -502,7 +504,15 @@ class SessionActor(Actor):
                 try:
                     if payload.get("action_type") == "tool_call":
                         context.input = await self._scheduled_tool_call(context, payload)
-                    text = await self.services.agent.run_turn(context)
+                    channel = payload.get("output_channel") or "llm_notification"
+                    elsewhere = channel != "llm_notification" and self.services.notify
+                    if elsewhere and payload.get("action_type") in ("notification", "tool_call"):
+                        # output bound for another channel: no model turn, straight there
+                        text = await self._to_channel(channel, context.input.content, payload)
+                    else:
+                        text = await self.services.agent.run_turn(context)
+                        if elsewhere and text:
+                            await self._to_channel(channel, text, payload)
                     status = "completed" if text else "empty"
                 except AgentError as exc:
                     status, error = "failed", str(exc) or "the agent failed"
@@ -614,6 +624,26 @@ class SessionActor(Actor):
                     )
                     detail["on_error"] = "disabled"
         return detail
+
+    async def _to_channel(self, channel: str, text: str, payload: dict[str, Any]) -> str:
+        """Deliver a scheduled job's output to ``channel``; returns what the turn closes with."""
+        result = await self.services.notify(
+            self.session_id,
+            self.session.owner,
+            channel,
+            text,
+            output_config=payload.get("output_config") or {},
+            title=payload.get("label") or "",
+            source="schedule",
+            truncate=True,
+        )
+        where = result.get("channel", channel)
+        note = (
+            " (fallback: " + str(result.get("fallback_reason")) + ")"
+            if result.get("fallback")
+            else ""
+        )
+        return f"delivered to {where}{note}"
 
     async def _scheduled_tool_call(self, context: _TurnContext, payload: dict[str, Any]):
         """Run a scheduled job's tool, then hand the agent its result."""

@@ -144,7 +144,14 @@ MAX_COOLDOWN_SECONDS = 86_400.0
 BACKOFF_FACTOR_CAP = 10
 BACKOFF_SECONDS_CAP = 3600.0
 NAMESPACE = "watchers"
-CONFIG_KEYS = ("expression", "batch_size", "debounce", "cooldown_seconds")
+CONFIG_KEYS = (
+    "expression",
+    "batch_size",
+    "debounce",
+    "cooldown_seconds",
+    "output_channel",
+    "output_config",
+)
 
 _det = msgspec.json.Encoder(order="deterministic")
 
@@ -491,9 +498,13 @@ class WatcherActor(Actor):
         max_watchers_per_session: int = 20,
         persist_interval: float = 1.0,
         max_concurrent_checks: int = MAX_CONCURRENT_CHECKS,
+        notify=None,
     ) -> None:
         self.run_tool = run_tool
         self.publish = publish
+        #: ``async (session_id, owner, channel, text, **fields)`` — the notifier, for watchers
+        #: whose ``notify_config.output_channel`` names a channel other than the session.
+        self.notify = notify
         self.store = store
         self.clock = clock
         self.max_per_session = max_watchers_per_session
@@ -935,7 +946,25 @@ class WatcherActor(Actor):
             "ok": ok,
             ("result" if ok else "error"): short,
         }
-        self._post(w.session_id, event, notification_text(w, check, body, extra), w.id)
+        text = notification_text(w, check, body, extra)
+        channel = w.notify_config.get("output_channel")
+        if channel and self.notify is not None:  # escalations go to a channel, not the session
+            self._post(w.session_id, event)
+            self.nursery.start_soon(
+                self._to_channel, w.session_id, w.owner, channel, text,
+                w.notify_config.get("output_config") or {},
+            )  # fmt: skip
+            return
+        self._post(w.session_id, event, text, w.id)
+
+    async def _to_channel(self, session_id, owner, channel, text, output_config) -> None:
+        try:
+            await self.notify(
+                session_id, owner, channel, text, output_config=output_config, source="watcher",
+                truncate=True,
+            )  # fmt: skip
+        except Exception:  # the notifier already fell back to the session where it could
+            log.warning("watcher escalation to channel %s failed", channel, exc_info=True)
 
     # -- delivery --
 
@@ -1154,6 +1183,16 @@ def validate_spec(
             )
         if cooldown > 0:
             config["cooldown_seconds"] = _num(float(cooldown))
+    channel = notify_config.get("output_channel", "llm_notification")
+    if not isinstance(channel, str) or not 0 < len(channel) <= 64:
+        raise InvalidArgument("output_channel must be a channel name", field="output_channel")
+    if channel != "llm_notification":
+        config["output_channel"] = channel
+        output_config = notify_config.get("output_config") or {}
+        if not isinstance(output_config, dict):
+            raise InvalidArgument("output_config must be an object", field="output_config")
+        if output_config:
+            config["output_config"] = output_config
     return config, expr
 
 

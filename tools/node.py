@@ -164,7 +164,9 @@ async def run_node(
                     ),
                     name="scheduler",
                 )
-                register_scheduling_tools(tools, scheduler, store, clock)
+                register_scheduling_tools(
+                    tools, scheduler, store, clock, check_channel=notifier.check_channel
+                )
                 register_heartbeat_tools(tools, scheduler, store, clock)
                 register_check_tools(tools, scheduler, store, clock)
                 register_cron_tool(tools, scheduler, store, clock)
@@ -177,7 +179,9 @@ async def run_node(
                 # After the sessions supervisor: children stop newest first, so the watcher
                 # saves its state and delivers what is pending while sessions still run.
                 watchers = await root.spawn(
-                    lambda: WatcherActor(watch_runner(tools), tell_session, store, clock),
+                    lambda: WatcherActor(
+                        watch_runner(tools), tell_session, store, clock, notify=notifier.notify
+                    ),
                     name="watchers",
                 )
                 register_watch_tools(tools, watchers)
@@ -202,6 +206,7 @@ async def run_node(
                     on_turn_closed=turn_closed,
                     tool_profiles=HEARTBEAT_PROFILES,
                     disable_job=disable_job,
+                    notify=notifier.notify,
                 )
                 registry.register("session", lambda key: SessionActor(key, services))
                 metrics.gauge("turnstile_sessions_active", lambda: registry.statistics().active)

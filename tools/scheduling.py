@@ -14,8 +14,9 @@ What a job delivers when it fires is a turn input of the session:
 * ``tool_call`` — the session runs the tool when the turn starts and hands the agent
   ``[SCHEDULED TOOL RESULT] …``.
 
-``output_channel`` is ``llm_notification`` (into the session) for now; other channels arrive
-with the notifications work and are refused by name until then.
+``output_channel`` is ``llm_notification`` (into the session, the default) or a channel from
+the config: a ``notification`` goes straight to it, a ``tool_call``'s result goes to it, and an
+``llm_prompt``'s answer goes to it after the turn.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat().replace("+00:00", "Z")
 
 
-def _deliver(args: _Common, source: str) -> dict[str, Any]:
-    if args.output_channel not in OUTPUT_CHANNELS:
+def _deliver(args: _Common, source: str, check_channel=None) -> dict[str, Any]:
+    if check_channel is not None:
+        check_channel(args.output_channel, args.output_config)  # UnknownChannel names them
+    elif args.output_channel not in OUTPUT_CHANNELS:
         raise InvalidArgument(
             f"output channel {args.output_channel!r} is not configured "
             f"(available: {', '.join(OUTPUT_CHANNELS)})",
@@ -146,9 +149,17 @@ def _job_view(job: Job) -> dict[str, Any]:
 
 
 def register_scheduling_tools(
-    registry: ToolRegistry, scheduler: ActorRef, store: Store, clock: Clock
+    registry: ToolRegistry,
+    scheduler: ActorRef,
+    store: Store,
+    clock: Clock,
+    check_channel=None,
 ) -> None:
-    """Register the scheduling primitives, bound to ``scheduler``."""
+    """Register the scheduling primitives, bound to ``scheduler``.
+
+    ``check_channel(channel, output_config)`` (the notifier's) validates ``output_channel``;
+    without it only ``llm_notification`` is accepted.
+    """
 
     async def session_timezone(call: ToolCall) -> str | None:
         session = await store.get_session(call.session_id)
@@ -180,7 +191,9 @@ def register_scheduling_tools(
                 session_id=call.session_id,
                 kind=kind,
                 schedule=schedule,
-                deliver=_deliver(args, "cron" if when.kind == "cron" else "schedule"),
+                deliver=_deliver(
+                    args, "cron" if when.kind == "cron" else "schedule", check_channel
+                ),
                 label=args.label,
                 misfire=args.misfire,
                 max_runs=max_runs,

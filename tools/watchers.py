@@ -106,6 +106,9 @@ class NotifyConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     batch_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)] | None = None
     debounce: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEBOUNCE)] | None = None
     cooldown_seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_COOLDOWN_SECONDS)] | None = None
+    #: Where escalations go: ``llm_notification`` (into the session) or a configured channel.
+    output_channel: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 class WatchStart(msgspec.Struct, forbid_unknown_fields=True):

@@ -66,7 +66,7 @@ class Node:
 
 
 @asynccontextmanager
-async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=None):
+async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=None, notify=None):
     clock = MockWallClock(T0)
     agent = agent or GatedAgent()
     async with open_store("sqlite:///:memory:", clock=clock) as store:
@@ -78,6 +78,7 @@ async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=No
             limits=SessionLimits(),
             encode_event=encode_event,
             tool_profiles=profiles or {"full": None},
+            notify=notify,
         )
         async with open_supervisor("root", escalate=False) as sup:
             registry = Registry(sup, idle_timeout=10 * DAY)

@@ -597,3 +597,23 @@ async def test_a_thousand_watchers_sleep_on_one_timer_wheel(autojump_clock):
         assert history["count"] == 2
         await ref.ask(PauseWatcher(watcher_id=next(iter(actor.watchers))))
         assert len(actor.wheel) == 999
+
+
+@pytest.mark.guard(DAY)
+async def test_an_output_channel_takes_escalations_instead_of_the_session(autojump_clock):
+    sent = []
+
+    async def notify(session_id, owner, channel, text, **fields):
+        sent.append((session_id, owner, channel, text, fields["source"]))
+        return {"channel": channel, "delivered": True}
+
+    async with watching(notify=notify) as w:
+        wid = await w.start(
+            interval=60, notify_when="on_change", notify_config={"output_channel": "ops"}
+        )
+        await trio.sleep(1)
+        ((sid, owner, channel, text, source),) = sent
+        assert (sid, owner, channel, source) == ("s", "ada", "ops", "watcher")
+        assert text.startswith(head(wid))
+        assert w.notes() == []  # the session got no notification turn
+        assert [u["what"] for u in w.updates()][-1] == "escalated"  # but clients still see it

@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from runtime.errors import InvalidArgument
 from tests.actors.test_scheduler import DAY, T0, node
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
@@ -154,3 +155,36 @@ async def test_a_scheduled_tool_call_runs_the_tool_and_hands_the_agent_its_resul
         assert end["text"] == (
             f'reply:[SCHEDULED TOOL RESULT] job_id={job_id} tool=echo ok=true\n{{"text":"pong"}}'
         )
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_output_channel_sends_a_scheduled_notification_to_that_channel(autojump_clock):
+    sent = []
+
+    async def notify(session_id, owner, channel, text, **fields):
+        sent.append((session_id, owner, channel, text, fields["source"]))
+        return {"channel": channel, "delivered": True, "fallback": False}
+
+    def check_channel(channel, output_config):
+        if channel not in ("llm_notification", "ops"):
+            raise InvalidArgument(f"no channel named {channel!r}", field="channel")
+
+    async with node(notify=notify) as n:
+        registry = ToolRegistry()
+        register_scheduling_tools(registry, n.scheduler, n.store, n.clock, check_channel)
+        made = await registry.call(
+            "s", "ada", "schedule_once",
+            {"when": "in 1h", "prompt": "deploy window opens", "output_channel": "ops"},
+        )  # fmt: skip
+        assert made.ok, made.error
+        refused = await registry.call(
+            "s", "ada", "schedule_once", {"when": "in 1h", "prompt": "x", "output_channel": "pager"}
+        )
+        assert refused.error["message"] == "no channel named 'pager'"
+        await trio.sleep(3600)
+        await n.seen.until(b'"stream_end"')
+        ((sid, owner, channel, text, source),) = sent
+        assert (sid, owner, channel, source) == ("s", "ada", "ops", "schedule")
+        assert text.endswith("deploy window opens")
+        assert n.ends()[0]["text"] == "delivered to ops"  # no model turn was spent
+        assert n.agent.running == []
