@@ -5,4 +5,5 @@ SCENARIOS: dict[str, str] = {
     "timers": "bench.scenarios.timers",
     "idle": "bench.scenarios.idle",
     "sessions": "bench.scenarios.sessions",
+    "scheduler": "bench.scenarios.scheduler",
 }
