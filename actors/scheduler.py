@@ -132,7 +132,6 @@ class CancelJob(Message, tag="cancel_job", kw_only=True):
     session_id: str | None = None
 
 
-_schedule_codec = msgspec.json.Decoder(Schedule)
 
 
 def next_occurrence(
@@ -207,15 +206,21 @@ def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
 
 
 class _Entry:
-    __slots__ = ("job", "schedule", "cron", "handle")
+    __slots__ = ("job", "schedule", "_cron", "handle")
 
     def __init__(self, job: Job, schedule: Schedule) -> None:
         self.job = job
         self.schedule = schedule
-        self.cron = (
-            CronSchedule(schedule.cron, schedule.timezone) if schedule.type == "cron" else None
-        )
+        self._cron: CronSchedule | None = None
         self.handle: TimerHandle | None = None
+
+    @property
+    def cron(self) -> CronSchedule | None:
+        """The job's own cron evaluator, built at its first fire: a reload takes the next fire
+        time from the store and need not parse 100k expressions up front."""
+        if self._cron is None and self.schedule.type == "cron":
+            self._cron = CronSchedule(self.schedule.cron, self.schedule.timezone)
+        return self._cron
 
 
 class SchedulerActor(Actor):
@@ -262,7 +267,7 @@ class SchedulerActor(Actor):
         for job in jobs:
             if job.next_fire_at is None:
                 continue
-            entry = _Entry(job, _schedule_codec.decode(msgspec.json.encode(job.spec["schedule"])))
+            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
             self.entries[job.id] = entry
             at = self._due_at(entry)
             if at <= now:
@@ -390,7 +395,7 @@ class SchedulerActor(Actor):
         entry = self.entries.get(job.id)
         if entry is None:
             entry = self.entries[job.id] = _Entry(
-                job, _schedule_codec.decode(msgspec.json.encode(job.spec["schedule"]))
+                job, msgspec.convert(job.spec["schedule"], Schedule)
             )
         entry.job = job
         self._index(entry, self._due_at(entry))
@@ -552,7 +557,7 @@ class SchedulerActor(Actor):
         except NotFound:
             return
         if job.state == "active" and job.next_fire_at is not None and job_id not in self.entries:
-            entry = _Entry(job, _schedule_codec.decode(msgspec.json.encode(job.spec["schedule"])))
+            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
             self.entries[job_id] = entry
             self._index(entry, self._due_at(entry))
 

@@ -6,4 +6,6 @@ SCENARIOS: dict[str, str] = {
     "idle": "bench.scenarios.idle",
     "sessions": "bench.scenarios.sessions",
     "scheduler": "bench.scenarios.scheduler",
+    "watchers": "bench.scenarios.watchers",
+    "parallel": "bench.scenarios.parallel",
 }

@@ -562,7 +562,12 @@ def _op_get_job(conn: sqlite3.Connection, id: str) -> Job:
 def _op_list_jobs(
     conn: sqlite3.Connection, session_id: str | None, states: list[str] | None
 ) -> list[Job]:
-    sql, args = "SELECT * FROM jobs WHERE (? IS NULL OR session_id = ?)", [session_id, session_id]
+    # Build the WHERE clause to fit: "(? IS NULL OR session_id = ?)" keeps SQLite from using
+    # jobs_session_idx (3.6 ms instead of 0.03 ms per query at 20k jobs).
+    sql, args = "SELECT * FROM jobs WHERE 1", []
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        args.append(session_id)
     if states is not None:
         if not states:
             return []
