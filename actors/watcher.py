@@ -818,7 +818,7 @@ class WatcherActor(Actor):
                 raw = _det.encode(data).decode()
             except (TypeError, msgspec.EncodeError):
                 raw = json.dumps(data, default=str, sort_keys=True)
-            digest = hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+            digest = hashlib.blake2b(_det.encode(stable_view(data)), digest_size=8).hexdigest()
             message = ""
             if w.error_streak:
                 w.last_error_run = w.error_streak
@@ -1194,6 +1194,23 @@ def validate_spec(
         if output_config:
             config["output_config"] = output_config
     return config, expr
+
+
+#: Fields that change on every call without the answer changing (timings, response dates);
+#: ``on_change`` ignores them, or every check of an HTTP endpoint would look like a change.
+VOLATILE_KEYS = frozenset({"elapsed_ms"})
+VOLATILE_HEADERS = frozenset({"date", "age", "expires", "x-request-id", "x-runtime"})
+
+
+def stable_view(data: Any) -> Any:
+    """``data`` without its volatile fields, for change detection."""
+    if not isinstance(data, dict):
+        return data
+    view = {k: v for k, v in data.items() if k not in VOLATILE_KEYS}
+    headers = view.get("headers")
+    if isinstance(headers, dict):
+        view["headers"] = {k: v for k, v in headers.items() if k.lower() not in VOLATILE_HEADERS}
+    return view
 
 
 def _check_int(value: Any, low: int, high: int, name: str) -> None:

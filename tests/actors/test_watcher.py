@@ -617,3 +617,19 @@ async def test_an_output_channel_takes_escalations_instead_of_the_session(autoju
         assert text.startswith(head(wid))
         assert w.notes() == []  # the session got no notification turn
         assert [u["what"] for u in w.updates()][-1] == "escalated"  # but clients still see it
+
+
+@pytest.mark.guard(DAY)
+async def test_on_change_ignores_timings_and_response_dates(autojump_clock):
+    async with watching() as w:
+        w.probe.script.extend(
+            [
+                {"status_code": 200, "body": {"v": 1}, "elapsed_ms": 2, "headers": {"date": "a"}},
+                {"status_code": 200, "body": {"v": 1}, "elapsed_ms": 7, "headers": {"date": "b"}},
+                {"status_code": 200, "body": {"v": 2}, "elapsed_ms": 3, "headers": {"date": "c"}},
+            ]
+        )
+        await w.start(interval=60, notify_when="on_change")
+        await trio.sleep(150)
+        escalations = [u for u in w.updates() if u["what"] == "escalated"]
+        assert [u["check"] for u in escalations] == [1, 3]  # the baseline, then the real change
