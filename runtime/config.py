@@ -162,6 +162,23 @@ class NotificationsConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_structured_bytes: Annotated[int, msgspec.Meta(ge=2)] = 16384
 
 
+class HeartbeatDefaults(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The agent's heartbeat defaults, ``[heartbeat]``: what ``set_heartbeat`` uses for any
+    setting the call leaves out (validated by the tool's own bounds when the node starts)."""
+
+    interval_minutes: int | None = None
+    checklist: str | None = None
+    active_hours_start: str | None = None
+    active_hours_end: str | None = None
+    timezone: str | None = None
+    model_override: str | None = None
+    tool_profile: str | None = None
+    max_tokens: int | None = None
+    suppress_threshold: int | None = None
+    on_error: str | None = None
+    session: str | None = None
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     """Everything ``turnstile serve`` can be told."""
 
@@ -181,6 +198,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     modules: ModulesConfig = msgspec.field(default_factory=ModulesConfig)
     channels: dict[str, ChannelSettings] = msgspec.field(default_factory=dict)
     notifications: NotificationsConfig = msgspec.field(default_factory=NotificationsConfig)
+    heartbeat: HeartbeatDefaults = msgspec.field(default_factory=HeartbeatDefaults)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -73,14 +73,46 @@ class SetHeartbeat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     session: Literal["dedicated", "main"] = "dedicated"
 
 
+def heartbeat_params(defaults: dict[str, Any] | None = None) -> type[SetHeartbeat]:
+    """``SetHeartbeat`` with the agent's configured defaults (its JSON schema shows them).
+
+    Raises:
+        InvalidArgument: a default is outside the setting's bounds (``field`` names it).
+    """
+    if not defaults:
+        return SetHeartbeat
+    fields = []
+    for info in msgspec.structs.fields(SetHeartbeat):
+        if info.name in defaults and info.name != "enabled":
+            try:
+                msgspec.convert({"enabled": True, info.name: defaults[info.name]}, SetHeartbeat)
+            except msgspec.ValidationError as exc:
+                raise InvalidArgument(
+                    f"heartbeat.{info.name}: {exc}", field=f"heartbeat.{info.name}"
+                ) from None
+            fields.append((info.name, info.type, defaults[info.name]))
+        elif info.required:
+            fields.append((info.name, info.type))
+        else:
+            fields.append((info.name, info.type, info.default))
+    return msgspec.defstruct(
+        "SetHeartbeat", fields, kw_only=True, forbid_unknown_fields=True, bases=()
+    )
+
+
 def _dedicated_id(session_id: str) -> str:
     return f"{session_id}.heartbeat"[:128]
 
 
 def register_heartbeat_tools(
-    registry: ToolRegistry, scheduler: ActorRef, store: Store, clock: Clock
+    registry: ToolRegistry,
+    scheduler: ActorRef,
+    store: Store,
+    clock: Clock,
+    defaults: dict[str, Any] | None = None,
 ) -> None:
-    """Register ``set_heartbeat``, bound to ``scheduler``."""
+    """Register ``set_heartbeat``, bound to ``scheduler``; ``defaults`` are the agent's
+    ``[heartbeat]`` settings, used for whatever a call leaves out."""
 
     async def current(session_id: str) -> list[Any]:
         found = []
@@ -90,7 +122,7 @@ def register_heartbeat_tools(
                     found.append(job)
         return found
 
-    async def set_heartbeat(call: ToolCall, args: SetHeartbeat) -> dict[str, Any]:
+    async def set_heartbeat(call: ToolCall, args) -> dict[str, Any]:
         if call.session_id.endswith(".heartbeat"):
             raise InvalidArgument("a heartbeat session cannot have a heartbeat of its own")
         window = None
@@ -165,7 +197,7 @@ def register_heartbeat_tools(
 
     registry.register(
         "set_heartbeat",
-        SetHeartbeat,
+        heartbeat_params(defaults),
         set_heartbeat,
         "Configure this session's recurring heartbeat: interval, checklist, active hours, "
         "model, tool profile, suppression and error policy.",

@@ -167,7 +167,17 @@ async def run_node(
                 register_scheduling_tools(
                     tools, scheduler, store, clock, check_channel=notifier.check_channel
                 )
-                register_heartbeat_tools(tools, scheduler, store, clock)
+                register_heartbeat_tools(
+                    tools,
+                    scheduler,
+                    store,
+                    clock,
+                    defaults={
+                        k: v
+                        for k, v in msgspec.structs.asdict(config.heartbeat).items()
+                        if v is not None
+                    },
+                )
                 register_check_tools(tools, scheduler, store, clock)
                 register_cron_tool(tools, scheduler, store, clock)
                 register_recall_tools(tools, scheduler, store, clock, tell_session)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+import msgspec
 import pytest
 import trio
 
@@ -184,3 +185,22 @@ async def test_bad_heartbeat_settings_are_refused(autojump_clock):
             assert not result.ok and result.error.get("field") == field, (arguments, result)
         off = await hb.tools.call("s", "ada", "set_heartbeat", {"enabled": False})
         assert off.data == {"enabled": False, "session_id": "s"}
+
+
+def test_the_agents_heartbeat_defaults_fill_what_a_call_leaves_out():
+    from runtime.errors import InvalidArgument
+    from tools.heartbeat import heartbeat_params
+
+    params = heartbeat_params({"interval_minutes": 60, "checklist": "open PRs?", "session": "main"})
+    made = msgspec.convert({"enabled": True}, params)
+    assert (made.interval_minutes, made.checklist, made.session) == (60, "open PRs?", "main")
+    assert msgspec.convert({"enabled": True, "interval_minutes": 15}, params).interval_minutes == 15
+    assert (
+        msgspec.json.schema(params)["$defs"]["SetHeartbeat"]["properties"]["interval_minutes"][
+            "default"
+        ]
+        == 60
+    )
+    with pytest.raises(InvalidArgument) as info:
+        heartbeat_params({"interval_minutes": 5})
+    assert info.value.field == "heartbeat.interval_minutes"
