@@ -132,8 +132,6 @@ class CancelJob(Message, tag="cancel_job", kw_only=True):
     session_id: str | None = None
 
 
-
-
 def next_occurrence(
     schedule: Schedule, after: datetime, cron: CronSchedule | None = None
 ) -> datetime | None:
