@@ -23,7 +23,7 @@ import msgspec
 import trio
 
 from runtime.config import Config, load_config
-from runtime.errors import DecodeError
+from runtime.errors import DecodeError, TurnstileError
 
 __all__ = ["main"]
 
@@ -87,9 +87,30 @@ def _serve(args: argparse.Namespace) -> int:
                     nursery.cancel_scope.cancel()
                     break
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except (Exception, BaseExceptionGroup) as exc:
+        reason = _start_error(exc)
+        if reason is None:
+            raise
+        print(f"turnstile: cannot start: {reason}", file=sys.stderr)
+        return 2
     print("turnstile stopped", file=sys.stderr)
     return 0
+
+
+def _start_error(exc: BaseException) -> str | None:
+    """A one-line reason for a configuration or environment problem, or None for a bug."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            reason = _start_error(inner)
+            if reason is not None:
+                return reason
+        return None
+    if isinstance(exc, TurnstileError | ValueError | OSError):
+        field = getattr(exc, "field", None)
+        return f"{exc} ({field})" if field else str(exc)
+    return None
 
 
 def _client_token(args: argparse.Namespace) -> str:

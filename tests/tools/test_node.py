@@ -29,3 +29,22 @@ async def test_recovery_closes_cut_off_turns_and_lists_sessions_with_work():
         (end,) = await store.read_events("cut")
         assert (end.type, end.payload["status"]) == ("stream_end", "interrupted")
         assert [i.state for i in await store.list_inputs("cut")] == ["interrupted"]
+
+
+def test_a_bad_setting_stops_serve_with_one_clear_line(tmp_path, capsys):
+    import gc
+
+    from runtime.cli import main
+
+    thresholds = gc.get_threshold()  # serve tunes the GC for the process; put it back after
+    config = tmp_path / "turnstile.toml"
+    config.write_text("[heartbeat]\ninterval_minutes = 5\n")
+    code = main(
+        ["serve", "--config", str(config), "--port", "0", "--store", f"sqlite:///{tmp_path}/x.db",
+         "--dev-token", "a-dev-token-of-some-length"]
+    )  # fmt: skip
+    gc.set_threshold(*thresholds)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "turnstile: cannot start: heartbeat.interval_minutes" in err
+    assert "Traceback" not in err
