@@ -185,3 +185,43 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
     assert detail["job"]["state"] == "completed" and detail["job"]["run_count"] == 1
     (run,) = detail["runs"]
     assert (run["state"], run["detail"]["status"]) == ("turn_interrupted", "interrupted")
+
+
+@pytest.mark.slow
+async def test_watchers_survive_a_real_restart(tmp_path):
+    db = str(tmp_path / "watch.db")
+    spec = {"tool": "echo", "params": {"text": "steady"}, "interval": 3600}
+    process, node = await start_server(db)
+    try:
+        await new_session(node, "w", token=TOKEN)
+        async with connect(node, TOKEN) as client, node.http(TOKEN) as http:
+            await client.send(type="attach", session_id="w")
+            await client.expect("session_sync")
+            running = (await http.post("/sessions/w/watchers", json=spec)).json()["watcher_id"]
+            await client.expect("watcher_update", watcher_id=running, what="escalated")
+            paused = (await http.post("/sessions/w/watchers", json=spec)).json()["watcher_id"]
+            assert (await http.post(f"/watchers/{paused}/pause")).status_code == 200
+            listed = (await http.get("/sessions/w/watchers")).json()["watchers"]
+            before = {w["watcher_id"]: w for w in listed}
+        process.send_signal(signal.SIGTERM)  # a graceful stop flushes the watchers' state
+        with trio.fail_after(10):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    process, node = await start_server(db)
+    try:
+        async with node.http(TOKEN) as http:
+            after = {
+                w["watcher_id"]: w
+                for w in (await http.get("/sessions/w/watchers")).json()["watchers"]
+            }
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            await process.wait()
+    assert after[running]["status"] == "running" and after[paused]["status"] == "paused"
+    assert after[running]["check_count"] == before[running]["check_count"] >= 1  # counts kept
+    assert after[running]["notification_count"] == before[running]["notification_count"] == 1
