@@ -94,7 +94,6 @@ HEARTBEAT_PROMPT = (
 
 #: A scheduled tool's result is cut here before the agent sees it.
 TOOL_RESULT_CHARS = 2000
-HISTORY_TYPES = frozenset({"stream_start", "user_message", "tool_call", "stream_end"})
 
 
 # -- what the session needs from the rest of the node ---------------------------------------
