@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -47,11 +49,33 @@ async def start_server(db: str) -> tuple[trio.Process, Node]:
     return process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
 
 
+async def stop(process: trio.Process, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Signal the server (SIGKILL is the crash; SIGTERM a graceful stop) and wait for it."""
+    process.send_signal(sig)
+    with trio.fail_after(10):
+        await process.wait()
+
+
+@asynccontextmanager
+async def serving(db: str) -> AsyncIterator[tuple[trio.Process, Node]]:
+    """A ``turnstile serve`` subprocess on ``db``, stopped (gracefully, else killed) on exit."""
+    process, node = await start_server(db)
+    try:
+        yield process, node
+    finally:
+        if process.returncode is None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await stop(process)
+                except trio.TooSlowError:
+                    process.kill()
+                    await process.wait()
+
+
 @pytest.mark.slow
 async def test_kill_9_loses_no_acknowledged_input(tmp_path):
     db = str(tmp_path / "crash.db")
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         await new_session(node, "c", token=TOKEN)
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="c")
@@ -64,25 +88,14 @@ async def test_kill_9_loses_no_acknowledged_input(tmp_path):
                 )
                 acked.append((await client.expect("ack", client_msg_id=str(i)))["input_id"])
             await client.expect("stream_start", input_id=acked[0])  # the long turn is running
-            process.send_signal(signal.SIGKILL)
-            with trio.fail_after(10):
-                await process.wait()
+            await stop(process, signal.SIGKILL)
         assert process.returncode == -signal.SIGKILL
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="c", after_seq=0)
             await client.expect("stream_end", input_id=acked[-1])
             events = client.events("c")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            await process.wait()
 
     starts = Counter(e["input_id"] for e in events if e["type"] == "stream_start")
     ends = {e["input_id"]: e for e in events if e["type"] == "stream_end"}
@@ -98,8 +111,7 @@ async def test_kill_9_loses_no_acknowledged_input(tmp_path):
 @pytest.mark.slow
 async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path):
     db = str(tmp_path / "jobs.db")
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         await new_session(node, "j", token=TOKEN)
         async with connect(node, TOKEN) as client:
             for i in range(3):
@@ -111,17 +123,10 @@ async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path
                     arguments={"when": "in 2s", "prompt": f"job {i}", "action_type": "llm_prompt"},
                 )
                 assert (await client.expect("result", id=str(i)))["ok"] is True
-        process.send_signal(signal.SIGKILL)  # down before any of them is due
-        with trio.fail_after(10):
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop(process, signal.SIGKILL)  # down before any of them is due
 
     await trio.sleep(2.5)  # the downtime itself: the jobs fall due while nothing runs
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="j", after_seq=0)
             for i in range(3):
@@ -130,10 +135,6 @@ async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path
                 jobs = (await http.get("/sessions/j/jobs")).json()["jobs"]
                 runs = [(await http.get(f"/jobs/{job['id']}")).json()["runs"] for job in jobs]
         events = client.events("j")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            await process.wait()
     starts = [e for e in events if e["type"] == "stream_start"]
     assert sorted(s["content"] for s in starts) == ["job 0", "job 1", "job 2"]  # once each
     assert [job["state"] for job in jobs] == ["completed"] * 3
@@ -144,8 +145,7 @@ async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path
 @pytest.mark.slow
 async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp_path):
     db = str(tmp_path / "inflight.db")
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         await new_session(node, "f", token=TOKEN)
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="f")
@@ -158,16 +158,9 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
             )
             job_id = (await client.expect("result", id="1"))["data"]["job_id"]
             await client.expect("stream_start", job_id=job_id)  # fired; its turn is running
-            process.send_signal(signal.SIGKILL)
-            with trio.fail_after(10):
-                await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+            await stop(process, signal.SIGKILL)
 
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="f", after_seq=0)
             await client.expect("stream_end", status="interrupted")
@@ -176,10 +169,6 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
             async with node.http(TOKEN) as http:
                 detail = (await http.get(f"/jobs/{job_id}")).json()
         events = client.events("f")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            await process.wait()
     job_starts = [e for e in events if e["type"] == "stream_start" and e.get("job_id") == job_id]
     assert len(job_starts) == 1  # not lost (it ran), not doubled (it did not run again)
     assert detail["job"]["state"] == "completed" and detail["job"]["run_count"] == 1
@@ -191,8 +180,7 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
 async def test_watchers_survive_a_real_restart(tmp_path):
     db = str(tmp_path / "watch.db")
     spec = {"tool": "echo", "params": {"text": "steady"}, "interval": 3600}
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         await new_session(node, "w", token=TOKEN)
         async with connect(node, TOKEN) as client, node.http(TOKEN) as http:
             await client.send(type="attach", session_id="w")
@@ -203,25 +191,14 @@ async def test_watchers_survive_a_real_restart(tmp_path):
             assert (await http.post(f"/watchers/{paused}/pause")).status_code == 200
             listed = (await http.get("/sessions/w/watchers")).json()["watchers"]
             before = {w["watcher_id"]: w for w in listed}
-        process.send_signal(signal.SIGTERM)  # a graceful stop flushes the watchers' state
-        with trio.fail_after(10):
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop(process)  # a graceful stop flushes the watchers' state
 
-    process, node = await start_server(db)
-    try:
+    async with serving(db) as (process, node):
         async with node.http(TOKEN) as http:
             after = {
                 w["watcher_id"]: w
                 for w in (await http.get("/sessions/w/watchers")).json()["watchers"]
             }
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            await process.wait()
     assert after[running]["status"] == "running" and after[paused]["status"] == "paused"
     assert after[running]["check_count"] == before[running]["check_count"] >= 1  # counts kept
     assert after[running]["notification_count"] == before[running]["notification_count"] == 1
