@@ -31,7 +31,7 @@ from runtime.gateway import Auth, ConnectionLimits, build_app
 from runtime.gateway.frames import encode_event
 from runtime.metrics import Metrics
 from runtime.registry import Registry
-from runtime.server import package_version, serve_app
+from runtime.server import WS_SEND_MANY, package_version, serve_app
 from runtime.store import Store, open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
@@ -273,7 +273,8 @@ async def run_node(
                     ),
                     version=package_version(),
                     on_connection=on_connection,
-                    on_frame_sent=lambda: metrics.inc("turnstile_frames_sent_total"),
+                    on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
+                    ws_send_many=WS_SEND_MANY,
                 )
                 binds = await root._require_nursery().start(
                     lambda task_status: serve_app(

@@ -8,7 +8,7 @@ token, 404 unknown (including someone else's session: ids do not leak), 409 busy
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -92,6 +92,18 @@ def _session_json(session) -> dict[str, Any]:
     }
 
 
+class _AsgiApp:
+    """Marks a function as a plain ASGI app for Starlette's routes (functions are endpoints)."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self._app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self._app(scope, receive, send)
+
+
 def build_app(
     *,
     backend: SessionBackend,
@@ -99,7 +111,8 @@ def build_app(
     limits: ConnectionLimits,
     version: str,
     on_connection: Callable[[int], None] | None = None,
-    on_frame_sent: Callable[[], None] | None = None,
+    on_frames_sent: Callable[[int], None] | None = None,
+    ws_send_many: str | None = None,
 ) -> Starlette:
     """Build the ASGI app over a session backend.
 
@@ -109,7 +122,10 @@ def build_app(
         limits: per-connection bounds.
         version: reported by ``/healthz``.
         on_connection: called with +1 / -1 as WebSockets open and close (metrics).
-        on_frame_sent: called for every frame sent to a client (metrics).
+        on_frames_sent: called with the number of frames of every write to a client (metrics).
+        ws_send_many: the ASGI message type with which the server sends several WebSocket
+            messages in one write (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None
+            sends them one ``websocket.send`` at a time, which any ASGI server understands.
     """
 
     def authed(handler):
@@ -271,7 +287,15 @@ def build_app(
     async def skip_recall(request: Request, user: str) -> Response:
         return _Json(await backend.skip_recall(user, request.path_params["id"]))
 
-    async def websocket_endpoint(websocket: WebSocket) -> None:
+    async def websocket_endpoint(scope, receive, send) -> None:
+        # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
+        websocket = WebSocket(scope, receive=receive, send=send)
+        send_many = None
+        if ws_send_many is not None:
+
+            async def send_many(texts: list[str]) -> None:
+                await send({"type": ws_send_many, "texts": texts})
+
         await websocket.accept()
         try:
             user = auth.user_for(websocket.headers, websocket.query_params)
@@ -286,7 +310,9 @@ def build_app(
         if on_connection is not None:
             on_connection(1)
         try:
-            await Connection(websocket, user, backend, limits, on_frame_sent).serve()
+            await Connection(
+                websocket, user, backend, limits, on_frames_sent, send_many=send_many
+            ).serve()
         finally:
             if on_connection is not None:
                 on_connection(-1)
@@ -331,7 +357,7 @@ def build_app(
             Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
             Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
             Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
-            WebSocketRoute("/ws", websocket_endpoint),
+            WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,11 @@ class ConnectionLimits:
     max_attached: int = 64
 
 
+#: At most this many frames, or about this many bytes, go out in one socket write.
+WRITE_BATCH_FRAMES = 256
+WRITE_BATCH_BYTES = 256 * 1024
+
+
 class _Subscription:
     __slots__ = ("session_id", "live", "pending", "last_sent")
 
@@ -77,7 +83,8 @@ class Connection:
         user: str,
         backend: SessionBackend,
         limits: ConnectionLimits,
-        on_frame_sent=None,
+        on_frames_sent: Callable[[int], None] | None = None,
+        send_many: Callable[[list[str]], Awaitable[None]] | None = None,
     ) -> None:
         self.websocket = websocket
         self.user = user
@@ -88,7 +95,8 @@ class Connection:
         self._ready = trio.Event()
         self._room = trio.Event()
         self._closed = False
-        self._on_frame_sent = on_frame_sent
+        self._on_frames_sent = on_frames_sent
+        self._send_many = send_many
 
     # -- the Subscriber protocol (called by sessions, never blocks) --
 
@@ -138,16 +146,30 @@ class Connection:
         self._push(frame)
 
     async def _writer(self) -> None:
-        send = self.websocket.send_text
+        """Send what the outbox holds, everything queued so far in one write when it can."""
+        outbox = self._outbox
+        send_many = self._send_many
+        if send_many is None:
+            send_text = self.websocket.send_text
+
+            async def send_many(texts: list[str]) -> None:
+                for text in texts:
+                    await send_text(text)
+
         try:
             while True:
                 await self._ready.wait()
                 self._ready = trio.Event()
-                while self._outbox:
-                    frame = self._outbox.popleft()
-                    await send(frame.decode())
-                    if self._on_frame_sent is not None:
-                        self._on_frame_sent()
+                while outbox:
+                    batch: list[str] = []
+                    size = 0
+                    while outbox and len(batch) < WRITE_BATCH_FRAMES and size < WRITE_BATCH_BYTES:
+                        frame = outbox.popleft()
+                        size += len(frame)
+                        batch.append(frame.decode())
+                    await send_many(batch)
+                    if self._on_frames_sent is not None:
+                        self._on_frames_sent(len(batch))
                     self._room.set()
         except (WebSocketDisconnect, OSError, RuntimeError, trio.BrokenResourceError):
             self._closed = True  # the client is gone; the reader sees the disconnect
