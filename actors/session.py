@@ -94,6 +94,8 @@ HEARTBEAT_PROMPT = (
 
 #: A scheduled tool's result is cut here before the agent sees it.
 TOOL_RESULT_CHARS = 2000
+#: Events an agent may stream ahead of the store before its next one waits for a commit.
+MAX_UNSTORED_EVENTS = 256
 
 
 # -- what the session needs from the rest of the node ---------------------------------------
@@ -229,6 +231,17 @@ class DeleteSession(Message, tag="delete_session"):
 # -- the actor ---------------------------------------------------------------------------------
 
 
+class _EventBatch:
+    """Events stored together; ``done`` is set once they are stored and offered, or failed."""
+
+    __slots__ = ("events", "done", "error")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
 class _Turn:
     __slots__ = ("item", "scope", "injections", "cancel_status", "buffer", "tool_calls", "allowed")
 
@@ -266,7 +279,10 @@ class SessionActor(Actor):
         self.deleting = False
         self.queued = 0
         self.last_seq = 0
-        self._emit_lock = trio.Lock()
+        #: Events emitted but not yet handed to the store, and the batch being stored.
+        self._batch: _EventBatch | None = None
+        self._storing: _EventBatch | None = None
+        self._flushing = False
 
     # -- lifecycle --
 
@@ -286,7 +302,13 @@ class SessionActor(Actor):
             self._ensure_runner()
 
     def can_passivate(self) -> bool:
-        return not self.runner_active and not self.subscribers
+        return (
+            not self.runner_active
+            and not self.subscribers
+            and self._batch is None
+            and self._storing is None
+            and not self._flushing
+        )
 
     async def on_stop(self) -> None:
         if self.turn is not None:
@@ -394,7 +416,11 @@ class SessionActor(Actor):
         )
         self.queued += 1
         ahead = self.queued - 1 + (1 if self.runner_active else 0)
-        await self._emit("turn_queued", {"input_id": item.id, "source": source, "ahead": ahead})
+        # Not waited for: the input itself is stored, and the event is stored before any later
+        # one of this session (stream_start waits for it), so the ack goes out a commit sooner.
+        await self._emit(
+            "turn_queued", {"input_id": item.id, "source": source, "ahead": ahead}, durable=False
+        )
         self._ensure_runner()
         return item
 
@@ -423,6 +449,7 @@ class SessionActor(Actor):
             self.turn.cancel("stopped")
         if self.runner_active and self.runner_done is not None:
             await self.runner_done.wait()  # let the turn close before its rows go
+        await self._events_stored()
         await self.services.store.delete_session(self.session_id)
         for subscriber in list(self.subscribers):
             subscriber.lagged(self.session_id, self.last_seq)
@@ -451,6 +478,10 @@ class SessionActor(Actor):
                     return
                 self.queued = max(0, self.queued - 1)
                 await self._run_turn(item)
+                if self.queued == 0 and not self.wakeup_pending:
+                    # Nothing was enqueued here since (that counts, and every other way in
+                    # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
+                    return
         finally:
             self.runner_active = False
             self.runner_done.set()
@@ -494,7 +525,7 @@ class SessionActor(Actor):
                 for key in ("label", "kind", "prompt_ref", "reference"):
                     if payload.get(key):
                         start[key] = payload[key]
-            await self._turn_emit(turn, "stream_start", start)
+            await self._turn_emit(turn, "stream_start", start, durable=False)
             self._remember(HistoryEntry(role="user", content=content, source=item.source))
             context = _TurnContext(self, turn, turn_input)
             if isinstance(heartbeat, dict) and heartbeat.get("dedicated", True):
@@ -572,12 +603,14 @@ class SessionActor(Actor):
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
 
-    async def _turn_emit(self, turn: _Turn, type_: str, payload: dict[str, Any]) -> None:
+    async def _turn_emit(
+        self, turn: _Turn, type_: str, payload: dict[str, Any], *, durable: bool = True
+    ) -> None:
         """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats)."""
         if turn.buffer is not None:
             turn.buffer.append((type_, payload))
         else:
-            await self._emit(type_, payload)
+            await self._emit(type_, payload, durable=durable)
 
     async def _settle_heartbeat(
         self,
@@ -673,18 +706,94 @@ class SessionActor(Actor):
 
     # -- events and history --
 
-    async def _emit(self, type_: str, payload: dict[str, Any]) -> EventRecord:
-        """Persist one event (the store assigns its seq), then offer it to every subscriber."""
-        async with self._emit_lock:  # seq order and delivery order must agree
-            (record,) = await self.services.store.append_events(self.session_id, [(type_, payload)])
-            self.last_seq = record.seq
-            if self.subscribers:
-                frame = self.services.encode_event(self.session_id, record)
-                for subscriber in list(self.subscribers):
-                    if not subscriber.offer(self.session_id, record.seq, frame):
-                        self.subscribers.discard(subscriber)
-                        subscriber.lagged(self.session_id, record.seq - 1)
-            return record
+    async def _emit(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
+        """Append an event to the session's log; once stored, offer it to every subscriber.
+
+        Events are stored in batches, in order, one batch at a time: while one is being
+        written the next one fills. ``durable`` waits until this event is stored (and offered),
+        writing its batch from the caller's own task when no write is under way, so a shielded
+        caller (a turn closing at shutdown) still gets its event stored; it raises if storing
+        failed. Otherwise the caller goes on at once and a background task stores the batch:
+        an agent streaming deltas is not held up by a commit per delta, and a client gets a
+        burst of them in one write. Only once ``MAX_UNSTORED_EVENTS`` wait does it wait too.
+        An event is never offered before it is stored, so a client never sees a ``seq`` that
+        a crash could take back.
+        """
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _EventBatch()
+        batch.events.append((type_, payload))
+        if durable or len(batch.events) >= MAX_UNSTORED_EVENTS:
+            await self._until_stored(batch)
+        elif not self._flushing:
+            self._flushing = True
+            self.nursery.start_soon(self._flush, name=f"events of session {self.session_id}")
+
+    async def _until_stored(self, batch: _EventBatch) -> None:
+        while not batch.done.is_set():
+            storing = self._storing
+            if storing is None:
+                await self._store_next()
+            else:
+                await storing.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    async def _events_stored(self) -> None:
+        """Wait until every event emitted so far is stored (or failed to be)."""
+        if self._batch is not None:
+            await self._until_stored(self._batch)
+        elif self._storing is not None:
+            await self._storing.done.wait()
+
+    async def _flush(self) -> None:
+        """The background writer of events nobody waits for."""
+        try:
+            while self._batch is not None:
+                storing = self._storing
+                if storing is None:
+                    await self._store_next()
+                else:
+                    await storing.done.wait()
+        finally:
+            self._flushing = False
+
+    async def _store_next(self) -> None:
+        """Store the oldest waiting batch and offer its events. Never raises ``Exception``:
+        an error is kept on the batch for whoever waits for it."""
+        batch, self._batch = self._batch, None
+        self._storing = batch
+        try:
+            records = await self.services.store.append_events(self.session_id, batch.events)
+            self._offer(records)
+        except Exception as exc:
+            batch.error = exc
+            log.error(
+                "storing %d events of session %s failed: %r",
+                len(batch.events),
+                self.session_id,
+                exc,
+            )
+        except BaseException:
+            batch.error = RuntimeError("the session stopped before its events were stored")
+            raise
+        finally:
+            self._storing = None
+            batch.done.set()
+
+    def _offer(self, records: list[EventRecord]) -> None:
+        """Offer stored events to every subscriber, dropping those that fell too far behind."""
+        self.last_seq = records[-1].seq
+        subscribers = self.subscribers
+        if not subscribers:
+            return
+        encode = self.services.encode_event
+        for record in records:
+            frame = encode(self.session_id, record)
+            for subscriber in list(subscribers):
+                if not subscriber.offer(self.session_id, record.seq, frame):
+                    subscribers.discard(subscriber)
+                    subscriber.lagged(self.session_id, record.seq - 1)
 
     def _remember(self, entry: HistoryEntry) -> None:
         self.history.append(entry)
@@ -715,7 +824,7 @@ class _TurnContext:
         if type not in ("stream_delta", "thinking_delta"):
             raise InvalidArgument(f"agents emit stream_delta or thinking_delta, not {type!r}")
         await self._session._turn_emit(
-            self._turn, type, {"input_id": self.input.input_id, "text": text}
+            self._turn, type, {"input_id": self.input.input_id, "text": text}, durable=False
         )
 
     async def call_tool(

@@ -32,7 +32,7 @@ from runtime.gateway.frames import encode_event
 from runtime.metrics import Metrics
 from runtime.registry import Registry
 from runtime.server import WS_SEND_MANY, package_version, serve_app
-from runtime.store import Store, open_store
+from runtime.store import InboxItem, Store, open_store
 from runtime.supervisor import open_supervisor
 from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
@@ -71,6 +71,9 @@ def make_agent(config: Config) -> Agent:
     return ScriptedAgent(token_delay=config.scripted.token_delay)
 
 
+_RECOVERY_PAGE = 500
+
+
 async def recover(store: Store) -> list[str]:
     """Close turns cut off by a crash and list the sessions with inputs waiting.
 
@@ -78,20 +81,26 @@ async def recover(store: Store) -> list[str]:
         ids of sessions that have queued inputs.
     """
     for item in await store.interrupt_running():
-        await store.append_events(
-            item.session_id,
-            [
-                (
-                    "stream_end",
-                    {
-                        "input_id": item.id,
-                        "status": "interrupted",
-                        "text": "",
-                        "error": "the node stopped during this turn",
-                    },
-                )
-            ],
+        closure: list[tuple[str, dict]] = []
+        if not await _turn_started(store, item):
+            # A turn's stream_start is stored with the events that follow it, so a crash
+            # can take it; without it the transcript would lose the input that began it.
+            content = item.payload.get("content", "")
+            closure.append(
+                ("stream_start", {"input_id": item.id, "source": item.source, "content": content})
+            )
+        closure.append(
+            (
+                "stream_end",
+                {
+                    "input_id": item.id,
+                    "status": "interrupted",
+                    "text": "",
+                    "error": "the node stopped during this turn",
+                },
+            )
         )
+        await store.append_events(item.session_id, closure)
         log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
         job_id = item.payload.get("job_id")
         if isinstance(job_id, str):  # a scheduled turn: its run record says what happened
@@ -104,6 +113,25 @@ async def recover(store: Store) -> list[str]:
                     note = {**(run.detail or {}), "status": "interrupted"}
                     await store.update_run(run.id, "turn_interrupted", note)
     return await store.sessions_with_queued_inputs()
+
+
+async def _turn_started(store: Store, item: InboxItem) -> bool:
+    """Whether the session's log holds ``item``'s ``stream_start``.
+
+    Reads back from the end of the log: turns run one at a time, so meeting an earlier turn's
+    ``stream_end`` or this input's own ``turn_queued`` first means its turn never got a start.
+    """
+    end = await store.last_seq(item.session_id)
+    while end > 0:
+        after = max(0, end - _RECOVERY_PAGE)
+        for event in reversed(await store.read_events(item.session_id, after, end - after)):
+            mine = event.payload.get("input_id") == item.id
+            if mine and event.type == "stream_start":
+                return True
+            if event.type == "stream_end" or (mine and event.type == "turn_queued"):
+                return False
+        end = after
+    return False
 
 
 async def run_node(

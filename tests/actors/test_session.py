@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
+import msgspec
 import pytest
 import trio
 import trio.testing
 
 from actors.session import (
+    MAX_UNSTORED_EVENTS,
     Attach,
     Detach,
     GetStatus,
@@ -174,3 +178,100 @@ async def test_a_subscriber_that_falls_behind_is_dropped_and_told_where_it_stopp
     assert slow.lagged_at == 3  # it got seqs 1-3, refused 4, and was dropped
     assert len(slow.frames) == 3
     assert len(fast.frames) == (await store.last_seq("s"))
+
+
+# -- the event pipeline: streamed deltas do not wait for a commit each -------------------------
+
+
+class GatedStore:
+    """The real store, but ``append_events`` waits while ``closed`` (a slow disk, say)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.open = trio.Event()
+        self.appends: list[list[str]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def append_events(self, session_id, events):
+        await self.open.wait()
+        self.appends.append([type_ for type_, _ in events])
+        return await self._store.append_events(session_id, events)
+
+
+class Streamer:
+    """Streams ``words`` deltas as fast as it can, and notes how far it got."""
+
+    name = "streamer"
+
+    def __init__(self, words: int) -> None:
+        self.words = words
+        self.emitted = 0
+        self.streamed = trio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn) -> str:
+        for i in range(self.words):
+            await turn.emit("stream_delta", f"w{i} ")
+            self.emitted += 1
+        self.streamed.set()
+        return "done"
+
+
+@asynccontextmanager
+async def gated_session(agent):
+    """A session over a ``GatedStore``, with a ``Recorder`` attached."""
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        gated = GatedStore(store)
+        gated.open.set()
+        services = SessionServices(
+            store=gated,
+            agent=agent,
+            tools=NoTools(),
+            limits=SessionLimits(),
+            encode_event=encode_event,
+        )
+        async with open_supervisor("sessions", escalate=False) as sup:
+            registry = Registry(sup, idle_timeout=30.0)
+            registry.register("session", lambda key: SessionActor(key, services))
+            ref = registry.ref("session:s")
+            seen = Recorder()
+            await ref.ask(Attach(subscriber=seen))
+            yield ref, gated, seen
+
+
+async def test_streamed_deltas_do_not_wait_for_the_store_and_are_offered_only_once_stored():
+    agent = Streamer(words=50)
+    async with gated_session(agent) as (ref, gated, seen):
+        gated.open = trio.Event()  # the disk stalls
+        await ref.ask(Submit(content="go"))
+        await agent.streamed.wait()  # all 50 deltas emitted while nothing could be stored
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen.frames == []  # and nothing offered before it is stored
+        gated.open.set()
+        await seen.until(b'"stream_end"')
+        types = [msgspec.json.decode(f)["type"] for f in seen.frames]
+        seqs = [msgspec.json.decode(f)["seq"] for f in seen.frames]
+        assert types == ["turn_queued", "stream_start"] + ["stream_delta"] * 50 + ["stream_end"]
+        assert seqs == list(range(1, len(types) + 1))
+        assert len(gated.appends) <= 3  # a few commits, not one per delta
+        assert [e.type for e in await gated.read_events("s")] == types
+
+
+async def test_an_agent_far_ahead_of_the_store_waits_for_it():
+    agent = Streamer(words=2000)
+    async with gated_session(agent) as (ref, gated, seen):
+        gated.open = trio.Event()
+        await ref.ask(Submit(content="go"))
+        await trio.testing.wait_all_tasks_blocked()
+        # held at the bound of unstored events (the first batch is stuck at the disk)
+        assert MAX_UNSTORED_EVENTS - 2 <= agent.emitted <= MAX_UNSTORED_EVENTS
+        assert not agent.streamed.is_set()
+        gated.open.set()
+        await seen.until(b'"stream_end"')
+        assert seen.count(b'"stream_delta"') == 2000
+        assert max(len(batch) for batch in gated.appends) <= MAX_UNSTORED_EVENTS

@@ -381,3 +381,36 @@ async def test_deleting_a_session_removes_it(tmp_path):
             assert (await http.get("/healthz")).json()["status"] == "ok"
             metrics = (await http.get("/metrics")).text
             assert "turnstile_sessions_created_total 1.0" in metrics.splitlines()
+
+
+async def test_a_burst_of_events_reaches_the_client_whole_in_few_socket_writes(
+    tmp_path, monkeypatch
+):
+    """Events a turn streams faster than the store commits are stored and written in batches;
+    the client still gets each as its own frame, in order, none missing."""
+    from hypercorn.trio.tcp_server import TCPServer
+
+    writes: list[int] = []
+    original = TCPServer.protocol_send
+
+    async def counting(self, event):
+        if isinstance(getattr(event, "data", None), bytes):
+            writes.append(len(event.data))
+        await original(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", counting)
+    words = " ".join(f"w{i}" for i in range(300))
+    async with running_node(tmp_path) as node:
+        await new_session(node, "s1")
+        async with connect(node) as client:
+            await client.send(type="attach", session_id="s1")
+            await client.expect("session_sync")
+            writes.clear()
+            await client.send(type="send", session_id="s1", content=words, client_msg_id="m")
+            end = await client.expect("stream_end")
+            assert end["text"] == f"You said: {words}"
+            events = client.events("s1")
+            deltas = [e["text"] for e in events if e["type"] == "stream_delta"]
+            assert len(deltas) == 302 and "".join(deltas) == end["text"]
+            assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+            assert len(writes) <= 10  # for 305 frames (ack, turn_queued, start, deltas, end)

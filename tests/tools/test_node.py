@@ -26,9 +26,49 @@ async def test_recovery_closes_cut_off_turns_and_lists_sessions_with_work():
         await store.claim_next_input("cut")  # running when the "crash" happened
         await store.enqueue_input("waiting", "user", {"content": "b"})
         assert await recover(store) == ["waiting"]
-        (end,) = await store.read_events("cut")
+        start, end = await store.read_events("cut")  # no start was stored: it is put back
+        assert (start.type, start.payload["content"]) == ("stream_start", "a")
         assert (end.type, end.payload["status"]) == ("stream_end", "interrupted")
         assert [i.state for i in await store.list_inputs("cut")] == ["interrupted"]
+
+
+async def test_recovery_restores_a_turn_start_the_crash_took():
+    """stream_start is stored together with the events after it, so a kill can take it; the
+    restart puts it back before the closure, so the transcript keeps the input."""
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        done = await store.enqueue_input("s", "user", {"content": "first"})
+        await store.claim_next_input("s")
+        await store.append_events(
+            "s",
+            [
+                ("stream_start", {"input_id": done.id, "source": "user", "content": "first"}),
+                ("stream_end", {"input_id": done.id, "status": "completed", "text": "ok"}),
+            ],
+        )
+        await store.finish_input(done.id, "done")
+        cut = await store.enqueue_input("s", "user", {"content": "second"})
+        await store.append_events("s", [("turn_queued", {"input_id": cut.id, "ahead": 0})])
+        await store.claim_next_input("s")  # running; its stream_start never reached the store
+        started = await store.enqueue_input("s", "user", {"content": "third"})
+        await recover(store)
+        events = await store.read_events("s", 3)
+        assert [(e.type, e.payload["input_id"]) for e in events] == [
+            ("stream_start", cut.id),
+            ("stream_end", cut.id),
+        ]
+        assert events[0].payload["content"] == "second"
+        assert events[1].payload["status"] == "interrupted"
+        # a turn whose start did reach the store gets only its closure
+        await store.claim_next_input("s")
+        await store.append_events(
+            "s",
+            [("stream_start", {"input_id": started.id, "source": "user", "content": "third"})]
+            + [("stream_delta", {"input_id": started.id, "text": "w "})] * 3,
+        )
+        await recover(store)
+        tail = await store.read_events("s", 5)
+        assert [e.type for e in tail] == ["stream_start"] + ["stream_delta"] * 3 + ["stream_end"]
 
 
 def test_a_bad_setting_stops_serve_with_one_clear_line(tmp_path, capsys):
