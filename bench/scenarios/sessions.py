@@ -213,7 +213,11 @@ class _WsClient:
                 with trio.move_on_at(deadline) as waited:
                     raw = await ws.get_message()
                 if waited.cancelled_caught:
-                    tally.errors.append(f"{sid}: no ack/stream_end for {msg_id} in {TURN_TIMEOUT}s")
+                    tally.errors.append(
+                        f"{sid}: {msg_id} had no {'ack' if not acked else 'stream_end'} after "
+                        f"{TURN_TIMEOUT}s (started: {input_id is not None}, next seq "
+                        f"{self.next_seq})"
+                    )
                     tally.missing_ends += m - i
                     return
                 frame = json.loads(raw)
@@ -901,8 +905,9 @@ def _stream_note(n: int, m: int, t: _Tally, bare: _Tally, per_turn: int) -> str:
         f"Event delivery (N={n:,}, M={m} messages of {STREAM_WORDS} words each, so each turn "
         f"streams {STREAM_WORDS + 2} deltas; model 0 ms): gateway {t.turns:,} turns, "
         f"{t.events:,} events, {t.frames:,} frames in {t.seconds:.2f}s [{_gc(t)}], gaps "
-        f"{t.gaps}, disorder {t.disorder}, missing {t.missing_ends}, errors {len(t.errors)}; "
-        f"bare trio-websocket {bare.frames:,} frames ({per_turn} per request) in "
+        f"{t.gaps}, disorder {t.disorder}, missing {t.missing_ends}, errors {len(t.errors)}"
+        f"{' e.g. ' + t.errors[0] if t.errors else ''}; send->stream_end max "
+        f"{max(t.to_end, default=0):.1f}s; bare trio-websocket {bare.frames:,} frames ({per_turn} per request) in "
         f"{bare.seconds:.2f}s [{_gc(bare)}]. Every event is stored (SQLite, synchronous=FULL) "
         "before it is sent; a session stores what its agent streamed while the last commit "
         "was under way in one batch, and a connection writes what its outbox holds in one "
