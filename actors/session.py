@@ -21,8 +21,9 @@ Every turn that starts ends with a visible closure: a ``stream_end`` event whose
 row's detail, not the transcript), ``stopped`` or ``interrupted``.
 
 Events are appended to the session's log in the store (which assigns the gap-free ``seq``)
-and then offered to every attached subscriber; offering never blocks the session, so a slow
-client cannot stall a turn. The transcript (``history``) is derived from the same log.
+and only then offered to every attached subscriber; offering never blocks the session, so a
+slow client cannot stall a turn. They are stored in batches, in order: streamed deltas do not
+wait for their commit (see ``_emit``). The transcript (``history``) is derived from the same log.
 """
 
 from __future__ import annotations
