@@ -417,11 +417,7 @@ class SessionActor(Actor):
         )
         self.queued += 1
         ahead = self.queued - 1 + (1 if self.runner_active else 0)
-        # Not waited for: the input itself is stored, and the event is stored before any later
-        # one of this session (stream_start waits for it), so the ack goes out a commit sooner.
-        await self._emit(
-            "turn_queued", {"input_id": item.id, "source": source, "ahead": ahead}, durable=False
-        )
+        await self._emit("turn_queued", {"input_id": item.id, "source": source, "ahead": ahead})
         self._ensure_runner()
         return item
 

@@ -159,6 +159,9 @@ class Connection:
         try:
             while True:
                 await self._ready.wait()
+                # Let the tasks woken alongside this one run first, so what they queue for
+                # this client (a reply to the frame that caused the event, say) joins the write.
+                await trio.lowlevel.checkpoint()
                 self._ready = trio.Event()
                 while outbox:
                     batch: list[str] = []

@@ -208,12 +208,14 @@ class Streamer:
     def __init__(self, words: int) -> None:
         self.words = words
         self.emitted = 0
+        self.go = trio.Event()
         self.streamed = trio.Event()
 
     async def aclose(self) -> None:
         pass
 
     async def run_turn(self, turn) -> str:
+        await self.go.wait()
         for i in range(self.words):
             await turn.emit("stream_delta", f"w{i} ")
             self.emitted += 1
@@ -247,26 +249,31 @@ async def gated_session(agent):
 async def test_streamed_deltas_do_not_wait_for_the_store_and_are_offered_only_once_stored():
     agent = Streamer(words=50)
     async with gated_session(agent) as (ref, gated, seen):
-        gated.open = trio.Event()  # the disk stalls
         await ref.ask(Submit(content="go"))
+        await trio.testing.wait_all_tasks_blocked()  # the turn started; its agent waits
+        before = len(seen.frames)
+        gated.open = trio.Event()  # the disk stalls
+        agent.go.set()
         await agent.streamed.wait()  # all 50 deltas emitted while nothing could be stored
         await trio.testing.wait_all_tasks_blocked()
-        assert seen.frames == []  # and nothing offered before it is stored
+        assert len(seen.frames) == before  # and none offered before it is stored
         gated.open.set()
         await seen.until(b'"stream_end"')
         types = [msgspec.json.decode(f)["type"] for f in seen.frames]
         seqs = [msgspec.json.decode(f)["seq"] for f in seen.frames]
         assert types == ["turn_queued", "stream_start"] + ["stream_delta"] * 50 + ["stream_end"]
         assert seqs == list(range(1, len(types) + 1))
-        assert len(gated.appends) <= 3  # a few commits, not one per delta
+        assert len(gated.appends) <= 4  # a few commits, not one per delta
         assert [e.type for e in await gated.read_events("s")] == types
 
 
 async def test_an_agent_far_ahead_of_the_store_waits_for_it():
     agent = Streamer(words=2000)
     async with gated_session(agent) as (ref, gated, seen):
-        gated.open = trio.Event()
         await ref.ask(Submit(content="go"))
+        await trio.testing.wait_all_tasks_blocked()
+        gated.open = trio.Event()
+        agent.go.set()
         await trio.testing.wait_all_tasks_blocked()
         # held at the bound of unstored events (the first batch is stuck at the disk)
         assert MAX_UNSTORED_EVENTS - 2 <= agent.emitted <= MAX_UNSTORED_EVENTS
