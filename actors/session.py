@@ -29,6 +29,7 @@ wait for their commit (see ``_emit``). The transcript (``history``) is derived f
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -77,8 +78,12 @@ log = logging.getLogger("turnstile.session")
 POLICIES = ("enqueue", "reject", "interrupt", "inject")
 Policy = Literal["enqueue", "reject", "interrupt", "inject"]
 
-#: How long closing a turn (final event, inbox state) may take once the turn is cancelled.
+#: How long closing a turn (its unstored events, final event, inbox state) may take when the
+#: session itself is being cancelled (node shutdown), and otherwise. The closure is shielded
+#: either way; the second bound only guards against a store that stopped answering, since a
+#: closure given up leaves the input ``running`` until the next start-up's recovery.
 CLOSE_GRACE_SECONDS = 5.0
+CLOSE_TIMEOUT_SECONDS = 300.0
 HEARTBEAT_PROMPT = (
     "This is a scheduled heartbeat check. You are running autonomously on a timer, not in "
     "response to a user message.\n\n"
@@ -553,7 +558,11 @@ class SessionActor(Actor):
             self.turn = None
             if self.services.on_turn_closed is not None:
                 self.services.on_turn_closed(status, trio.current_time() - started)
-            with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+            # A busy store can take seconds to commit what the turn streamed; only a session
+            # that is itself being cancelled cuts its closure short.
+            cancelled = trio.current_effective_deadline() == -math.inf
+            bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
+            with trio.move_on_after(bound, shield=True) as closing:
                 if isinstance(heartbeat, dict):
                     detail = await self._settle_heartbeat(
                         turn, heartbeat, status, text, error, detail, history_mark
@@ -569,6 +578,14 @@ class SessionActor(Actor):
                     await self.services.store.update_run(
                         run.id, outcome, {**note, **(detail or {})}
                     )
+            if closing.cancelled_caught:
+                log.error(
+                    "closing turn %s of session %s took over %g s and was given up; the input "
+                    "stays running until the node's next start-up closes it",
+                    item.id,
+                    self.session_id,
+                    bound,
+                )
 
     async def _close_turn(
         self,

@@ -282,3 +282,24 @@ async def test_an_agent_far_ahead_of_the_store_waits_for_it():
         await seen.until(b'"stream_end"')
         assert seen.count(b'"stream_delta"') == 2000
         assert max(len(batch) for batch in gated.appends) <= MAX_UNSTORED_EVENTS
+
+
+@pytest.mark.guard(1000)
+async def test_a_turn_closes_even_when_the_store_takes_long_to_commit_it(autojump_clock):
+    """Under load a turn's closure (its streamed events, stream_end, the inbox row) can wait
+    seconds for the store; it must not be given up, or the input would stay running and the
+    session would never take another one."""
+    agent = Streamer(words=20)
+    async with gated_session(agent) as (ref, gated, seen):
+        first = await ref.ask(Submit(content="go"))
+        await trio.testing.wait_all_tasks_blocked()
+        gated.open = trio.Event()  # the disk stalls for a while
+        agent.go.set()
+        await trio.sleep(60)
+        gated.open.set()
+        await seen.until(b'"stream_end"')
+        assert [(i.id, i.state) for i in await gated.list_inputs("s")] == [(first.input_id, "done")]
+        second = await ref.ask(Submit(content="again"))  # and the session goes on
+        await seen.until(b'"stream_end"', 2)
+        states = [i.state for i in await gated.list_inputs("s")]
+        assert states == ["done", "done"] and second.input_id is not None
