@@ -298,8 +298,10 @@ async def test_a_turn_closes_even_when_the_store_takes_long_to_commit_it(autojum
         await trio.sleep(60)
         gated.open.set()
         await seen.until(b'"stream_end"')
+        await trio.testing.wait_all_tasks_blocked()  # the inbox row is settled after stream_end
         assert [(i.id, i.state) for i in await gated.list_inputs("s")] == [(first.input_id, "done")]
         second = await ref.ask(Submit(content="again"))  # and the session goes on
         await seen.until(b'"stream_end"', 2)
+        await trio.testing.wait_all_tasks_blocked()
         states = [i.state for i in await gated.list_inputs("s")]
         assert states == ["done", "done"] and second.input_id is not None
