@@ -846,16 +846,7 @@ def _measures(
                 bare.frames_per_s,
             )
         )
-        bad = _bad(t, n * m)
-        out.append(
-            Measure(
-                f"lost/reordered events + missing turns ({tag})",
-                bad,
-                "count",
-                target="== 0",
-                ok=bad == 0,
-            )
-        )
+        out.append(_lost(tag, _bad(t, n * m)))
     out.append(
         Measure(
             f"RSS growth, {n:,} sessions + clients attached",
@@ -890,14 +881,14 @@ def _stream_measures(n: int, m: int, t: _Tally, bare: _Tally) -> list[Measure]:
             "bare trio-websocket",
             _ms(_pct(bare.to_end, 0.5)),
         ),
-        Measure(
-            f"lost/reordered events + missing turns ({tag})",
-            bad,
-            "count",
-            target="== 0",
-            ok=bad == 0,
-        ),
+        _lost(tag, bad),
     ]
+
+
+def _lost(tag: str, bad: int) -> Measure:
+    return Measure(
+        f"lost/reordered events + missing turns ({tag})", bad, "count", target="== 0", ok=bad == 0
+    )
 
 
 def _stream_note(n: int, m: int, t: _Tally, bare: _Tally, per_turn: int) -> str:
@@ -957,13 +948,7 @@ def _stall_measures(n: int, s: _Stall) -> list[Measure]:
             received <= outbox + slack,
         ),
         Measure("RSS growth over a run with the stalled client", max(s.rss_growth), "MB"),
-        Measure(
-            "lost/reordered events + missing turns (stall runs)",
-            bad,
-            "count",
-            target="== 0",
-            ok=bad == 0,
-        ),
+        _lost("stall runs", bad),
     ]
 
 

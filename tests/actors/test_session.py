@@ -73,11 +73,14 @@ class IgnoresInjections(GatedAgent):
         return f"reply:{turn.input.content}"
 
 
-@pytest.fixture
-async def session(request):
-    agent = getattr(request, "param", None) or GatedAgent()
+@asynccontextmanager
+async def open_session(agent, wrap_store=None):
+    """Session "s" of "ada" over an in-memory store (``wrap_store`` may wrap it), with a
+    ``Recorder`` attached; yields ``(ref, store, registry, recorder)``."""
     async with open_store("sqlite:///:memory:") as store:  # inline: exact under MockClock
         await store.create_session("s", "ada")
+        if wrap_store is not None:
+            store = wrap_store(store)
         services = SessionServices(
             store=store,
             agent=agent,
@@ -91,7 +94,14 @@ async def session(request):
             ref = registry.ref("session:s")
             seen = Recorder()
             await ref.ask(Attach(subscriber=seen))
-            yield ref, store, agent, registry, seen
+            yield ref, store, registry, seen
+
+
+@pytest.fixture
+async def session(request):
+    agent = getattr(request, "param", None) or GatedAgent()
+    async with open_session(agent) as (ref, store, registry, seen):
+        yield ref, store, agent, registry, seen
 
 
 async def ended_inputs(store) -> list[tuple[int, str, str]]:
@@ -188,7 +198,8 @@ class GatedStore:
 
     def __init__(self, store) -> None:
         self._store = store
-        self.open = trio.Event()
+        self.open = trio.Event()  # replace it with a fresh Event to stall the disk
+        self.open.set()
         self.appends: list[list[str]] = []
 
     def __getattr__(self, name):
@@ -226,24 +237,8 @@ class Streamer:
 @asynccontextmanager
 async def gated_session(agent):
     """A session over a ``GatedStore``, with a ``Recorder`` attached."""
-    async with open_store("sqlite:///:memory:") as store:
-        await store.create_session("s", "ada")
-        gated = GatedStore(store)
-        gated.open.set()
-        services = SessionServices(
-            store=gated,
-            agent=agent,
-            tools=NoTools(),
-            limits=SessionLimits(),
-            encode_event=encode_event,
-        )
-        async with open_supervisor("sessions", escalate=False) as sup:
-            registry = Registry(sup, idle_timeout=30.0)
-            registry.register("session", lambda key: SessionActor(key, services))
-            ref = registry.ref("session:s")
-            seen = Recorder()
-            await ref.ask(Attach(subscriber=seen))
-            yield ref, gated, seen
+    async with open_session(agent, wrap_store=GatedStore) as (ref, gated, _, seen):
+        yield ref, gated, seen
 
 
 async def test_streamed_deltas_do_not_wait_for_the_store_and_are_offered_only_once_stored():
