@@ -744,31 +744,30 @@ class SessionActor(Actor):
             self.nursery.start_soon(self._flush, name=f"events of session {self.session_id}")
 
     async def _until_stored(self, batch: _EventBatch) -> None:
-        while not batch.done.is_set():
-            storing = self._storing
-            if storing is None:
-                await self._store_next()
-            else:
-                await storing.done.wait()
+        """Wait until ``batch`` is stored, storing it from this task if nobody else is."""
+        await self._wait_stored(batch)
         if batch.error is not None:
             raise batch.error
 
+    async def _wait_stored(self, batch: _EventBatch) -> None:
+        while not batch.done.is_set():
+            storing = self._storing
+            if storing is None:
+                await self._store_next()  # the oldest waiting batch: ``batch`` or one before
+            else:
+                await storing.done.wait()
+
     async def _events_stored(self) -> None:
         """Wait until every event emitted so far is stored (or failed to be)."""
-        if self._batch is not None:
-            await self._until_stored(self._batch)
-        elif self._storing is not None:
-            await self._storing.done.wait()
+        batch = self._batch or self._storing
+        if batch is not None:
+            await self._wait_stored(batch)
 
     async def _flush(self) -> None:
         """The background writer of events nobody waits for."""
         try:
-            while self._batch is not None:
-                storing = self._storing
-                if storing is None:
-                    await self._store_next()
-                else:
-                    await storing.done.wait()
+            while (batch := self._batch) is not None:
+                await self._wait_stored(batch)
         finally:
             self._flushing = False
 
