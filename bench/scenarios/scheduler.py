@@ -37,7 +37,6 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,6 +54,7 @@ from actors.scheduler import (
 )
 from actors.session import Attach, SessionActor, SessionLimits, SessionServices
 from bench.harness import Measure, ScenarioResult
+from bench.pgschema import PostgresUnavailable, temporary_schema
 from runtime.agents import ScriptedAgent
 from runtime.clock import SystemClock
 from runtime.cronexpr import CronSchedule
@@ -63,7 +63,6 @@ from runtime.registry import Registry
 from runtime.store import open_store
 from runtime.supervisor import open_supervisor
 
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SESSIONS = 1000
 RATE = 1000  # jobs falling due per second in the firing windows
 ASKERS = 100
@@ -436,32 +435,10 @@ def _run_sqlite(sizes: Sizes) -> _Backend:
 def _run_postgres(sizes: Sizes) -> _Backend | str:
     """The PostgreSQL figures, or why there are none."""
     try:
-        import asyncpg
-    except ImportError:
-        return "asyncpg is not installed"
-    import trio_asyncio
-
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-
-    async def ddl(sql: str) -> None:
-        # One statement on its own connection and trio-asyncio loop, as the store tests do.
-        with trio.fail_after(30):
-            async with trio_asyncio.open_loop() as loop:
-                aio = trio_asyncio.aio_as_trio
-                conn = await aio(asyncpg.connect, loop=loop)(PG_DSN, timeout=5)
-                try:
-                    await aio(conn.execute, loop=loop)(sql)
-                finally:
-                    await aio(conn.close, loop=loop)()
-
-    try:
-        trio.run(ddl, f"CREATE SCHEMA {schema}")
-    except (OSError, asyncpg.PostgresError, TimeoutError, trio.TooSlowError) as exc:
-        return f"PostgreSQL at {PG_DSN} is not reachable ({exc!r})"
-    try:
-        return trio.run(_backend, f"{PG_DSN}?search_path={schema}", sizes, 64)
-    finally:
-        trio.run(ddl, f"DROP SCHEMA {schema} CASCADE")
+        with temporary_schema() as url:
+            return trio.run(_backend, url, sizes, 64)
+    except PostgresUnavailable as exc:
+        return str(exc)
 
 
 # -- APScheduler 3 --------------------------------------------------------------------------

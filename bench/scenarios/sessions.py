@@ -55,6 +55,7 @@ import wsproto.events as wse
 from actors.directory import SessionDirectory
 from actors.session import SessionActor, SessionLimits, SessionServices
 from bench.harness import Measure, ScenarioResult
+from bench.pgschema import PG_DSN, PostgresUnavailable, temporary_schema
 from runtime.agents import ScriptedAgent
 from runtime.clock import SystemClock
 from runtime.config import Config, Limits
@@ -600,8 +601,62 @@ async def _in_process(
     return solo, phases
 
 
+async def _store_phases(store_url: str, n: int, m: int, stream_m: int) -> tuple[_Tally, _Tally]:
+    """In-process, on ``store_url``: ``n`` sessions, ``m`` 3-word turns each, then
+    ``stream_m`` streamed (STREAM_WORDS) turns each, at 0 ms model latency."""
+    agent = ScriptedAgent()
+    ids = [f"st{n}-{i:04d}" for i in range(n)]
+    async with _directory(store_url, agent) as directory:
+        subs = []
+        for sid in ids:
+            await directory.create_session(USER, session_id=sid)
+            sub = _InProcSubscriber(sid, _Tally())
+            sub.next_seq = (await directory.attach(USER, sid, sub)).last_seq + 1
+            subs.append(sub)
+        short = await _in_process_phase(directory, subs, m)
+        streamed = await _in_process_phase(directory, subs, stream_m, STREAM_TEXT)
+    return short, streamed
+
+
+def _store_comparison(n: int, m: int, stream_m: int) -> tuple[list[Measure], str]:
+    """The same in-process turns on SQLite and on PostgreSQL (a throw-away schema)."""
+    with tempfile.TemporaryDirectory(prefix="turnstile-bench-") as tmp:
+        lite = trio.run(_store_phases, f"sqlite:///{tmp}/node.db", n, m, stream_m)
+    try:
+        with temporary_schema() as url:
+            pg = trio.run(_store_phases, url, n, m, stream_m)
+    except PostgresUnavailable as exc:
+        return [], f"PostgreSQL: no figures ({exc})."
+    tag = f"in-process, N={n:,}, model 0 ms"
+    measures = [
+        Measure(
+            f"PostgreSQL turns/s, 3-word replies ({tag})",
+            pg[0].turns_per_s,
+            "turns/s",
+            "SQLite",
+            lite[0].turns_per_s,
+        ),
+        Measure(
+            f"PostgreSQL events/s, {STREAM_WORDS}-word replies ({tag})",
+            pg[1].events_per_s,
+            "events/s",
+            "SQLite",
+            lite[1].events_per_s,
+        ),
+        _lost(f"PostgreSQL, {tag}", _bad(pg[0], n * m) + _bad(pg[1], n * stream_m)),
+    ]
+    note = (
+        f"Stores, in-process (no gateway), N={n:,}: M={m} 3-word turns then {stream_m} "
+        f"{STREAM_WORDS}-word turns per session. PostgreSQL ({PG_DSN}, a throw-away schema; "
+        f"asyncpg through trio-asyncio) {pg[0].turns:,} turns in {pg[0].seconds:.2f}s, then "
+        f"{pg[1].events:,} events in {pg[1].seconds:.2f}s; SQLite {lite[0].turns:,} turns in "
+        f"{lite[0].seconds:.2f}s, then {lite[1].events:,} events in {lite[1].seconds:.2f}s."
+    )
+    return measures, note
+
+
 async def _in_process_phase(
-    directory: SessionDirectory, subs: list[_InProcSubscriber], m: int
+    directory: SessionDirectory, subs: list[_InProcSubscriber], m: int, content: str | None = None
 ) -> _Tally:
     tally = _Tally()
     for sub in subs:
@@ -610,7 +665,7 @@ async def _in_process_phase(
     async def drive(sub: _InProcSubscriber) -> None:
         perf = time.perf_counter
         for i in range(m):
-            sub.content, sub.input_id, sub.done = f"m{i}", None, trio.Event()
+            sub.content, sub.input_id, sub.done = content or f"m{i}", None, trio.Event()
             sub.t0 = perf()
             await directory.submit(USER, sub.session_id, sub.content)
             await sub.done.wait()
@@ -759,6 +814,10 @@ def run(quick: bool = False) -> ScenarioResult:
         if gw.stall is not None:
             measures += _stall_measures(n, gw.stall)
             notes.append(_stall_note(n, gw.stall))
+        if first:
+            store_measures, store_note = _store_comparison(n, m, stream_m)
+            measures += store_measures
+            notes.append(store_note)
     notes.append(
         "Method: one process, one trio run per part, so every figure includes the clients' own "
         "CPU (trio is single-threaded; only SQLite's writer thread runs beside it, "
