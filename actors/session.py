@@ -827,11 +827,9 @@ class _TurnContext:
         self.input = turn_input
         self.history = list(session.history[:-1])  # everything before this turn's input
         allowed = turn.allowed
-        self.tools = [
-            spec
-            for spec in session.services.tools.specs()
-            if allowed is None or spec.name in allowed
-        ]
+        self.tools = session.services.tools.specs()
+        if allowed is not None:
+            self.tools = [spec for spec in self.tools if spec.name in allowed]
 
     async def emit(self, type: str, text: str) -> None:
         if type not in ("stream_delta", "thinking_delta"):

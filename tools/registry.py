@@ -65,6 +65,7 @@ class ToolRegistry:
         self, policies: PolicyTable | None = None, approver: Approver | None = None
     ) -> None:
         self._tools: dict[str, Tool] = {}
+        self._specs: list[ToolSpec] | None = None
         self.policies = policies or PolicyTable()
         self.approver = approver
 
@@ -92,6 +93,7 @@ class ToolRegistry:
         self._tools[name] = Tool(
             name, description, params, handler, Codec(params), schema, Policy(policy)
         )
+        self._specs = None
 
     def validate(self, name: str, arguments: dict[str, Any]) -> None:
         """Check ``arguments`` against ``name``'s parameters without running it.
@@ -115,11 +117,14 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def specs(self) -> list[ToolSpec]:
-        """Every tool as a function-calling spec."""
-        return [
-            ToolSpec(name=t.name, description=t.description, parameters=t.schema)
-            for t in sorted(self._tools.values(), key=lambda t: t.name)
-        ]
+        """Every tool as a function-calling spec, sorted by name (built once per change: every
+        turn asks)."""
+        if self._specs is None:
+            self._specs = [
+                ToolSpec(name=t.name, description=t.description, parameters=t.schema)
+                for t in sorted(self._tools.values(), key=lambda t: t.name)
+            ]
+        return list(self._specs)
 
     async def call(
         self, session_id: str, owner: str, name: str, arguments: dict[str, Any]

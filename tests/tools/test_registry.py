@@ -42,6 +42,19 @@ def test_specs_carry_a_plain_json_schema_per_tool():
     assert spec.parameters["required"] == ["path"]
 
 
+def test_specs_follow_registrations_and_callers_get_their_own_list():
+    registry, _ = make()
+    first = registry.specs()
+    assert [s.name for s in first] == ["fs.read", "fs.write", "shell.run"]
+    first.clear()  # a caller (a turn's tool list) may filter its copy
+
+    async def handler(call, params):
+        return {}
+
+    registry.register("a.first", Params, handler, "A.")
+    assert [s.name for s in registry.specs()] == ["a.first", "fs.read", "fs.write", "shell.run"]
+
+
 async def test_defaults_and_overrides_resolve_exact_then_module_then_default():
     registry, _ = make({"fs.*": "BLOCK", "fs.read": "AUTO", "shell.run": "approve"})
     assert registry.policy_of("fs.read") is Policy.AUTO  # exact wins
