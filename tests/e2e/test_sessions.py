@@ -399,21 +399,29 @@ async def test_a_burst_of_events_reaches_the_client_whole_in_few_socket_writes(
         await original(self, event)
 
     monkeypatch.setattr(TCPServer, "protocol_send", counting)
-    words = " ".join(f"w{i}" for i in range(300))
     async with running_node(tmp_path) as node:
-        await new_session(node, "s1")
-        async with connect(node) as client:
-            await client.send(type="attach", session_id="s1")
-            await client.expect("session_sync")
-            writes.clear()
-            await client.send(type="send", session_id="s1", content=words, client_msg_id="m")
-            end = await client.expect("stream_end")
-            assert end["text"] == f"You said: {words}"
-            events = client.events("s1")
-            deltas = [e["text"] for e in events if e["type"] == "stream_delta"]
-            assert len(deltas) == 302 and "".join(deltas) == end["text"]
-            assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-            assert len(writes) <= 10  # for 305 frames (ack, turn_queued, start, deltas, end)
+        deltas = await streamed_reply(node, 300, before_send=writes.clear)
+    assert len(deltas) == 302
+    assert len(writes) <= 10  # for 305 frames (ack, turn_queued, start, deltas, end)
+
+
+async def streamed_reply(node, words: int, before_send=None) -> list[str]:
+    """Send a message of ``words`` words to a new session and check the streamed reply: all of
+    it, in order, gap-free. Returns its deltas."""
+    text = " ".join(f"w{i}" for i in range(words))
+    await new_session(node, "s1")
+    async with connect(node) as client:
+        await client.send(type="attach", session_id="s1")
+        await client.expect("session_sync")
+        if before_send is not None:
+            before_send()
+        await client.send(type="send", session_id="s1", content=text, client_msg_id="m")
+        end = await client.expect("stream_end")
+        events = client.events("s1")
+        deltas = [e["text"] for e in events if e["type"] == "stream_delta"]
+        assert "".join(deltas) == end["text"] == f"You said: {text}"
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        return deltas
 
 
 async def test_under_a_plain_asgi_server_each_event_is_its_own_send(tmp_path, monkeypatch):
@@ -422,15 +430,5 @@ async def test_under_a_plain_asgi_server_each_event_is_its_own_send(tmp_path, mo
     import tools.node
 
     monkeypatch.setattr(tools.node, "WS_SEND_MANY", None)
-    words = " ".join(f"w{i}" for i in range(40))
     async with running_node(tmp_path) as node:
-        await new_session(node, "s1")
-        async with connect(node) as client:
-            await client.send(type="attach", session_id="s1")
-            await client.expect("session_sync")
-            await client.send(type="send", session_id="s1", content=words, client_msg_id="m")
-            end = await client.expect("stream_end")
-            events = client.events("s1")
-            deltas = [e["text"] for e in events if e["type"] == "stream_delta"]
-            assert "".join(deltas) == end["text"] == f"You said: {words}"
-            assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert len(await streamed_reply(node, 40)) == 42
