@@ -39,7 +39,6 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import httpcore
@@ -340,21 +339,13 @@ def _httpx_error(exc: Exception) -> Exception | None:
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    """httpcore's response body with httpx's errors; tells ``on_close`` when it is done, and
-    whether reading it was cancelled."""
-
-    def __init__(self, stream: Any, on_close: Callable[[bool], Awaitable[None]]) -> None:
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
-        self._on_close: Callable[[bool], Awaitable[None]] | None = on_close
-        self._cancelled = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for part in self._stream:
                 yield part
-        except trio.Cancelled:
-            self._cancelled = True
-            raise
         except Exception as exc:
             mapped = _httpx_error(exc)
             if mapped is None:
@@ -362,23 +353,7 @@ class _ResponseStream(httpx.AsyncByteStream):
             raise mapped from exc
 
     async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            on_close, self._on_close = self._on_close, None
-            if on_close is not None:
-                await on_close(self._cancelled)
-
-
-class _Generation:
-    """One connection pool, and how many requests and responses are still using it."""
-
-    __slots__ = ("pool", "users", "retired")
-
-    def __init__(self, pool: httpcore.AsyncConnectionPool) -> None:
-        self.pool = pool
-        self.users = 0
-        self.retired = False
+        await self._stream.aclose()
 
 
 _SSL_CONTEXT: ssl.SSLContext | None = None
@@ -400,11 +375,6 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         ssl_context: TLS settings (default ``default_ssl_context()``).
         max_connections: connection pool size.
         keepalive_expiry: seconds an idle pooled connection is kept for reuse.
-
-    A request cancelled inside httpcore's pool can leave a connection slot the pool never
-    reclaims (encode/httpcore#1093, open in httpcore 1.0.9); enough of them and every later
-    request waits for a pool timeout. So after a cancelled request or body read, new
-    requests go to a fresh pool and the old one is closed once its last response is done.
     """
 
     def __init__(
@@ -417,8 +387,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         max_connections: int = 10,
         keepalive_expiry: float | None = 5.0,
     ) -> None:
-        self._new_pool = partial(
-            httpcore.AsyncConnectionPool,
+        self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context or default_ssl_context(),
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
@@ -427,10 +396,6 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             http2=False,
             network_backend=GuardedBackend(policy, resolver, backend),
         )
-        self._current = _Generation(self._new_pool())
-        self._live = {self._current}
-        #: How many times a cancellation made the transport start a fresh pool.
-        self.pools_replaced = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme not in SCHEMES:
@@ -447,46 +412,27 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             content=request.stream,
             extensions=request.extensions,
         )
-        generation = self._current
-        generation.users += 1
         try:
-            response = await generation.pool.handle_async_request(core_request)
-        except BaseException as exc:
-            await self._release(generation, cancelled=isinstance(exc, trio.Cancelled))
-            mapped = _httpx_error(exc) if isinstance(exc, Exception) else None
+            response = await self._pool.handle_async_request(core_request)
+        except Exception as exc:
+            mapped = _httpx_error(exc)
             if mapped is None:
                 raise
             raise mapped from exc
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(
-                response.stream, lambda cancelled: self._release(generation, cancelled)
-            ),
+            stream=_ResponseStream(response.stream),
             extensions=response.extensions,
         )
 
-    async def _release(self, generation: _Generation, cancelled: bool) -> None:
-        generation.users -= 1
-        if cancelled and generation is self._current:
-            self._current = _Generation(self._new_pool())
-            self._live.add(self._current)
-            generation.retired = True
-            self.pools_replaced += 1
-        if generation.retired and generation.users == 0:
-            self._live.discard(generation)
-            with trio.CancelScope(shield=True):
-                await generation.pool.aclose()
-
     @property
     def open_connections(self) -> int:
-        """Connections in the current pool, in use or idle."""
-        return len(self._current.pool.connections)
+        """Connections in the pool now, in use or idle."""
+        return len(self._pool.connections)
 
     async def aclose(self) -> None:
-        for generation in list(self._live):
-            self._live.discard(generation)
-            await generation.pool.aclose()
+        await self._pool.aclose()
 
 
 class _Borrowed(httpx.AsyncBaseTransport):

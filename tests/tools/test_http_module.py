@@ -351,24 +351,6 @@ async def test_closing_the_registry_closes_the_pooled_connections(server):
     assert module.transport.open_connections == 0
 
 
-async def test_a_cancelled_call_sends_later_calls_to_a_fresh_pool(server):
-    """httpcore can lose a pool slot to a cancelled request (encode/httpcore#1093); a
-    cancelled call retires its pool, which closes once nothing uses it any more."""
-    registry = ToolRegistry(PolicyTable({"http.*": "AUTO"}))
-    _REGISTRIES.append(registry)
-    module = register_http_module(registry, HttpConfig(**LOCAL))
-    assert (await registry.call("s", "ada", "http.get", {"url": f"{server}/text"})).ok
-    retired = module.transport._current
-    with trio.move_on_after(0.2) as waited:  # the server answers /slow after 30 s
-        await registry.call("s", "ada", "http.get", {"url": f"{server}/slow"})
-    assert waited.cancelled_caught
-    assert module.transport.pools_replaced == 1
-    assert retired.pool.connections == []  # closed: nothing used it any more
-    again = await registry.call("s", "ada", "http.get", {"url": f"{server}/text"})
-    assert again.ok and again.data["body"] == "hello"
-    assert module.transport.open_connections == 1  # on the fresh pool
-
-
 async def test_a_redirect_to_a_private_address_is_refused_at_the_hop(server):
     backend = Recorder()
     call, _ = make_tools(backend=backend, **LOCAL)
