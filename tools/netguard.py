@@ -374,7 +374,6 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         policy, resolver, backend: as for ``GuardedBackend``.
         ssl_context: TLS settings (default ``default_ssl_context()``).
         max_connections: connection pool size.
-        keepalive_expiry: seconds an idle pooled connection is kept for reuse.
     """
 
     def __init__(
@@ -385,13 +384,11 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         backend: httpcore.AsyncNetworkBackend | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int = 10,
-        keepalive_expiry: float | None = 5.0,
     ) -> None:
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context or default_ssl_context(),
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
-            keepalive_expiry=keepalive_expiry,
             http1=True,
             http2=False,
             network_backend=GuardedBackend(policy, resolver, backend),
@@ -426,26 +423,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             extensions=response.extensions,
         )
 
-    @property
-    def open_connections(self) -> int:
-        """Connections in the pool now, in use or idle."""
-        return len(self._pool.connections)
-
     async def aclose(self) -> None:
         await self._pool.aclose()
-
-
-class _Borrowed(httpx.AsyncBaseTransport):
-    """A transport lent to a client: the client's ``aclose`` leaves it open for the next."""
-
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
-        self._transport = transport
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._transport.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        pass
 
 
 def guarded_client(
@@ -455,19 +434,13 @@ def guarded_client(
     resolver: Resolver | None = None,
     backend: httpcore.AsyncNetworkBackend | None = None,
     headers: dict[str, str] | None = None,
-    transport: GuardedTransport | None = None,
 ) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` on a ``GuardedTransport``: no proxies, no automatic redirects.
 
-    Use it with ``open_response``, which follows redirects one vetted hop at a time. Given a
-    ``transport`` (its connection pool shared by many calls), the client borrows it and
-    closing the client leaves it open; otherwise the client gets a transport of its own. A
-    client per call keeps cookies from leaking from one call into another either way.
+    Use it with ``open_response``, which follows redirects one vetted hop at a time.
     """
     return httpx.AsyncClient(
-        transport=_Borrowed(transport)
-        if transport is not None
-        else GuardedTransport(policy, resolver=resolver, backend=backend),
+        transport=GuardedTransport(policy, resolver=resolver, backend=backend),
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
         trust_env=False,

@@ -154,7 +154,6 @@ async def run_node(
     agent = agent or make_agent(config)
     limits = config.limits
     metrics = Metrics()
-    tools: ToolRegistry | None = None
     try:
         async with open_store(config.store, clock=clock) as store:
             waiting = await recover(store)
@@ -320,8 +319,6 @@ async def run_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
-            if tools is not None:
-                await tools.aclose()
 
 
 def make_notifier(config: Config, store: Store, clock: Clock, registry: Registry) -> Notifier:

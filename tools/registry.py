@@ -68,17 +68,6 @@ class ToolRegistry:
         self._specs: list[ToolSpec] | None = None
         self.policies = policies or PolicyTable()
         self.approver = approver
-        self._closers: list[Callable[[], Awaitable[None]]] = []
-
-    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
-        """Have ``aclose`` run ``closer`` (a module releasing what it holds, such as pooled
-        connections)."""
-        self._closers.append(closer)
-
-    async def aclose(self) -> None:
-        """Release what the registered modules hold, last registered first."""
-        while self._closers:
-            await self._closers.pop()()
 
     def register(
         self,

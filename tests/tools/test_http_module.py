@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from collections.abc import AsyncIterator
 
 import httpcore
 import pytest
@@ -85,12 +84,6 @@ async def _headers(request: Request) -> Response:
     return JSONResponse(dict(request.headers))
 
 
-async def _cookie(request: Request) -> Response:
-    response = PlainTextResponse("here is a cookie")
-    response.set_cookie("session", "secret-of-the-first-caller")
-    return response
-
-
 async def _status(request: Request) -> Response:
     return PlainTextResponse("nope", status_code=int(request.path_params["code"]))
 
@@ -110,7 +103,6 @@ APP = Starlette(
         Route("/loop", _loop),
         Route("/echo", _echo, methods=["GET", "POST"]),
         Route("/headers", _headers),
-        Route("/cookie", _cookie),
         Route("/status/{code:int}", _status),
         Route("/file", _file),
     ]
@@ -118,7 +110,7 @@ APP = Starlette(
 
 
 @pytest.fixture
-async def server(nursery) -> AsyncIterator[str]:
+async def server(nursery) -> str:
     """The test server's base URL (``http://127.0.0.1:<port>``)."""
     config = HypercornConfig()
     config.bind = ["127.0.0.1:0"]
@@ -126,9 +118,7 @@ async def server(nursery) -> AsyncIterator[str]:
     config.errorlog = None
     config.graceful_timeout = 0.1
     (bind,) = await nursery.start(hypercorn_serve, APP, config)
-    yield bind
-    while _REGISTRIES:  # the http module keeps connections open for the next call
-        await _REGISTRIES.pop().aclose()
+    return bind
 
 
 class Recorder(httpcore.AsyncNetworkBackend):
@@ -165,13 +155,8 @@ class FakeResolver:
         return sequence.pop(0) if len(sequence) > 1 else sequence[0]
 
 
-#: Registries made by ``make_tools``; the ``server`` fixture closes their pooled connections.
-_REGISTRIES: list[ToolRegistry] = []
-
-
 def make_tools(tmp_path=None, *, resolver=None, backend=None, **config):
     registry = ToolRegistry(PolicyTable({"http.*": "AUTO"}))
-    _REGISTRIES.append(registry)
     sandbox = Sandbox(tmp_path / "root") if tmp_path is not None else None
     register_http_module(
         registry, HttpConfig(**config), sandbox=sandbox, resolver=resolver, backend=backend
@@ -301,12 +286,7 @@ async def test_the_connection_goes_to_the_vetted_address_without_a_second_lookup
     # A rebinding resolver: loopback (allowed here) first, a private address afterwards.
     resolver = FakeResolver(api_example_test=[["127.0.0.1"], ["10.0.0.1"]])
     backend = Recorder()
-    call, _ = make_tools(
-        backend=backend,
-        resolver=resolver,
-        allowed_networks=("127.0.0.0/8",),
-        keepalive_seconds=0,  # no pooled connection: the second call opens a new one
-    )
+    call, _ = make_tools(backend=backend, resolver=resolver, allowed_networks=("127.0.0.0/8",))
     result = await call("http.get", url=f"http://api.example.test:{port}/headers")
     assert result.ok, result.error
     assert result.data["body"]["host"] == f"api.example.test:{port}"
@@ -328,27 +308,6 @@ async def test_an_allowed_host_name_opens_its_private_addresses(server):
     other = make_tools(resolver=FakeResolver(other_example=[["127.0.0.1"]]), **LOCAL)[0]
     by_address = await other("http.get", url=f"http://other.example:{port}/text")
     assert by_address.ok  # 127.0.0.1 as an allowed host is an allowed address, whatever the name
-
-
-async def test_calls_to_one_origin_share_a_pooled_connection_but_not_cookies(server):
-    backend = Recorder()
-    call, _ = make_tools(backend=backend, **LOCAL)
-    first = await call("http.get", url=f"{server}/cookie")
-    assert first.ok and "session" in first.data["headers"].get("set-cookie", "session")
-    second = await call("http.get", url=f"{server}/headers")
-    assert second.ok, second.error
-    assert "cookie" not in second.data["body"]  # the first caller's cookie stays with it
-    assert backend.hosts == ["127.0.0.1"]  # one connection, opened (and vetted) once
-
-
-async def test_closing_the_registry_closes_the_pooled_connections(server):
-    backend = Recorder()
-    registry = ToolRegistry(PolicyTable({"http.*": "AUTO"}))
-    module = register_http_module(registry, HttpConfig(**LOCAL), backend=backend)
-    assert (await registry.call("s", "ada", "http.get", {"url": f"{server}/text"})).ok
-    assert module.transport.open_connections == 1  # kept for the next call
-    await registry.aclose()
-    assert module.transport.open_connections == 0
 
 
 async def test_a_redirect_to_a_private_address_is_refused_at_the_hop(server):

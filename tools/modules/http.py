@@ -39,14 +39,7 @@ import trio
 
 from runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
 from tools.modules.filesystem import PendingFile, Sandbox
-from tools.netguard import (
-    GuardedTransport,
-    NetPolicy,
-    Resolver,
-    check_url,
-    guarded_client,
-    open_response,
-)
+from tools.netguard import NetPolicy, Resolver, check_url, guarded_client, open_response
 from tools.policy import Policy
 from tools.registry import ToolCall, ToolRegistry
 
@@ -139,9 +132,7 @@ class HttpConfig:
         max_download_bytes: largest ``http.download`` (its default and ceiling).
         max_request_bytes: largest ``http.post`` body.
         max_redirects: redirects followed per call.
-        max_concurrency: calls of this module running at once (and pooled connections).
-        keepalive_seconds: how long an idle connection is kept for the next call to the same
-            origin (each was vetted when it was opened).
+        max_concurrency: calls of this module running at once.
         user_agent: the ``User-Agent`` sent unless the call sets one.
     """
 
@@ -155,7 +146,6 @@ class HttpConfig:
     max_request_bytes: int = 1 * MiB
     max_redirects: int = 5
     max_concurrency: int = 16
-    keepalive_seconds: float = 30.0
     user_agent: str = "turnstile-http/0.1"
 
     def __post_init__(self) -> None:
@@ -165,8 +155,6 @@ class HttpConfig:
             raise ValueError("default_max_bytes must be positive and at most max_bytes")
         if self.max_redirects < 0 or self.max_concurrency < 1:
             raise ValueError("max_redirects must be >= 0 and max_concurrency >= 1")
-        if not 0 <= self.keepalive_seconds <= 3600:
-            raise ValueError("keepalive_seconds must be between 0 and 3600")
         NetPolicy(tuple(self.allowed_hosts), tuple(self.allowed_networks))  # valid CIDR
 
 
@@ -296,19 +284,6 @@ class HttpModule:
         self.resolver = resolver
         self.backend = backend
         self.limiter = trio.CapacityLimiter(config.max_concurrency)
-        #: One connection pool for every call: a watcher polling a URL every few seconds
-        #: reuses its connection instead of opening one per check.
-        self.transport = GuardedTransport(
-            self.policy,
-            resolver=resolver,
-            backend=backend,
-            max_connections=config.max_concurrency,
-            keepalive_expiry=config.keepalive_seconds,
-        )
-
-    async def aclose(self) -> None:
-        """Close the pooled connections."""
-        await self.transport.aclose()
 
     def _timeout(self, timeout: float | None) -> float:
         value = timeout or self.config.default_timeout
@@ -341,7 +316,7 @@ class HttpModule:
             with trio.move_on_after(timeout) as deadline:
                 try:
                     async with guarded_client(
-                        self.policy, timeout=timeout, transport=self.transport
+                        self.policy, timeout=timeout, resolver=self.resolver, backend=self.backend
                     ) as client:
                         async with open_response(
                             client,
@@ -492,7 +467,6 @@ def register_http_module(
         resolver, backend: replace DNS resolution and the socket layer (tests).
     """
     module = HttpModule(config, sandbox=sandbox, resolver=resolver, backend=backend)
-    registry.on_close(module.aclose)
     registry.register(
         "http.get",
         GetParams,
