@@ -4,8 +4,10 @@ When a tool whose policy is ``APPROVE`` is called, the desk records a pending ap
 ``approval_required`` into the calling session (so every attached client sees it, and a client
 that reconnects gets it by replay), and waits. A client answers with an ``approve`` or ``deny``
 frame (or ``POST /approvals/{id}/approve|deny``); the desk emits ``approval_resolved`` and the
-call runs or is refused. No answer within the timeout is a denial. Pending approvals live in
-memory: a node that restarts has also lost the turn that was waiting.
+call runs or is refused. No answer within the timeout is a denial. If the call that asked is
+cancelled while it waits (its WebSocket client went away, its turn was stopped), the approval is
+withdrawn: it leaves the pending list and ``approval_resolved`` says ``cancelled``. Pending
+approvals live in memory: a node that restarts has also lost the turn that was waiting.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ __all__ = ["ApprovalDesk"]
 
 #: Arguments larger than this are cut in the approval_required event (the call gets them whole).
 MAX_SHOWN_ARGUMENT_CHARS = 4000
+
+#: Seconds the ``approval_resolved`` event may take to reach a busy session before it is given
+#: up (it is published shielded, even while the waiting call is being cancelled).
+RESOLVED_PUBLISH_GRACE = 10.0
 
 
 class _Pending:
@@ -79,6 +85,7 @@ class ApprovalDesk:
             k: (v if len(repr(v)) <= MAX_SHOWN_ARGUMENT_CHARS else "…(too long to show)")
             for k, v in arguments.items()
         }
+        announced = timed_out = False
         try:
             await self.publish(
                 call.session_id,
@@ -92,24 +99,44 @@ class ApprovalDesk:
                     },
                 ),
             )
-            with trio.move_on_after(self.timeout):
+            announced = True
+            with trio.move_on_after(self.timeout) as waiting:
                 await pending.decided.wait()
-            decision = (
-                "approved"
-                if pending.approved
-                else ("denied" if pending.decided.is_set() else "timed_out")
-            )
-            with trio.CancelScope(shield=True):
-                await self.publish(
-                    call.session_id,
-                    Publish(
-                        event="approval_resolved",
-                        payload={"approval_id": pending.id, "decision": decision, "by": pending.by},
-                    ),
-                )
+            timed_out = waiting.cancelled_caught
             return pending.approved
         finally:
+            # Also when the caller is cancelled: nobody can decide any more, and the people
+            # shown approval_required must not be left with a question that means nothing.
             self._pending.pop(pending.id, None)
+            if announced:
+                if pending.decided.is_set():
+                    decision = "approved" if pending.approved else "denied"
+                else:
+                    decision = "timed_out" if timed_out else "cancelled"
+                with trio.move_on_after(RESOLVED_PUBLISH_GRACE, shield=True):
+                    await self.publish(
+                        call.session_id,
+                        Publish(
+                            event="approval_resolved",
+                            payload={
+                                "approval_id": pending.id,
+                                "decision": decision,
+                                "by": pending.by,
+                            },
+                        ),
+                    )
+
+    def drop_session(self, session_id: str) -> int:
+        """Deny every approval a deleted session is waiting on (nobody can answer them any
+        more, and none may be answered for a later session of the same name); returns how
+        many there were."""
+        mine = [p for p in self._pending.values() if p.session_id == session_id]
+        for pending in mine:
+            if not pending.decided.is_set():
+                pending.approved = False
+                pending.decided.set()
+            self._pending.pop(pending.id, None)
+        return len(mine)
 
     def resolve(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
         """Record a person's decision.
