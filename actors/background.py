@@ -103,6 +103,13 @@ class CancelTask(Message, tag="cancel_task", kw_only=True):
     task_id: str
 
 
+class DropSessionTasks(Message, tag="drop_session_tasks", kw_only=True):
+    """End everything of a deleted session: cancel its running tasks, forget every record and
+    every notice not yet delivered. Answers how many tasks there were."""
+
+    session_id: str
+
+
 class ListTasks(Message, tag="list_tasks", kw_only=True):
     """Answers the session's tasks, running first."""
 
@@ -167,10 +174,20 @@ class BackgroundActor(Actor):
                     return False
                 task.scope.cancel()
                 return True
+            case DropSessionTasks(session_id=session_id):
+                return self._drop_session(session_id)
             case ListTasks():
                 mine = [t for t in self.tasks.values() if t.session_id == message.session_id]
                 return sorted(mine, key=lambda t: (t.status != "running", -t.started))
         raise InvalidArgument(f"background actor cannot handle {type(message).__name__}")
+
+    def _drop_session(self, session_id: str) -> int:
+        mine = [t for t in self.tasks.values() if t.session_id == session_id]
+        for task in mine:
+            task.scope.cancel()
+            del self.tasks[task.id]
+        self._outbox.pop(session_id, None)
+        return len(mine)
 
     def _get(self, session_id: str, task_id: str) -> BackgroundTask:
         task = self.tasks.get(task_id)
@@ -230,14 +247,21 @@ class BackgroundActor(Actor):
         await self._notify(task)
 
     async def _notify(self, task: BackgroundTask) -> None:
-        """Batch completions per session for ``BATCH_WINDOW``, then tell the session once."""
+        """Batch completions per session for ``BATCH_WINDOW``, then tell the session once.
+
+        A task whose session was deleted (``DropSessionTasks``) notifies nobody.
+        """
+        if self.tasks.get(task.id) is not task:
+            return
         pending = self._outbox.get(task.session_id)
         if pending is not None:
             pending.append(task)
             return
-        self._outbox[task.session_id] = [task]
+        batch = self._outbox[task.session_id] = [task]
         await trio.sleep(BATCH_WINDOW)
-        batch = self._outbox.pop(task.session_id)
+        if self._outbox.get(task.session_id) is not batch:
+            return  # the session was deleted meanwhile (``DropSessionTasks``)
+        del self._outbox[task.session_id]
         now = trio.current_time()
         text = "\n\n".join(notification_text(t, now) for t in batch)
         with trio.CancelScope(shield=True):

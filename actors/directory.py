@@ -1,8 +1,13 @@
 """The session directory: the gateway's ``SessionBackend``, on top of session actors.
 
-It checks ownership (someone else's session is ``NotFound``, so ids do not leak), enforces the
-per-user and per-session limits, and turns each request into a message to the session's
-virtual actor. Reads that need no actor (events, history) go straight to the store.
+Clients name sessions; the directory turns each name into the session's key in the caller's own
+namespace (``actors.session_ids``), so another user's session is not merely refused but simply
+not there: it answers exactly like a name nobody uses, and creating a name another user also
+uses is an ordinary create. Every answer carries names, never keys. The directory enforces the
+per-user and per-session limits, turns each request into a message to the session's virtual
+actor, and makes everything a session owns end with it (derived sessions, jobs and recalls,
+watchers, background tasks, pending approvals, buffered notifications). Reads that need no
+actor (events, history) go straight to the store.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import trio
 
 from actors.approvals import ApprovalDesk
-from actors.background import CancelTask, GetTask, ListTasks
+from actors.background import CancelTask, DropSessionTasks, GetTask, ListTasks
 from actors.session import (
     POLICIES,
     Attach,
@@ -27,15 +33,33 @@ from actors.session import (
     ToolCaller,
     load_history,
 )
+from actors.session_ids import (
+    DERIVED_SUFFIXES,
+    MAX_NAME_CHARS,
+    OWNER_SEPARATOR,
+    derived_key,
+    is_derived,
+    public_id,
+    public_result,
+    public_view,
+    session_key,
+)
 from runtime.actor import ActorRef
 from runtime.agents.base import HistoryEntry, ToolResult
-from runtime.errors import BlockedByAutomations, Busy, InvalidArgument, LimitExceeded, NotFound
+from runtime.errors import (
+    AlreadyExists,
+    BlockedByAutomations,
+    Busy,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+)
 from runtime.gateway.backend import Attached, Submitted, Subscriber
 from runtime.metrics import Metrics
 from runtime.registry import Registry
 from runtime.store import EventRecord, Job, JobRun, Session, Store
 
-__all__ = ["RecallHooks", "SessionDirectory"]
+__all__ = ["RecallHooks", "SessionDirectory", "create_derived_session"]
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
@@ -121,18 +145,27 @@ class SessionDirectory:
 
     # -- ownership --
 
-    async def _owned(self, user: str, session_id: str) -> None:
-        owner = self._owners.get(session_id)
+    async def _owned(self, user: str, session_id: str) -> str:
+        """The key of ``user``'s session named ``session_id``.
+
+        Raises:
+            NotFound: ``user`` has no session of that name (whoever else may have one).
+        """
+        if not session_id or OWNER_SEPARATOR in session_id:
+            raise NotFound(f"no session with id {session_id!r}")
+        key = session_key(user, session_id)
+        owner = self._owners.get(key)
         if owner is None:
             try:
-                owner = (await self.store.get_session(session_id)).owner
+                owner = (await self.store.get_session(key)).owner
             except NotFound:
                 raise NotFound(f"no session with id {session_id!r}") from None
             if len(self._owners) >= _OWNER_CACHE_MAX:
                 self._owners.clear()
-            self._owners[session_id] = owner
-        if owner != user:
+            self._owners[key] = owner
+        if owner != user:  # a key is in its owner's namespace; this only guards the store
             raise NotFound(f"no session with id {session_id!r}")
+        return key
 
     async def _ask(self, session_id: str, message: Any) -> Any:
         ref = await self.registry.resolve(f"session:{session_id}")
@@ -154,114 +187,161 @@ class SessionDirectory:
             raise InvalidArgument(
                 f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy"
             )
-        mine = await self.store.list_sessions(owner=user, limit=self.max_sessions_per_user)
-        if len(mine) >= self.max_sessions_per_user:
-            raise LimitExceeded(
-                f"user {user!r} already has {len(mine)} sessions "
-                f"(limit {self.max_sessions_per_user})"
+        if session_id is not None:
+            if not session_id or len(session_id) > MAX_NAME_CHARS or OWNER_SEPARATOR in session_id:
+                raise InvalidArgument(
+                    f"id must be 1 to {MAX_NAME_CHARS} characters without {OWNER_SEPARATOR!r}",
+                    field="id",
+                )
+            if is_derived(session_id):
+                raise InvalidArgument(
+                    f"ids ending in {' or '.join(DERIVED_SUFFIXES)} are reserved for sessions "
+                    "the runtime derives from a session",
+                    field="id",
+                )
+        await _check_session_limit(self.store, user, self.max_sessions_per_user)
+        key = session_key(user, session_id or uuid.uuid4().hex)
+        try:
+            session = await self.store.create_session(
+                key, user, metadata=metadata or {}, policy=policy
             )
-        session_id = session_id or uuid.uuid4().hex
-        session = await self.store.create_session(
-            session_id, user, metadata=metadata or {}, policy=policy
-        )
-        self._owners[session_id] = user
+        except AlreadyExists:
+            raise AlreadyExists(f"session {session_id!r} already exists") from None
+        self._owners[key] = user
         self._metrics.inc("turnstile_sessions_created_total")
-        return session
+        return _public_session(session)
 
     async def list_sessions(
         self, user: str, *, limit: int = 100, after_id: str | None = None
     ) -> list[Session]:
-        return await self.store.list_sessions(owner=user, limit=limit, after_id=after_id)
+        after = None
+        if after_id is not None:
+            if not after_id or OWNER_SEPARATOR in after_id:
+                raise InvalidArgument(
+                    f"after must be a session id, got {after_id!r}", field="after"
+                )
+            after = session_key(user, after_id)
+        sessions = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
+        return [_public_session(s) for s in sessions]
 
     async def get_session(self, user: str, session_id: str) -> Session:
-        await self._owned(user, session_id)
-        return await self.store.get_session(session_id)
+        key = await self._owned(user, session_id)
+        return _public_session(await self.store.get_session(key))
 
     async def delete_session(self, user: str, session_id: str, *, confirm: bool = False) -> None:
-        await self._owned(user, session_id)
+        """Delete a session with its derived sessions and everything they own.
+
+        Raises:
+            BlockedByAutomations: jobs are bound to it (or to a session derived from it) and
+                ``confirm`` is False; nothing is deleted.
+        """
+        key = await self._owned(user, session_id)
+        keys = [key]
+        for suffix in DERIVED_SUFFIXES:
+            try:
+                derived = derived_key(key, suffix)
+            except ValueError:
+                continue
+            try:
+                await self.store.get_session(derived)
+            except NotFound:
+                continue
+            keys.append(derived)
         if self._automations is not None:
-            bound = await self._automations(session_id)
+            bound = [job for k in keys for job in await self._automations(k)]
             if bound and not confirm:
                 raise BlockedByAutomations(
                     f"session {session_id!r} has {len(bound)} scheduled job(s); "
                     "delete with confirm=true to remove them too",
-                    bound,
+                    [public_view(job) for job in bound],
                 )
-            if bound:
-                await self._cancel_automations(session_id)
-        await self._ask(session_id, DeleteSession())
+            for k in keys:
+                await self._cancel_automations(k)
+        for k in reversed(keys):  # derived first: the parent goes last
+            await self._end(k)
+
+    async def _end(self, key: str) -> None:
+        """Delete one session and end everything it owns, so nothing of it reaches a session
+        created later under the same name."""
+        await self._ask(key, DeleteSession())
+        if self._background is not None:
+            await self._background.ask(DropSessionTasks(session_id=key))
+        if self._approvals is not None:
+            self._approvals.drop_session(key)
         if self._watchers is not None:
-            await self._watchers.drop_session(session_id)
+            await self._watchers.drop_session(key)
         if self._notifier is not None:
-            await self._notifier.discard_buffered(session_id)
-        self._owners.pop(session_id, None)
+            await self._notifier.discard_buffered(key)
+        self._owners.pop(key, None)
 
     # -- turns --
 
     async def submit(
         self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None
     ) -> Submitted:
-        await self._owned(user, session_id)
+        key = await self._owned(user, session_id)
         submitted = await self._ask(
-            session_id, Submit(source="user", content=content, payload=payload or {})
+            key, Submit(source="user", content=content, payload=payload or {})
         )
         self._metrics.inc("turnstile_inputs_total")
         return submitted
 
     async def stop(self, user: str, session_id: str) -> bool:
-        await self._owned(user, session_id)
-        return await self._ask(session_id, StopTurn())
+        key = await self._owned(user, session_id)
+        return await self._ask(key, StopTurn())
 
     async def set_policy(self, user: str, session_id: str, policy: str) -> str:
-        await self._owned(user, session_id)
-        return await self._ask(session_id, SetPolicy(policy=policy))
+        key = await self._owned(user, session_id)
+        return await self._ask(key, SetPolicy(policy=policy))
 
     # -- watching --
 
     async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached:
-        await self._owned(user, session_id)
-        attached = await self._ask(session_id, Attach(subscriber=subscriber))
+        key = await self._owned(user, session_id)
+        attached = await self._ask(key, Attach(subscriber=subscriber))
         if self._notifier is not None:  # what was held while nobody watched, in order
-            await self._notifier.deliver_buffered(session_id)
+            await self._notifier.deliver_buffered(key)
         return attached
 
     async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
-        await self._owned(user, session_id)
-        if self.registry.is_active(f"session:{session_id}"):
-            await self._ask(session_id, Detach(subscriber=subscriber))
+        key = await self._owned(user, session_id)
+        if self.registry.is_active(f"session:{key}"):
+            await self._ask(key, Detach(subscriber=subscriber))
 
     async def read_events(
         self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
     ) -> list[EventRecord]:
-        await self._owned(user, session_id)
-        return await self.store.read_events(session_id, after_seq=after_seq, limit=limit)
+        key = await self._owned(user, session_id)
+        return await self.store.read_events(key, after_seq=after_seq, limit=limit)
 
     async def history(self, user: str, session_id: str) -> list[HistoryEntry]:
-        await self._owned(user, session_id)
-        return await load_history(self.store, session_id, HISTORY_LIMIT)
+        key = await self._owned(user, session_id)
+        return await load_history(self.store, key, HISTORY_LIMIT)
 
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
     ) -> ToolResult:
-        await self._owned(user, session_id)
+        key = await self._owned(user, session_id)
         self._metrics.inc("turnstile_tool_calls_total")
-        return await self.tools.call(session_id, user, tool, arguments)
+        return public_result(await self.tools.call(key, user, tool, arguments))
 
     # -- jobs --
 
     async def list_jobs(self, user: str, session_id: str) -> list[Job]:
-        await self._owned(user, session_id)
-        return await self.store.list_jobs(session_id=session_id)
+        key = await self._owned(user, session_id)
+        return [_public_job(job) for job in await self.store.list_jobs(session_id=key)]
 
     async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
         try:
             job = await self.store.get_job(job_id)
-            if job.session_id is None:
+            if job.session_id is None or job.session_id != session_key(
+                user, public_id(job.session_id)
+            ):
                 raise NotFound(job_id)
-            await self._owned(user, job.session_id)
-        except NotFound:
+            await self._owned(user, public_id(job.session_id))
+        except (NotFound, ValueError):
             raise NotFound(f"no job with id {job_id!r}") from None
-        return job, await self.store.list_runs(job_id, limit=100)
+        return _public_job(job), await self.store.list_runs(job_id, limit=100)
 
     # -- recalls --
 
@@ -271,27 +351,27 @@ class SessionDirectory:
         return self._recalls
 
     async def get_recall(self, user: str, session_id: str) -> dict[str, Any] | None:
-        await self._owned(user, session_id)
-        return await self._recall_hooks().get(session_id)
+        key = await self._owned(user, session_id)
+        return public_view(await self._recall_hooks().get(key))
 
     async def cancel_recall(self, user: str, session_id: str) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        return await self._recall_hooks().cancel(session_id)
+        key = await self._owned(user, session_id)
+        return public_view(await self._recall_hooks().cancel(key))
 
     async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        return await self._recall_hooks().skip(session_id)
+        key = await self._owned(user, session_id)
+        return public_view(await self._recall_hooks().skip(key))
 
     # -- approvals --
 
     async def resolve_approval(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
         if self._approvals is None:
             raise NotFound(f"no pending approval with id {approval_id!r}")
-        return self._approvals.resolve(user, approval_id, approved)
+        return public_view(self._approvals.resolve(user, approval_id, approved))
 
     async def pending_approvals(self, user: str, session_id: str) -> list[dict[str, Any]]:
-        await self._owned(user, session_id)
-        return [] if self._approvals is None else self._approvals.pending(session_id)
+        key = await self._owned(user, session_id)
+        return [] if self._approvals is None else self._approvals.pending(key)
 
     # -- watchers --
 
@@ -303,17 +383,17 @@ class SessionDirectory:
     async def start_watcher(
         self, user: str, session_id: str, spec: dict[str, Any]
     ) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        return await self._watcher_hooks().start(session_id, user, spec)
+        key = await self._owned(user, session_id)
+        return public_view(await self._watcher_hooks().start(key, user, spec))
 
     async def list_watchers(self, user: str, session_id: str) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        return await self._watcher_hooks().list(session_id, user)
+        key = await self._owned(user, session_id)
+        return public_view(await self._watcher_hooks().list(key, user))
 
     async def watcher(self, user: str, watcher_id: str, action: str) -> dict[str, Any]:
         """``get``, ``stop``, ``pause`` or ``resume`` one of ``user``'s watchers."""
         hooks = self._watcher_hooks()
-        return await getattr(hooks, action)(watcher_id, user)
+        return public_view(await getattr(hooks, action)(watcher_id, user))
 
     # -- background tasks --
 
@@ -323,19 +403,67 @@ class SessionDirectory:
         return self._background
 
     async def list_tasks(self, user: str, session_id: str) -> list[dict[str, Any]]:
-        await self._owned(user, session_id)
-        tasks = await self._background_ref().ask(ListTasks(session_id=session_id))
+        key = await self._owned(user, session_id)
+        tasks = await self._background_ref().ask(ListTasks(session_id=key))
         now = trio.current_time()
         return [t.view(now) for t in tasks]
 
     async def task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        task = await self._background_ref().ask(GetTask(session_id=session_id, task_id=task_id))
+        key = await self._owned(user, session_id)
+        task = await self._background_ref().ask(GetTask(session_id=key, task_id=task_id))
         return task.view(trio.current_time())
 
     async def cancel_task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
-        await self._owned(user, session_id)
-        cancelled = await self._background_ref().ask(
-            CancelTask(session_id=session_id, task_id=task_id)
-        )
+        key = await self._owned(user, session_id)
+        cancelled = await self._background_ref().ask(CancelTask(session_id=key, task_id=task_id))
         return {"task_id": task_id, "cancelled": cancelled}
+
+
+def _public_session(session: Session) -> Session:
+    """``session`` as its owner sees it: named, not keyed."""
+    return msgspec.structs.replace(session, id=public_id(session.id))
+
+
+def _public_job(job: Job) -> Job:
+    if job.session_id is None:
+        return job
+    return msgspec.structs.replace(job, session_id=public_id(job.session_id))
+
+
+async def _check_session_limit(store: Store, owner: str, limit: int) -> None:
+    """Raise ``LimitExceeded`` when ``owner`` has ``limit`` sessions (derived ones count)."""
+    mine = await store.list_sessions(owner=owner, limit=limit)
+    if len(mine) >= limit:
+        raise LimitExceeded(f"user {owner!r} already has {len(mine)} sessions (limit {limit})")
+
+
+async def create_derived_session(
+    store: Store, max_sessions_per_user: int, parent_key: str, suffix: str
+) -> str:
+    """The key of the session derived from ``parent_key`` (created now unless it exists).
+
+    Only the runtime calls this (``set_heartbeat``); the derived session has its parent's owner,
+    counts against that owner's session limit and is deleted with its parent.
+
+    Raises:
+        InvalidArgument: the parent cannot have such a derived session (see ``derived_key``).
+        LimitExceeded: the owner is at the session limit.
+    """
+    try:
+        key = derived_key(parent_key, suffix)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    parent = await store.get_session(parent_key)
+    try:
+        await store.get_session(key)
+        return key
+    except NotFound:
+        pass
+    await _check_session_limit(store, parent.owner, max_sessions_per_user)
+    try:
+        await store.create_session(
+            key, parent.owner, metadata={"derived_from": public_id(parent.id)}
+        )
+    except AlreadyExists:
+        pass  # created meanwhile by a concurrent call: same key, same owner
+    return key

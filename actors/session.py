@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import trio
 
+from actors.session_ids import public_id, public_result
 from runtime.actor import Actor
 from runtime.agents.base import (
     Agent,
@@ -274,6 +275,8 @@ class SessionActor(Actor):
 
     def __init__(self, session_id: str, services: SessionServices) -> None:
         self.session_id = session_id
+        #: The name the owner knows this session by: what its event frames carry.
+        self.public_id = public_id(session_id)
         self.services = services
         self.session: Session | None = None
         self.history: list[HistoryEntry] = []
@@ -324,7 +327,7 @@ class SessionActor(Actor):
 
     async def receive(self, message: Any) -> Any:
         if self.session is None:
-            raise NotFound(f"no session with id {self.session_id!r}")
+            return self._gone(message)
         match message:
             case Submit():
                 return await self._submit(message)
@@ -364,6 +367,24 @@ class SessionActor(Actor):
             case DeleteSession():
                 return await self._delete()
         raise InvalidArgument(f"session cannot handle {type(message).__name__}")
+
+    def _gone(self, message: Any) -> None:
+        """Answer a message for a session that does not exist (any more).
+
+        The actor stops, so a session created later under the same key starts afresh.
+        Notices that nobody asked for (a background result, a watcher escalation, a wake-up
+        arriving after a delete) have no one to reach: they are dropped, never raised, since a
+        raise from a ``tell`` would be reported as a crash. Everything else is ``NotFound``.
+        """
+        self.ref.stop_nowait()
+        if isinstance(message, (Inject, Wake, Delivered, Publish)):
+            log.info(
+                "dropped %s for session %s: it no longer exists",
+                type(message).__name__,
+                self.session_id,
+            )
+            return None
+        raise NotFound(f"no session with id {self.public_id!r}")
 
     def _attached(self) -> Attached:
         return Attached(
@@ -454,7 +475,7 @@ class SessionActor(Actor):
         await self._events_stored()
         await self.services.store.delete_session(self.session_id)
         for subscriber in list(self.subscribers):
-            subscriber.lagged(self.session_id, self.last_seq)
+            subscriber.deleted(self.public_id)
         self.subscribers.clear()
         self.session = None
         self.ref.stop_nowait()
@@ -801,12 +822,13 @@ class SessionActor(Actor):
         if not subscribers:
             return
         encode = self.services.encode_event
+        name = self.public_id
         for record in records:
-            frame = encode(self.session_id, record)
+            frame = encode(name, record)
             for subscriber in list(subscribers):
-                if not subscriber.offer(self.session_id, record.seq, frame):
+                if not subscriber.offer(name, record.seq, frame):
                     subscribers.discard(subscriber)
-                    subscriber.lagged(self.session_id, record.seq - 1)
+                    subscriber.lagged(name, record.seq - 1)
 
     def _remember(self, entry: HistoryEntry) -> None:
         self.history.append(entry)
@@ -857,8 +879,10 @@ class _TurnContext:
                 },
             )
         else:
-            result = await session.services.tools.call(
-                session.session_id, session.session.owner, name, arguments
+            result = public_result(
+                await session.services.tools.call(
+                    session.session_id, session.session.owner, name, arguments
+                )
             )
         outcome = {"ok": result.ok}
         if result.ok:

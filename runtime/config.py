@@ -43,7 +43,9 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 class UserConfig(msgspec.Struct, forbid_unknown_fields=True):
     """A user and the bearer token that authenticates them."""
 
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    #: Session keys are ``<user>/<session name>``, so a name holds no ``/`` (and no spaces or
+    #: control characters, which would only confuse logs).
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@+-]+\Z")]
     token: Annotated[str, msgspec.Meta(min_length=16)]
 
 

@@ -10,8 +10,10 @@ override and token cap, and a restricted tool profile:
 * ``heartbeat_active`` — the above plus the tools that schedule work;
 * ``full`` — every tool.
 
-Where it runs: a **dedicated** session (default; ``<session>.heartbeat``, created for the same
-owner; each heartbeat starts from a clean context) or the **main** session (the heartbeat sees
+Where it runs: a **dedicated** session (default; ``<session>.heartbeat``, a session the runtime
+derives from the parent: in the parent's owner's namespace, created only by the runtime,
+counted against the owner's session limit, deleted with the parent; each heartbeat starts from a
+clean context) or the **main** session (the heartbeat sees
 the conversation). Outside ``active_hours`` no turn runs (the occurrence is recorded as
 ``outside_active_hours``). A short answer (under ``suppress_threshold`` characters) with no tool
 call is suppressed: kept in the run record and the server log, not streamed, not in the
@@ -21,15 +23,17 @@ once), ``disable`` (cancel the heartbeat and emit ``heartbeat_disabled``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from actors.scheduler import AddJob, CancelJob, Schedule
+from actors.session_ids import derived_key, is_derived, public_id
 from runtime.actor import ActorRef
 from runtime.clock import Clock
 from runtime.cronexpr import resolve_timezone
-from runtime.errors import AlreadyExists, InvalidArgument
+from runtime.errors import InvalidArgument
 from runtime.store import Store
 from tools.registry import ToolCall, ToolRegistry
 
@@ -100,8 +104,11 @@ def heartbeat_params(defaults: dict[str, Any] | None = None) -> type[SetHeartbea
     )
 
 
-def _dedicated_id(session_id: str) -> str:
-    return f"{session_id}.heartbeat"[:128]
+SUFFIX = ".heartbeat"
+
+#: ``async (parent key, suffix) -> derived key``: creates the derived session if need be
+#: (``actors.directory.create_derived_session``, which applies the owner's session limit).
+DeriveSession = Callable[[str, str], Awaitable[str]]
 
 
 def register_heartbeat_tools(
@@ -109,21 +116,28 @@ def register_heartbeat_tools(
     scheduler: ActorRef,
     store: Store,
     clock: Clock,
+    derive_session: DeriveSession,
     defaults: dict[str, Any] | None = None,
 ) -> None:
     """Register ``set_heartbeat``, bound to ``scheduler``; ``defaults`` are the agent's
-    ``[heartbeat]`` settings, used for whatever a call leaves out."""
+    ``[heartbeat]`` settings, used for whatever a call leaves out; ``derive_session`` makes the
+    dedicated heartbeat session."""
 
     async def current(session_id: str) -> list[Any]:
         found = []
-        for target in (session_id, _dedicated_id(session_id)):
+        targets = [session_id]
+        try:
+            targets.append(derived_key(session_id, SUFFIX))
+        except ValueError:
+            pass  # too long a name for a dedicated session: only the main one can hold it
+        for target in targets:
             for job in await store.list_jobs(session_id=target, states=["active", "paused"]):
                 if job.kind == "heartbeat" and job.spec.get("heartbeat_of") == session_id:
                     found.append(job)
         return found
 
     async def set_heartbeat(call: ToolCall, args) -> dict[str, Any]:
-        if call.session_id.endswith(".heartbeat"):
+        if is_derived(call.session_id):
             raise InvalidArgument("a heartbeat session cannot have a heartbeat of its own")
         window = None
         if (args.active_hours_start is None) != (args.active_hours_end is None):
@@ -142,16 +156,10 @@ def register_heartbeat_tools(
         for job in await current(call.session_id):
             await scheduler.ask(CancelJob(job_id=job.id))
         if not args.enabled:
-            return {"enabled": False, "session_id": call.session_id}
+            return {"enabled": False, "session_id": public_id(call.session_id)}
         target = call.session_id
         if args.session == "dedicated":
-            target = _dedicated_id(call.session_id)
-            try:
-                await store.create_session(
-                    target, call.owner, metadata={"heartbeat_of": call.session_id}
-                )
-            except AlreadyExists:
-                pass
+            target = await derive_session(call.session_id, SUFFIX)
         config = {
             "checklist": args.checklist,
             "model_override": args.model_override,
@@ -187,7 +195,7 @@ def register_heartbeat_tools(
         return {
             "heartbeat_id": job.id,
             "enabled": True,
-            "session_id": target,
+            "session_id": public_id(target),
             "interval_minutes": args.interval_minutes,
             "next_run_at": job.next_fire_at.isoformat().replace("+00:00", "Z"),
             "active_hours": window,

@@ -18,7 +18,12 @@ import trio
 
 from actors.approvals import ApprovalDesk
 from actors.background import BackgroundActor
-from actors.directory import RecallHooks, SessionDirectory, WatcherHooks
+from actors.directory import (
+    RecallHooks,
+    SessionDirectory,
+    WatcherHooks,
+    create_derived_session,
+)
 from actors.notifier import ChannelConfig, Notifier, NotifierConfig
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake
@@ -200,6 +205,9 @@ async def run_node(
                     scheduler,
                     store,
                     clock,
+                    lambda parent, suffix: create_derived_session(
+                        store, limits.max_sessions_per_user, parent, suffix
+                    ),
                     defaults={
                         k: v
                         for k, v in msgspec.structs.asdict(config.heartbeat).items()

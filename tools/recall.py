@@ -69,6 +69,7 @@ import msgspec
 
 from actors.scheduler import AddJob, CancelJob, RescheduleJob, Schedule, SchedulerLimits
 from actors.session import Publish
+from actors.session_ids import public_id
 from runtime.actor import ActorRef
 from runtime.clock import Clock
 from runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
@@ -403,7 +404,7 @@ def register_recall_tools(
         return update
 
     async def manage_recall(call: ToolCall, args: ManageRecall) -> dict[str, Any]:
-        if args.session_id is not None and args.session_id != call.session_id:
+        if args.session_id is not None and args.session_id != public_id(call.session_id):
             raise NotFound(f"no session with id {args.session_id!r}")
         if args.action == "cancel":
             return await cancel_recall(scheduler, store, call.session_id, publish)

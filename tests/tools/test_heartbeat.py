@@ -9,6 +9,7 @@ import msgspec
 import pytest
 import trio
 
+from actors.directory import create_derived_session
 from actors.session import Attach
 from runtime.agents.base import AgentError
 from tests.actors.test_scheduler import DAY, T0, node
@@ -74,7 +75,13 @@ class running:
         self._node = node(tools=self.tools, profiles=HEARTBEAT_PROFILES, agent=self.agent)
         n = await self._node.__aenter__()
         register_builtin_tools(self.tools, n.clock)
-        register_heartbeat_tools(self.tools, n.scheduler, n.store, n.clock)
+        register_heartbeat_tools(
+            self.tools,
+            n.scheduler,
+            n.store,
+            n.clock,
+            lambda parent, suffix: create_derived_session(n.store, 100, parent, suffix),
+        )
         return n, Heartbeats(n, self.tools)
 
     async def __aexit__(self, *exc):
