@@ -4,10 +4,18 @@ Every route but ``/healthz`` and ``/metrics`` needs a bearer token. Errors are J
 ``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
 token, 404 unknown (including someone else's session: ids do not leak), 409 busy or conflict,
 429 a limit reached.
+
+Hostile input is a clean 4xx, never a 500: bodies are bounded (``max_frame_bytes``), nested at
+most ``MAX_JSON_DEPTH`` levels and valid UTF-8; ids in the path (``{id}``, ``{task_id}``) and
+the ``after`` cursor follow the session id rule, so a malformed one is ``400 bad_message``
+naming the parameter; numbers in the query are range-checked before they reach the store. An
+unexpected exception is answered ``500 internal`` and logged with its traceback.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from runtime.codec import Codec
+from runtime.codec import MAX_JSON_DEPTH, Codec
 from runtime.errors import (
     BlockedByAutomations,
     Busy,
@@ -32,9 +40,23 @@ from runtime.errors import (
 from runtime.gateway.auth import Auth
 from runtime.gateway.backend import SessionBackend
 from runtime.gateway.connection import Connection, ConnectionLimits
-from runtime.gateway.frames import PROTOCOL_VERSION, SessionId, encode_event, error_frame
+from runtime.gateway.frames import (
+    MAX_SEQ,
+    PROTOCOL_VERSION,
+    ClientMsgId,
+    SessionId,
+    encode_event,
+    error_frame,
+    is_valid_id,
+)
 
 __all__ = ["build_app"]
+
+log = logging.getLogger("turnstile.gateway")
+
+#: The rule for ids in paths and cursors, as said in error messages.
+_ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . : -"
+_UNSIGNED = re.compile(r"\A[0-9]{1,19}\Z")
 
 _STATUS = {
     Unauthorized: 401,
@@ -53,11 +75,12 @@ class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
 
 class PostMessage(msgspec.Struct, forbid_unknown_fields=True):
     content: str
-    client_msg_id: str | None = None
+    client_msg_id: ClientMsgId | None = None
 
 
-_CREATE = Codec(CreateSession)
-_MESSAGE = Codec(PostMessage)
+_CREATE = Codec(CreateSession, max_depth=MAX_JSON_DEPTH)
+_MESSAGE = Codec(PostMessage, max_depth=MAX_JSON_DEPTH)
+_ANY = Codec(Any, max_depth=MAX_JSON_DEPTH)
 _encoder = msgspec.json.Encoder()
 
 
@@ -68,8 +91,12 @@ class _Json(Response):
         return _encoder.encode(content)
 
 
-def _error_response(exc: BaseException) -> Response:
+def _error_response(exc: BaseException, request: Request | None = None) -> Response:
+    """The JSON error answer for ``exc``; anything but a ``TurnstileError`` is a bug, which is
+    logged with its traceback (a 500 is never silent) and answered without details."""
     if not isinstance(exc, TurnstileError):
+        where = f"{request.method} {request.url.path}" if request is not None else "a request"
+        log.error("%s failed", where, exc_info=exc)
         return _Json({"error": {"code": "internal", "message": "internal error"}}, 500)
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
     body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
@@ -132,13 +159,22 @@ def build_app(
         async def endpoint(request: Request) -> Response:
             try:
                 user = auth.user_for(request.headers, request.query_params)
+                for name, value in request.path_params.items():
+                    if not is_valid_id(value):
+                        raise DecodeError(f"{name} must be {_ID_RULE}", field=name)
                 return await handler(request, user)
             except Exception as exc:
-                return _error_response(exc)
+                return _error_response(exc, request)
 
         return endpoint
 
     async def body(request: Request, codec: Codec):
+        """The request body decoded by ``codec`` (an empty body is ``{}``).
+
+        Raises:
+            DecodeError: larger than ``max_frame_bytes``, malformed (invalid UTF-8 and nesting
+                deeper than ``MAX_JSON_DEPTH`` included) or not what ``codec`` expects.
+        """
         raw = await request.body()
         if len(raw) > limits.max_frame_bytes:
             raise DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
@@ -183,6 +219,8 @@ def build_app(
         if not 1 <= limit <= 1000:
             raise DecodeError("limit must be an integer from 1 to 1000", field="limit")
         after = request.query_params.get("after")
+        if after is not None and not is_valid_id(after):
+            raise DecodeError(f"after must be {_ID_RULE}", field="after")
         sessions = await backend.list_sessions(user, limit=limit, after_id=after)
         return _Json({"sessions": [_session_json(s) for s in sessions]})
 
@@ -200,12 +238,12 @@ def build_app(
         return _Json({"history": entries})
 
     async def events(request: Request, user: str) -> Response:
-        try:
-            after = int(request.query_params.get("after_seq", "0"))
-        except ValueError:
-            after = -1
-        if after < 0:
-            raise DecodeError("after_seq must be a non-negative integer", field="after_seq")
+        text = request.query_params.get("after_seq", "0")
+        after = int(text) if _UNSIGNED.search(text) else -1
+        if not 0 <= after <= MAX_SEQ:
+            raise DecodeError(
+                f"after_seq must be an integer from 0 to {MAX_SEQ}", field="after_seq"
+            )
         sid = request.path_params["id"]
         page = await backend.read_events(user, sid, after, 1000)
         return Response(
@@ -246,13 +284,7 @@ def build_app(
         return _Json({"approvals": pending})
 
     async def create_watcher(request: Request, user: str) -> Response:
-        raw = await request.body()
-        if len(raw) > limits.max_frame_bytes:
-            raise DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
-        try:
-            spec = msgspec.json.decode(raw or b"{}")
-        except msgspec.DecodeError as exc:
-            raise DecodeError(f"malformed JSON: {exc}") from None
+        spec = await body(request, _ANY)
         if not isinstance(spec, dict):
             raise DecodeError("expected a JSON object")
         view = await backend.start_watcher(user, request.path_params["id"], spec)
@@ -322,6 +354,9 @@ def build_app(
             {"error": {"code": "not_found", "message": f"no route {request.url.path}"}}, 404
         )
 
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        return _error_response(exc, request)
+
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return _Json(
             {"error": {"code": "method_not_allowed", "message": f"{request.method} not allowed"}},
@@ -359,5 +394,5 @@ def build_app(
             Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
-        exception_handlers={404: not_found, 405: method_not_allowed},
+        exception_handlers={404: not_found, 405: method_not_allowed, Exception: unexpected},
     )

@@ -6,17 +6,22 @@ frames are built here too, so ``docs/protocol.md`` has one place to be checked a
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
 
-from runtime.codec import ClientMessage, Codec
+from runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
 from runtime.errors import TurnstileError
 from runtime.store import EventRecord
 
 __all__ = [
     "PROTOCOL_VERSION",
     "SessionId",
+    "ClientMsgId",
+    "MAX_SEQ",
+    "SESSION_ID_PATTERN",
+    "is_valid_id",
     "AttachFrame",
     "DetachFrame",
     "SendFrame",
@@ -34,9 +39,16 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 
-SessionId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-]
+#: What a session id (and any id a client puts in a URL) may be: 1-128 of ``A-Z a-z 0-9 _ . : -``.
+#: Anchored with ``\A`` and ``\Z``: msgspec applies patterns with ``re.search``, and ``$``
+#: also matches before a trailing newline, which let ``"s1\n"`` through.
+SESSION_ID_PATTERN = r"\A[A-Za-z0-9_.:-]{1,128}\Z"
+_ID = re.compile(SESSION_ID_PATTERN)
+
+#: The largest ``seq`` (the store's 64-bit signed integer).
+MAX_SEQ = 2**63 - 1
+
+SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SESSION_ID_PATTERN)]
 ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
@@ -45,7 +57,7 @@ class AttachFrame(ClientMessage, tag="attach"):
     """Watch a session. With ``after_seq``, first replay every event after it."""
 
     session_id: SessionId
-    after_seq: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] | None = None
 
 
 class DetachFrame(ClientMessage, tag="detach"):
@@ -108,7 +120,13 @@ ClientFrame = (
     | ApproveFrame
     | DenyFrame
 )
-CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame)
+CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame, max_depth=MAX_JSON_DEPTH)
+
+
+def is_valid_id(value: str) -> bool:
+    """Whether ``value`` is a well-formed id (``SESSION_ID_PATTERN``)."""
+    return _ID.search(value) is not None
+
 
 _encoder = msgspec.json.Encoder()
 
