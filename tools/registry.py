@@ -7,6 +7,12 @@ error naming the field, and the tool never sees it — and turns every failure i
 ``ToolResult`` with a stable code instead of an exception, so one bad call cannot break a turn.
 
 Policies (AUTO / APPROVE / BLOCK) and the http, filesystem and shell modules build on this.
+
+A call runs in this order: arguments decoded, ``BLOCK`` refused, the tool's *precheck* (if it
+registered one), approval (``APPROVE``), the handler. The precheck validates what the decoder
+cannot (a path outside the workspace, content that is not valid base64) and raises the same
+typed error the handler would, so a person is never asked to approve a call that would be
+refused anyway.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from runtime.codec import Codec
 from runtime.errors import DecodeError, TurnstileError
 from tools.policy import Policy, PolicyTable
 
-__all__ = ["Approver", "ToolCall", "ToolRegistry", "Tool"]
+__all__ = ["Approver", "Precheck", "ToolCall", "ToolRegistry", "Tool"]
 
 log = logging.getLogger("turnstile.tools")
 
@@ -39,6 +45,10 @@ class ToolCall:
 #: Asks a person to approve a call: ``(call, tool name, arguments) -> approved``.
 Approver = Callable[[ToolCall, str, dict[str, Any]], Awaitable[bool]]
 
+#: Validates a call's decoded parameters before approval is asked: ``(call, params) -> None``,
+#: raising a ``TurnstileError`` (with ``field``) to refuse the call.
+Precheck = Callable[[ToolCall, Any], Awaitable[None]]
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -51,6 +61,7 @@ class Tool:
     codec: Codec
     schema: dict[str, Any]
     policy: Policy = Policy.AUTO
+    precheck: Precheck | None = None
 
 
 class ToolRegistry:
@@ -76,8 +87,13 @@ class ToolRegistry:
         handler: Callable[[ToolCall, Any], Awaitable[Any]],
         description: str,
         policy: Policy = Policy.AUTO,
+        precheck: Precheck | None = None,
     ) -> None:
         """Add a tool; ``policy`` is its default (reads AUTO, writes APPROVE or BLOCK).
+
+        ``precheck``, if given, runs before approval is asked (see the module docstring); it
+        should be cheap and side-effect free, and the handler must still check everything
+        itself (what was true at the precheck may have changed by the time it runs).
 
         Raises:
             ValueError: the name is taken or malformed.
@@ -91,7 +107,7 @@ class ToolRegistry:
             ref = schema["$ref"].rsplit("/", 1)[-1]
             schema = schema["$defs"][ref]
         self._tools[name] = Tool(
-            name, description, params, handler, Codec(params), schema, Policy(policy)
+            name, description, params, handler, Codec(params), schema, Policy(policy), precheck
         )
         self._specs = None
 
@@ -148,6 +164,20 @@ class ToolRegistry:
             return ToolResult(
                 ok=False, error={"code": "blocked", "message": f"{name} is blocked by policy"}
             )
+        if tool.precheck is not None:
+            try:
+                await tool.precheck(call, params)
+            except TurnstileError as exc:
+                return ToolResult(ok=False, error=_error(exc))
+            except Exception as exc:
+                log.exception("precheck of tool %s failed", name)
+                return ToolResult(
+                    ok=False,
+                    error={
+                        "code": "tool_failed",
+                        "message": f"{name} failed ({type(exc).__name__})",
+                    },
+                )
         if policy is Policy.APPROVE:
             if self.approver is None:
                 return ToolResult(
@@ -164,10 +194,7 @@ class ToolRegistry:
         try:
             data = await tool.handler(call, params)
         except TurnstileError as exc:
-            error = {"code": exc.code, "message": str(exc)}
-            if getattr(exc, "field", None):
-                error["field"] = exc.field
-            return ToolResult(ok=False, error=error)
+            return ToolResult(ok=False, error=_error(exc))
         except Exception as exc:
             log.exception("tool %s failed", name)
             return ToolResult(
@@ -175,3 +202,11 @@ class ToolRegistry:
                 error={"code": "tool_failed", "message": f"{name} failed ({type(exc).__name__})"},
             )
         return ToolResult(ok=True, data=msgspec.to_builtins(data))
+
+
+def _error(exc: TurnstileError) -> dict[str, Any]:
+    """A tool result's ``error`` for a typed error: its code, message and field."""
+    error = {"code": exc.code, "message": str(exc)}
+    if getattr(exc, "field", None):
+        error["field"] = exc.field
+    return error

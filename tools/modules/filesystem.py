@@ -460,7 +460,22 @@ class FilesystemModule:
             "truncated": truncated,
         }
 
-    async def write(self, call: ToolCall, params: WriteParams) -> dict[str, Any]:
+    async def check_write(self, call: ToolCall, params: WriteParams) -> None:
+        """``filesystem.write``'s precheck: the path and the content, before approval is asked.
+
+        Raises:
+            PathOutsideRoot, InvalidArgument, LimitExceeded: as ``write`` would.
+        """
+        self._content(params)
+        await trio.to_thread.run_sync(self.sandbox.resolve, params.path)
+
+    def _content(self, params: WriteParams) -> bytes:
+        """The bytes ``params`` ask to write.
+
+        Raises:
+            InvalidArgument: base64 content that is not valid base64.
+            LimitExceeded: more than ``max_write_bytes``.
+        """
         if params.encoding == "base64":
             try:
                 data = base64.b64decode(params.content, validate=True)
@@ -473,6 +488,10 @@ class FilesystemModule:
                 f"content is {len(data)} bytes; the limit is {self.config.max_write_bytes}",
                 field="content",
             )
+        return data
+
+    async def write(self, call: ToolCall, params: WriteParams) -> dict[str, Any]:
+        data = self._content(params)
 
         def write() -> Target:
             target = self.sandbox.resolve(params.path)
@@ -573,6 +592,7 @@ def register_filesystem_module(
         "Write a file under the workspace root (mode overwrite, append or create; "
         "content UTF-8 or base64).",
         policy=Policy(POLICIES["filesystem.write"]),
+        precheck=module.check_write,
     )
     registry.register(
         "filesystem.list",

@@ -396,14 +396,45 @@ class HttpModule:
             )
         return await self._fetch("POST", params, content, headers)
 
-    async def download(self, call: ToolCall, params: DownloadParams) -> dict[str, Any]:
-        sandbox = self.sandbox
-        assert sandbox is not None, "http.download is registered only with a sandbox"
+    async def check_post(self, call: ToolCall, params: PostParams) -> None:
+        """``http.post``'s precheck (before approval is asked): the URL, headers and bounds.
+
+        Raises:
+            InvalidArgument: as ``post`` would.
+        """
+        check_url(params.url)
+        self._headers(params.headers)
+        self._timeout(params.timeout)
+        self._max_bytes(params.max_bytes)
+        if params.body is not None and params.json is not msgspec.UNSET:
+            raise InvalidArgument("give body or json, not both", field="json")
+
+    def _download_limit(self, params: DownloadParams) -> int:
         limit = params.max_bytes or self.config.max_download_bytes
         if limit > self.config.max_download_bytes:
             raise InvalidArgument(
                 f"max_bytes may be at most {self.config.max_download_bytes}", field="max_bytes"
             )
+        return limit
+
+    async def check_download(self, call: ToolCall, params: DownloadParams) -> None:
+        """``http.download``'s precheck (before approval is asked): the URL, headers, bounds
+        and ``dest`` (which must stay under the workspace root).
+
+        Raises:
+            InvalidArgument, PathOutsideRoot: as ``download`` would.
+        """
+        assert self.sandbox is not None, "http.download is registered only with a sandbox"
+        check_url(params.url)
+        self._headers(params.headers)
+        self._timeout(params.timeout)
+        self._download_limit(params)
+        await trio.to_thread.run_sync(self.sandbox.resolve, params.dest, "dest")
+
+    async def download(self, call: ToolCall, params: DownloadParams) -> dict[str, Any]:
+        sandbox = self.sandbox
+        assert sandbox is not None, "http.download is registered only with a sandbox"
+        limit = self._download_limit(params)
         check_url(params.url)
         target = await trio.to_thread.run_sync(sandbox.resolve, params.dest, "dest")
 
@@ -481,6 +512,7 @@ def register_http_module(
         module.post,
         "POST text (body) or JSON (json) to an http(s) URL; returns like http.get.",
         policy=Policy(POLICIES["http.post"]),
+        precheck=module.check_post,
     )
     if sandbox is not None:
         registry.register(
@@ -490,5 +522,6 @@ def register_http_module(
             "Download an http(s) URL into a file under the workspace root (dest); the file "
             "appears only when the download is complete.",
             policy=Policy(POLICIES["http.download"]),
+            precheck=module.check_download,
         )
     return module
