@@ -22,6 +22,7 @@ from actors.session import (
     Submit,
 )
 from runtime.agents.base import ToolResult
+from runtime.errors import NotFound
 from runtime.gateway.frames import encode_event
 from runtime.registry import Registry
 from runtime.store import open_store
@@ -300,3 +301,35 @@ async def test_a_turn_closes_even_when_the_store_takes_long_to_commit_it(autojum
         await trio.testing.wait_all_tasks_blocked()
         states = [i.state for i in await gated.list_inputs("s")]
         assert states == ["done", "done"] and second.input_id is not None
+
+
+async def test_a_notice_for_a_missing_session_is_dropped_and_the_name_stays_usable(
+    autojump_clock,
+):
+    """A background result or watcher escalation told to a session deleted meanwhile has
+    nobody to reach: it is dropped, the actor does not crash, and a session created later under
+    the same key starts afresh without it."""
+    async with open_store("sqlite:///:memory:") as store:
+        services = SessionServices(
+            store=store,
+            agent=GatedAgent(),
+            tools=NoTools(),
+            limits=SessionLimits(),
+            encode_event=encode_event,
+        )
+        async with open_supervisor("sessions", escalate=False) as sup:
+            registry = Registry(sup, idle_timeout=30.0)
+            registry.register("session", lambda key: SessionActor(key, services))
+            await registry.ref("session:ann/late").tell(
+                Inject(source="notification", content="[BACKGROUND TASK COMPLETED] secret")
+            )
+            await trio.testing.wait_all_tasks_blocked()
+            assert list(sup.crash_reports) == []
+            with pytest.raises(NotFound, match=r"^no session with id 'late'$"):
+                await registry.ref("session:ann/late").ask(GetStatus())
+            await trio.testing.wait_all_tasks_blocked()
+            await store.create_session("ann/late", "ann")
+            status = await registry.ref("session:ann/late").ask(GetStatus())
+            assert (status.session_id, status.queued) == ("ann/late", 0)
+            assert await store.read_events("ann/late") == []
+            assert list(sup.crash_reports) == []
