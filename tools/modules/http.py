@@ -23,11 +23,16 @@ one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
   (``dest``, resolved like any filesystem path): a temporary file renamed into place when
   complete, so a failed or oversized download leaves nothing behind. It refuses non-2xx
   answers and bodies over ``max_bytes`` (default and ceiling: ``max_download_bytes``).
+* **Logs** — httpx logs every request at INFO with its full URL. Query strings and userinfo
+  often carry secrets (API keys, signed links, ``user:password@``), so importing this module
+  installs ``RedactUrls`` on the ``httpx`` logger: those records show ``scheme://host/path``
+  only. It covers every httpx client in the process (this module, webhooks, the agent).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -49,6 +54,8 @@ __all__ = [
     "HttpModule",
     "RequestFailed",
     "RequestTimeout",
+    "RedactUrls",
+    "redact_url",
     "register_http_module",
 ]
 
@@ -61,6 +68,34 @@ POLICIES: dict[str, str] = {
     "http.post": "APPROVE",
     "http.download": "APPROVE",
 }
+
+
+def redact_url(url: str | httpx.URL) -> str:
+    """``url`` as ``scheme://host[:port]/path``: no userinfo, query string or fragment, which
+    is where secrets travel. Something that does not parse is replaced entirely."""
+    try:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
+    except Exception:  # a log line must never fail, nor leak what it could not parse
+        return "<unparsable url>"
+
+
+class RedactUrls(logging.Filter):
+    """A logging filter that replaces every URL argument of a record with ``redact_url``'s
+    form (httpx passes its request URL as an ``httpx.URL`` argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(arg, httpx.URL) for arg in record.args
+        ):
+            record.args = tuple(
+                redact_url(arg) if isinstance(arg, httpx.URL) else arg for arg in record.args
+            )
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+logging.getLogger("httpx").addFilter(_REDACT_URLS)  # idempotent: one filter object
 
 #: Response headers copied into results.
 RESPONSE_HEADERS = (

@@ -1,0 +1,22 @@
+"""Outbound URLs reach the log without their secrets: query strings and userinfo are cut."""
+
+from __future__ import annotations
+
+import logging
+
+from tests.tools.test_http_module import LOCAL, make_tools, server  # noqa: F401 (fixture)
+
+
+async def test_a_secret_in_a_query_string_or_userinfo_never_reaches_the_log(server, caplog):  # noqa: F811
+    call, _ = make_tools(**LOCAL)
+    host = server.removeprefix("http://")
+    with caplog.at_level(logging.INFO):
+        got = await call("http.get", url=f"{server}/text?token=SECRET-QUERY&x=1#SECRET-FRAGMENT")
+        assert got.ok, got.error
+        got = await call("http.get", url=f"http://ada:SECRET-PASSWORD@{host}/text")
+        assert got.ok, got.error
+    assert "SECRET" not in caplog.text
+    requests = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert (
+        requests == [f'HTTP Request: GET {server}/text "HTTP/1.1 200 "'] * 2
+    )  # hypercorn: no phrase
