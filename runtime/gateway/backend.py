@@ -48,7 +48,12 @@ class Subscriber(Protocol):
         ...
 
     def lagged(self, session_id: str, last_seq: int) -> None:
-        """The session dropped this client (it fell behind, or the session was deleted)."""
+        """The session dropped this client because it fell behind; ``last_seq`` is the last
+        event it was offered in order, to re-attach from."""
+        ...
+
+    def deleted(self, session_id: str) -> None:
+        """The session was deleted: it drops every client and will offer nothing more."""
         ...
 
 

@@ -1,6 +1,12 @@
 """One WebSocket client: its frames in, its events out.
 
-A connection reads frames and answers them in order; a writer task sends what is queued in the
+A connection keeps reading while work it started is under way. ``call`` frames (a tool call can
+wait minutes for a person's approval) each run in a task of the connection's nursery, at most
+``ConnectionLimits.max_inflight_calls`` at once; beyond that a call is answered at once with a
+``limit_exceeded`` error. Their ``result`` frames come back in any order, paired by ``id``. Every
+other frame is quick and answered in the order it came (``send`` → ``ack`` order, attach and
+detach). When the client goes away the nursery is cancelled: calls still in flight stop, and an
+approval one of them was waiting on is withdrawn. A writer task sends what is queued in the
 connection's bounded outbox. Sessions *offer* events to the connection without ever waiting, so
 a client that stops reading cannot slow a session or the other clients: once its outbox is full
 it is dropped from that session with a ``lagged`` error naming the last ``seq`` it was sent, and
@@ -22,7 +28,7 @@ from typing import Any
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from runtime.errors import DecodeError, InvalidArgument, TurnstileError
+from runtime.errors import DecodeError, InvalidArgument, LimitExceeded, TurnstileError
 from runtime.gateway.backend import SessionBackend
 from runtime.gateway.frames import (
     CLIENT_FRAMES,
@@ -52,11 +58,18 @@ class ConnectionLimits:
         max_frame_bytes: largest accepted client frame.
         outbox_frames: frames queued for a client before it counts as fallen behind.
         max_attached: sessions one connection may watch at once.
+        max_inflight_calls: ``call`` frames of one connection running at once; one more is
+            answered with a ``limit_exceeded`` error.
     """
 
     max_frame_bytes: int = 256 * 1024
     outbox_frames: int = 2048
     max_attached: int = 64
+    max_inflight_calls: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_calls < 1:
+            raise ValueError("max_inflight_calls must be >= 1")
 
 
 #: At most this many frames, or about this many bytes, go out in one socket write.
@@ -97,6 +110,8 @@ class Connection:
         self._closed = False
         self._on_frames_sent = on_frames_sent
         self._send_many = send_many
+        self._inflight: set[str] = set()  # ids of the calls running now
+        self._nursery: trio.Nursery | None = None
 
     # -- the Subscriber protocol (called by sessions, never blocks) --
 
@@ -131,6 +146,12 @@ class Connection:
                 last_seq=sub.last_sent,
             )
         )
+
+    def deleted(self, session_id: str) -> None:
+        sub = self.subscriptions.pop(session_id, None)
+        if sub is None or self._closed:
+            return
+        self._push(encode_frame("session_deleted", session_id=session_id, last_seq=sub.last_sent))
 
     # -- outbox --
 
@@ -180,9 +201,11 @@ class Connection:
     # -- serving --
 
     async def serve(self) -> None:
-        """Read and answer frames until the client goes away; then detach everywhere."""
+        """Read and answer frames until the client goes away; then cancel the calls still in
+        flight and detach everywhere."""
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._writer, name=f"ws writer {self.user}")
                 try:
                     await self._read_loop()
@@ -217,11 +240,50 @@ class Connection:
             except DecodeError as exc:
                 await self._put(error_frame(exc))
                 continue
-            await self._handle(frame)
+            if isinstance(frame, CallFrame):
+                await self._start_call(frame)
+            else:
+                await self._handle(frame)
+
+    async def _start_call(self, frame: CallFrame) -> None:
+        """Run a ``call`` in its own task, so the connection reads on while it waits."""
+        refused: TurnstileError | None = None
+        if frame.id in self._inflight:
+            refused = InvalidArgument(f"a call with id {frame.id!r} is already in flight", "id")
+        elif len(self._inflight) >= self.limits.max_inflight_calls:
+            refused = LimitExceeded(
+                f"at most {self.limits.max_inflight_calls} calls may be in flight on one connection"
+            )
+        if refused is not None:
+            await self._put(error_frame(refused, session_id=frame.session_id, id=frame.id))
+            return
+        assert self._nursery is not None
+        self._inflight.add(frame.id)
+        self._nursery.start_soon(self._call, frame, name=f"ws call {frame.tool} for {self.user}")
+
+    async def _call(self, frame: CallFrame) -> None:
+        try:
+            result = await self.backend.call_tool(
+                self.user, frame.session_id, frame.tool, frame.arguments
+            )
+            fields: dict[str, Any] = {"id": frame.id, "ok": result.ok}
+            if result.ok:
+                fields["data"] = result.data
+            else:
+                fields["error"] = result.error
+            answer = encode_frame("result", **fields)
+        except TurnstileError as exc:
+            answer = error_frame(exc, session_id=frame.session_id, id=frame.id)
+        except Exception as exc:  # a bug must not take the connection down
+            log.exception("handling call frame failed")
+            answer = error_frame(exc, session_id=frame.session_id, id=frame.id)
+        finally:
+            self._inflight.discard(frame.id)
+        await self._put(answer)
 
     async def _handle(self, frame: Any) -> None:
+        """Answer a frame other than ``call``, before the next frame is read."""
         session_id = frame.session_id
-        call_id = frame.id if isinstance(frame, CallFrame) else None
         try:
             match frame:
                 case AttachFrame():
@@ -253,21 +315,11 @@ class Connection:
                         self.user, frame.approval_id, isinstance(frame, ApproveFrame)
                     )
                     await self._put(encode_frame("approval", **decided))
-                case CallFrame():
-                    result = await self.backend.call_tool(
-                        self.user, session_id, frame.tool, frame.arguments
-                    )
-                    fields: dict[str, Any] = {"id": frame.id, "ok": result.ok}
-                    if result.ok:
-                        fields["data"] = result.data
-                    else:
-                        fields["error"] = result.error
-                    await self._put(encode_frame("result", **fields))
         except TurnstileError as exc:
-            await self._put(error_frame(exc, session_id=session_id, id=call_id))
+            await self._put(error_frame(exc, session_id=session_id))
         except Exception as exc:  # a bug must not take the connection down
             log.exception("handling %s frame failed", type(frame).__name__)
-            await self._put(error_frame(exc, session_id=session_id, id=call_id))
+            await self._put(error_frame(exc, session_id=session_id))
 
     async def _attach(self, frame: AttachFrame) -> None:
         session_id = frame.session_id
