@@ -21,7 +21,7 @@ from tests.e2e.conftest import ALICE, BOB, WAIT, Client, connect, new_session, r
 _ids = itertools.count()
 
 
-async def call(client: Client, session_id: str, tool: str, **arguments: Any) -> dict:
+async def call(client: Client, session_id: str, tool: str, /, **arguments: Any) -> dict:
     """Call a tool over the WebSocket; the ``result`` (or ``error``) frame that answers it."""
     call_id = f"c{next(_ids)}"
     await client.send(
@@ -195,3 +195,218 @@ async def test_background_tasks_end_with_their_session(tmp_path):
                 metrics = (await ann.get("/metrics")).text.splitlines()
                 assert "turnstile_crashes_total 0.0" in metrics
         nursery.cancel_scope.cancel()
+
+
+#: Every HTTP route that names a session: ``(method, path, json body)``; ``{s}`` is the name.
+SESSION_ROUTES = [
+    ("GET", "/sessions/{s}", None),
+    ("GET", "/sessions/{s}/history", None),
+    ("GET", "/sessions/{s}/events", None),
+    ("POST", "/sessions/{s}/messages", {"content": "bob's probe"}),
+    ("POST", "/sessions/{s}/stop", None),
+    ("GET", "/sessions/{s}/jobs", None),
+    ("GET", "/sessions/{s}/approvals", None),
+    ("GET", "/sessions/{s}/watchers", None),
+    ("POST", "/sessions/{s}/watchers", {"tool": "echo", "params": {"text": "x"}}),
+    ("GET", "/sessions/{s}/tasks", None),
+    ("GET", "/sessions/{s}/tasks/{task}", None),
+    ("POST", "/sessions/{s}/tasks/{task}/cancel", None),
+    ("GET", "/sessions/{s}/recall", None),
+    ("DELETE", "/sessions/{s}/recall", None),
+    ("POST", "/sessions/{s}/recall/skip", None),
+    ("DELETE", "/sessions/{s}?confirm=true", None),
+]
+
+#: Every HTTP route that names another object by its id: ``(method, path, kind of id)``.
+OBJECT_ROUTES = [
+    ("GET", "/jobs/{id}", "job"),
+    ("GET", "/jobs/{id}", "check"),
+    ("GET", "/jobs/{id}", "recall"),
+    ("GET", "/watchers/{id}", "watcher"),
+    ("DELETE", "/watchers/{id}", "watcher"),
+    ("POST", "/watchers/{id}/pause", "watcher"),
+    ("POST", "/watchers/{id}/resume", "watcher"),
+    ("POST", "/approvals/{id}/approve", "approval"),
+    ("POST", "/approvals/{id}/deny", "approval"),
+]
+
+#: Every tool that takes an id, called from Bob's own session: ``(tool, arguments)``.
+ID_TOOLS = [
+    ("schedule_status", {"job_id": "{job}"}),
+    ("schedule_cancel", {"job_id": "{job}"}),
+    ("cancel_scheduled", {"scheduled_id": "{check}"}),
+    ("cancel_scheduled", {"scheduled_id": "{job}"}),
+    ("cron", {"action": "remove", "job_id": "{job}"}),
+    ("manage_recall", {"action": "list", "session_id": "{session}"}),
+    ("manage_recall", {"action": "cancel", "session_id": "{session}"}),
+    ("background_status", {"task_id": "{task}"}),
+    ("background_result", {"task_id": "{task}"}),
+    ("background_cancel", {"task_id": "{task}"}),
+    ("background_wait", {"task_id": "{task}", "timeout": 0.01}),
+    ("watch_status", {"watcher_id": "{watcher}"}),
+    ("watch_history", {"watcher_id": "{watcher}"}),
+    ("watch_pause", {"watcher_id": "{watcher}"}),
+    ("watch_resume", {"watcher_id": "{watcher}"}),
+    ("watch_stop", {"watcher_id": "{watcher}"}),
+]
+
+#: Bob's listings, which must hold nothing of Ann's.
+LISTINGS = [
+    ("list_schedule", {"session_only": False}),
+    ("schedule_list", {}),
+    ("watch_list", {}),
+    ("background_list", {}),
+    ("manage_recall", {"action": "list"}),
+    ("cron", {"action": "list"}),
+]
+
+
+def fill(template: Any, ids: dict[str, str]) -> Any:
+    if isinstance(template, str):
+        return template.format(**ids)
+    if isinstance(template, dict):
+        return {k: fill(v, ids) for k, v in template.items()}
+    return template
+
+
+def blind(answer: Any, ids: dict[str, str]) -> str:
+    """An answer with the probed ids replaced, so answers about two ids compare equal."""
+    text = json.dumps(answer, sort_keys=True)
+    for kind, value in sorted(ids.items(), key=lambda kv: -len(kv[1])):
+        text = text.replace(value, f"<{kind}>")
+    return text
+
+
+async def test_every_route_frame_and_tool_answers_a_foreign_id_like_a_missing_one(tmp_path):
+    """Bob probes every HTTP route, every WS frame and every id-taking tool with Ann's ids and
+    with ids nobody uses: the answers are identical, Ann's things are untouched, and not one
+    frame of Ann's reaches Bob."""
+    async with running_node(tmp_path) as node:
+        for name in ("a1", "a2"):
+            await new_session(node, name, token=ALICE)
+        await new_session(node, "b1", token=BOB)
+        async with connect(node, ALICE) as ann, trio.open_nursery() as nursery:
+            await ann.send(type="attach", session_id="a1")
+            await ann.expect("attached")
+            made = {
+                "job": await call(
+                    ann, "a1", "schedule_once", when="in 2 hours", prompt="ann-secret job"
+                ),
+                "check": await call(
+                    ann, "a1", "schedule_check", delay_minutes=30, instructions="ann-secret"
+                ),
+                "recall": await call(
+                    ann,
+                    "a1",
+                    "schedule_recall",
+                    call_type="once",
+                    when="in 1 hour",
+                    additional_context_message="ann-secret recall",
+                ),
+                "watcher": await call(
+                    ann, "a1", "watch_start", tool="echo", params={"text": "ann-secret"}
+                ),
+                "task": await call(
+                    ann, "a1", "background_run", name="echo", params={"text": "ann-secret"}
+                ),
+            }
+            assert all(m["ok"] for m in made.values()), made
+            ann_ids = {
+                "session": "a1",
+                "job": made["job"]["data"]["job_id"],
+                "check": made["check"]["data"]["scheduled_id"],
+                "recall": made["recall"]["data"]["recall_id"],
+                "watcher": made["watcher"]["data"]["watcher_id"],
+                "task": made["task"]["data"]["task_id"],
+            }
+
+            async def ask_to_write() -> None:  # APPROVE by default: waits for a person
+                async with connect(node, ALICE) as writer:
+                    await writer.send(
+                        type="call",
+                        id="write",
+                        session_id="a1",
+                        tool="filesystem.write",
+                        arguments={"path": "x.txt", "content": "ann"},
+                    )
+                    await trio.sleep_forever()  # until the test ends
+
+            nursery.start_soon(ask_to_write)
+            ann_ids["approval"] = (await ann.expect("approval_required"))["approval_id"]
+            # Ids of the same shapes that nobody uses.
+            missing = {k: v[:-4] + "zzzz" for k, v in ann_ids.items()}
+            missing["session"] = "a9"
+
+            async with node.http(BOB) as bob, connect(node, BOB) as bob_ws:
+                for ids_a, ids_b in ((ann_ids, missing),):
+                    for method, path, body in SESSION_ROUTES:
+                        answers = []
+                        for ids in (ids_a, ids_b):
+                            response = await bob.request(
+                                method, fill(path, {"s": ids["session"], **ids}), json=body
+                            )
+                            answers.append((response.status_code, blind(response.json(), ids)))
+                        assert answers[0] == answers[1], (method, path, answers)
+                        assert answers[0][0] == 404, (method, path, answers)
+                    for method, path, kind in OBJECT_ROUTES:
+                        answers = []
+                        for ids in (ids_a, ids_b):
+                            response = await bob.request(method, path.format(id=ids[kind]))
+                            answers.append((response.status_code, blind(response.json(), ids)))
+                        assert answers[0] == answers[1], (method, path, answers)
+                        assert answers[0][0] == 404, (method, path, answers)
+                    # A foreign task id through Bob's own session, too.
+                    for ids in (ids_a, ids_b):
+                        response = await bob.get(f"/sessions/b1/tasks/{ids['task']}")
+                        assert response.status_code == 404
+                    for frame in (
+                        {"type": "attach", "session_id": "{session}", "after_seq": 0},
+                        {"type": "send", "session_id": "{session}", "content": "probe"},
+                        {"type": "stop", "session_id": "{session}"},
+                        {"type": "set_policy", "session_id": "{session}", "policy": "reject"},
+                        {"type": "detach", "session_id": "{session}"},
+                        {"type": "approve", "session_id": "{session}", "approval_id": "{approval}"},
+                        {"type": "deny", "session_id": "{session}", "approval_id": "{approval}"},
+                        {"type": "approve", "session_id": "b1", "approval_id": "{approval}"},
+                        {"type": "deny", "session_id": "b1", "approval_id": "{approval}"},
+                        {"type": "call", "session_id": "{session}", "tool": "echo"},
+                    ):
+                        answers = []
+                        for ids in (ids_a, ids_b):
+                            extra = {"id": f"f{next(_ids)}"} if frame["type"] == "call" else {}
+                            await bob_ws.send(**fill(frame, ids), **extra)
+                            answer = await bob_ws.expect(lambda f: "seq" not in f)
+                            answer.pop("id", None)
+                            answers.append(blind(answer, ids))
+                        assert answers[0] == answers[1], (frame, answers)
+                        assert '"not_found"' in answers[0] or frame["type"] == "detach", answers
+                    for tool, arguments in ID_TOOLS:
+                        answers = []
+                        for ids in (ids_a, ids_b):
+                            answer = await call(bob_ws, "b1", tool, **fill(arguments, ids))
+                            answer.pop("id")
+                            answers.append(blind(answer, ids))
+                        assert answers[0] == answers[1], (tool, arguments, answers)
+                        assert '"ok": false' in answers[0], (tool, answers)
+                    for tool, arguments in LISTINGS:
+                        listed = await call(bob_ws, "b1", tool, **arguments)
+                        assert listed["ok"] is True, (tool, listed)
+                        assert "ann-secret" not in json.dumps(listed), (tool, listed)
+                        for value in ann_ids.values():
+                            assert value not in json.dumps(listed), (tool, value, listed)
+                assert all("ann-secret" not in json.dumps(f) for f in bob_ws.frames)
+                assert not any(
+                    f.get("session_id") in ("a1", "a2") and "seq" in f for f in bob_ws.frames
+                )
+            # Nothing of Ann's moved: her job, check, recall and watcher are pending, her
+            # approval still waits, her session still runs turns.
+            async with node.http(ALICE) as ann_http:
+                jobs = (await ann_http.get("/sessions/a1/jobs")).json()["jobs"]
+                assert sorted(j["state"] for j in jobs) == ["active", "active", "active"]
+                watcher = (await ann_http.get(f"/watchers/{ann_ids['watcher']}")).json()
+                assert watcher["status"] == "running"
+                pending = (await ann_http.get("/sessions/a1/approvals")).json()["approvals"]
+                assert [p["approval_id"] for p in pending] == [ann_ids["approval"]]
+                denied = await ann_http.post(f"/approvals/{ann_ids['approval']}/deny")
+                assert denied.json()["session_id"] == "a1"
+            nursery.cancel_scope.cancel()
