@@ -63,6 +63,13 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     max_jobs_per_session: Positive = 100
     min_job_interval_seconds: Annotated[float, msgspec.Meta(ge=1)] = 60.0
     max_prompt_chars: Positive = 8000
+    #: Seconds an HTTP request's head (request line and headers) may take to arrive, counted
+    #: from the connection's start or the end of its previous request (also how long an idle
+    #: keep-alive connection stays open). A client that trickles bytes is cut off all the same.
+    header_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    #: Seconds an HTTP request's body may take to arrive once the handler reads it; after that
+    #: the answer is ``408 request_timeout`` and the connection is closed.
+    body_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):

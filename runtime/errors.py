@@ -13,6 +13,7 @@ The hierarchy::
     ├── LimitExceeded              a configured limit was reached (sessions per user, queue depth)
     ├── Busy                       the target refuses work now (a session with policy reject)
     ├── Unauthorized               no valid token
+    ├── RequestTimeout             a client took too long to send its request (HTTP 408)
     ├── TimerError                 misuse of the timer wheel (past deadline, unknown handle)
     └── StoreError
         ├── NotFound (also LookupError)   no row with that id
@@ -122,6 +123,12 @@ class Unauthorized(TurnstileError):
     """The request carries no valid token."""
 
     code = "unauthorized"
+
+
+class RequestTimeout(TurnstileError):
+    """A client did not send its whole request in time (``limits.body_timeout_seconds``)."""
+
+    code = "request_timeout"
 
 
 class TimerError(TurnstileError):

@@ -20,6 +20,9 @@ __all__ = ["serve_app", "package_version", "tune_gc", "SEND_DEADLINE", "WS_SEND_
 #: make a graceful shutdown hang (hypercorn shields socket writes from cancellation).
 SEND_DEADLINE = 10.0
 
+#: The largest HTTP request head (request line and headers) hypercorn buffers.
+MAX_HEAD_BYTES = 64 * 1024
+
 _original_protocol_send = TCPServer.protocol_send
 
 
@@ -32,7 +35,9 @@ async def _protocol_send_with_deadline(self, event) -> None:
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_DEADLINE
                 await self.stream.send_all(event.data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            # Busy: the reader saw the peer hang up and is closing the stream (hypercorn's
+            # ``_close`` sends EOF outside the send lock); the peer is gone either way.
             await self.protocol.handle(Closed())
             return
     if scope.cancelled_caught:  # the peer has not read for SEND_DEADLINE: give up on it
@@ -99,12 +104,22 @@ async def serve_app(
     host: str,
     port: int,
     max_frame_bytes: int,
+    header_timeout: float = 10.0,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until cancelled; ``task_status.started`` gets the bound URLs.
 
     WebSocket messages larger than ``max_frame_bytes`` are refused by hypercorn itself (close
-    code 1009) before they are buffered.
+    code 1009) before they are buffered. A request head larger than ``MAX_HEAD_BYTES`` is
+    answered 400 by hypercorn.
+
+    Args:
+        header_timeout: seconds a request head may take to arrive, from the connection's start
+            or the end of the previous request; then the connection is closed (no answer).
+            This is hypercorn's ``keep_alive_timeout``: its idle timer runs until a whole
+            request head has been parsed, whatever trickles in meanwhile. hypercorn's
+            ``read_timeout`` (a bound on each socket read) is left unset: a byte now and then
+            defeats it, and it would close quiet WebSockets that only listen.
     """
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
@@ -112,5 +127,6 @@ async def serve_app(
     config.errorlog = None  # our logging reports what matters
     config.graceful_timeout = 5.0
     config.websocket_max_message_size = max_frame_bytes
-    config.h11_max_incomplete_size = 64 * 1024
+    config.h11_max_incomplete_size = MAX_HEAD_BYTES
+    config.keep_alive_timeout = header_timeout
     await hypercorn_serve(app, config, task_status=task_status)

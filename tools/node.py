@@ -311,6 +311,7 @@ async def run_node(
                     on_connection=on_connection,
                     on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
                     ws_send_many=WS_SEND_MANY,
+                    body_timeout=limits.body_timeout_seconds,
                 )
                 binds = await root._require_nursery().start(
                     lambda task_status: serve_app(
@@ -318,6 +319,7 @@ async def run_node(
                         host=config.host,
                         port=config.port,
                         max_frame_bytes=limits.max_frame_bytes,
+                        header_timeout=limits.header_timeout_seconds,
                         task_status=task_status,
                     )
                 )

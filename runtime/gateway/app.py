@@ -10,6 +10,11 @@ most ``MAX_JSON_DEPTH`` levels and valid UTF-8; ids in the path (``{id}``, ``{ta
 the ``after`` cursor follow the session id rule, so a malformed one is ``400 bad_message``
 naming the parameter; numbers in the query are range-checked before they reach the store. An
 unexpected exception is answered ``500 internal`` and logged with its traceback.
+
+Slow clients are bounded too: a body must arrive whole within ``body_timeout`` seconds of the
+handler starting to read it (else ``408 request_timeout`` and the connection is closed), and a
+body whose ``Content-Length`` is over the limit is refused before any of it is read. (Slow
+request heads are the server's job: ``runtime.server.serve_app``'s ``header_timeout``.)
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -34,6 +40,7 @@ from runtime.errors import (
     DecodeError,
     LimitExceeded,
     NotFound,
+    RequestTimeout,
     TurnstileError,
     Unauthorized,
 )
@@ -64,6 +71,7 @@ _STATUS = {
     Busy: 409,
     ConflictError: 409,
     LimitExceeded: 429,
+    RequestTimeout: 408,
 }
 
 
@@ -104,6 +112,8 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
         body["field"] = exc.field
     if isinstance(exc, BlockedByAutomations):
         return _Json({"error": body, "automations": exc.automations}, status)
+    if isinstance(exc, RequestTimeout):  # the rest of the body is not worth waiting for
+        return _Json({"error": body}, status, headers={"connection": "close"})
     return _Json({"error": body}, status)
 
 
@@ -140,6 +150,7 @@ def build_app(
     on_connection: Callable[[int], None] | None = None,
     on_frames_sent: Callable[[int], None] | None = None,
     ws_send_many: str | None = None,
+    body_timeout: float = 30.0,
 ) -> Starlette:
     """Build the ASGI app over a session backend.
 
@@ -153,6 +164,7 @@ def build_app(
         ws_send_many: the ASGI message type with which the server sends several WebSocket
             messages in one write (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None
             sends them one ``websocket.send`` at a time, which any ASGI server understands.
+        body_timeout: seconds a request body may take to arrive, from the first read.
     """
 
     def authed(handler):
@@ -175,10 +187,30 @@ def build_app(
             DecodeError: larger than ``max_frame_bytes``, malformed (invalid UTF-8 and nesting
                 deeper than ``MAX_JSON_DEPTH`` included) or not what ``codec`` expects.
         """
-        raw = await request.body()
-        if len(raw) > limits.max_frame_bytes:
-            raise DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
-        return codec.decode_json(raw or b"{}")
+        return codec.decode_json(await read_body(request) or b"{}")
+
+    async def read_body(request: Request) -> bytes:
+        """The whole body, read as it arrives, never more than ``max_frame_bytes`` of it.
+
+        Raises:
+            DecodeError: the body is (or says it is) larger than ``max_frame_bytes``.
+            RequestTimeout: it did not arrive within ``body_timeout`` seconds.
+        """
+        too_large = DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_frame_bytes:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(body_timeout) as deadline:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_frame_bytes:
+                    raise too_large
+                chunks.append(chunk)
+        if deadline.cancelled_caught:
+            raise RequestTimeout(f"the request body did not arrive within {body_timeout:g} s")
+        return b"".join(chunks)
 
     async def healthz(_: Request) -> Response:
         try:
