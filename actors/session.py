@@ -51,7 +51,7 @@ from runtime.agents.base import (
 from runtime.codec import Message
 from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
 from runtime.gateway.backend import Attached, Submitted, Subscriber
-from runtime.store import EventRecord, InboxItem, Session, Store
+from runtime.store import EventRecord, InboxItem, JobRun, Session, Store
 
 __all__ = [
     "POLICIES",
@@ -72,6 +72,7 @@ __all__ = [
     "Publish",
     "DeleteSession",
     "history_from_events",
+    "job_run",
 ]
 
 log = logging.getLogger("turnstile.session")
@@ -730,14 +731,7 @@ class SessionActor(Actor):
 
     async def _job_run(self, item: InboxItem):
         """The run record a scheduled input belongs to, if it came from a job."""
-        job_id = item.payload.get("job_id")
-        if not isinstance(job_id, str):
-            return None
-        try:
-            runs = await self.services.store.list_runs(job_id, limit=50)
-        except NotFound:
-            return None
-        return next((r for r in runs if r.input_id == item.id), None)
+        return await job_run(self.services.store, item)
 
     # -- events and history --
 
@@ -909,6 +903,31 @@ class _TurnContext:
 def _json_text(result: ToolResult) -> str:
     body = result.data if result.ok else {"error": result.error}
     return msgspec.json.encode(body).decode()
+
+
+#: Inputs fired before the store put ``run_id`` in their payload: how far back to look.
+_LEGACY_RUN_SCAN = 50
+
+
+async def job_run(store: Store, item: InboxItem) -> JobRun | None:
+    """The run record a scheduled input belongs to, or None (not from a job, or gone).
+
+    The scheduler's fire transaction writes the run's id into the input's payload
+    (``run_id``), so the run is read by id: a fire that recorded many missed occurrences after
+    the delivered one (a long outage) cannot push it out of sight. Inputs stored before that
+    carry only ``job_id`` and are looked up among the job's latest runs, as they used to be.
+    """
+    run_id = item.payload.get("run_id")
+    try:
+        if isinstance(run_id, int) and not isinstance(run_id, bool):
+            return await store.get_run(run_id)
+        job_id = item.payload.get("job_id")
+        if not isinstance(job_id, str):
+            return None
+        runs = await store.list_runs(job_id, limit=_LEGACY_RUN_SCAN)
+    except NotFound:
+        return None
+    return next((r for r in runs if r.input_id == item.id), None)
 
 
 async def load_history(store: Store, session_id: str, keep: int) -> list[HistoryEntry]:

@@ -26,12 +26,11 @@ from actors.directory import (
 )
 from actors.notifier import ChannelConfig, Notifier, NotifierConfig
 from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
-from actors.session import SessionActor, SessionLimits, SessionServices, Wake
+from actors.session import SessionActor, SessionLimits, SessionServices, Wake, job_run
 from actors.watcher import DropSessionWatchers, WatcherActor
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
 from runtime.clock import Clock, SystemClock
 from runtime.config import Config
-from runtime.errors import NotFound
 from runtime.gateway import Auth, ConnectionLimits, build_app
 from runtime.gateway.frames import encode_event
 from runtime.metrics import Metrics
@@ -107,16 +106,10 @@ async def recover(store: Store) -> list[str]:
         )
         await store.append_events(item.session_id, closure)
         log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
-        job_id = item.payload.get("job_id")
-        if isinstance(job_id, str):  # a scheduled turn: its run record says what happened
-            try:
-                runs = await store.list_runs(job_id, limit=50)
-            except NotFound:
-                continue
-            for run in runs:
-                if run.input_id == item.id:
-                    note = {**(run.detail or {}), "status": "interrupted"}
-                    await store.update_run(run.id, "turn_interrupted", note)
+        run = await job_run(store, item)
+        if run is not None:  # a scheduled turn: its run record says what happened
+            note = {**(run.detail or {}), "status": "interrupted"}
+            await store.update_run(run.id, "turn_interrupted", note)
     return await store.sessions_with_queued_inputs()
 
 

@@ -344,6 +344,14 @@ class Store(Protocol):
         """
         ...
 
+    async def get_run(self, run_id: int) -> JobRun:
+        """One run by its id.
+
+        Raises:
+            NotFound: ``no run with id 5``.
+        """
+        ...
+
     async def update_run(
         self, run_id: int, state: str, detail: dict[str, Any] | None = None
     ) -> JobRun:
@@ -376,7 +384,9 @@ class Store(Protocol):
         ``expected_next_fire_at``, the store advances ``next_fire_at`` to ``new_next_fire_at``
         (None also moves the job to ``completed``), increments ``run_count``, records a run for
         the occurrence (``scheduled_for = expected_next_fire_at``) and, when ``input`` is
-        given, enqueues it in the job's session inbox and links it to the run.
+        given, enqueues it in the job's session inbox and links it to the run. The input's
+        payload gets the run's id as ``run_id``: its turn settles that run by id, however many
+        runs (coalesced or missed occurrences) the same fire recorded after it.
 
         Args:
             job_id: the job.

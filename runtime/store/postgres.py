@@ -433,6 +433,13 @@ async def _op_list_runs(conn: Conn, job_id: str, limit: int) -> list[JobRun]:
     return [_run(r) for r in rows]
 
 
+async def _op_get_run(conn: Conn, run_id: int) -> JobRun:
+    row = await conn.fetchrow("SELECT * FROM job_runs WHERE id = $1", run_id)
+    if row is None:
+        raise u.no_run(run_id)
+    return _run(row)
+
+
 async def _op_update_run(
     conn: Conn, run_id: int, state: str, detail: str | None, now: datetime
 ) -> JobRun:
@@ -492,6 +499,15 @@ async def _op_fire_job(
             detail,
             now,
         )
+        if item is not None:  # the input names its run, so its turn finds it without a search
+            item = _input(
+                await conn.fetchrow(
+                    "UPDATE inbox SET payload = payload || jsonb_build_object('run_id', $1::bigint)"
+                    " WHERE id = $2 RETURNING *",
+                    run["id"],
+                    item.id,
+                )
+            )
         if extra_runs:
             await conn.executemany(
                 "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail,"
@@ -842,6 +858,10 @@ class PostgresStore:
     async def list_runs(self, job_id: str, limit: int = 100) -> list[JobRun]:
         u.check_limit(limit)
         return await self._call(_op_list_runs, job_id, limit)
+
+    async def get_run(self, run_id: int) -> JobRun:
+        u.check_int(run_id, "run_id")
+        return await self._call(_op_get_run, run_id)
 
     async def update_run(
         self, run_id: int, state: str, detail: dict[str, Any] | None = None

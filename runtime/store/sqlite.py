@@ -609,6 +609,13 @@ def _op_list_runs(conn: sqlite3.Connection, job_id: str, limit: int) -> list[Job
     return [_run(r) for r in rows]
 
 
+def _op_get_run(conn: sqlite3.Connection, run_id: int) -> JobRun:
+    row = conn.execute("SELECT * FROM job_runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise u.no_run(run_id)
+    return _run(row)
+
+
 def _op_update_run(
     conn: sqlite3.Connection, run_id: int, state: str, detail: str | None, now: str
 ) -> JobRun:
@@ -655,6 +662,14 @@ def _op_fire_job(
         " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
         (job_id, expected, run_state, item.id if item else None, detail, now, now),
     ).fetchone()
+    if item is not None:  # the input names its run, so its turn finds it without a search
+        item = _input(
+            conn.execute(
+                "UPDATE inbox SET payload = json_set(payload, '$.run_id', ?) WHERE id = ?"
+                " RETURNING *",
+                (run["id"], item.id),
+            ).fetchone()
+        )
     if extra_runs:
         conn.executemany(
             "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
@@ -1102,6 +1117,10 @@ class SQLiteStore:
     async def list_runs(self, job_id: str, limit: int = 100) -> list[JobRun]:
         u.check_limit(limit)
         return await self._read(_op_list_runs, job_id=job_id, limit=limit)
+
+    async def get_run(self, run_id: int) -> JobRun:
+        u.check_int(run_id, "run_id")
+        return await self._read(_op_get_run, run_id=run_id)
 
     async def update_run(
         self, run_id: int, state: str, detail: dict[str, Any] | None = None

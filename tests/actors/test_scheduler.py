@@ -285,3 +285,21 @@ async def test_reschedule_moves_the_next_occurrence_and_immediate_fires_now(auto
         await n.add(schedule=once(n.clock.now()), immediate=True)
         await n.seen.until(b'"stream_end"', 2)
         assert n.clock.now() == T0 + timedelta(hours=3)  # at once
+
+
+@pytest.mark.guard(4 * DAY)
+async def test_the_delivered_run_is_settled_after_sixty_hours_of_downtime(autojump_clock):
+    """An hourly job down 60 h writes 59 coalesced runs after the delivered one in one fire;
+    the turn still finds its run (by the id in its inbox payload, not by scanning recent runs)."""
+    async with node() as n:
+        job = await downtime(n, "coalesce", hours=60)
+        await trio.testing.wait_all_tasks_blocked()
+        (start,) = n.starts()
+        runs = await n.store.list_runs(job.id, limit=1000)
+        assert len(runs) == 60
+        (delivered,) = [r for r in runs if r.input_id is not None]
+        assert delivered.state == "turn_completed"
+        assert delivered.detail["coalesced"] == 59 and delivered.detail["status"] == "completed"
+        assert (start["job_id"], start["run_id"]) == (job.id, delivered.id)
+        (item,) = await n.store.list_inputs("s")
+        assert item.payload["run_id"] == delivered.id

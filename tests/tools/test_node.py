@@ -88,3 +88,26 @@ def test_a_bad_setting_stops_serve_with_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "turnstile: cannot start: heartbeat.interval_minutes" in err
     assert "Traceback" not in err
+
+
+async def test_recovery_settles_the_run_of_a_cut_off_turn_after_a_long_outage():
+    """The delivered run is followed by 59 coalesced ones (an hourly job down 60 h): recovery
+    finds it by the run id in the inbox payload, not among the job's latest runs."""
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 11, 21, 12, 30, tzinfo=UTC)
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        await store.create_job("j", kind="cron", spec={}, session_id="s", next_fire_at=t0)
+        missed = [(t0 + timedelta(hours=k), "coalesced", None) for k in range(1, 60)]
+        fired = await store.fire_job(
+            "j",
+            t0,
+            t0 + timedelta(hours=60),
+            input=("cron", {"content": "hourly", "job_id": "j"}),
+            extra_runs=missed,
+        )
+        await store.claim_next_input("s")  # its turn was running when the node died
+        await recover(store)
+        runs = await store.list_runs("j", limit=100)
+        assert [r.state for r in runs if r.id == fired.run.id] == ["turn_interrupted"]

@@ -108,12 +108,17 @@ async def test_fire_job(store, clock):
     assert fired is not None
     assert (fired.job.next_fire_at, fired.job.run_count, fired.job.state) == (T0 + H, 1, "active")
     assert fired.input.session_id == "s1" and fired.input.source == "cron"
-    assert fired.input.payload == {"text": "standup"} and fired.input.state == "queued"
+    # the input names its run, so its turn settles that run by id
+    assert fired.input.payload == {"text": "standup", "run_id": fired.run.id}
+    assert fired.input.state == "queued"
     assert fired.run.job_id == "j1" and fired.run.scheduled_for == T0
     assert fired.run.state == "queued" and fired.run.input_id == fired.input.id
     assert await store.get_job("j1") == fired.job
     assert await store.list_inputs("s1") == [fired.input]
     assert await store.list_runs("j1") == [fired.run]
+    assert await store.get_run(fired.run.id) == fired.run
+    with pytest.raises(NotFound, match="^no run with id 999$"):
+        await store.get_run(999)
 
     # the same occurrence again: the compare-and-set loses, nothing is written
     assert await store.fire_job("j1", T0, T0 + H, input=("cron", {})) is None
