@@ -61,6 +61,7 @@ class BackgroundTask:
     params: dict[str, Any]
     started_at: str
     started: float
+    preapproved: bool = False
     status: str = "running"  # running | completed | failed | cancelled
     result: ToolResult | None = None
     finished: float | None = None
@@ -81,12 +82,17 @@ class BackgroundTask:
 
 
 class StartTask(Message, tag="start_task", kw_only=True):
-    """Start ``tool`` with ``params`` for a session; answers the ``BackgroundTask``."""
+    """Start ``tool`` with ``params`` for a session; answers the ``BackgroundTask``.
+
+    ``preapproved``: the call was approved already (``http.download`` moving itself to the
+    background after its approval), so the task does not ask again.
+    """
 
     session_id: str
     owner: str
     tool: str
     params: dict[str, Any]
+    preapproved: bool = False
 
 
 class GetTask(Message, tag="get_task", kw_only=True):
@@ -139,7 +145,8 @@ class BackgroundActor(Actor):
     """Owns background tasks. See the module docstring.
 
     Args:
-        run_tool: ``async (session_id, owner, tool, params) -> ToolResult`` (the registry's call).
+        run_tool: ``async (session_id, owner, tool, params, *, approved, background) ->
+            ToolResult`` (the registry's call).
         publish: ``async (session_id, message)`` — tells a session actor (``Inject``).
         clock: for ``started_at``.
         max_running_per_session: running tasks one session may have.
@@ -211,6 +218,7 @@ class BackgroundActor(Actor):
             owner=msg.owner,
             tool=msg.tool,
             params=msg.params,
+            preapproved=msg.preapproved,
             started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
             started=trio.current_time(),
         )
@@ -232,7 +240,12 @@ class BackgroundActor(Actor):
         with task.scope:
             try:
                 task.result = await self.run_tool(
-                    task.session_id, task.owner, task.tool, task.params
+                    task.session_id,
+                    task.owner,
+                    task.tool,
+                    task.params,
+                    approved=task.preapproved,
+                    background=True,
                 )
                 task.status = "completed" if task.result.ok else "failed"
             except Exception as exc:  # the registry turns tool errors into results; this is a bug

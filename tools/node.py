@@ -17,7 +17,7 @@ import msgspec
 import trio
 
 from actors.approvals import ApprovalDesk
-from actors.background import BackgroundActor
+from actors.background import BackgroundActor, StartTask
 from actors.directory import (
     RecallHooks,
     SessionDirectory,
@@ -171,7 +171,21 @@ async def run_node(
                 )
                 tools = ToolRegistry(PolicyTable(config.policies), approver=approvals.request)
                 register_builtin_tools(tools, clock)
-                register_modules(tools, config)
+
+                async def start_background(call, tool: str, params: dict) -> dict:
+                    # ``background`` is spawned below, before any tool can be called.
+                    task = await background.ask(
+                        StartTask(
+                            session_id=call.session_id,
+                            owner=call.owner,
+                            tool=tool,
+                            params=params,
+                            preapproved=True,
+                        )
+                    )
+                    return task.view(trio.current_time())
+
+                register_modules(tools, config, start_background)
                 notifier = make_notifier(config, store, clock, registry)
                 register_notify_tools(tools, notifier)
                 root._require_nursery().start_soon(purge_expired, store, name="kv purge")
@@ -364,8 +378,11 @@ async def purge_expired(store: Store, every: float = 3600.0) -> None:
             log.warning("purging expired rows failed", exc_info=True)
 
 
-def register_modules(tools: ToolRegistry, config: Config) -> None:
-    """Register the http, filesystem and shell modules with the config's settings."""
+def register_modules(
+    tools: ToolRegistry, config: Config, start_background: StartBackground | None = None
+) -> None:
+    """Register the http, filesystem and shell modules with the config's settings;
+    ``start_background`` makes ``http.download`` a background action."""
 
     def settings(struct) -> dict:
         return {
@@ -375,7 +392,12 @@ def register_modules(tools: ToolRegistry, config: Config) -> None:
 
     modules = config.modules
     fs = register_filesystem_module(tools, FilesystemConfig(**settings(modules.filesystem)))
-    register_http_module(tools, HttpConfig(**settings(modules.http)), sandbox=fs.sandbox)
+    register_http_module(
+        tools,
+        HttpConfig(**settings(modules.http)),
+        sandbox=fs.sandbox,
+        start_background=start_background,
+    )
     register_shell_module(tools, ShellConfig(**settings(modules.shell)), fs.sandbox)
 
 

@@ -36,10 +36,12 @@ log = logging.getLogger("turnstile.tools")
 
 @dataclass(frozen=True)
 class ToolCall:
-    """Who is calling a tool: the session and its owner."""
+    """Who is calling a tool: the session and its owner, and whether the call already runs
+    as a background task (a module's own background action then does its work inline)."""
 
     session_id: str
     owner: str
+    background: bool = False
 
 
 #: Asks a person to approve a call: ``(call, tool name, arguments) -> approved``.
@@ -143,9 +145,21 @@ class ToolRegistry:
         return list(self._specs)
 
     async def call(
-        self, session_id: str, owner: str, name: str, arguments: dict[str, Any]
+        self,
+        session_id: str,
+        owner: str,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        approved: bool = False,
+        background: bool = False,
     ) -> ToolResult:
-        """Validate ``arguments`` and run ``name``; failures come back as ``ToolResult``."""
+        """Validate ``arguments`` and run ``name``; failures come back as ``ToolResult``.
+
+        ``approved``: a person already approved this very call (a module's background action
+        that the runtime resumes as a task), so an APPROVE policy does not ask twice; only the
+        runtime sets it. ``background``: the call runs as a background task (``ToolCall``).
+        """
         tool = self._tools.get(name)
         if tool is None:
             return ToolResult(
@@ -159,7 +173,7 @@ class ToolRegistry:
                 error["field"] = exc.field
             return ToolResult(ok=False, error=error)
         policy = self.policies.decide(name, tool.policy)
-        call = ToolCall(session_id, owner)
+        call = ToolCall(session_id, owner, background)
         if policy is Policy.BLOCK:
             return ToolResult(
                 ok=False, error={"code": "blocked", "message": f"{name} is blocked by policy"}
@@ -178,7 +192,7 @@ class ToolRegistry:
                         "message": f"{name} failed ({type(exc).__name__})",
                     },
                 )
-        if policy is Policy.APPROVE:
+        if policy is Policy.APPROVE and not approved:
             if self.approver is None:
                 return ToolResult(
                     ok=False,

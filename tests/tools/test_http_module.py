@@ -370,25 +370,27 @@ async def test_bad_urls_and_headers_are_refused(arguments, field):
 async def test_download_writes_into_the_workspace(server, tmp_path):
     call, sandbox = make_tools(tmp_path, **LOCAL)
     result = await call(
-        "http.download", url=f"{server}/file", dest="in/file.bin", create_parents=True
+        "http.download", url=f"{server}/file", destination="in/file.bin", create_parents=True
     )
     assert result.ok, result.error
     assert result.data["path"] == "in/file.bin"
     assert result.data["bytes"] == 1024
     assert (tmp_path / "root/in/file.bin").read_bytes() == bytes(range(256)) * 4
 
-    exists = await call("http.download", url=f"{server}/file", dest="in/file.bin")
+    exists = await call("http.download", url=f"{server}/file", destination="in/file.bin")
     assert exists.error["code"] == "file_error"
     assert (
-        await call("http.download", url=f"{server}/file", dest="in/file.bin", overwrite=True)
+        await call("http.download", url=f"{server}/file", destination="in/file.bin", overwrite=True)
     ).ok
 
-    escape = await call("http.download", url=f"{server}/file", dest="../x.bin")
-    assert (escape.error["code"], escape.error["field"]) == ("path_outside_root", "dest")
+    escape = await call("http.download", url=f"{server}/file", destination="../x.bin")
+    assert (escape.error["code"], escape.error["field"]) == ("path_outside_root", "destination")
 
-    too_big = await call("http.download", url=f"{server}/file", dest="big.bin", max_bytes=100)
+    too_big = await call(
+        "http.download", url=f"{server}/file", destination="big.bin", max_bytes=100
+    )
     assert too_big.error["code"] == "limit_exceeded"
-    missing = await call("http.download", url=f"{server}/status/404", dest="nf.bin")
+    missing = await call("http.download", url=f"{server}/status/404", destination="nf.bin")
     assert missing.error["code"] == "request_failed"
     assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["in"]  # nothing left
     assert [p.name for p in (tmp_path / "root/in").iterdir()] == ["file.bin"]

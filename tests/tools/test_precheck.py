@@ -68,12 +68,12 @@ async def test_a_valid_write_is_still_asked_about_and_then_runs(tmp_path):
 async def test_http_download_and_post_are_prechecked_too(tmp_path):
     registry, asked = tools(tmp_path)
     download = await registry.call(
-        "s", "ada", "http.download", {"url": "https://example.com/f", "dest": "../f"}
+        "s", "ada", "http.download", {"url": "https://example.com/f", "destination": "../f"}
     )
     assert download.error == {
         "code": "path_outside_root",
         "message": "path '../f' leads outside the workspace root",
-        "field": "dest",
+        "field": "destination",
     }
     post = await registry.call("s", "ada", "http.post", {"url": "ftp://example.com/"})
     assert (post.error["code"], post.error["field"]) == ("invalid_argument", "url")

@@ -20,9 +20,14 @@ one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
   can test ``result.body.items.0.price`` — text (``"text"``) when it is textual, and base64
   (``"base64"``) otherwise. A 4xx/5xx status is a result, not an error.
 * ``http.download`` streams the body into a file under the filesystem module's root
-  (``dest``, resolved like any filesystem path): a temporary file renamed into place when
-  complete, so a failed or oversized download leaves nothing behind. It refuses non-2xx
-  answers and bodies over ``max_bytes`` (default and ceiling: ``max_download_bytes``).
+  (``destination``, resolved like any filesystem path): a temporary file renamed into place
+  when complete, so a failed or oversized download leaves nothing behind. It refuses non-2xx
+  answers and bodies over ``max_bytes`` (default and ceiling: ``max_download_bytes``). Like
+  the execution-primitives reference's module background actions, it runs **in the
+  background** when the node gives it a way to (``start_background``): the call checks its
+  arguments, is approved, then answers at once with a ``task_id`` and the session is notified
+  (``[BACKGROUND TASK COMPLETED]``) when the file is in place. Inside a background task
+  (``background_run``, or the task it started itself) it downloads inline.
 * **Logs** — httpx logs every request at INFO with its full URL. Query strings and userinfo
   often carry secrets (API keys, signed links, ``user:password@``), so importing this module
   installs ``RedactUrls`` on the ``httpx`` logger: those records show ``scheme://host/path``
@@ -34,6 +39,7 @@ from __future__ import annotations
 import base64
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -226,7 +232,7 @@ class DownloadParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Arguments of ``http.download``."""
 
     url: Url
-    dest: Annotated[
+    destination: Annotated[
         str, msgspec.Meta(min_length=1, max_length=4096, description="path under the root")
     ]
     headers: Headers = msgspec.field(default_factory=dict)
@@ -302,6 +308,11 @@ async def _read_capped(response: httpx.Response, limit: int) -> tuple[bytes, boo
     return bytes(buffer), False
 
 
+#: ``async (call, tool name, params) -> task view``: run an approved call as a background task
+#: whose completion notifies the session (the node binds it to the background actor).
+StartBackground = Callable[[ToolCall, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
 class HttpModule:
     """The handlers of the http module (see ``register_http_module``)."""
 
@@ -312,9 +323,11 @@ class HttpModule:
         sandbox: Sandbox | None = None,
         resolver: Resolver | None = None,
         backend: httpcore.AsyncNetworkBackend | None = None,
+        start_background: StartBackground | None = None,
     ) -> None:
         self.config = config
         self.sandbox = sandbox
+        self.start_background = start_background
         self.policy = NetPolicy(tuple(config.allowed_hosts), tuple(config.allowed_networks))
         self.resolver = resolver
         self.backend = backend
@@ -454,7 +467,7 @@ class HttpModule:
 
     async def check_download(self, call: ToolCall, params: DownloadParams) -> None:
         """``http.download``'s precheck (before approval is asked): the URL, headers, bounds
-        and ``dest`` (which must stay under the workspace root).
+        and ``destination`` (which must stay under the workspace root).
 
         Raises:
             InvalidArgument, PathOutsideRoot: as ``download`` would.
@@ -464,14 +477,16 @@ class HttpModule:
         self._headers(params.headers)
         self._timeout(params.timeout)
         self._download_limit(params)
-        await trio.to_thread.run_sync(self.sandbox.resolve, params.dest, "dest")
+        await trio.to_thread.run_sync(self.sandbox.resolve, params.destination, "destination")
 
     async def download(self, call: ToolCall, params: DownloadParams) -> dict[str, Any]:
+        if self.start_background is not None and not call.background:
+            return await self.start_background(call, "http.download", msgspec.to_builtins(params))
         sandbox = self.sandbox
         assert sandbox is not None, "http.download is registered only with a sandbox"
         limit = self._download_limit(params)
         check_url(params.url)
-        target = await trio.to_thread.run_sync(sandbox.resolve, params.dest, "dest")
+        target = await trio.to_thread.run_sync(sandbox.resolve, params.destination, "destination")
 
         async def consume(response: httpx.Response) -> dict[str, Any]:
             if not 200 <= response.status_code < 300:
@@ -485,7 +500,7 @@ class HttpModule:
                     target,
                     overwrite=params.overwrite,
                     create_parents=params.create_parents,
-                    field="dest",
+                    field="destination",
                 )
             )
             try:
@@ -525,14 +540,23 @@ def register_http_module(
     sandbox: Sandbox | None = None,
     resolver: Resolver | None = None,
     backend: httpcore.AsyncNetworkBackend | None = None,
+    start_background: StartBackground | None = None,
 ) -> HttpModule:
     """Register ``http.get``, ``http.post`` and — given the filesystem module's ``sandbox`` —
     ``http.download``.
 
     Args:
         resolver, backend: replace DNS resolution and the socket layer (tests).
+        start_background: makes ``http.download`` a background action (see the module
+            docstring); without it the download runs inline.
     """
-    module = HttpModule(config, sandbox=sandbox, resolver=resolver, backend=backend)
+    module = HttpModule(
+        config,
+        sandbox=sandbox,
+        resolver=resolver,
+        backend=backend,
+        start_background=start_background,
+    )
     registry.register(
         "http.get",
         GetParams,
@@ -554,8 +578,9 @@ def register_http_module(
             "http.download",
             DownloadParams,
             module.download,
-            "Download an http(s) URL into a file under the workspace root (dest); the file "
-            "appears only when the download is complete.",
+            "Download an http(s) URL into a file under the workspace root (destination), in "
+            "the background: answers at once with a task_id, and you are notified when the "
+            "file is in place (it appears only when complete).",
             policy=Policy(POLICIES["http.download"]),
             precheck=module.check_download,
         )
