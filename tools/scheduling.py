@@ -78,9 +78,10 @@ class JobRef(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ListJobs(msgspec.Struct, forbid_unknown_fields=True):
-    """Arguments of ``schedule_list``."""
+    """Arguments of ``schedule_list``: ``status`` filters on a job state (a failed *run* is a
+    run's state, shown by ``schedule_status``; the job goes on)."""
 
-    status: Literal["active", "paused", "completed", "cancelled", "failed"] | None = None
+    status: Literal["active", "paused", "completed", "cancelled"] | None = None
 
 
 class Remember(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -228,7 +229,15 @@ def register_scheduling_tools(
 
     async def schedule_list(call: ToolCall, args: ListJobs) -> dict[str, Any]:
         jobs = await store.list_jobs(session_id=call.session_id)
-        views = [_job_view(j) for j in jobs if args.status is None or j.state == args.status]
+        views = []
+        for job in jobs:
+            if args.status is not None and job.state != args.status:
+                continue
+            view = _job_view(job)
+            if job.run_count:  # when it last fired (its latest run record)
+                last = await store.list_runs(job.id, limit=1)
+                view["last_run_at"] = _iso(last[0].scheduled_for) if last else None
+            views.append(view)
         counts: dict[str, int] = {}
         for view in views:
             counts[view["status"]] = counts.get(view["status"], 0) + 1

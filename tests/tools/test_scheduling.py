@@ -72,6 +72,11 @@ async def test_schedule_cron_in_a_timezone_and_list_status_cancel(autojump_clock
         assert status["recent_runs"][0]["scheduled_for"] == "2026-11-23T09:00:00Z"
         listed = (await call("schedule_list")).data
         assert (listed["total"], listed["active"]) == (1, 1)
+        assert listed["jobs"][0]["last_run_at"] == "2026-11-23T09:00:00Z"
+        # Only job states filter: "failed" is a run's state (schedule_status), not a job's.
+        assert (await call("schedule_list", status="active")).data["total"] == 1
+        refused = await call("schedule_list", status="failed")
+        assert (refused.error["code"], refused.error["field"]) == ("bad_arguments", "$.status")
         cancelled = await call("schedule_cancel", job_id=job["job_id"])
         assert cancelled.data == {"job_id": job["job_id"], "status": "cancelled"}
         await trio.sleep(7 * DAY)
