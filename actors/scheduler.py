@@ -33,6 +33,7 @@ import logging
 import math
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -47,7 +48,7 @@ from runtime.codec import Message
 from runtime.cronexpr import CronSchedule
 from runtime.errors import InvalidArgument, LimitExceeded, NotFound
 from runtime.metrics import Metrics
-from runtime.store import Job, Store
+from runtime.store import Job, JobRun, Store
 from runtime.timerwheel import TimerHandle, TimerWheel
 
 __all__ = [
@@ -231,6 +232,9 @@ class SchedulerActor(Actor):
             fire, ``Publish`` for other job updates).
         limits: scheduling limits.
         metrics: lateness and fire counts.
+        fired_events: ``(job, run) -> [(type, payload), …]``: events a feature adds to the
+            session's log when one of its jobs delivers a turn (recalls: ``recall_update``);
+            the scheduler itself knows no job kind.
     """
 
     uses_nursery = True
@@ -243,8 +247,10 @@ class SchedulerActor(Actor):
         publish,
         limits: SchedulerLimits | None = None,
         metrics: Metrics | None = None,
+        fired_events: Callable[[Job, JobRun], list[tuple[str, dict[str, Any]]]] | None = None,
     ) -> None:
         self.store = store
+        self.fired_events = fired_events
         self.clock = clock
         self.publish = publish
         self.limits = limits or SchedulerLimits()
@@ -521,6 +527,8 @@ class SchedulerActor(Actor):
         }
         payload.pop("prompt", None)
         detail = {"prompt": deliver.get("prompt", ""), "late_seconds": round(late, 6)}
+        if deliver.get("instruction"):  # a recall's self-instruction, for the run record
+            detail["instruction"] = deliver["instruction"]
         if extra:
             detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
         result = await self.store.fire_job(
@@ -538,9 +546,15 @@ class SchedulerActor(Actor):
             self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
             self.lateness.append(committed)
             update = self._update_payload(result.job, "fired", run_id=result.run.id)
+            events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
             await self._tell(
                 job.session_id,
-                Delivered(input_id=result.input.id, source=result.input.source, job_update=update),
+                Delivered(
+                    input_id=result.input.id,
+                    source=result.input.source,
+                    job_update=update,
+                    events=events,
+                ),
             )
         return result
 

@@ -86,6 +86,13 @@ Policy = Literal["enqueue", "reject", "interrupt", "inject"]
 #: closure given up leaves the input ``running`` until the next start-up's recovery.
 CLOSE_GRACE_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 300.0
+RECALL_PROMPT = (
+    "This turn is a recall you scheduled for yourself earlier; it runs on a timer, not in "
+    "response to a user message, and the user may not be watching. Carry out your "
+    "self-instruction with your tools, then report briefly what you did and found.\n\n"
+    "Your self-instruction:\n"
+    "{instruction}"
+)
 HEARTBEAT_PROMPT = (
     "This is a scheduled heartbeat check. You are running autonomously on a timer, not in "
     "response to a user message.\n\n"
@@ -218,11 +225,20 @@ class Wake(Message, tag="wake"):
 
 
 class Delivered(Message, tag="delivered", kw_only=True):
-    """The scheduler put a turn input straight into the inbox (in its fire transaction)."""
+    """The scheduler put a turn input straight into the inbox (in its fire transaction).
+
+    Attributes:
+        input_id: the inbox row.
+        source: its source (``cron``, ``recall``, …).
+        job_update: the ``job_update`` event's payload.
+        events: more ``(type, payload)`` events about the fire, emitted after ``job_update``
+            and before ``turn_queued`` (a recall's ``recall_update``).
+    """
 
     input_id: int
     source: str
     job_update: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]] = msgspec.field(default_factory=list)
 
 
 class Publish(Message, tag="publish", kw_only=True):
@@ -355,6 +371,8 @@ class SessionActor(Actor):
             case Delivered():
                 self.queued += 1
                 await self._emit("job_update", message.job_update)
+                for type_, payload in message.events:
+                    await self._emit(type_, payload)
                 ahead = self.queued - 1 + (1 if self.turn is not None else 0)
                 await self._emit(
                     "turn_queued",
@@ -537,6 +555,13 @@ class SessionActor(Actor):
                 model=heartbeat.get("model_override"),
                 max_tokens=heartbeat.get("max_tokens"),
             )
+        instruction = payload.get("instruction") if payload.get("is_recall") else None
+        if isinstance(instruction, str) and instruction:
+            # The self-instruction is the agent's own note to itself: a system message, not
+            # words put in the user's mouth. The user-role entry is the trigger line.
+            turn_input = msgspec.structs.replace(
+                turn_input, system_segment=RECALL_PROMPT.format(instruction=instruction)
+            )
         try:
             start: dict[str, Any] = {
                 "input_id": item.id,
@@ -549,8 +574,12 @@ class SessionActor(Actor):
                 for key in ("label", "kind", "prompt_ref", "reference"):
                     if payload.get(key):
                         start[key] = payload[key]
+            if payload.get("is_recall"):
+                start["is_recall"] = True
+                if isinstance(instruction, str) and instruction:
+                    start["instruction"] = instruction
             await self._turn_emit(turn, "stream_start", start, durable=False)
-            self._remember(HistoryEntry(role="user", content=content, source=item.source))
+            self._remember(_input_entry(start))
             context = _TurnContext(self, turn, turn_input)
             if isinstance(heartbeat, dict) and heartbeat.get("dedicated", True):
                 context.history = []  # a dedicated heartbeat starts from a clean context
@@ -945,15 +974,34 @@ async def load_history(store: Store, session_id: str, keep: int) -> list[History
     return entries
 
 
+def _input_entry(start: dict[str, Any]) -> HistoryEntry:
+    """The transcript entry of a turn's input, from its ``stream_start`` payload.
+
+    A scheduled input keeps what triggered it: ``is_recall`` for a recall, else the job, its
+    run and (cron) its prompt reference as ``cron_job_id``, ``cron_run_id``,
+    ``cron_prompt_ref`` (cron-session-binding.md), so a later turn and the history route
+    know which firing the entry stands for.
+    """
+    job_id, run_id, ref = start.get("job_id"), start.get("run_id"), start.get("prompt_ref")
+    from_job = isinstance(job_id, str) and not start.get("is_recall")
+    return HistoryEntry(
+        role="user",
+        content=start.get("content", ""),
+        source=start.get("source"),
+        is_recall=bool(start.get("is_recall")),
+        cron_job_id=job_id if from_job else None,
+        cron_run_id=run_id if from_job and isinstance(run_id, int) else None,
+        cron_prompt_ref=ref if from_job and isinstance(ref, dict) else None,
+    )
+
+
 def history_from_events(events: list[EventRecord]) -> list[HistoryEntry]:
     """The transcript entries that a list of events stands for, in order."""
     out: list[HistoryEntry] = []
     for event in events:
         p = event.payload
         if event.type == "stream_start":
-            out.append(
-                HistoryEntry(role="user", content=p.get("content", ""), source=p.get("source"))
-            )
+            out.append(_input_entry(p))
         elif event.type == "user_message":
             out.append(
                 HistoryEntry(role="user", content=p.get("content", ""), source=p.get("source"))

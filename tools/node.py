@@ -49,7 +49,13 @@ from tools.modules.shell import ShellConfig, register_shell_module
 from tools.netguard import NetPolicy
 from tools.notify import guarded_webhook_post, register_notify_tools
 from tools.policy import PolicyTable
-from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
+from tools.recall import (
+    cancel_recall,
+    get_recall,
+    recall_fired_events,
+    register_recall_tools,
+    skip_recall,
+)
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
 from tools.watchers import (
@@ -201,6 +207,7 @@ async def run_node(
                             max_prompt_chars=limits.max_prompt_chars,
                         ),
                         metrics=metrics,
+                        fired_events=recall_fired_events,
                     ),
                     name="scheduler",
                 )

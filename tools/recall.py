@@ -46,15 +46,23 @@ How it is built — and where it does better than the reference design:
 * A failed recall turn does not cancel the recall (the reference cancels a ``once`` recall
   whose run raised): the failure is on the job's run record (``turn_failed``), and a recurring
   recall keeps its schedule.
-* ``recall_update`` events (``{...recall, "action": "scheduled"|"cancelled"|"skipped"}``) go
-  to the session's event log after every change, so the banner and sidebar can follow; the
-  scheduler's own ``job_update`` events say when it fired.
+* ``recall_update`` events go to the session's event log after every change, so the banner
+  and sidebar can follow: ``{...recall, "action": …}`` with ``action`` ``scheduled``,
+  ``cancelled``, ``skipped``, ``fired`` (a once or immediate recall fired; it is done) or
+  ``rescheduled`` (a recurring recall fired; ``trigger_at`` is its next occurrence). The last
+  two come from the scheduler's fire (:func:`recall_fired_events`) with ``fired_at`` and
+  ``run_id``, just before the turn's ``turn_queued``.
 
-What the turn receives (``TurnInput.content``; ``payload`` also carries ``recall_id`` and
-``is_recall: true``)::
+What the turn receives: as its user-role content, one trigger line (also its transcript
+entry, with ``is_recall``; ``stream_start`` carries ``is_recall: true`` and ``instruction``)::
 
     [RECALL] recall_id=rc_4f2a… call_type=once note=check the build
-    Read /tmp/build.log with filesystem. If it has errors, report the last 50 lines.
+
+and, as a system message for this turn (``TurnInput.system_segment``), the self-instruction
+("Read /tmp/build.log with filesystem. If it has errors, report the last 50 lines.") under a
+short preamble saying this is a self-scheduled turn (the design of recall.md: the
+self-instruction is injected as a system message, never put in the user's mouth).
+``payload`` carries ``recall_id``, ``is_recall: true`` and ``instruction``.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from actors.session_ids import public_id
 from runtime.actor import ActorRef
 from runtime.clock import Clock
 from runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
-from runtime.store import Job, Store
+from runtime.store import Job, JobRun, Store
 from runtime.timeexpr import parse_when
 from tools.registry import ToolCall, ToolRegistry
 
@@ -85,6 +93,7 @@ __all__ = [
     "cancel_recall",
     "get_recall",
     "list_recalls",
+    "recall_fired_events",
     "recall_view",
     "register_recall_tools",
     "skip_recall",
@@ -180,15 +189,38 @@ def recall_view(job: Job) -> dict[str, Any]:
     }
 
 
-def _instruction(recall_id: str, call_type: str, interval: int | None, note: str, text: str) -> str:
-    """The content of the turn a recall starts."""
+def _trigger(recall_id: str, call_type: str, interval: int | None, note: str) -> str:
+    """The content of the turn a recall starts: one line naming the recall.
+
+    The self-instruction is not part of it: it travels as ``instruction`` in the input's
+    payload and the session hands it to the agent as a system message.
+    """
     head = f"[RECALL] recall_id={recall_id} call_type={call_type}"
     if interval is not None:
         head += f" every={interval}s"
     note = " ".join(note.split())
     if note:
         head += f" note={note}"
-    return f"{head}\n{text}"
+    return head
+
+
+def recall_fired_events(job: Job, run: JobRun) -> list[tuple[str, dict[str, Any]]]:
+    """The events a recall's firing adds to its session's log (the scheduler's hook).
+
+    A ``recall_update`` with ``action`` ``"fired"`` (a once or immediate recall: it is done)
+    or ``"rescheduled"`` (a recurring one: ``trigger_at`` is its next occurrence), and
+    ``fired_at`` (the occurrence that fired) and ``run_id``. Nothing for other jobs.
+    """
+    if job.kind != RECALL_KIND:
+        return []
+    action = "rescheduled" if job.state == "active" else "fired"
+    update = {
+        **recall_view(job),
+        "action": action,
+        "fired_at": _iso(run.scheduled_for),
+        "run_id": run.id,
+    }
+    return [("recall_update", update)]
 
 
 async def _pending_job(store: Store, session_id: str) -> Job | None:
@@ -354,7 +386,8 @@ def register_recall_tools(
         deliver = {
             "source": "recall",
             "action_type": "llm_prompt",
-            "prompt": _instruction(recall_id, call_type, interval, args.internal_comment, text),
+            "prompt": _trigger(recall_id, call_type, interval, args.internal_comment),
+            "instruction": text,
             "recall_id": recall_id,
             "is_recall": True,
         }

@@ -68,6 +68,12 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
         arguments: for ``tool`` entries, the arguments it was called with.
         call_id: for ``tool`` entries, the model's id for the call (if any).
         status: for ``assistant`` entries, how the turn ended.
+        is_recall: for ``user`` entries, the input is a recall the agent scheduled for itself
+            (its self-instruction reached the agent as a system message, not as this entry).
+        cron_job_id: for ``user`` entries from a scheduled job, the job.
+        cron_run_id: for ``user`` entries from a scheduled job, the run record of this firing.
+        cron_prompt_ref: for ``user`` entries from a ``cron`` job, the versioned prompt
+            reference (``{"name", "version", "sha256", "template"}``).
     """
 
     role: Literal["user", "assistant", "tool"]
@@ -77,6 +83,10 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     arguments: dict[str, Any] | None = None
     call_id: str | None = None
     status: str | None = None
+    is_recall: bool = False
+    cron_job_id: str | None = None
+    cron_run_id: int | None = None
+    cron_prompt_ref: dict[str, Any] | None = None
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):

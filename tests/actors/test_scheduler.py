@@ -18,6 +18,7 @@ from runtime.store import open_store
 from runtime.supervisor import open_supervisor
 from tests.actors.test_session import NoTools, Recorder
 from tests.e2e.conftest import GatedAgent
+from tools.recall import recall_fired_events
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 LIMITS = SchedulerLimits(min_interval_seconds=300)
@@ -43,7 +44,13 @@ class Node:
 
     async def start_scheduler(self, name: str = "scheduler"):
         self.scheduler = await self.sup.spawn(
-            lambda: SchedulerActor(self.store, self.clock, publish=self.publish, limits=LIMITS),
+            lambda: SchedulerActor(
+                self.store,
+                self.clock,
+                publish=self.publish,
+                limits=LIMITS,
+                fired_events=recall_fired_events,
+            ),
             name=name,
         )
         return self.scheduler

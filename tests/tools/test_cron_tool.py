@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 from actors.scheduler import Schedule, SchedulerActor, SchedulerLimits
-from actors.session import SetPolicy, Submit
+from actors.session import SetPolicy, Submit, history_from_events
 from tests.actors.test_scheduler import DAY, T0, node
+from tests.tools.test_recall import SeeingAgent
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
 from tools.registry import ToolRegistry
@@ -38,7 +39,7 @@ def sha(text: str) -> str:
 async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_turn(
     autojump_clock,
 ):
-    async with node() as n:
+    async with node(agent=SeeingAgent()) as n:
         call = tools_for(n)
         made = await call(
             "cron", action="add", schedule="0 13 * * *", prompt=MONITOR, name="daily-monitor"
@@ -86,6 +87,11 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
             "template": "cron.trigger@v1",
         }
         assert "prompt_text" not in item.payload  # the job holds the prompt, not every input
+        # the transcript entry carries the trigger's metadata (cron-session-binding.md)
+        entry = history_from_events(await n.store.read_events("s"))[0]
+        assert (entry.role, entry.content, entry.is_recall) == ("user", trigger, False)
+        assert (entry.cron_job_id, entry.cron_run_id) == (job_id, run.id)
+        assert entry.cron_prompt_ref == item.payload["prompt_ref"]
         await trio.sleep(DAY - 1)
         await n.seen.until(b'"stream_end"', 2)
         assert n.clock.now() == T0 + timedelta(days=1, hours=1)
@@ -94,6 +100,8 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
             T0 + timedelta(hours=1),
             T0 + timedelta(days=1, hours=1),
         ]
+        # the next cron turn's agent reads the same entry in its history
+        assert n.agent.histories[-1][0] == entry
 
 
 async def test_a_recurring_phrase_in_the_sessions_timezone_and_a_derived_name(autojump_clock):

@@ -12,13 +12,28 @@ import pytest
 import trio
 import trio.testing
 
-from actors.session import Submit
+from actors.session import Submit, history_from_events
 from runtime.errors import InvalidArgument, NotFound
 from tests.actors.test_scheduler import DAY, T0, node
+from tests.e2e.conftest import GatedAgent
 from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
 from tools.registry import ToolRegistry
 
 TODO = "Read /tmp/build.log with filesystem. If errors, report the last 50 lines."
+
+
+class SeeingAgent(GatedAgent):
+    """Keeps each turn's input and history, to check what the agent was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs = []
+        self.histories = []
+
+    async def run_turn(self, turn) -> str:
+        self.inputs.append(turn.input)
+        self.histories.append(list(turn.history))
+        return await super().run_turn(turn)
 
 
 def tools_for(n, session_id: str = "s"):
@@ -50,7 +65,7 @@ async def settle(n) -> None:
 async def test_a_once_recall_fires_on_time_with_its_instruction_then_frees_the_slot(
     autojump_clock,
 ):
-    async with node() as n:
+    async with node(agent=SeeingAgent()) as n:
         call = tools_for(n)
         made = await ok(
             call,
@@ -83,13 +98,28 @@ async def test_a_once_recall_fires_on_time_with_its_instruction_then_frees_the_s
         assert n.clock.now() == T0 + timedelta(minutes=30)
         (start,) = n.starts()
         assert start["source"] == "recall"
-        assert start["content"] == (
-            f"[RECALL] recall_id={rid} call_type=once note=check the build\n{TODO}"
-        )
-        assert start["job_id"] == rid
+        # the user-role content is one trigger line; the self-instruction goes separately
+        assert start["content"] == f"[RECALL] recall_id={rid} call_type=once note=check the build"
+        assert (start["job_id"], start["is_recall"], start["instruction"]) == (rid, True, TODO)
         item = (await n.store.list_inputs("s"))[0]
         assert (item.payload["recall_id"], item.payload["is_recall"]) == (rid, True)
+        # ... to the agent as this turn's system text, never as a user message
+        (seen,) = n.agent.inputs
+        assert seen.content == start["content"] and TODO not in seen.content
+        assert seen.system_segment.endswith(f"Your self-instruction:\n{TODO}")
         await settle(n)
+        (run,) = await n.store.list_runs(rid)
+        assert run.detail["instruction"] == TODO
+        fired = recall_updates(n)[-1]
+        assert (fired["action"], fired["status"], fired["trigger_at"]) == ("fired", "fired", None)
+        assert (fired["fired_at"], fired["run_id"]) == ("2026-11-21T12:30:00Z", run.id)
+        # the transcript (live and rebuilt from the log) marks the entry as a recall
+        entry = history_from_events(await n.store.read_events("s"))[0]
+        assert (entry.role, entry.is_recall, entry.cron_job_id) == ("user", True, None)
+        session = n.registry.ref("session:s")
+        await session.ask(Submit(content="and now?"))
+        await n.seen.until(b'"stream_end"', 2)
+        assert n.agent.histories[-1][0] == entry
         assert await get_recall(n.store, "s") is None
         (listed,) = (await ok(call, "manage_recall", action="list"))["recalls"]
         assert (listed["status"], listed["trigger_at"], listed["fired_count"]) == ("fired", None, 1)
@@ -117,13 +147,20 @@ async def test_a_recurring_recall_fires_every_interval_from_its_first_trigger(au
         await trio.sleep(3600 + 25 * 60)
         await settle(n)
         contents = [s["content"] for s in n.starts()]
-        assert len(contents) == 3  # 13:00, 13:10, 13:20
-        assert contents[0].startswith(
-            f"[RECALL] recall_id={made['recall_id']} call_type=recurring every=600s\npoll"
-        )
+        assert (
+            contents
+            == [f"[RECALL] recall_id={made['recall_id']} call_type=recurring every=600s"] * 3
+        )  # 13:00, 13:10, 13:20
         (run3, run2, run1) = await n.store.list_runs(made["recall_id"])
         assert [r.scheduled_for for r in (run1, run2, run3)] == [
             T0 + timedelta(minutes=m) for m in (60, 70, 80)
+        ]
+        # each firing reschedules it, and says so
+        moved = [u for u in recall_updates(n) if u["action"] == "rescheduled"]
+        assert [(u["fired_at"], u["trigger_at"], u["status"], u["run_id"]) for u in moved] == [
+            ("2026-11-21T13:00:00Z", "2026-11-21T13:10:00Z", "pending", run1.id),
+            ("2026-11-21T13:10:00Z", "2026-11-21T13:20:00Z", "pending", run2.id),
+            ("2026-11-21T13:20:00Z", "2026-11-21T13:30:00Z", "pending", run3.id),
         ]
         pending = await get_recall(n.store, "s")
         assert (pending["status"], pending["trigger_at"], pending["fired_count"]) == (
@@ -156,7 +193,7 @@ async def test_an_immediate_recall_runs_at_once(autojump_clock):
         await n.seen.until(b'"stream_end"')
         assert n.clock.now() == T0
         assert n.starts()[0]["content"] == (
-            f"[RECALL] recall_id={made['recall_id']} call_type=immediate\n{TODO}"
+            f"[RECALL] recall_id={made['recall_id']} call_type=immediate"
         )
 
 
@@ -289,7 +326,7 @@ async def test_skip_moves_a_future_trigger_by_one_interval(autojump_clock):
         await n.seen.until(b'"stream_end"')
         assert n.clock.now() == T0 + timedelta(minutes=20)
         updates = recall_updates(n)
-        assert [u["action"] for u in updates] == ["scheduled", "skipped"]
+        assert [u["action"] for u in updates] == ["scheduled", "skipped", "rescheduled"]
         assert updates[1]["skipped_trigger_at"] == "2026-11-21T12:10:00Z"
         assert (await get_recall(n.store, "s"))["trigger_at"] == "2026-11-21T12:30:00Z"
         assert made["recall_id"] == skipped["recall_id"]
