@@ -161,6 +161,9 @@ class SessionServices:
     disable_job: Callable[[str], Awaitable[None]] | None = None
     #: The notifier's ``notify``: where scheduled output bound for another channel goes.
     notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    #: Node-wide slots for turns started by a job (``[limits] max_concurrent_scheduled_turns``);
+    #: None runs them without a bound. User turns never take a slot.
+    scheduled_turns: trio.CapacityLimiter | None = None
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -303,6 +306,8 @@ class SessionActor(Actor):
         self.runner_done: trio.Event | None = None
         self.wakeup_pending = False
         self.deleting = False
+        #: Set while the runner waits for a scheduled-turn slot, so a delete can end the wait.
+        self._slot_wait: trio.CancelScope | None = None
         self.queued = 0
         self.last_seq = 0
         #: Events emitted but not yet handed to the store, and the batch being stored.
@@ -489,6 +494,8 @@ class SessionActor(Actor):
         self.deleting = True  # the runner takes no further input
         if self.turn is not None:
             self.turn.cancel("stopped")
+        if self._slot_wait is not None:
+            self._slot_wait.cancel()
         if self.runner_active and self.runner_done is not None:
             await self.runner_done.wait()  # let the turn close before its rows go
         await self._events_stored()
@@ -513,13 +520,29 @@ class SessionActor(Actor):
         try:
             while not self.deleting:
                 self.wakeup_pending = False
-                item = await self.services.store.claim_next_input(self.session_id)
-                if item is None:
-                    if self.wakeup_pending:
-                        continue  # something was enqueued while we looked
-                    return
-                self.queued = max(0, self.queued - 1)
-                await self._run_turn(item)
+                held = await self._slot_for_next()
+                try:
+                    if self.deleting:
+                        return
+                    item = await self.services.store.claim_next_input(self.session_id)
+                    if item is None:
+                        if self.wakeup_pending:
+                            continue  # something was enqueued while we looked
+                        return
+                    self.queued = max(0, self.queued - 1)
+                    if _is_scheduled(item) and not held:
+                        # A slot was free when we looked, or the queue changed since: the
+                        # input is claimed, so take the slot now (nearly always at once).
+                        held = await self._take_slot()
+                        if self.deleting:
+                            return  # the delete takes the claimed input with the session
+                    elif held and not _is_scheduled(item):
+                        self._release_slot()
+                        held = False
+                    await self._run_turn(item)
+                finally:
+                    if held:
+                        self._release_slot()
                 if self.queued == 0 and not self.wakeup_pending:
                     # Nothing was enqueued here since (that counts, and every other way in
                     # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
@@ -527,6 +550,48 @@ class SessionActor(Actor):
         finally:
             self.runner_active = False
             self.runner_done.set()
+
+    async def _slot_for_next(self) -> bool:
+        """Wait for a scheduled-turn slot if the next input needs one and none is free.
+
+        The node runs at most ``scheduled_turns`` job-started turns at once. The input waits
+        *queued* in the inbox (a crash meanwhile loses nothing), and everything behind it in
+        this session waits too, so the order stays that of the inbox. A free slot is taken
+        before the claim, without waiting (the caller gives it back if the input turns out not
+        to need it); only when none is free does this read the queue, so an uncontended node
+        pays nothing.
+
+        Returns:
+            whether a slot is now held for this runner.
+        """
+        slots = self.services.scheduled_turns
+        if slots is None:
+            return False
+        try:
+            slots.acquire_on_behalf_of_nowait(self)
+            return True
+        except trio.WouldBlock:
+            pass
+        queued = await self.services.store.list_inputs(self.session_id, states=["queued"])
+        if not queued or not _is_scheduled(queued[0]):
+            return False
+        return await self._take_slot()
+
+    async def _take_slot(self) -> bool:
+        """Take a scheduled-turn slot, waiting for one; False if a delete ended the wait."""
+        slots = self.services.scheduled_turns
+        if slots is None:
+            return False
+        with trio.CancelScope() as scope:
+            self._slot_wait = scope
+            try:
+                await slots.acquire_on_behalf_of(self)
+            finally:
+                self._slot_wait = None
+        return not scope.cancelled_caught
+
+    def _release_slot(self) -> None:
+        self.services.scheduled_turns.release_on_behalf_of(self)
 
     async def _run_turn(self, item: InboxItem) -> None:
         turn = _Turn(item)
@@ -972,6 +1037,11 @@ async def load_history(store: Store, session_id: str, keep: int) -> list[History
             del entries[: len(entries) - keep]
         after = page[-1].seq
     return entries
+
+
+def _is_scheduled(item: InboxItem) -> bool:
+    """Whether a job (cron, recall, heartbeat, …) started this input: it needs a slot."""
+    return isinstance(item.payload.get("job_id"), str)
 
 
 def _input_entry(start: dict[str, Any]) -> HistoryEntry:

@@ -70,6 +70,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     #: Seconds an HTTP request's body may take to arrive once the handler reads it; after that
     #: the answer is ``408 request_timeout`` and the connection is closed.
     body_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    #: Turns started by a schedule (cron, recall, heartbeat, any job) that may run at once on
+    #: this node; the rest wait, still queued in their inboxes, in order (recall.md's limit).
+    max_concurrent_scheduled_turns: Positive = 3
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):

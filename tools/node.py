@@ -267,6 +267,7 @@ async def run_node(
                     tool_profiles=HEARTBEAT_PROFILES,
                     disable_job=disable_job,
                     notify=notifier.notify,
+                    scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
                 )
                 registry.register("session", lambda key: SessionActor(key, services))
                 metrics.gauge("turnstile_sessions_active", lambda: registry.statistics().active)

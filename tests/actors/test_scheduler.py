@@ -73,7 +73,14 @@ class Node:
 
 
 @asynccontextmanager
-async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=None, notify=None):
+async def node(
+    start_scheduler: bool = True,
+    tools=None,
+    profiles=None,
+    agent=None,
+    notify=None,
+    scheduled_turns: int | None = None,
+):
     clock = MockWallClock(T0)
     agent = agent or GatedAgent()
     async with open_store("sqlite:///:memory:", clock=clock) as store:
@@ -86,6 +93,9 @@ async def node(start_scheduler: bool = True, tools=None, profiles=None, agent=No
             encode_event=encode_event,
             tool_profiles=profiles or {"full": None},
             notify=notify,
+            scheduled_turns=None
+            if scheduled_turns is None
+            else trio.CapacityLimiter(scheduled_turns),
         )
         async with open_supervisor("root", escalate=False) as sup:
             registry = Registry(sup, idle_timeout=10 * DAY)
@@ -310,3 +320,70 @@ async def test_the_delivered_run_is_settled_after_sixty_hours_of_downtime(autoju
         assert (start["job_id"], start["run_id"]) == (job.id, delivered.id)
         (item,) = await n.store.list_inputs("s")
         assert item.payload["run_id"] == delivered.id
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_at_most_n_scheduled_turns_run_at_once_the_rest_wait_queued_in_order(
+    autojump_clock,
+):
+    """Five sessions' jobs fire at 13:00 with three slots: three turns run, two inputs stay
+    queued in their inboxes; a user turn needs no slot; a user message sent behind a waiting
+    scheduled input does not overtake it; each freed slot starts the next one."""
+    async with node(scheduled_turns=3) as n:
+        names = ["s", "t1", "t2", "t3", "t4"]
+        for name in names[1:]:
+            await n.store.create_session(name, "ada")
+        for name in names:
+            await n.add(
+                session_id=name,
+                schedule=once(T0 + timedelta(hours=1)),
+                deliver={"prompt": f"wait:{name}", "source": "cron"},
+            )
+        await trio.sleep(3600 + 60)
+        running = list(n.agent.running)
+        assert len(running) == 3
+        waiting = [name for name in names if f"wait:{name}" not in running]
+        for name in waiting:
+            (item,) = await n.store.list_inputs(name)
+            assert item.state == "queued"  # nothing claimed: a crash now would lose nothing
+        blocked = waiting[0]
+        await n.registry.ref(f"session:{blocked}").ask(Submit(content="from the user"))
+        await n.store.create_session("u", "ada")
+        await n.registry.ref("session:u").ask(Submit(content="wait:free"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert "wait:free" in n.agent.running  # user turns take no slot
+        assert "from the user" not in n.agent.running  # it queues behind the cron input
+        n.agent.gate(running[0]).set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len([c for c in n.agent.running if c.startswith("wait:t") or c == "wait:s"]) == 4
+        for gate in [*running[1:], *(f"wait:{w}" for w in waiting), "wait:free"]:
+            n.agent.gate(gate).set()
+        await trio.testing.wait_all_tasks_blocked()
+        for name in names:
+            assert {i.state for i in await n.store.list_inputs(name)} == {"done"}, name
+        order = [c for c in n.agent.running if c in (f"wait:{blocked}", "from the user")]
+        assert order == [f"wait:{blocked}", "from the user"]
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_deleting_a_session_whose_scheduled_turn_waits_for_a_slot_does_not_hang(
+    autojump_clock,
+):
+    from actors.session import DeleteSession
+
+    async with node(scheduled_turns=1) as n:
+        await n.store.create_session("t", "ada")
+        for name in ("s", "t"):
+            await n.add(
+                session_id=name,
+                schedule=once(T0 + timedelta(hours=1)),
+                deliver={"prompt": f"wait:{name}", "source": "cron"},
+            )
+        await trio.sleep(3600 + 60)
+        (first,) = n.agent.running
+        other = "t" if first == "wait:s" else "s"
+        with trio.fail_after(1):
+            await n.registry.ref(f"session:{other}").ask(DeleteSession())
+        n.agent.gate(first).set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert n.agent.running == [first]  # the deleted session's turn never ran
