@@ -58,6 +58,8 @@ from runtime.gateway.backend import Attached, Submitted, Subscriber
 from runtime.metrics import Metrics
 from runtime.registry import Registry
 from runtime.store import EventRecord, Job, JobRun, Session, Store
+from tools.heartbeat import KV_NAMESPACE as HEARTBEAT_KV
+from tools.heartbeat import heartbeat_view
 
 __all__ = ["RecallHooks", "SessionDirectory", "create_derived_session"]
 
@@ -272,6 +274,7 @@ class SessionDirectory:
             await self._watchers.drop_session(key)
         if self._notifier is not None:
             await self._notifier.discard_buffered(key)
+        await self.store.kv_delete(HEARTBEAT_KV, [key])  # its kept heartbeat settings
         self._owners.pop(key, None)
 
     # -- turns --
@@ -361,6 +364,11 @@ class SessionDirectory:
     async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]:
         key = await self._owned(user, session_id)
         return public_view(await self._recall_hooks().skip(key))
+
+    async def heartbeat(self, user: str, session_id: str) -> dict[str, Any]:
+        """The session's heartbeat settings (or None) and its recent runs, newest first."""
+        key = await self._owned(user, session_id)
+        return public_view(await heartbeat_view(self.store, key))
 
     # -- approvals --
 

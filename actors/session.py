@@ -93,6 +93,8 @@ RECALL_PROMPT = (
     "Your self-instruction:\n"
     "{instruction}"
 )
+#: Characters of a heartbeat's answer kept in its run record (``GET …/heartbeat``).
+HEARTBEAT_RESPONSE_CHARS = 2000
 HEARTBEAT_PROMPT = (
     "This is a scheduled heartbeat check. You are running autonomously on a timer, not in "
     "response to a user message.\n\n"
@@ -157,7 +159,8 @@ class SessionServices:
     on_turn_closed: Callable[[str, float], None] | None = None
     #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
-    #: Cancels a job (a heartbeat whose ``on_error`` is ``disable``).
+    #: Stops a heartbeat job, keeping its settings (a heartbeat whose ``on_error`` is
+    #: ``disable``).
     disable_job: Callable[[str], Awaitable[None]] | None = None
     #: The notifier's ``notify``: where scheduled output bound for another channel goes.
     notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
@@ -769,6 +772,7 @@ class SessionActor(Actor):
             return detail
         for type_, payload in buffered:
             await self._emit(type_, payload)
+        detail["response"] = text[:HEARTBEAT_RESPONSE_CHARS]  # what it found, for the run list
         if status == "failed":
             policy = heartbeat.get("on_error", "skip")
             if policy == "retry_once" and not turn.item.payload.get("retry"):
@@ -785,7 +789,51 @@ class SessionActor(Actor):
                         "heartbeat_disabled", {"job_id": job_id, "error": error or "failed"}
                     )
                     detail["on_error"] = "disabled"
+                    await self._alert_heartbeat_disabled(heartbeat, job_id, error or "failed")
         return detail
+
+    async def _alert_heartbeat_disabled(
+        self, heartbeat: dict[str, Any], job_id: str, error: str
+    ) -> None:
+        """Tell the heartbeat's owner through its ``alert_channel`` (by default a notification
+        in the parent session) that it was switched off; a failed alert is logged, not fatal."""
+        if self.services.notify is None:
+            return
+        parent = heartbeat.get("heartbeat_of")
+        target = parent if isinstance(parent, str) else self.session_id
+        channel = str(heartbeat.get("alert_channel") or "llm_notification")
+        message = (
+            f"The heartbeat {job_id} failed ({error}) and was disabled (on_error: disable). "
+            "Its settings are kept: set_heartbeat(enabled=true) turns it back on."
+        )
+        try:
+            await self.services.notify(
+                target,
+                self.session.owner,
+                channel,
+                message,
+                title="Heartbeat disabled",
+                priority="high",
+                source="heartbeat",
+                truncate=True,
+            )
+        except Exception:
+            log.warning(
+                "alerting that heartbeat %s was disabled (channel %s) failed",
+                job_id,
+                channel,
+                exc_info=True,
+            )
+
+    def _shape(self, context: _TurnContext, turn: _Turn) -> None:
+        """Give the turn the tools, default prompt and history the shaper chose."""
+        shaper = self.services.shaper
+        if shaper is None:
+            return
+        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
+        turn.allowed = shaped.allowed
+        context.tools, context.history = shaped.tools, shaped.history
+        context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
 
     async def _to_channel(self, channel: str, text: str, payload: dict[str, Any]) -> str:
         """Deliver a scheduled job's output to ``channel``; returns what the turn closes with."""

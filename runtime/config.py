@@ -189,6 +189,7 @@ class HeartbeatDefaults(msgspec.Struct, forbid_unknown_fields=True, omit_default
     suppress_threshold: int | None = None
     on_error: str | None = None
     session: str | None = None
+    alert_channel: str | None = None
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):

@@ -25,7 +25,7 @@ from actors.directory import (
     create_derived_session,
 )
 from actors.notifier import ChannelConfig, Notifier, NotifierConfig
-from actors.scheduler import CancelJob, SchedulerActor, SchedulerLimits
+from actors.scheduler import SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake, job_run
 from actors.watcher import DropSessionWatchers, WatcherActor
 from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
@@ -42,9 +42,9 @@ from tools.builtin import register_builtin_tools
 from tools.checks import register_check_tools
 from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
 from tools.execution import register_execution_tools, register_shell_background
-from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from tools.heartbeat import HEARTBEAT_PROFILES, disable_heartbeat, register_heartbeat_tools
 from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
-from tools.modules.http import HttpConfig, register_http_module
+from tools.modules.http import HttpConfig, StartBackground, register_http_module
 from tools.modules.shell import ShellConfig, register_shell_module
 from tools.netguard import NetPolicy
 from tools.notify import guarded_webhook_post, register_notify_tools
@@ -227,6 +227,7 @@ async def run_node(
                         for k, v in msgspec.structs.asdict(config.heartbeat).items()
                         if v is not None
                     },
+                    check_channel=notifier.check_channel,
                 )
                 register_check_tools(tools, scheduler, store, clock)
                 register_cron_tool(tools, scheduler, store, clock)
@@ -247,7 +248,7 @@ async def run_node(
                 register_watch_tools(tools, watchers)
 
                 async def disable_job(job_id: str) -> None:
-                    await scheduler.ask(CancelJob(job_id=job_id))
+                    await disable_heartbeat(store, scheduler, job_id)
 
                 def turn_closed(status: str, seconds: float) -> None:
                     metrics.inc(f'turnstile_turns_total{{status="{status}"}}')

@@ -351,6 +351,9 @@ def build_app(
     async def skip_recall(request: Request, user: str) -> Response:
         return _Json(await backend.skip_recall(user, request.path_params["id"]))
 
+    async def heartbeat(request: Request, user: str) -> Response:
+        return _Json(await backend.heartbeat(user, request.path_params["id"]))
+
     async def websocket_endpoint(scope, receive, send) -> None:
         # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
         websocket = WebSocket(scope, receive=receive, send=send)
@@ -424,6 +427,7 @@ def build_app(
             Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
             Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
             Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
+            Route("/sessions/{id}/heartbeat", authed(heartbeat), methods=["GET"]),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: unexpected},

@@ -142,6 +142,10 @@ class SessionBackend(Protocol):
 
     async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]: ...
 
+    async def heartbeat(self, user: str, session_id: str) -> dict[str, Any]:
+        """``{"heartbeat": settings or None, "runs": [...]}`` (see ``docs/scheduling.md``)."""
+        ...
+
     async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
         """A job of one of ``user``'s sessions and its recent runs (newest first)."""
         ...

@@ -80,7 +80,12 @@ async def node(
     agent=None,
     notify=None,
     scheduled_turns: int | None = None,
+    disable_job=None,
 ):
+    """A mock-clock node: one session ``s`` of ``ada``, a scheduler, a recorder attached.
+
+    ``disable_job(n, job_id)`` replaces how a heartbeat's ``on_error: disable`` stops its job
+    (by default the job is cancelled)."""
     clock = MockWallClock(T0)
     agent = agent or GatedAgent()
     async with open_store("sqlite:///:memory:", clock=clock) as store:
@@ -102,10 +107,13 @@ async def node(
             registry.register("session", lambda key: SessionActor(key, services))
             n = Node(store, clock, registry, sup, agent)
 
-            async def disable_job(job_id):
-                await n.scheduler.ask(CancelJob(job_id=job_id))
+            async def cancel_job(job_id):
+                if disable_job is not None:
+                    await disable_job(n, job_id)
+                else:
+                    await n.scheduler.ask(CancelJob(job_id=job_id))
 
-            services.disable_job = disable_job
+            services.disable_job = cancel_job
             await registry.ref("session:s").ask(Attach(subscriber=n.seen))
             if start_scheduler:
                 await n.start_scheduler()

@@ -50,6 +50,7 @@ ROUTES: list[tuple[str, str]] = [
     ("GET", "/sessions/{id}/recall"),
     ("DELETE", "/sessions/{id}/recall"),
     ("POST", "/sessions/{id}/recall/skip"),
+    ("GET", "/sessions/{id}/heartbeat"),
 ]
 
 #: Every field name some route reads, so generated objects reach past "unknown field".

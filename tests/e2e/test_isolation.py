@@ -214,6 +214,7 @@ SESSION_ROUTES = [
     ("GET", "/sessions/{s}/recall", None),
     ("DELETE", "/sessions/{s}/recall", None),
     ("POST", "/sessions/{s}/recall/skip", None),
+    ("GET", "/sessions/{s}/heartbeat", None),
     ("DELETE", "/sessions/{s}?confirm=true", None),
 ]
 

@@ -68,3 +68,41 @@ async def test_recall_over_http(tmp_path):
             cancelled = await http.delete("/sessions/r/recall")
             assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
             assert (await http.get("/sessions/r/recall")).json() == {"recall": None}
+
+
+async def test_a_heartbeat_over_http_its_settings_kept_when_disabled_and_gone_with_the_session(
+    tmp_path,
+):
+    async with running_node(tmp_path) as node:
+        await new_session(node, "hb")
+        async with connect(node) as client:
+
+            async def set_heartbeat(call_id: str, **arguments) -> dict:
+                await client.send(
+                    type="call",
+                    id=call_id,
+                    session_id="hb",
+                    tool="set_heartbeat",
+                    arguments=arguments,
+                )
+                result = await client.expect("result", id=call_id)
+                assert result["ok"] is True, result
+                return result["data"]
+
+            made = await set_heartbeat("on", enabled=True, checklist="PRs?", interval_minutes=45)
+            async with node.http() as http:
+                shown = (await http.get("/sessions/hb/heartbeat")).json()
+                assert shown["heartbeat"]["heartbeat_id"] == made["heartbeat_id"]
+                assert shown["heartbeat"]["session_id"] == "hb.heartbeat"  # a public name
+                assert (shown["heartbeat"]["enabled"], shown["runs"]) == (True, [])
+                await set_heartbeat("off", enabled=False)
+                kept = (await http.get("/sessions/hb/heartbeat")).json()["heartbeat"]
+                assert (kept["enabled"], kept["checklist"], kept["interval_minutes"]) == (
+                    False,
+                    "PRs?",
+                    45,
+                )
+                assert (await http.delete("/sessions/hb")).status_code == 204
+                await new_session(node, "hb")  # the name again: nothing of the old one
+                fresh = (await http.get("/sessions/hb/heartbeat")).json()
+                assert fresh == {"heartbeat": None, "runs": []}

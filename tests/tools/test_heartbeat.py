@@ -15,7 +15,12 @@ from runtime.agents.base import AgentError
 from tests.actors.test_scheduler import DAY, T0, node
 from tests.actors.test_session import Recorder
 from tools.builtin import register_builtin_tools
-from tools.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from tools.heartbeat import (
+    HEARTBEAT_PROFILES,
+    disable_heartbeat,
+    heartbeat_view,
+    register_heartbeat_tools,
+)
 from tools.registry import ToolRegistry
 
 
@@ -65,14 +70,29 @@ def kinds(watcher: Recorder) -> list[str]:
 
 
 class running:
-    """``async with running(agent) as (n, hb)``: a mock-clock node with heartbeat tools."""
+    """``async with running(agent) as (n, hb)``: a mock-clock node with heartbeat tools, whose
+    notifications (``notify``) are recorded in ``alerts``."""
 
-    def __init__(self, agent) -> None:
+    def __init__(self, agent, defaults=None) -> None:
         self.agent = agent
         self.tools = ToolRegistry()
+        self.defaults = defaults
+        self.alerts: list[dict] = []
+
+    async def _notify(self, session_id, owner, channel, message, **options):
+        self.alerts.append(
+            {"session_id": session_id, "owner": owner, "channel": channel, "message": message}
+        )
+        return {"channel": channel, "delivered": True}
 
     async def __aenter__(self):
-        self._node = node(tools=self.tools, profiles=HEARTBEAT_PROFILES, agent=self.agent)
+        self._node = node(
+            tools=self.tools,
+            profiles=HEARTBEAT_PROFILES,
+            agent=self.agent,
+            notify=self._notify,
+            disable_job=lambda n, job_id: disable_heartbeat(n.store, n.scheduler, job_id),
+        )
         n = await self._node.__aenter__()
         register_builtin_tools(self.tools, n.clock)
         register_heartbeat_tools(
@@ -81,8 +101,11 @@ class running:
             n.store,
             n.clock,
             lambda parent, suffix: create_derived_session(n.store, 100, parent, suffix),
+            defaults=self.defaults,
         )
-        return n, Heartbeats(n, self.tools)
+        self.hb = Heartbeats(n, self.tools)
+        self.hb.alerts = self.alerts
+        return n, self.hb
 
     async def __aexit__(self, *exc):
         return await self._node.__aexit__(*exc)
@@ -175,6 +198,17 @@ async def test_on_error_policies(autojump_clock, policy, turns, state):
         assert (await n.store.get_job(made["heartbeat_id"])).state == state
         if policy == "disable":
             assert "heartbeat_disabled" in kinds(watcher)
+            # The owner is alerted in the parent session, and the settings are kept, disabled.
+            (alert,) = hb.alerts
+            assert (alert["session_id"], alert["channel"]) == ("s", "llm_notification")
+            assert made["heartbeat_id"] in alert["message"]
+            view = await heartbeat_view(n.store, "s")
+            assert (view["heartbeat"]["enabled"], view["heartbeat"]["on_error"]) == (
+                False,
+                "disable",
+            )
+        else:
+            assert hb.alerts == []
 
 
 async def test_bad_heartbeat_settings_are_refused(autojump_clock):
@@ -191,23 +225,83 @@ async def test_bad_heartbeat_settings_are_refused(autojump_clock):
             result = await hb.tools.call("s", "ada", "set_heartbeat", arguments)
             assert not result.ok and result.error.get("field") == field, (arguments, result)
         off = await hb.tools.call("s", "ada", "set_heartbeat", {"enabled": False})
-        assert off.data == {"enabled": False, "session_id": "s"}
+        assert (off.data["enabled"], off.data["session_id"]) == (False, "s")
+        unknown = {"enabled": True, "alert_channel": ""}
+        result = await hb.tools.call("s", "ada", "set_heartbeat", unknown)
+        assert result.error["field"] == "$.alert_channel"
 
 
-def test_the_agents_heartbeat_defaults_fill_what_a_call_leaves_out():
+async def test_the_agents_heartbeat_defaults_fill_what_a_call_leaves_out(autojump_clock):
     from runtime.errors import InvalidArgument
     from tools.heartbeat import heartbeat_params
 
-    params = heartbeat_params({"interval_minutes": 60, "checklist": "open PRs?", "session": "main"})
-    made = msgspec.convert({"enabled": True}, params)
-    assert (made.interval_minutes, made.checklist, made.session) == (60, "open PRs?", "main")
-    assert msgspec.convert({"enabled": True, "interval_minutes": 15}, params).interval_minutes == 15
-    assert (
-        msgspec.json.schema(params)["$defs"]["SetHeartbeat"]["properties"]["interval_minutes"][
-            "default"
-        ]
-        == 60
-    )
+    defaults = {"interval_minutes": 60, "checklist": "open PRs?", "session": "main"}
+    async with running(HeartbeatAgent(), defaults=defaults) as (n, hb):
+        made = await hb.set(enabled=True)
+        assert (made["interval_minutes"], made["session_id"]) == (60, "s")
+        kept = (await heartbeat_view(n.store, "s"))["heartbeat"]
+        assert kept["checklist"] == "open PRs?"
+        again = await hb.set(enabled=True, interval_minutes=15)  # only what it names changes
+        assert (again["interval_minutes"], again["session_id"]) == (15, "s")
+    schema = msgspec.json.schema(heartbeat_params(defaults))["$defs"]["SetHeartbeat"]
+    assert schema["properties"]["interval_minutes"]["default"] == 60
+    assert schema["required"] == ["enabled"]
     with pytest.raises(InvalidArgument) as info:
         heartbeat_params({"interval_minutes": 5})
     assert info.value.field == "heartbeat.interval_minutes"
+
+
+@pytest.mark.guard(3 * DAY)
+async def test_disabling_keeps_the_settings_and_enabling_resumes_them(autojump_clock):
+    agent = HeartbeatAgent("loud")
+    async with running(agent) as (n, hb):
+        first = await hb.set(
+            enabled=True,
+            interval_minutes=20,
+            checklist="Is the deploy green?",
+            active_hours_start="08:00",
+            active_hours_end="23:00",
+            tool_profile="heartbeat_active",
+            suppress_threshold=10,
+        )
+        off = await hb.set(enabled=False)
+        assert off["kept"]["checklist"] == "Is the deploy green?"
+        assert (await n.store.get_job(first["heartbeat_id"])).state == "cancelled"
+        await trio.sleep(3600)
+        assert agent.turns == []  # disabled: nothing runs
+        view = await heartbeat_view(n.store, "s")
+        assert view["heartbeat"]["enabled"] is False
+        assert view["heartbeat"]["interval_minutes"] == 20
+        back = await hb.set(enabled=True)  # nothing re-entered
+        assert back["understood"] == "every 20 minutes, 08:00–23:00 UTC"
+        assert (back["tool_profile"], back["suppress_threshold"]) == ("heartbeat_active", 10)
+        await trio.sleep(20 * 60 + 1)
+        (turn,) = agent.turns
+        assert turn.input.system_segment.endswith("Your checklist:\nIs the deploy green?")
+
+
+@pytest.mark.guard(3 * DAY)
+async def test_the_runs_are_listed_with_what_each_found(autojump_clock):
+    agent = HeartbeatAgent("quiet")
+    async with running(agent) as (n, hb):
+        made = await hb.set(enabled=True, interval_minutes=15)
+        await trio.sleep(15 * 60 + 1)
+        agent.mode = "loud"
+        await trio.sleep(15 * 60)
+        view = await heartbeat_view(n.store, "s")
+        assert view["heartbeat"]["heartbeat_id"] == made["heartbeat_id"]
+        assert view["heartbeat"]["session_id"] == "s.heartbeat"
+        loud, quiet = view["runs"]  # newest first
+        assert (quiet["suppressed"], quiet["response"]) == (True, "All clear.")
+        assert quiet["state"] == "turn_completed"
+        assert loud["suppressed"] is False and loud["response"].startswith("Found a problem")
+        assert loud["scheduled_for"] == "2026-11-21T12:30:00Z"
+
+
+def test_the_heartbeat_profile_looks_and_reports_and_the_active_one_writes():
+    look = HEARTBEAT_PROFILES["heartbeat"]
+    assert {"filesystem.read", "filesystem.list", "http.get", "send_notification"} <= look
+    assert not {"filesystem.write", "http.post", "shell.run", "run_parallel"} & look
+    active = HEARTBEAT_PROFILES["heartbeat_active"]
+    assert look < active and {"filesystem.write", "http.download"} <= active
+    assert not {"shell.run", "run_parallel", "background_run"} & active
