@@ -42,6 +42,10 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
         source: ``user``, ``cron``, ``recall``, ``heartbeat``, ``webhook`` or ``notification``.
         content: the text the agent should respond to.
         payload: everything else the sender attached.
+        system_prompt: the runtime's default system prompt for this turn (the execution
+            primitives, the session's time zone and the current time; see
+            ``runtime.agents.prompt``). An agent puts it first, then its own configured
+            system prompt, then ``system_segment``. None when the node gives none.
         system_segment: text to append to the agent's system prompt for this turn only
             (heartbeats say "this is a scheduled check" and give the checklist).
         model: a model to use for this turn instead of the agent's default.
@@ -52,6 +56,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    system_prompt: str | None = None
     system_segment: str | None = None
     model: str | None = None
     max_tokens: int | None = None
