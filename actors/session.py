@@ -73,6 +73,8 @@ __all__ = [
     "DeleteSession",
     "history_from_events",
     "job_run",
+    "ShapedTurn",
+    "TurnShaper",
 ]
 
 log = logging.getLogger("turnstile.session")
@@ -132,6 +134,36 @@ class ToolCaller(Protocol):
         ...
 
 
+class ShapedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model sees in one turn, as a ``TurnShaper`` chose it.
+
+    Attributes:
+        tools: the specs the turn carries.
+        system_prompt: the runtime's default system prompt (``TurnInput.system_prompt``).
+        history: the transcript fitted into the context budget.
+        allowed: the tools the turn may call; None for every tool.
+    """
+
+    tools: list[ToolSpec]
+    system_prompt: str | None
+    history: list[HistoryEntry]
+    allowed: frozenset[str] | None = None
+
+
+class TurnShaper(Protocol):
+    """Chooses a turn's tools, prompt and history (``tools.selection.TurnShaper``)."""
+
+    def shape(
+        self,
+        metadata: dict[str, Any],
+        turn_input: TurnInput,
+        history: list[HistoryEntry],
+        allowed: frozenset[str] | None,
+    ) -> ShapedTurn:
+        """What the model sees this turn; ``allowed`` is the turn's own profile, if any."""
+        ...
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     """Bounds on what one session may hold.
@@ -164,6 +196,9 @@ class SessionServices:
     disable_job: Callable[[str], Awaitable[None]] | None = None
     #: The notifier's ``notify``: where scheduled output bound for another channel goes.
     notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    #: Chooses each turn's tools, default prompt and history budget; None hands the agent
+    #: every tool (or its profile's) and the whole kept history, with no default prompt.
+    shaper: TurnShaper | None = None
     #: Node-wide slots for turns started by a job (``[limits] max_concurrent_scheduled_turns``);
     #: None runs them without a bound. User turns never take a slot.
     scheduled_turns: trio.CapacityLimiter | None = None
@@ -661,6 +696,7 @@ class SessionActor(Actor):
                         # output bound for another channel: no model turn, straight there
                         text = await self._to_channel(channel, context.input.content, payload)
                     else:
+                        self._shape(context, turn)
                         text = await self.services.agent.run_turn(context)
                         if elsewhere and text:
                             await self._to_channel(channel, text, payload)
@@ -824,6 +860,16 @@ class SessionActor(Actor):
                 channel,
                 exc_info=True,
             )
+
+    def _shape(self, context: _TurnContext, turn: _Turn) -> None:
+        """Give the turn the tools, default prompt and history the shaper chose."""
+        shaper = self.services.shaper
+        if shaper is None:
+            return
+        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
+        turn.allowed = shaped.allowed
+        context.tools, context.history = shaped.tools, shaped.history
+        context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
 
     def _shape(self, context: _TurnContext, turn: _Turn) -> None:
         """Give the turn the tools, default prompt and history the shaper chose."""

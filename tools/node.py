@@ -58,6 +58,7 @@ from tools.recall import (
 )
 from tools.registry import ToolRegistry
 from tools.scheduling import register_scheduling_tools
+from tools.selection import TurnShaper, register_discovery_tools
 from tools.watchers import (
     get_watcher,
     list_watchers,
@@ -246,6 +247,9 @@ async def run_node(
                     name="watchers",
                 )
                 register_watch_tools(tools, watchers)
+                register_discovery_tools(tools)
+                # After every tool is registered: [execution] names tools and a profile.
+                shaper = TurnShaper(tools, clock, config.execution, HEARTBEAT_PROFILES)
 
                 async def disable_job(job_id: str) -> None:
                     await disable_heartbeat(store, scheduler, job_id)
@@ -266,6 +270,7 @@ async def run_node(
                     encode_event=_counting_encoder(metrics),
                     on_turn_closed=turn_closed,
                     tool_profiles=HEARTBEAT_PROFILES,
+                    shaper=shaper,
                     disable_job=disable_job,
                     notify=notifier.notify,
                     scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),

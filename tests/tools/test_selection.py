@@ -1,0 +1,269 @@
+"""What the model sees per turn (``tools.selection``): the default selection's size, every tool
+reachable, groups, modes, profiles, the discovery tools, and the node wiring them into turns."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+
+from runtime.agents.base import HistoryEntry, ToolSpec, TurnContext, TurnInput
+from runtime.clock import Clock
+from runtime.config import Config, ExecutionConfig
+from runtime.errors import InvalidArgument
+from tools.heartbeat import HEARTBEAT_PROFILES
+from tools.node import run_node
+from tools.registry import ToolRegistry
+from tools.selection import (
+    DISCOVERY,
+    GROUPS,
+    ExecutionSettings,
+    TurnShaper,
+    register_discovery_tools,
+    schema_chars,
+    select_tools,
+)
+
+#: The issue's target: a plain chat turn carries at most this many characters of schemas.
+SCHEMA_BUDGET = 6000
+TOKEN = "selection-token-0123456789"
+
+
+class RecordingAgent:
+    """Keeps each turn's context; runs the tool calls a test queues for the next turn."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.turns: list[TurnContext] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.results: list[Any] = []
+        self.done = trio.Condition()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn: TurnContext) -> str:
+        for name, arguments in self.calls:
+            self.results.append(await turn.call_tool(name, arguments))
+        self.calls = []
+        self.turns.append(turn)
+        async with self.done:
+            self.done.notify_all()
+        return "ok"
+
+
+@asynccontextmanager
+async def node(tmp_path, agent: RecordingAgent, **config: Any):
+    settings = Config(port=0, store=f"sqlite:///{tmp_path}/node.db", **config)
+    async with trio.open_nursery() as nursery:
+        (url,) = await nursery.start(
+            lambda task_status: run_node(
+                settings, {TOKEN: "ada"}, agent=agent, task_status=task_status
+            )
+        )
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+            yield http
+        nursery.cancel_scope.cancel()
+
+
+async def turn_of(http: httpx.AsyncClient, agent: RecordingAgent, session: str, **body: Any):
+    """Create ``session`` (if new), send one message, and return the turn the agent got."""
+    created = await http.post("/sessions", json={"id": session, **body})
+    assert created.status_code == 201 or "already_exists" in created.text, created.text
+    seen = len(agent.turns)
+    sent = await http.post(f"/sessions/{session}/messages", json={"content": "hi"})
+    assert sent.status_code == 202, sent.text
+    async with agent.done:
+        while len(agent.turns) == seen:
+            await agent.done.wait()
+    return agent.turns[-1]
+
+
+def indexed_names(turn: TurnContext) -> set[str]:
+    """The names in ``tool_search``'s index (its description after ``Index:``)."""
+    (search,) = [s for s in turn.tools if s.name == "tool_search"]
+    index = search.description.split("Index: ", 1)[1].removesuffix(".")
+    return {name for group in index.split("; ") for name in group.split(": ", 1)[1].split(", ")}
+
+
+async def test_a_plain_turn_is_under_budget_and_every_tool_stays_reachable(tmp_path):
+    agent = RecordingAgent()
+    async with node(tmp_path, agent) as http:
+        full = await turn_of(http, agent, "all", metadata={"execution": {"tool_mode": "direct"}})
+        every = {s.name for s in full.tools} | set(DISCOVERY)
+        plain = await turn_of(http, agent, "plain")
+        carried = {s.name for s in plain.tools}
+        chars = schema_chars(plain.tools)
+        assert chars <= SCHEMA_BUDGET, f"{chars} characters of schemas"
+        assert schema_chars(full.tools) > 4 * chars  # what compact mode is for
+        assert GROUPS["primitives"] <= carried and set(DISCOVERY) <= carried
+        index = indexed_names(plain)
+        assert carried | index == every, sorted(every - carried - index)
+        # Each indexed tool's schema is one tool_search call away, the same as direct mode's.
+        agent.calls = [("tool_search", {"names": sorted(index)})]
+        await turn_of(http, agent, "plain")
+        answer = agent.results[-1]
+        assert answer.ok, answer.error
+        given = {t["name"]: t for t in answer.data["tools"]}
+        assert set(given) == index
+        for spec in full.tools:
+            if spec.name in index:
+                assert msgspec.convert(given[spec.name], ToolSpec) == spec
+
+
+async def test_tool_run_answers_as_a_direct_call(tmp_path):
+    agent = RecordingAgent()
+    async with node(tmp_path, agent) as http:
+        agent.calls = [
+            ("tool_run", {"name": "echo", "params": {"text": "hi"}}),
+            ("echo", {"text": "hi"}),
+            ("tool_run", {"name": "echo", "params": {"text": 5}}),
+            ("echo", {"text": 5}),
+            ("tool_run", {"name": "no.such"}),
+            ("tool_run", {"name": "tool_run", "params": {"name": "echo"}}),
+        ]
+        await turn_of(http, agent, "s")
+        via, direct, bad_via, bad_direct, unknown, nested = agent.results
+        assert via == direct and via.ok and via.data == {"text": "hi"}
+        assert bad_via == bad_direct and bad_via.error["code"] == "bad_arguments"
+        assert unknown.error == {"code": "unknown_tool", "message": "no tool named 'no.such'"}
+        assert nested.error == {
+            "code": "invalid_argument",
+            "message": "tool_run cannot be run through tool_run",
+            "field": "name",
+        }
+
+
+async def test_the_turn_gets_the_default_prompt_with_the_sessions_time(tmp_path):
+    agent = RecordingAgent()
+    async with node(tmp_path, agent) as http:
+        turn = await turn_of(http, agent, "paris", metadata={"timezone": "Europe/Paris"})
+        prompt = turn.input.system_prompt
+        assert prompt.startswith("EXECUTION PRIMITIVES\n")
+        assert "Do not poll" in prompt and "tool_search" in prompt
+        assert "Session time zone: Europe/Paris. Current time: " in prompt
+
+
+async def test_groups_and_profiles_from_the_config(tmp_path):
+    agent = RecordingAgent()
+    execution = ExecutionConfig(watchers=True, default_channel="ops", direct_tools=["http.get"])
+    async with node(tmp_path, agent, execution=execution) as http:
+        turn = await turn_of(http, agent, "s")
+        carried = {s.name for s in turn.tools}
+        assert GROUPS["watchers"] | {"send_notification", "http.get"} <= carried
+        assert not GROUPS["scheduler"] & carried
+        assert "watch_start:" in turn.input.system_prompt
+        assert "The default channel is 'ops'" in turn.input.system_prompt
+        # A session may choose a restricted profile: its tools only, every other one refused.
+        agent.calls = [("filesystem.write", {"path": "a.txt", "content": "x"})]
+        meta = {"execution": {"tool_profile": "heartbeat"}}
+        turn = await turn_of(http, agent, "quiet", metadata=meta)
+        carried = {s.name for s in turn.tools}
+        assert "clock.now" in carried and carried <= HEARTBEAT_PROFILES["heartbeat"]
+        assert "filesystem.write" not in carried and "tool_search" not in carried
+        assert agent.results[-1].error["code"] == "not_allowed"
+
+
+async def test_a_config_naming_an_unknown_tool_stops_the_node(tmp_path):
+    agent = RecordingAgent()
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with node(tmp_path, agent, execution=ExecutionConfig(direct_tools=["http.gett"])):
+            pass  # pragma: no cover
+    error, _ = caught.value.split(InvalidArgument)
+    while isinstance(error, BaseExceptionGroup):  # the supervisors' nurseries wrap it
+        (error,) = error.exceptions
+    assert (str(error), error.field) == ("no tool named 'http.gett'", "$.execution.direct_tools")
+
+
+# -- unit tests on a small registry --------------------------------------------------------
+
+
+class Text(msgspec.Struct):
+    text: str = ""
+
+
+def registry(*names: str) -> ToolRegistry:
+    tools = ToolRegistry()
+
+    async def handler(call, params):
+        return {"text": params.text}
+
+    for name in names:
+        tools.register(name, Text, handler, f"The {name} tool. More words here.")
+    register_discovery_tools(tools)
+    return tools
+
+
+def test_direct_mode_carries_every_tool_but_the_discovery_ones():
+    tools = registry("run_parallel", "watch_start", "http.get")
+    chosen = select_tools(tools.specs(), ExecutionSettings(tool_mode="direct"), {"full": None})
+    assert [s.name for s in chosen.tools] == ["http.get", "run_parallel", "watch_start"]
+    assert chosen.indexed == ()
+
+
+def test_compact_mode_indexes_what_it_leaves_out():
+    tools = registry("run_parallel", "watch_start", "http.get")
+    chosen = select_tools(tools.specs(), ExecutionSettings(), {"full": None})
+    assert [s.name for s in chosen.tools] == ["run_parallel", "tool_run", "tool_search"]
+    assert chosen.indexed == ("http.get", "watch_start")
+    search = chosen.tools[-1]
+    assert search.description.endswith(
+        "Index: watchers (check a tool periodically, hear only of changes): watch_start; "
+        "more: http.get."
+    )
+    assert "Index" not in tools.specs()[-1].description  # the registered spec is untouched
+
+
+def test_nothing_left_out_means_no_discovery_tools():
+    tools = registry("run_parallel", "watch_start")
+    chosen = select_tools(tools.specs(), ExecutionSettings(watchers=True), {"full": None})
+    assert [s.name for s in chosen.tools] == ["run_parallel", "watch_start"]
+
+
+def test_an_unknown_profile_is_refused():
+    with pytest.raises(InvalidArgument, match=r"^tool_profile must be one of full, got 'x'$"):
+        select_tools([], ExecutionSettings(tool_profile="x"), {"full": None})
+
+
+class FixedClock(Clock):
+    def __init__(self) -> None:
+        super().__init__(lambda: datetime(2026, 3, 13, 14, 35, tzinfo=UTC))
+
+
+def test_the_shaper_fits_history_into_what_prompt_and_tools_leave():
+    tools = registry("run_parallel", "http.get")
+    config = ExecutionConfig(max_context_tokens=1000)
+    shaper = TurnShaper(tools, FixedClock(), config, {"full": None})
+    old = [
+        HistoryEntry(role="user", content="x" * 2000),
+        HistoryEntry(role="assistant", content="a"),
+    ]
+    new = [HistoryEntry(role="user", content="hello"), HistoryEntry(role="assistant", content="hi")]
+    shaped = shaper.shape({}, TurnInput(input_id=1, source="user", content="q"), old + new, None)
+    assert shaped.history == new
+    assert shaped.system_prompt.endswith("Current time: 2026-03-13 14:35 (Friday).")
+    assert shaped.allowed is None
+
+
+def test_bad_session_overrides_fall_back_to_the_nodes_settings(caplog):
+    tools = registry("run_parallel", "http.get")
+    shaper = TurnShaper(tools, FixedClock(), ExecutionConfig(), {"full": None})
+    assert shaper.settings_for({"execution": {"tool_mode": "all"}}) == shaper.settings
+    assert shaper.settings_for({"execution": {"direct_tools": ["nope"]}}) == shaper.settings
+    assert shaper.settings_for({"execution": {"watchers": True}}).watchers is True
+    assert "ignoring a session's metadata.execution" in caplog.text
+
+
+def test_the_config_is_checked_when_the_node_starts():
+    tools = registry("run_parallel")
+    with pytest.raises(InvalidArgument, match=r"^tool_profile must be one of full, got 'x'$"):
+        TurnShaper(tools, FixedClock(), ExecutionConfig(tool_profile="x"), {"full": None})
+    with pytest.raises(InvalidArgument, match=r"^timezone 'Mars/Base' is not a time zone$"):
+        TurnShaper(tools, FixedClock(), ExecutionConfig(timezone="Mars/Base"), {"full": None})
