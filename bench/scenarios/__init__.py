@@ -8,4 +8,5 @@ SCENARIOS: dict[str, str] = {
     "scheduler": "bench.scenarios.scheduler",
     "watchers": "bench.scenarios.watchers",
     "parallel": "bench.scenarios.parallel",
+    "schemas": "bench.scenarios.schemas",
 }
