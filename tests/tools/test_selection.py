@@ -73,12 +73,14 @@ async def node(tmp_path, agent: RecordingAgent, **config: Any):
         nursery.cancel_scope.cancel()
 
 
-async def turn_of(http: httpx.AsyncClient, agent: RecordingAgent, session: str, **body: Any):
+async def turn_of(
+    http: httpx.AsyncClient, agent: RecordingAgent, session: str, content: str = "hi", **body: Any
+):
     """Create ``session`` (if new), send one message, and return the turn the agent got."""
     created = await http.post("/sessions", json={"id": session, **body})
     assert created.status_code == 201 or "already_exists" in created.text, created.text
     seen = len(agent.turns)
-    sent = await http.post(f"/sessions/{session}/messages", json={"content": "hi"})
+    sent = await http.post(f"/sessions/{session}/messages", json={"content": content})
     assert sent.status_code == 202, sent.text
     async with agent.done:
         while len(agent.turns) == seen:
@@ -149,6 +151,19 @@ async def test_the_turn_gets_the_default_prompt_with_the_sessions_time(tmp_path)
         assert prompt.startswith("EXECUTION PRIMITIVES\n")
         assert "Do not poll" in prompt and "tool_search" in prompt
         assert "Session time zone: Europe/Paris. Current time: " in prompt
+
+
+async def test_the_session_hands_the_agent_its_history_within_the_budget(tmp_path):
+    agent = RecordingAgent()
+    execution = ExecutionConfig(max_context_tokens=3000)
+    async with node(tmp_path, agent, execution=execution) as http:
+        await turn_of(http, agent, "s", content="x" * 8000)  # ~2,000 tokens: more than is left
+        await turn_of(http, agent, "s", content="second")
+        third = await turn_of(http, agent, "s", content="third")
+        assert [(e.role, e.content) for e in third.history] == [
+            ("user", "second"),
+            ("assistant", "ok"),
+        ]
 
 
 async def test_groups_and_profiles_from_the_config(tmp_path):
