@@ -214,8 +214,16 @@ class SessionDirectory:
         return _public_session(session)
 
     async def list_sessions(
-        self, user: str, *, limit: int = 100, after_id: str | None = None
+        self,
+        user: str,
+        *,
+        limit: int = 100,
+        after_id: str | None = None,
+        has_recall: bool | None = None,
     ) -> list[Session]:
+        """``user``'s sessions by id, ``limit`` at most, after ``after_id``; with
+        ``has_recall``, only those that have (True) or have not (False) a pending recall —
+        pages are read on until ``limit`` match, so the ``after`` cursor still works."""
         after = None
         if after_id is not None:
             if not after_id or OWNER_SEPARATOR in after_id:
@@ -223,8 +231,34 @@ class SessionDirectory:
                     f"after must be a session id, got {after_id!r}", field="after"
                 )
             after = session_key(user, after_id)
-        sessions = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
-        return [_public_session(s) for s in sessions]
+        if has_recall is None:
+            sessions = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
+            return [_public_session(s) for s in sessions]
+        hooks = self._recall_hooks()
+        found: list[Session] = []
+        while len(found) < limit:
+            page = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
+            for session in page:
+                if (await hooks.get(session.id) is not None) == has_recall:
+                    found.append(_public_session(session))
+                    if len(found) == limit:
+                        break
+            if len(page) < limit:
+                break
+            after = page[-1].id
+        return found
+
+    async def pending_recalls(self, user: str, session_ids: list[str]) -> dict[str, str | None]:
+        """Of ``user``'s sessions named in ``session_ids``, those with a pending recall, each
+        with its trigger time (what ``GET /sessions`` shows); an empty map without recalls."""
+        if self._recalls is None:
+            return {}
+        out: dict[str, str | None] = {}
+        for name in session_ids:
+            recall = await self._recalls.get(session_key(user, name))
+            if recall is not None:
+                out[name] = recall.get("trigger_at")
+        return out
 
     async def get_session(self, user: str, session_id: str) -> Session:
         key = await self._owned(user, session_id)

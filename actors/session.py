@@ -635,6 +635,9 @@ class SessionActor(Actor):
         turn = _Turn(item)
         self.turn = turn
         started = trio.current_time()
+        #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
+        #: that attach during or after it may have missed its beginning.
+        headless = not self.subscribers
         payload = dict(item.payload)
         content = str(payload.pop("content", ""))
         status, text, error, detail = "interrupted", "", None, None
@@ -733,6 +736,18 @@ class SessionActor(Actor):
                     await self.services.store.update_run(
                         run.id, outcome, {**note, **(detail or {})}
                     )
+                if headless:
+                    # recall.md's finally: a run nobody started watching ends with a
+                    # session_sync, so late observers re-read history and state at once.
+                    # Same fields as the attach-time frame, plus which turn just ended.
+                    sync = {
+                        "busy": False,
+                        "policy": self.session.policy,
+                        "queued": self.queued,
+                        "input_id": item.id,
+                        "status": status,
+                    }
+                    await self._emit("session_sync", sync)
             if closing.cancelled_caught:
                 log.error(
                     "closing turn %s of session %s took over %g s and was given up; the input "

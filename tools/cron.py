@@ -41,9 +41,11 @@ What the reference asks, and how it is met (better where noted):
   session, ``invalid_argument`` (``field="schedule"``) for a schedule more frequent than the
   minimum interval or one that does not recur (cron jobs must recur; ``schedule_once`` and
   ``schedule_check`` are for one-shots).
-* **Deleting a session.** ``bound_automations`` lists a session's pending jobs of every kind
-  (cron, check, once, recall, …) as small views, for ``DELETE /sessions/{id}`` to answer
-  ``409 blocked_by_automations`` unless confirmed; ``cancel_bound_automations`` cancels them
+* **Deleting a session.** ``bound_automations`` lists a session's pending user-created jobs
+  (cron, check, once, … — not the agent's recalls nor heartbeats, which the reference does
+  not count either) as small views, for ``DELETE /sessions/{id}`` to answer ``409`` with
+  ``deleted: false``, ``blocked_by_automations: true`` and the list unless confirmed;
+  ``cancel_bound_automations`` cancels every pending job of the session, those included,
   through the scheduler (so its timers go too) before the session is deleted.
 """
 
@@ -71,6 +73,7 @@ __all__ = [
     "bound_automations",
     "cancel_bound_automations",
     "automation_view",
+    "UNBLOCKING_KINDS",
     "render_trigger",
     "require_session",
     "PENDING_STATES",
@@ -196,14 +199,21 @@ def automation_view(job: Job) -> dict[str, Any]:
     }
 
 
-async def bound_automations(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """The session's pending jobs of every kind, soonest first, as ``automation_view`` dicts.
+#: Job kinds that end with their session without blocking its deletion: the reference blocks
+#: only on jobs the user created, not on system jobs (a heartbeat) nor on the agent's own
+#: recalls (``ON DELETE CASCADE`` there).
+UNBLOCKING_KINDS = frozenset({"recall", "heartbeat"})
 
-    Deleting a session deletes its jobs, so ``DELETE /sessions/{id}`` should refuse (409
-    ``blocked_by_automations``) while this is not empty, unless the caller confirms.
+
+async def bound_automations(store: Store, session_id: str) -> list[dict[str, Any]]:
+    """The session's pending user-created jobs, soonest first, as ``automation_view`` dicts.
+
+    These are what block ``DELETE /sessions/{id}`` (409 ``blocked_by_automations``) unless the
+    caller confirms; recalls and heartbeats (``UNBLOCKING_KINDS``) do not block, and are
+    cancelled with the session all the same (:func:`cancel_bound_automations`).
     """
     jobs = await store.list_jobs(session_id=session_id, states=list(PENDING_STATES))
-    views = [automation_view(job) for job in jobs]
+    views = [automation_view(job) for job in jobs if job.kind not in UNBLOCKING_KINDS]
     views.sort(key=_soonest_first)
     return views
 
@@ -211,13 +221,15 @@ async def bound_automations(store: Store, session_id: str) -> list[dict[str, Any
 async def cancel_bound_automations(
     scheduler: ActorRef, store: Store, session_id: str
 ) -> list[dict[str, Any]]:
-    """Cancel the session's pending jobs through the scheduler; returns them, soonest first.
+    """Cancel every pending job of the session through the scheduler (recalls and heartbeats
+    too); returns them, soonest first.
 
-    Call this before deleting a confirmed session: cancelling through the scheduler drops the
-    jobs' timers, which deleting their rows alone would leave behind.
+    Call this before deleting a session: cancelling through the scheduler drops the jobs'
+    timers, which deleting their rows alone would leave behind.
     """
+    jobs = await store.list_jobs(session_id=session_id, states=list(PENDING_STATES))
     cancelled = []
-    for view in await bound_automations(store, session_id):
+    for view in sorted((automation_view(job) for job in jobs), key=_soonest_first):
         done = await scheduler.ask(CancelJob(job_id=view["id"], session_id=session_id))
         cancelled.append(automation_view(done))
     return cancelled

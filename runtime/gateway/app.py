@@ -111,7 +111,9 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
     if getattr(exc, "field", None):
         body["field"] = exc.field
     if isinstance(exc, BlockedByAutomations):
-        return _Json({"error": body, "automations": exc.automations}, status)
+        # cron-session-binding.md's fields, next to the usual ``error`` object
+        answer = {"deleted": False, "blocked_by_automations": True}
+        return _Json({"error": body, **answer, "automations": exc.automations}, status)
     if isinstance(exc, RequestTimeout):  # the rest of the body is not worth waiting for
         return _Json({"error": body}, status, headers={"connection": "close"})
     return _Json({"error": body}, status)
@@ -253,8 +255,21 @@ def build_app(
         after = request.query_params.get("after")
         if after is not None and not is_valid_id(after):
             raise DecodeError(f"after must be {_ID_RULE}", field="after")
-        sessions = await backend.list_sessions(user, limit=limit, after_id=after)
-        return _Json({"sessions": [_session_json(s) for s in sessions]})
+        flag = request.query_params.get("has_recall")
+        if flag is not None and flag.lower() not in ("true", "false"):
+            raise DecodeError("has_recall must be true or false", field="has_recall")
+        has_recall = None if flag is None else flag.lower() == "true"
+        sessions = await backend.list_sessions(
+            user, limit=limit, after_id=after, has_recall=has_recall
+        )
+        recalls = await backend.pending_recalls(user, [s.id for s in sessions])
+        listed = []
+        for session in sessions:  # recall.md's sidebar: which sessions have a pending recall
+            entry = _session_json(session)
+            entry["has_recall"] = session.id in recalls
+            entry["recall_trigger_at"] = recalls.get(session.id)
+            listed.append(entry)
+        return _Json({"sessions": listed})
 
     async def get_session(request: Request, user: str) -> Response:
         session = await backend.get_session(user, request.path_params["id"])

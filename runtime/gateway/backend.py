@@ -78,8 +78,19 @@ class SessionBackend(Protocol):
     ) -> Session: ...
 
     async def list_sessions(
-        self, user: str, *, limit: int = 100, after_id: str | None = None
-    ) -> list[Session]: ...
+        self,
+        user: str,
+        *,
+        limit: int = 100,
+        after_id: str | None = None,
+        has_recall: bool | None = None,
+    ) -> list[Session]:
+        """``user``'s sessions; ``has_recall`` keeps those with (or without) a pending recall."""
+        ...
+
+    async def pending_recalls(self, user: str, session_ids: list[str]) -> dict[str, str | None]:
+        """Which of these sessions have a pending recall: name → its trigger time."""
+        ...
 
     async def get_session(self, user: str, session_id: str) -> Session: ...
 

@@ -395,3 +395,35 @@ async def test_deleting_a_session_whose_scheduled_turn_waits_for_a_slot_does_not
         n.agent.gate(first).set()
         await trio.testing.wait_all_tasks_blocked()
         assert n.agent.running == [first]  # the deleted session's turn never ran
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_turn_nobody_watched_start_ends_with_a_session_sync(autojump_clock):
+    """recall.md: a headless run ends with session_sync, so a client that attaches late
+    re-reads the session; a turn a client watched from its start needs none."""
+    async with node() as n:
+        await n.store.create_session("h", "ada")  # nobody attached
+        for name in ("h", "s"):
+            await n.add(
+                session_id=name,
+                schedule=once(T0 + timedelta(hours=1)),
+                deliver={"prompt": "wait:go", "source": "cron"},
+            )
+        await trio.sleep(3600 + 1)
+        late = type(n.seen)()
+        await n.registry.ref("session:h").ask(Attach(subscriber=late))  # attaches mid-turn
+        n.agent.gate("wait:go").set()
+        await late.until(b'"session_sync"')
+        await trio.testing.wait_all_tasks_blocked()
+        tail = [e.type for e in await n.store.read_events("h")][-2:]
+        assert tail == ["stream_end", "session_sync"]
+        sync = (await n.store.read_events("h"))[-1].payload
+        (item,) = await n.store.list_inputs("h")
+        assert sync == {
+            "busy": False,
+            "policy": "enqueue",
+            "queued": 0,
+            "input_id": item.id,
+            "status": "completed",
+        }
+        assert "session_sync" not in [e.type for e in await n.store.read_events("s")]

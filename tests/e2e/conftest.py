@@ -106,11 +106,15 @@ class Client:
                 self.frames.append(json.loads(await self.ws.get_message()))
 
     def events(self, session_id: str) -> list[dict]:
-        """The session events received so far (frames with a seq), in arrival order."""
+        """The session events received so far (frames with a seq), in arrival order: not the
+        attach-time ``session_sync`` frame, but the stored one a headless turn ends with (it
+        names the turn's ``input_id``)."""
         return [
             f
             for f in self.frames
-            if f.get("session_id") == session_id and "seq" in f and f["type"] != "session_sync"
+            if f.get("session_id") == session_id
+            and "seq" in f
+            and (f["type"] != "session_sync" or "input_id" in f)
         ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import trio
+
 from tests.e2e.conftest import BOB, connect, new_session, running_node
 
 
@@ -33,7 +35,10 @@ async def test_jobs_over_the_wire_and_deleting_a_session_with_automations(tmp_pa
             assert blocked.status_code == 409
             body = blocked.json()
             assert body["error"]["code"] == "blocked_by_automations"
+            # cron-session-binding.md's fields, next to the error clients already read
+            assert (body["deleted"], body["blocked_by_automations"]) == (False, True)
             assert [a["id"] for a in body["automations"]] == [job_id]
+            assert body["automations"][0]["enabled"] is True and body["automations"][0]["name"]
             assert (await http.get("/sessions/ops")).status_code == 200  # still there
 
             assert (await http.delete("/sessions/ops?confirm=true")).status_code == 204
@@ -106,3 +111,87 @@ async def test_a_heartbeat_over_http_its_settings_kept_when_disabled_and_gone_wi
                 await new_session(node, "hb")  # the name again: nothing of the old one
                 fresh = (await http.get("/sessions/hb/heartbeat")).json()
                 assert fresh == {"heartbeat": None, "runs": []}
+
+
+class HeldRecallAgent:
+    """Replies to every turn at once, except a recall's, which it holds until ``release``."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn) -> str:
+        if turn.input.source == "recall":
+            self.started.set()
+            await self.release.wait()
+        return f"reply:{turn.input.content}"
+
+
+async def test_a_recall_nobody_watches_runs_headless_and_the_session_list_shows_recalls(
+    tmp_path,
+):
+    """recall.md over the real gateway: an immediate recall scheduled with no client attached
+    fires (recall_update ``fired``), runs with ``is_recall`` and its self-instruction out of
+    the user-role content, and ends with ``session_sync``; ``GET /sessions`` says which
+    sessions have a pending recall and filters on it; recalls do not block deletion."""
+    agent = HeldRecallAgent()
+    async with running_node(tmp_path, agent=agent) as node:
+        for name in ("r", "waiting", "plain"):
+            await new_session(node, name)
+        async with connect(node) as client:
+            await client.send(
+                type="call",
+                id="1",
+                session_id="r",
+                tool="schedule_recall",
+                arguments={"call_type": "immediate",
+                           "additional_context_message": "Read /tmp/build.log and report."},
+            )  # fmt: skip
+            made = await client.expect("result", id="1")
+            assert made["ok"] is True, made
+            await client.send(
+                type="call",
+                id="2",
+                session_id="waiting",
+                tool="schedule_recall",
+                arguments={"call_type": "once", "when": "in 2h",
+                           "additional_context_message": "Look again."},
+            )  # fmt: skip
+            assert (await client.expect("result", id="2"))["ok"] is True
+            await agent.started.wait()  # the recall turn runs, and nobody watched it start
+            await client.send(type="attach", session_id="r", after_seq=0)
+            await client.expect("session_sync")  # the attach-time one (busy)
+            agent.release.set()
+            sync = await client.expect(lambda f: f["type"] == "session_sync" and "input_id" in f)
+        async with node.http() as http:
+            events = (await http.get("/sessions/r/events")).json()["events"]
+            kinds = [e["type"] for e in events]
+            assert kinds[-2:] == ["stream_end", "session_sync"]
+            fired = [e for e in events if e["type"] == "recall_update"][-1]
+            assert (fired["action"], fired["status"]) == ("fired", "fired")
+            (start,) = [e for e in events if e["type"] == "stream_start"]
+            assert start["is_recall"] is True and start["source"] == "recall"
+            assert start["instruction"] == "Read /tmp/build.log and report."
+            assert "Read /tmp/build.log" not in start["content"]
+            assert sync["status"] == "completed"
+            (entry, _answer) = (await http.get("/sessions/r/history")).json()["history"]
+            assert entry["is_recall"] is True and entry["role"] == "user"
+
+            listed = (await http.get("/sessions")).json()["sessions"]
+            flags = {s["id"]: (s["has_recall"], s["recall_trigger_at"]) for s in listed}
+            assert flags["r"] == (False, None) and flags["plain"] == (False, None)
+            assert flags["waiting"][0] is True and flags["waiting"][1].endswith("Z")
+            only = (await http.get("/sessions?has_recall=true")).json()["sessions"]
+            assert [s["id"] for s in only] == ["waiting"]
+            others = (await http.get("/sessions?has_recall=false&limit=1")).json()["sessions"]
+            assert [s["id"] for s in others] == ["plain"]  # read on past 'waiting'
+            bad = await http.get("/sessions?has_recall=maybe")
+            assert bad.status_code == 400 and bad.json()["error"]["field"] == "has_recall"
+            # a pending recall ends with its session: it does not block the delete
+            assert (await http.delete("/sessions/waiting")).status_code == 204
+            assert (await http.get("/sessions?has_recall=true")).json() == {"sessions": []}

@@ -323,7 +323,7 @@ async def test_the_jobs_per_session_limit_is_a_typed_error(autojump_clock):
 
 
 @pytest.mark.guard(2 * DAY)
-async def test_bound_automations_list_every_pending_kind_and_cancel_drops_them(autojump_clock):
+async def test_bound_automations_list_user_jobs_and_cancel_drops_every_pending_job(autojump_clock):
     async with node() as n:
         await n.store.create_session("s2", "ada")
         call = tools_for(n)
@@ -333,6 +333,10 @@ async def test_bound_automations_list_every_pending_kind_and_cancel_drops_them(a
         gone = (await call("schedule_check", delay_minutes=5, instructions="gone")).data
         await call("cancel_scheduled", scheduled_id=gone["scheduled_id"])
         await call("schedule_check", session="s2", delay_minutes=5, instructions="elsewhere")
+        # the agent's own recall ends with the session but does not block its deletion
+        recall = await n.add(
+            kind="recall", schedule=Schedule(type="once", run_at=T0 + timedelta(hours=3))
+        )
         assert await bound_automations(n.store, "s") == [
             {
                 "id": check["scheduled_id"],
@@ -366,6 +370,7 @@ async def test_bound_automations_list_every_pending_kind_and_cancel_drops_them(a
         assert [(c["id"], c["state"], c["enabled"]) for c in cancelled] == [
             (check["scheduled_id"], "cancelled", False),
             (once.id, "cancelled", False),
+            (recall.id, "cancelled", False),
             (cron["job_id"], "cancelled", False),
         ]
         assert await bound_automations(n.store, "s") == []
