@@ -886,16 +886,6 @@ class SessionActor(Actor):
         context.tools, context.history = shaped.tools, shaped.history
         context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
 
-    def _shape(self, context: _TurnContext, turn: _Turn) -> None:
-        """Give the turn the tools, default prompt and history the shaper chose."""
-        shaper = self.services.shaper
-        if shaper is None:
-            return
-        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
-        turn.allowed = shaped.allowed
-        context.tools, context.history = shaped.tools, shaped.history
-        context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
-
     async def _to_channel(self, channel: str, text: str, payload: dict[str, Any]) -> str:
         """Deliver a scheduled job's output to ``channel``; returns what the turn closes with."""
         result = await self.services.notify(
