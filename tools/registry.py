@@ -18,20 +18,46 @@ refused anyway.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from runtime.agents.base import ToolResult, ToolSpec
+from runtime.agents.base import FUNCTION_NAME, ToolResult, ToolSpec, function_name, tool_name
 from runtime.codec import Codec
 from runtime.errors import DecodeError, TurnstileError
 from tools.policy import Policy, PolicyTable
 
-__all__ = ["Approver", "Precheck", "ToolCall", "ToolRegistry", "Tool"]
+__all__ = ["Approver", "Precheck", "ToolCall", "ToolRegistry", "Tool", "parameters_schema"]
 
 log = logging.getLogger("turnstile.tools")
+
+#: ``module.action`` (or a bare ``action``): segments of ASCII letters and digits joined by single
+#: underscores, so that ``function_name`` (dots to ``__``) maps back one to one by ``tool_name``.
+TOOL_NAME = re.compile(r"[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*(?:\.[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*)*")
+
+
+def parameters_schema(params: type[msgspec.Struct]) -> dict[str, Any]:
+    """The JSON Schema of a tool's parameters, as one self-contained object schema.
+
+    msgspec answers ``{"$ref": "#/$defs/Params", "$defs": {...}}``; a model wants the object
+    schema at the top, and every ``$ref`` inside it must still resolve there, so the other
+    definitions (nested structs such as run_parallel's ``Action``) move to the top-level
+    ``$defs``. The top definition stays in ``$defs`` only when something refers back to it.
+    """
+    schema = msgspec.json.schema(params)
+    if "$ref" not in schema:
+        return schema
+    defs = dict(schema.get("$defs", {}))
+    top_ref = schema["$ref"]
+    top = dict(defs[top_ref.rsplit("/", 1)[-1]])
+    if f'"{top_ref}"' not in msgspec.json.encode(defs).decode():
+        del defs[top_ref.rsplit("/", 1)[-1]]
+    if defs:
+        top["$defs"] = defs
+    return top
 
 
 @dataclass(frozen=True)
@@ -100,16 +126,25 @@ class ToolRegistry:
         Raises:
             ValueError: the name is taken or malformed.
         """
-        if not name or len(name) > 128 or not name.replace(".", "_").isidentifier():
-            raise ValueError(f"tool name must look like module.action, got {name!r}")
+        wire = function_name(name)
+        if not (TOOL_NAME.fullmatch(name) and FUNCTION_NAME.fullmatch(wire)) or (
+            tool_name(wire) != name
+        ):
+            raise ValueError(
+                "tool name must look like module.action (ASCII letters, digits and single "
+                f"underscores, at most 64 characters as a function name), got {name!r}"
+            )
         if name in self._tools:
             raise ValueError(f"tool {name!r} is already registered")
-        schema = msgspec.json.schema(params)
-        if "$ref" in schema:  # inline the single definition: models want a plain object schema
-            ref = schema["$ref"].rsplit("/", 1)[-1]
-            schema = schema["$defs"][ref]
         self._tools[name] = Tool(
-            name, description, params, handler, Codec(params), schema, Policy(policy), precheck
+            name,
+            description,
+            params,
+            handler,
+            Codec(params),
+            parameters_schema(params),
+            Policy(policy),
+            precheck,
         )
         self._specs = None
 
@@ -159,7 +194,12 @@ class ToolRegistry:
         ``approved``: a person already approved this very call (a module's background action
         that the runtime resumes as a task), so an APPROVE policy does not ask twice; only the
         runtime sets it. ``background``: the call runs as a background task (``ToolCall``).
+
+        ``name`` may also be the function name a model knows the tool by (``clock__now``):
+        a model filling in run_parallel's ``actions[].name`` uses the name it was shown.
         """
+        if name not in self._tools:
+            name = tool_name(name)
         tool = self._tools.get(name)
         if tool is None:
             return ToolResult(

@@ -8,6 +8,9 @@ from runtime.agents.base import (
     ToolSpec,
     TurnContext,
     TurnInput,
+    Usage,
+    function_name,
+    tool_name,
 )
 from runtime.agents.openai import OpenAIAgent
 from runtime.agents.scripted import ScriptedAgent
@@ -20,6 +23,9 @@ __all__ = [
     "ToolSpec",
     "TurnContext",
     "TurnInput",
+    "Usage",
+    "function_name",
+    "tool_name",
     "ScriptedAgent",
     "OpenAIAgent",
 ]

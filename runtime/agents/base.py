@@ -11,10 +11,17 @@ stream; the full exception goes to the internal run record, not the transcript.
 
 Cancellation (``stop``, ``interrupt``) arrives as ``trio.Cancelled`` at the agent's next
 checkpoint; agents must let it propagate.
+
+Tool names: inside the runtime a tool is ``module.action`` (policies, config, run_parallel's
+``actions[].name`` use that). Model servers accept only ``^[a-zA-Z0-9_-]{1,64}$`` as a function
+name, so an agent advertises ``function_name(name)`` (dots become ``__``) and maps what the
+model calls back with ``tool_name``; the registry refuses names for which that is not a
+one-to-one round trip.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -27,7 +34,28 @@ __all__ = [
     "ToolResult",
     "TurnContext",
     "TurnInput",
+    "Usage",
+    "FUNCTION_NAME",
+    "function_name",
+    "tool_name",
 ]
+
+#: What OpenAI (and the servers that copy its rules) accept as a function name.
+FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def function_name(name: str) -> str:
+    """The name a tool is advertised under to a model: ``clock.now`` -> ``clock__now``.
+
+    Dots are not allowed in function names; a double underscore is (and no tool name has one,
+    see ``tools.registry``), so the mapping can be reversed by ``tool_name``.
+    """
+    return name.replace(".", "__")
+
+
+def tool_name(function: str) -> str:
+    """The runtime's name for a function name a model called: ``clock__now`` -> ``clock.now``."""
+    return function.replace("__", ".")
 
 
 class AgentError(Exception):
@@ -102,6 +130,18 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     parameters: dict[str, Any]
 
 
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens one model call used, as the server counted them.
+
+    Attributes:
+        prompt_tokens: tokens of the request (system prompt, history, tool schemas).
+        completion_tokens: tokens of the answer (reasoning included where servers count it).
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The outcome of a tool call, success or not; tool errors are data, not exceptions.
 
@@ -137,6 +177,10 @@ class TurnContext(Protocol):
 
     def take_injections(self) -> list[HistoryEntry]:
         """Inputs queued for this turn's next model call (and forget them)."""
+        ...
+
+    def add_usage(self, usage: Usage) -> None:
+        """Count one model call's tokens towards the turn (its ``stream_end`` and /metrics)."""
         ...
 
 
