@@ -47,6 +47,7 @@ from runtime.agents.base import (
     ToolResult,
     ToolSpec,
     TurnInput,
+    Usage,
 )
 from runtime.codec import Message
 from runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
@@ -189,6 +190,8 @@ class SessionServices:
     limits: SessionLimits
     encode_event: Callable[[str, EventRecord], bytes]
     on_turn_closed: Callable[[str, float], None] | None = None
+    #: Called with each model call's token counts as the agent reports them (for /metrics).
+    on_usage: Callable[[Usage], None] | None = None
     #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
     #: Stops a heartbeat job, keeping its settings (a heartbeat whose ``on_error`` is
@@ -308,7 +311,16 @@ class _EventBatch:
 
 
 class _Turn:
-    __slots__ = ("item", "scope", "injections", "cancel_status", "buffer", "tool_calls", "allowed")
+    __slots__ = (
+        "item",
+        "scope",
+        "injections",
+        "cancel_status",
+        "buffer",
+        "tool_calls",
+        "allowed",
+        "usage",
+    )
 
     def __init__(self, item: InboxItem) -> None:
         self.item = item
@@ -320,6 +332,8 @@ class _Turn:
         self.tool_calls = 0
         #: Tools this turn may call (a heartbeat's tool profile); None allows every tool.
         self.allowed: frozenset[str] | None = None
+        #: Tokens the turn's model calls used, summed; None when the agent reported none.
+        self.usage: Usage | None = None
 
     def cancel(self, status: str) -> None:
         self.cancel_status = status
@@ -769,6 +783,13 @@ class SessionActor(Actor):
         end: dict[str, Any] = {"input_id": turn.item.id, "status": status, "text": text}
         if error is not None:
             end["error"] = error
+        if turn.usage is not None:
+            prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
+            end["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
         suppressed = turn.buffer is not None and (detail or {}).get("suppressed")
         if not suppressed:
             await self._turn_emit(turn, "stream_end", end)
@@ -1091,6 +1112,15 @@ class _TurnContext:
     def take_injections(self) -> list[HistoryEntry]:
         taken, self._turn.injections = self._turn.injections, []
         return taken
+
+    def add_usage(self, usage: Usage) -> None:
+        before = self._turn.usage or Usage()
+        self._turn.usage = Usage(
+            prompt_tokens=before.prompt_tokens + usage.prompt_tokens,
+            completion_tokens=before.completion_tokens + usage.completion_tokens,
+        )
+        if self._session.services.on_usage is not None:
+            self._session.services.on_usage(usage)
 
 
 def _json_text(result: ToolResult) -> str:

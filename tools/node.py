@@ -28,7 +28,7 @@ from actors.notifier import ChannelConfig, Notifier, NotifierConfig
 from actors.scheduler import SchedulerActor, SchedulerLimits
 from actors.session import SessionActor, SessionLimits, SessionServices, Wake, job_run
 from actors.watcher import DropSessionWatchers, WatcherActor
-from runtime.agents import Agent, OpenAIAgent, ScriptedAgent
+from runtime.agents import Agent, OpenAIAgent, ScriptedAgent, Usage
 from runtime.clock import Clock, SystemClock
 from runtime.config import Config
 from runtime.gateway import Auth, ConnectionLimits, build_app
@@ -269,6 +269,7 @@ async def run_node(
                     ),
                     encode_event=_counting_encoder(metrics),
                     on_turn_closed=turn_closed,
+                    on_usage=lambda usage: _count_tokens(metrics, usage),
                     tool_profiles=HEARTBEAT_PROFILES,
                     shaper=shaper,
                     disable_job=disable_job,
@@ -413,6 +414,12 @@ def register_modules(
         start_background=start_background,
     )
     register_shell_module(tools, ShellConfig(**settings(modules.shell)), fs.sandbox)
+
+
+def _count_tokens(metrics: Metrics, usage: Usage) -> None:
+    """Model tokens by kind, as the agent's server counted them (``stream_end`` has per turn)."""
+    metrics.inc('turnstile_model_tokens_total{kind="prompt"}', usage.prompt_tokens)
+    metrics.inc('turnstile_model_tokens_total{kind="completion"}', usage.completion_tokens)
 
 
 def _counting_encoder(metrics: Metrics):

@@ -16,8 +16,8 @@ and recorded in ``rejected`` — the agent sees exactly what the real server wou
 
 A request that passes pops the next scripted reply (``Stream``, ``Reply`` or ``Stall``) and is
 recorded (JSON body and headers) in ``requests``. ``start_standin(nursery)`` serves it with
-hypercorn on 127.0.0.1, port 0; ``standin.app`` can also be driven in-process (httpx's ASGI
-transport) where a test runs on a ``MockClock``.
+hypercorn on 127.0.0.1, port 0; ``standin.transport()`` answers in-process where a test runs
+on a ``MockClock``.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import jsonschema
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 __all__ = [
@@ -130,19 +131,23 @@ class OpenAIStandIn:
         """Queue answers for the next requests that pass the checks, in order."""
         self.replies.extend(replies)
 
-    async def _completions(self, request: Request) -> Response:
+    def _answer(self, raw: bytes, headers: dict[str, str]) -> Stream | Reply | Stall:
+        """Check a request and pick its answer (a 400 ``Reply`` if it breaks a rule)."""
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except ValueError:
             body = None
         try:
             check_request(body)
         except Rejected as exc:
             self.rejected.append(exc.body())
-            return JSONResponse(exc.body(), 400)
-        self.requests.append(Seen(body, dict(request.headers)))
+            return Reply(400, json.dumps(exc.body()))
+        self.requests.append(Seen(body, headers))
         no_reply = Reply(500, '{"error": {"message": "no scripted reply", "type": "server_error"}}')
-        reply = self.replies.pop(0) if self.replies else no_reply
+        return self.replies.pop(0) if self.replies else no_reply
+
+    async def _completions(self, request: Request) -> Response:
+        reply = self._answer(await request.body(), dict(request.headers))
         if isinstance(reply, Stall):
             await trio.sleep_forever()
         if isinstance(reply, Reply):
@@ -150,6 +155,26 @@ class OpenAIStandIn:
                 reply.body, reply.status, headers=reply.headers, media_type=reply.content_type
             )
         return StreamingResponse(_events(reply), media_type="text/event-stream")
+
+    def transport(self) -> httpx2.MockTransport:
+        """The same server in-process, for tests on a ``MockClock`` (no socket, no real time).
+
+        A stream arrives whole (no ``split``, no ``cut``); use the HTTP server for those.
+        """
+
+        async def handle(request: httpx2.Request) -> httpx2.Response:
+            reply = self._answer(await request.aread(), dict(request.headers))
+            if isinstance(reply, Stall):
+                await trio.sleep_forever()
+            if isinstance(reply, Reply):
+                headers = {"content-type": reply.content_type, **reply.headers}
+                return httpx2.Response(reply.status, headers=headers, content=reply.body)
+            events = b"".join([piece async for piece in _events(reply)])
+            return httpx2.Response(
+                200, headers={"content-type": "text/event-stream"}, content=events
+            )
+
+        return httpx2.MockTransport(handle)
 
     @property
     def app(self) -> Starlette:

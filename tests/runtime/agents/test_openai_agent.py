@@ -1,4 +1,5 @@
-"""OpenAIAgent against a real (fake) OpenAI-compatible server on loopback."""
+"""OpenAIAgent against a strict OpenAI stand-in server on loopback (or in-process, on a
+MockClock, where a test waits out retries)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from runtime.agents.base import (
     ToolSpec,
     TurnContext,
     TurnInput,
+    Usage,
 )
 from runtime.agents.openai import OpenAIAgent
 from tests.runtime.agents.fake_openai import (
-    FakeOpenAI,
+    OpenAIStandIn,
     Reply,
     Stall,
     Stream,
     chunk,
-    start_fake_openai,
+    finish,
+    start_standin,
     text_stream,
     tool_piece,
 )
@@ -65,6 +68,7 @@ class FakeTurn:
         self.calls: list[tuple[str, dict[str, Any], str | None]] = []
         self.injections = list(injections or [])
         self.inject_on_call = list(inject_on_call or [])
+        self.usage: list[Usage] = []
 
     async def emit(self, type: str, text: str) -> None:
         self.events.append((type, text))
@@ -83,6 +87,9 @@ class FakeTurn:
         taken, self.injections = self.injections, []
         return taken
 
+    def add_usage(self, usage: Usage) -> None:
+        self.usage.append(usage)
+
     def deltas(self, kind: str = "stream_delta") -> list[str]:
         return [text for type, text in self.events if type == kind]
 
@@ -94,13 +101,16 @@ def _clean_env(monkeypatch):
 
 
 @pytest.fixture
-async def fake(nursery) -> FakeOpenAI:
-    return await start_fake_openai(nursery)
+async def fake(nursery) -> OpenAIStandIn:
+    standin = await start_standin(nursery)
+    yield standin
+    assert standin.rejected == []  # a test that expects a 400 empties the list itself
 
 
 @pytest.fixture
 async def agent(fake):
-    agent = OpenAIAgent(base_url=fake.base_url, model="test-model")
+    # Retries have tests of their own (test_openai_retries.py); here one answer is one outcome.
+    agent = OpenAIAgent(base_url=fake.base_url, model="test-model", max_retries=0)
     yield agent
     await agent.aclose()
 
@@ -128,6 +138,7 @@ async def test_thinking_deltas_in_both_spellings(fake, agent):
                 chunk(reasoning_content="Let me "),
                 chunk(reasoning="think."),
                 chunk(content="Done."),
+                finish(),
             ]
         )
     )
@@ -149,6 +160,7 @@ async def test_tool_call_round_trip(fake, agent):
                 chunk(tool_calls=[tool_piece(0, arguments='{"zo')]),
                 chunk(tool_calls=[tool_piece(0, arguments='ne": "UTC"}')]),
                 chunk(tool_calls=[tool_piece(1, id="call_b", name="broken", arguments="{}")]),
+                finish("tool_calls"),
             ]
         ),
         text_stream("It is ", "noon."),
@@ -203,7 +215,12 @@ async def test_history_sources_and_injections_become_messages(fake, agent):
         HistoryEntry(role="user", content="nightly report", source="cron"),
     ]
     fake.script(
-        Stream([chunk(tool_calls=[tool_piece(0, id="call_1", name="clock", arguments="{}")])]),
+        Stream(
+            [
+                chunk(tool_calls=[tool_piece(0, id="call_1", name="clock", arguments="{}")]),
+                finish("tool_calls"),
+            ]
+        ),
         text_stream("ok"),
     )
     turn = FakeTurn(
@@ -262,6 +279,7 @@ async def test_bad_tool_arguments_are_reported_to_the_model(fake, agent):
             [
                 chunk(tool_calls=[tool_piece(0, id="c1", name="clock", arguments='{"zone": ')]),
                 chunk(tool_calls=[tool_piece(1, id="c2", name="clock", arguments="[1]")]),
+                finish("tool_calls"),
             ]
         ),
         text_stream("sorry"),
@@ -276,17 +294,36 @@ async def test_bad_tool_arguments_are_reported_to_the_model(fake, agent):
     assert "must be a JSON object" in second["message"]
 
 
-async def test_max_tool_rounds_is_enforced(fake):
-    call = Stream([chunk(tool_calls=[tool_piece(0, id="c", name="clock", arguments="{}")])])
-    fake.script(call, call, call, call)
+async def test_max_tool_rounds_closes_with_the_last_text_and_a_note(fake):
+    def call(text: str) -> Stream:
+        return Stream(
+            [
+                chunk(content=text),
+                chunk(tool_calls=[tool_piece(0, id="c", name="clock", arguments="{}")]),
+                finish("tool_calls"),
+            ]
+        )
+
+    fake.script(call("one"), call("two"), call(""))
     agent = OpenAIAgent(base_url=fake.base_url, max_tool_rounds=2)
-    turn = FakeTurn()
-    with pytest.raises(AgentError) as info:
-        await agent.run_turn(turn)
+    turn = FakeTurn(tools=[CLOCK])
+    text = await agent.run_turn(turn)
     await agent.aclose()
-    assert str(info.value) == "tool call limit reached (2 rounds)"
-    assert len(turn.calls) == 2
-    assert len(fake.requests) == 3
+    assert text == "two\n\n[stopped after 2 rounds of tool calls]"
+    assert turn.deltas() == ["one", "two", "\n\n[stopped after 2 rounds of tool calls]"]
+    assert len(turn.calls) == 2  # the third round's call is not run
+    assert len(fake.requests) == 3  # and nothing is sent with it unanswered
+
+
+async def test_zero_tool_rounds_closes_with_only_the_note(fake):
+    fake.script(
+        Stream([chunk(tool_calls=[tool_piece(0, id="c", name="clock", arguments="{}")]), finish()])
+    )
+    agent = OpenAIAgent(base_url=fake.base_url, max_tool_rounds=0)
+    turn = FakeTurn(tools=[CLOCK])
+    assert await agent.run_turn(turn) == "[stopped after 0 rounds of tool calls]"
+    await agent.aclose()
+    assert turn.calls == []
 
 
 async def test_http_error_status_uses_the_json_error_message(fake, agent):
@@ -325,7 +362,7 @@ async def test_unreachable_server():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    agent = OpenAIAgent(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x")
+    agent = OpenAIAgent(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     await agent.aclose()
@@ -334,7 +371,7 @@ async def test_unreachable_server():
 
 async def test_read_timeout_is_unreachable(fake):
     fake.script(Stall())
-    agent = OpenAIAgent(base_url=fake.base_url, timeout=0.2)
+    agent = OpenAIAgent(base_url=fake.base_url, timeout=0.2, max_retries=0)
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     await agent.aclose()
@@ -351,10 +388,10 @@ async def test_cancellation_propagates(fake, agent):
 @pytest.mark.parametrize(
     "stream",
     [
-        Stream([chunk(content="a"), "{not json"]),
-        Stream(['["a list"]']),
-        Stream([{"choices": "nope"}]),
-        Stream([chunk(tool_calls="nope")]),
+        Stream([chunk(content="a"), "{not json", finish()]),
+        Stream(['["a list"]', finish()]),
+        Stream([{"choices": "nope"}, finish()]),
+        Stream([chunk(tool_calls="nope"), finish()]),
     ],
 )
 async def test_malformed_stream_data(fake, agent, stream):
@@ -365,7 +402,7 @@ async def test_malformed_stream_data(fake, agent, stream):
 
 
 async def test_error_event_mid_stream(fake, agent):
-    fake.script(Stream([chunk(content="a"), {"error": {"message": "overloaded"}}]))
+    fake.script(Stream([chunk(content="a"), {"error": {"message": "overloaded"}}, finish()]))
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     assert str(info.value) == "model server error: overloaded"
@@ -380,8 +417,18 @@ async def test_non_streaming_json_answer_is_accepted(fake, agent):
 
 
 async def test_empty_answer_and_usage_only_chunks(fake, agent):
-    fake.script(Stream([chunk(role="assistant"), {"choices": [], "usage": {"total_tokens": 3}}]))
-    assert await agent.run_turn(FakeTurn()) == ""
+    fake.script(
+        Stream(
+            [
+                chunk(role="assistant"),
+                finish(),
+                {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}},
+            ]
+        )
+    )
+    turn = FakeTurn()
+    assert await agent.run_turn(turn) == ""
+    assert turn.usage == [Usage(prompt_tokens=2, completion_tokens=1)]
 
 
 async def test_env_fallback(fake, monkeypatch):
