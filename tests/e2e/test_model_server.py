@@ -18,6 +18,7 @@ import tools.node
 from runtime.agents import OpenAIAgent, function_name, tool_name
 from runtime.agents.base import FUNCTION_NAME
 from tests.e2e.conftest import connect, new_session, running_node
+from tests.runtime.agents.conftest import ENV_VARS
 from tests.runtime.agents.fake_openai import (
     Reply,
     Stream,
@@ -29,7 +30,6 @@ from tests.runtime.agents.fake_openai import (
     tool_piece,
     tool_stream,
 )
-from tests.runtime.agents.test_openai_agent import ENV_VARS
 from tools.registry import ToolRegistry
 
 

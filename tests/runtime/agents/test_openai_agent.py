@@ -21,25 +21,15 @@ from runtime.agents.base import (
 )
 from runtime.agents.openai import OpenAIAgent
 from tests.runtime.agents.fake_openai import (
-    OpenAIStandIn,
     Reply,
     Stall,
     Stream,
     chunk,
     finish,
-    start_standin,
     text_stream,
     tool_piece,
 )
 
-ENV_VARS = (
-    "TURNSTILE_OPENAI_BASE_URL",
-    "OPENAI_BASE_URL",
-    "TURNSTILE_OPENAI_MODEL",
-    "OPENAI_MODEL",
-    "TURNSTILE_OPENAI_API_KEY",
-    "OPENAI_API_KEY",
-)
 CLOCK = ToolSpec(
     name="clock",
     description="What time is it?",
@@ -94,23 +84,10 @@ class FakeTurn:
         return [text for type, text in self.events if type == kind]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
-async def fake(nursery) -> OpenAIStandIn:
-    standin = await start_standin(nursery)
-    yield standin
-    assert standin.rejected == []  # a test that expects a 400 empties the list itself
-
-
-@pytest.fixture
-async def agent(fake):
-    # Retries have tests of their own (test_openai_retries.py); here one answer is one outcome.
-    agent = OpenAIAgent(base_url=fake.base_url, model="test-model", max_retries=0)
+async def agent(standin):
+    # Retries have tests of their own (test_openai_streaming.py); here one answer is one outcome.
+    agent = OpenAIAgent(base_url=standin.base_url, model="test-model", max_retries=0)
     yield agent
     await agent.aclose()
 
@@ -119,20 +96,20 @@ def test_fake_turn_is_a_turn_context():
     assert isinstance(FakeTurn(), TurnContext)
 
 
-async def test_streams_text_deltas_in_order_and_returns_the_full_text(fake, agent):
-    fake.script(text_stream("Hel", "lo", ", ", "world.", split=True))  # events cut in two
+async def test_streams_text_deltas_in_order_and_returns_the_full_text(standin, agent):
+    standin.script(text_stream("Hel", "lo", ", ", "world.", split=True))  # events cut in two
     turn = FakeTurn("hi")
     assert await agent.run_turn(turn) == "Hello, world."
     assert turn.events == [("stream_delta", p) for p in ("Hel", "lo", ", ", "world.")]
-    (seen,) = fake.requests
+    (seen,) = standin.requests
     assert seen.body["stream"] is True
     assert seen.body["model"] == "test-model"
     assert seen.body["messages"] == [{"role": "user", "content": "hi"}]
     assert "tools" not in seen.body
 
 
-async def test_thinking_deltas_in_both_spellings(fake, agent):
-    fake.script(
+async def test_thinking_deltas_in_both_spellings(standin, agent):
+    standin.script(
         Stream(
             [
                 chunk(reasoning_content="Let me "),
@@ -151,8 +128,8 @@ async def test_thinking_deltas_in_both_spellings(fake, agent):
     ]
 
 
-async def test_tool_call_round_trip(fake, agent):
-    fake.script(
+async def test_tool_call_round_trip(standin, agent):
+    standin.script(
         Stream(
             [
                 chunk(content="Checking. "),
@@ -170,7 +147,7 @@ async def test_tool_call_round_trip(fake, agent):
     assert turn.calls == [("clock", {"zone": "UTC"}, "call_a"), ("broken", {}, "call_b")]
     assert turn.deltas() == ["Checking. ", "It is ", "noon."]
 
-    first, second = fake.requests
+    first, second = standin.requests
     assert first.body["tools"] == [
         {
             "type": "function",
@@ -206,7 +183,7 @@ async def test_tool_call_round_trip(fake, agent):
     }
 
 
-async def test_history_sources_and_injections_become_messages(fake, agent):
+async def test_history_sources_and_injections_become_messages(standin, agent):
     history = [
         HistoryEntry(role="user", content="remind me at 9", source="user"),
         HistoryEntry(role="tool", content='{"ok": true}', tool="remind", arguments={"at": "9"}),
@@ -214,7 +191,7 @@ async def test_history_sources_and_injections_become_messages(fake, agent):
         HistoryEntry(role="assistant", content="Done.", status="completed"),
         HistoryEntry(role="user", content="nightly report", source="cron"),
     ]
-    fake.script(
+    standin.script(
         Stream(
             [
                 chunk(tool_calls=[tool_piece(0, id="call_1", name="clock", arguments="{}")]),
@@ -233,7 +210,7 @@ async def test_history_sources_and_injections_become_messages(fake, agent):
     agent.system_prompt = "Be brief."
     assert await agent.run_turn(turn) == "ok"
 
-    first, second = (seen.body["messages"] for seen in fake.requests)
+    first, second = (seen.body["messages"] for seen in standin.requests)
     generated_id = first[2]["tool_calls"][0]["id"]
     assert generated_id.startswith("call_")
     assert first == [
@@ -273,8 +250,8 @@ async def test_history_sources_and_injections_become_messages(fake, agent):
     assert [m["role"] for m in second[len(first) :]] == ["assistant", "tool", "user"]
 
 
-async def test_bad_tool_arguments_are_reported_to_the_model(fake, agent):
-    fake.script(
+async def test_bad_tool_arguments_are_reported_to_the_model(standin, agent):
+    standin.script(
         Stream(
             [
                 chunk(tool_calls=[tool_piece(0, id="c1", name="clock", arguments='{"zone": ')]),
@@ -287,14 +264,14 @@ async def test_bad_tool_arguments_are_reported_to_the_model(fake, agent):
     turn = FakeTurn(tools=[CLOCK])
     assert await agent.run_turn(turn) == "sorry"
     assert turn.calls == []  # neither call reached the tool
-    results = [m for m in fake.requests[1].body["messages"] if m["role"] == "tool"]
+    results = [m for m in standin.requests[1].body["messages"] if m["role"] == "tool"]
     first, second = (json.loads(m["content"])["error"] for m in results)
     assert first["code"] == second["code"] == "invalid_arguments"
     assert "not valid JSON" in first["message"]
     assert "must be a JSON object" in second["message"]
 
 
-async def test_max_tool_rounds_closes_with_the_last_text_and_a_note(fake):
+async def test_max_tool_rounds_closes_with_the_last_text_and_a_note(standin):
     def call(text: str) -> Stream:
         return Stream(
             [
@@ -304,58 +281,58 @@ async def test_max_tool_rounds_closes_with_the_last_text_and_a_note(fake):
             ]
         )
 
-    fake.script(call("one"), call("two"), call(""))
-    agent = OpenAIAgent(base_url=fake.base_url, max_tool_rounds=2)
+    standin.script(call("one"), call("two"), call(""))
+    agent = OpenAIAgent(base_url=standin.base_url, max_tool_rounds=2)
     turn = FakeTurn(tools=[CLOCK])
     text = await agent.run_turn(turn)
     await agent.aclose()
     assert text == "two\n\n[stopped after 2 rounds of tool calls]"
     assert turn.deltas() == ["one", "two", "\n\n[stopped after 2 rounds of tool calls]"]
     assert len(turn.calls) == 2  # the third round's call is not run
-    assert len(fake.requests) == 3  # and nothing is sent with it unanswered
+    assert len(standin.requests) == 3  # and nothing is sent with it unanswered
 
 
-async def test_zero_tool_rounds_closes_with_only_the_note(fake):
-    fake.script(
+async def test_zero_tool_rounds_closes_with_only_the_note(standin):
+    standin.script(
         Stream([chunk(tool_calls=[tool_piece(0, id="c", name="clock", arguments="{}")]), finish()])
     )
-    agent = OpenAIAgent(base_url=fake.base_url, max_tool_rounds=0)
+    agent = OpenAIAgent(base_url=standin.base_url, max_tool_rounds=0)
     turn = FakeTurn(tools=[CLOCK])
     assert await agent.run_turn(turn) == "[stopped after 0 rounds of tool calls]"
     await agent.aclose()
     assert turn.calls == []
 
 
-async def test_http_error_status_uses_the_json_error_message(fake, agent):
-    fake.script(Reply(500, json.dumps({"error": {"message": "model exploded", "type": "x"}})))
+async def test_http_error_status_uses_the_json_error_message(standin, agent):
+    standin.script(Reply(500, json.dumps({"error": {"message": "model exploded", "type": "x"}})))
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     assert str(info.value) == "model server answered 500: model exploded"
 
 
-async def test_http_error_status_with_a_plain_body(fake, agent):
-    fake.script(Reply(502, "upstream\n  " + "x" * 300, content_type="text/plain"))
+async def test_http_error_status_with_a_plain_body(standin, agent):
+    standin.script(Reply(502, "upstream\n  " + "x" * 300, content_type="text/plain"))
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     assert str(info.value) == "model server answered 502: " + ("upstream " + "x" * 300)[:200]
 
 
-async def test_the_api_key_is_sent_as_bearer_and_never_echoed(fake):
-    fake.script(text_stream("hi"), Reply(401, json.dumps({"error": "bad key sk-secret-123"})))
-    agent = OpenAIAgent(base_url=fake.base_url, api_key="sk-secret-123")
+async def test_the_api_key_is_sent_as_bearer_and_never_echoed(standin):
+    standin.script(text_stream("hi"), Reply(401, json.dumps({"error": "bad key sk-secret-123"})))
+    agent = OpenAIAgent(base_url=standin.base_url, api_key="sk-secret-123")
     await agent.run_turn(FakeTurn())
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     await agent.aclose()
-    assert fake.requests[0].headers["authorization"] == "Bearer sk-secret-123"
+    assert standin.requests[0].headers["authorization"] == "Bearer sk-secret-123"
     assert str(info.value) == "model server answered 401: bad key ***"
     assert "sk-secret" not in repr(agent)
 
 
-async def test_no_authorization_header_without_a_key(fake, agent):
-    fake.script(text_stream("hi"))
+async def test_no_authorization_header_without_a_key(standin, agent):
+    standin.script(text_stream("hi"))
     await agent.run_turn(FakeTurn())
-    assert "authorization" not in fake.requests[0].headers
+    assert "authorization" not in standin.requests[0].headers
 
 
 async def test_unreachable_server():
@@ -369,17 +346,17 @@ async def test_unreachable_server():
     assert str(info.value).startswith("model server unreachable: ")
 
 
-async def test_read_timeout_is_unreachable(fake):
-    fake.script(Stall())
-    agent = OpenAIAgent(base_url=fake.base_url, timeout=0.2, max_retries=0)
+async def test_read_timeout_is_unreachable(standin):
+    standin.script(Stall())
+    agent = OpenAIAgent(base_url=standin.base_url, timeout=0.2, max_retries=0)
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     await agent.aclose()
     assert str(info.value) == "model server unreachable: timed out"
 
 
-async def test_cancellation_propagates(fake, agent):
-    fake.script(Stall())
+async def test_cancellation_propagates(standin, agent):
+    standin.script(Stall())
     with trio.move_on_after(0.2) as scope:
         await agent.run_turn(FakeTurn())
     assert scope.cancelled_caught
@@ -394,30 +371,30 @@ async def test_cancellation_propagates(fake, agent):
         Stream([chunk(tool_calls="nope"), finish()]),
     ],
 )
-async def test_malformed_stream_data(fake, agent, stream):
-    fake.script(stream)
+async def test_malformed_stream_data(standin, agent, stream):
+    standin.script(stream)
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     assert str(info.value) == "model server sent malformed data"
 
 
-async def test_error_event_mid_stream(fake, agent):
-    fake.script(Stream([chunk(content="a"), {"error": {"message": "overloaded"}}, finish()]))
+async def test_error_event_mid_stream(standin, agent):
+    standin.script(Stream([chunk(content="a"), {"error": {"message": "overloaded"}}, finish()]))
     with pytest.raises(AgentError) as info:
         await agent.run_turn(FakeTurn())
     assert str(info.value) == "model server error: overloaded"
 
 
-async def test_non_streaming_json_answer_is_accepted(fake, agent):
+async def test_non_streaming_json_answer_is_accepted(standin, agent):
     message = {"role": "assistant", "content": "whole"}
-    fake.script(Reply(200, json.dumps({"choices": [{"index": 0, "message": message}]})))
+    standin.script(Reply(200, json.dumps({"choices": [{"index": 0, "message": message}]})))
     turn = FakeTurn()
     assert await agent.run_turn(turn) == "whole"
     assert turn.deltas() == ["whole"]
 
 
-async def test_empty_answer_and_usage_only_chunks(fake, agent):
-    fake.script(
+async def test_empty_answer_and_usage_only_chunks(standin, agent):
+    standin.script(
         Stream(
             [
                 chunk(role="assistant"),
@@ -431,17 +408,17 @@ async def test_empty_answer_and_usage_only_chunks(fake, agent):
     assert turn.usage == [Usage(prompt_tokens=2, completion_tokens=1)]
 
 
-async def test_env_fallback(fake, monkeypatch):
-    monkeypatch.setenv("TURNSTILE_OPENAI_BASE_URL", fake.base_url + "/")
+async def test_env_fallback(standin, monkeypatch):
+    monkeypatch.setenv("TURNSTILE_OPENAI_BASE_URL", standin.base_url + "/")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # TURNSTILE_* wins
     monkeypatch.setenv("OPENAI_MODEL", "env-model")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    fake.script(text_stream("hi"))
+    standin.script(text_stream("hi"))
     agent = OpenAIAgent()
     assert await agent.run_turn(FakeTurn()) == "hi"
     await agent.aclose()
-    assert fake.requests[0].body["model"] == "env-model"
-    assert fake.requests[0].headers["authorization"] == "Bearer sk-env"
+    assert standin.requests[0].body["model"] == "env-model"
+    assert standin.requests[0].headers["authorization"] == "Bearer sk-env"
 
 
 def test_defaults_and_config():
@@ -456,8 +433,8 @@ def test_defaults_and_config():
         OpenAIAgent.from_config({"modle": "x"})
 
 
-async def test_a_turn_can_add_a_system_segment_and_override_model_and_max_tokens(fake, agent):
-    fake.script(text_stream("all good"))
+async def test_a_turn_can_add_a_system_segment_and_override_model_and_max_tokens(standin, agent):
+    standin.script(text_stream("all good"))
     turn = FakeTurn("check the checklist", source="heartbeat")
     turn.input = TurnInput(
         input_id=1,
@@ -469,7 +446,7 @@ async def test_a_turn_can_add_a_system_segment_and_override_model_and_max_tokens
     )
     agent.system_prompt = "Be brief."
     assert await agent.run_turn(turn) == "all good"
-    (seen,) = fake.requests
+    (seen,) = standin.requests
     assert seen.body["model"] == "cheap-model"
     assert seen.body["max_tokens"] == 256
     assert seen.body["messages"][0] == {

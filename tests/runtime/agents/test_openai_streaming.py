@@ -23,12 +23,11 @@ from tests.runtime.agents.fake_openai import (
     Stream,
     chunk,
     finish,
-    start_standin,
     text_stream,
     tool_piece,
     usage_chunk,
 )
-from tests.runtime.agents.test_openai_agent import ENV_VARS, FakeTurn
+from tests.runtime.agents.test_openai_agent import FakeTurn
 
 CLOCK_NOW = ToolSpec(
     name="clock.now",
@@ -40,19 +39,6 @@ FS_READ = ToolSpec(
     description="Read a file.",
     parameters={"type": "object", "properties": {"path": {"type": "string"}}},
 )
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-async def standin(nursery):
-    standin = await start_standin(nursery)
-    yield standin
-    assert standin.rejected == []  # a test that expects a 400 empties the list itself
 
 
 @pytest.fixture
