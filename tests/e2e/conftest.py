@@ -133,6 +133,18 @@ async def new_session(node: Node, session_id: str, token: str = ALICE, **body: A
         return response.json()
 
 
+async def read_request_head(stream: trio.SocketStream) -> bytes | None:
+    """Read an HTTP request's head off ``stream`` (for the tests' own tiny servers); None if
+    the client hung up first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
 @pytest.fixture
 def gated() -> GatedAgent:
     return GatedAgent()

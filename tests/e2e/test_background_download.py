@@ -8,7 +8,7 @@ from functools import partial
 import trio
 
 from runtime.config import FilesystemModuleConfig, HttpModuleConfig, ModulesConfig
-from tests.e2e.conftest import connect, new_session, running_node
+from tests.e2e.conftest import connect, new_session, read_request_head, running_node
 
 BODY = b"x" * 5000
 
@@ -26,12 +26,8 @@ class GatedFileServer:
         self.port = listeners[0].socket.getsockname()[1]
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some(4096)
-            if not chunk:
-                return
-            data += chunk
+        if await read_request_head(stream) is None:
+            return
         self.requests += 1
         await self.gate.wait()
         head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(BODY)}\r\nConnection: close\r\n\r\n"

@@ -16,7 +16,16 @@ from typing import Any
 import trio
 
 from runtime.config import HttpModuleConfig, Limits, ModulesConfig
-from tests.e2e.conftest import ALICE, BOB, WAIT, Client, connect, new_session, running_node
+from tests.e2e.conftest import (
+    ALICE,
+    BOB,
+    WAIT,
+    Client,
+    connect,
+    new_session,
+    read_request_head,
+    running_node,
+)
 
 _ids = itertools.count()
 
@@ -138,12 +147,8 @@ class HeldHttpServer:
         self.port = listeners[0].socket.getsockname()[1]
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some(4096)
-            if not chunk:
-                return
-            data += chunk
+        if await read_request_head(stream) is None:
+            return
         self.received.set()
         while await stream.receive_some(4096):
             pass
