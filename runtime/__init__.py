@@ -4,10 +4,10 @@ This module is the public surface of ``runtime``; everything else in the package
 implementation detail that may move. The kernel knows nothing about agents, cron or watchers.
 """
 
-from runtime.actor import Actor, ActorRef
-from runtime.clock import Clock, MockWallClock, SystemClock, utc
-from runtime.codec import ClientMessage, Codec, Message
-from runtime.errors import (
+from turnstile.runtime.actor import Actor, ActorRef
+from turnstile.runtime.clock import Clock, MockWallClock, SystemClock, utc
+from turnstile.runtime.codec import ClientMessage, Codec, Message
+from turnstile.runtime.errors import (
     ActorCrashed,
     ActorError,
     ActorStopped,
@@ -27,10 +27,10 @@ from runtime.errors import (
     TurnstileError,
     Unauthorized,
 )
-from runtime.registry import Registry, RegistryStatistics, VirtualRef
-from runtime.store import Store, open_store
-from runtime.supervisor import CrashReport, Strategy, Supervisor, open_supervisor
-from runtime.timerwheel import TimerHandle, TimerWheel
+from turnstile.runtime.registry import Registry, RegistryStatistics, VirtualRef
+from turnstile.runtime.store import Store, open_store
+from turnstile.runtime.supervisor import CrashReport, Strategy, Supervisor, open_supervisor
+from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
 
 __all__ = [
     # actors

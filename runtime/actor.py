@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from runtime.mailbox import STOP, Ask, Mailbox, Reply
+from turnstile.runtime.mailbox import STOP, Ask, Mailbox, Reply
 
 __all__ = ["Actor", "ActorRef"]
 

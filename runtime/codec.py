@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from runtime.errors import DecodeError
+from turnstile.runtime.errors import DecodeError
 
 __all__ = ["MAX_JSON_DEPTH", "Message", "ClientMessage", "Codec", "check_json_depth"]
 

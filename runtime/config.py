@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from runtime.errors import DecodeError
+from turnstile.runtime.errors import DecodeError
 
 __all__ = ["Config", "ExecutionConfig", "Limits", "UserConfig", "ScriptedConfig", "load_config"]
 
@@ -268,7 +268,7 @@ def load_config(path: str | Path | None) -> Config:
     try:
         config = msgspec.toml.decode(data, type=Config)
     except msgspec.ValidationError as exc:
-        from runtime.codec import _decode_error
+        from turnstile.runtime.codec import _decode_error
 
         raise _decode_error(exc) from None
     except msgspec.DecodeError as exc:

@@ -24,7 +24,7 @@ from trio.lowlevel import (
     wait_task_rescheduled,
 )
 
-from runtime.errors import ActorStopped, MailboxFull
+from turnstile.runtime.errors import ActorStopped, MailboxFull
 
 __all__ = ["Mailbox", "Reply", "Ask", "STOP"]
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.actor import Actor, ActorCell, ActorRef
-from runtime.errors import ActorStopped
-from runtime.supervisor import Supervisor
+from turnstile.runtime.actor import Actor, ActorCell, ActorRef
+from turnstile.runtime.errors import ActorStopped
+from turnstile.runtime.supervisor import Supervisor
 
 __all__ = ["Registry", "VirtualRef", "RegistryStatistics"]
 

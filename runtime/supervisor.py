@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import trio
 
-from runtime.actor import Actor, ActorCell, ActorRef, Crash
-from runtime.errors import ActorCrashed, ActorStopped, SupervisorEscalation
+from turnstile.runtime.actor import Actor, ActorCell, ActorRef, Crash
+from turnstile.runtime.errors import ActorCrashed, ActorStopped, SupervisorEscalation
 
 __all__ = ["Strategy", "CrashReport", "Supervisor", "open_supervisor"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-from runtime.errors import TimerError
+from turnstile.runtime.errors import TimerError
 
 __all__ = ["TimerHandle", "TimerWheel"]
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import msgspec
 
-from runtime.clock import Clock
-from tools.registry import ToolCall, ToolRegistry
+from turnstile.runtime.clock import Clock
+from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = ["register_builtin_tools"]
 

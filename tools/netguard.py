@@ -45,7 +45,7 @@ import httpcore
 import httpx
 import trio
 
-from runtime.errors import InvalidArgument, TurnstileError
+from turnstile.runtime.errors import InvalidArgument, TurnstileError
 
 __all__ = [
     "BlockedAddress",

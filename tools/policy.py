@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from runtime.errors import InvalidArgument
+from turnstile.runtime.errors import InvalidArgument
 
 __all__ = ["Policy", "PolicyTable"]
 

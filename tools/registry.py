@@ -25,10 +25,10 @@ from typing import Any
 
 import msgspec
 
-from runtime.agents.base import FUNCTION_NAME, ToolResult, ToolSpec, function_name, tool_name
-from runtime.codec import Codec
-from runtime.errors import DecodeError, TurnstileError
-from tools.policy import Policy, PolicyTable
+from turnstile.runtime.codec import Codec
+from turnstile.runtime.errors import DecodeError, TurnstileError
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.spec import FUNCTION_NAME, ToolResult, ToolSpec, function_name, tool_name
 
 __all__ = ["Approver", "Precheck", "ToolCall", "ToolRegistry", "Tool", "parameters_schema"]
 

@@ -18,9 +18,9 @@ import trio
 import trio.testing
 
 from bench.harness import Measure, ScenarioResult
-from runtime.actor import Actor
-from runtime.registry import Registry
-from runtime.supervisor import open_supervisor
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class _Idle(Actor):

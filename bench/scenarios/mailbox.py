@@ -20,8 +20,8 @@ import time
 import trio
 
 from bench.harness import Measure, ScenarioResult
-from runtime.actor import Actor
-from runtime.supervisor import open_supervisor
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class _Sink(Actor):

@@ -26,14 +26,14 @@ from typing import Any
 
 import trio
 
-from actors.background import BackgroundActor
 from bench.harness import Measure, ScenarioResult
 from bench.scenarios.watchers import HOST, LoopbackServer
-from runtime.clock import SystemClock
-from runtime.supervisor import open_supervisor
-from tools.execution import register_execution_tools
-from tools.modules.http import HttpConfig, register_http_module
-from tools.registry import ToolRegistry
+from turnstile.actors.execution.background import BackgroundActor
+from turnstile.actors.execution.tools import register_execution_tools
+from turnstile.runtime.clock import SystemClock
+from turnstile.runtime.supervisor import open_supervisor
+from turnstile.tools.modules.http import HttpConfig, register_http_module
+from turnstile.tools.registry import ToolRegistry
 
 LATENCY = 0.100
 CALLS = 50

@@ -45,23 +45,23 @@ from zoneinfo import ZoneInfo
 import msgspec
 import trio
 
-from actors.scheduler import (
+from bench.harness import Measure, ScenarioResult
+from bench.pgschema import PostgresUnavailable, temporary_schema
+from turnstile.actors.scheduling.actor import (
     AddJob,
     Schedule,
     SchedulerActor,
     SchedulerLimits,
     first_occurrence,
 )
-from actors.session import Attach, SessionActor, SessionLimits, SessionServices
-from bench.harness import Measure, ScenarioResult
-from bench.pgschema import PostgresUnavailable, temporary_schema
-from runtime.agents import ScriptedAgent
-from runtime.clock import SystemClock
-from runtime.cronexpr import CronSchedule
-from runtime.gateway.frames import encode_event
-from runtime.registry import Registry
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
+from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.sessions.actor import Attach, SessionActor, SessionLimits, SessionServices
+from turnstile.actors.sessions.agents import ScriptedAgent
+from turnstile.runtime.clock import SystemClock
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.store import open_store
+from turnstile.runtime.supervisor import open_supervisor
 
 SESSIONS = 1000
 RATE = 1000  # jobs falling due per second in the firing windows

@@ -27,10 +27,10 @@ import httpx
 import trio
 
 from bench.harness import Measure, ScenarioResult
-from runtime.agents.base import TurnContext
-from runtime.config import Config
-from tools.node import run_node
-from tools.selection import DISCOVERY, schema_chars
+from turnstile.actors.execution.selection import DISCOVERY, schema_chars
+from turnstile.actors.node import run_node
+from turnstile.actors.sessions.agents.base import TurnContext
+from turnstile.runtime.config import Config
 
 TOKEN = "bench-schemas-token-0123456789"
 TARGET_CHARS = 6000

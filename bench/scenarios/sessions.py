@@ -52,22 +52,22 @@ import trio_websocket
 import wsproto
 import wsproto.events as wse
 
-from actors.directory import SessionDirectory
-from actors.session import SessionActor, SessionLimits, SessionServices
 from bench.harness import Measure, ScenarioResult
 from bench.pgschema import PG_DSN, PostgresUnavailable, temporary_schema
-from runtime.agents import ScriptedAgent
-from runtime.clock import SystemClock
-from runtime.config import Config, Limits
-from runtime.gateway.frames import encode_event
-from runtime.metrics import Metrics
-from runtime.registry import Registry
-from runtime.server import tune_gc
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
-from tools.builtin import register_builtin_tools
-from tools.node import run_node
-from tools.registry import ToolRegistry
+from turnstile.actors.node import run_node
+from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices
+from turnstile.actors.sessions.agents import ScriptedAgent
+from turnstile.actors.sessions.directory import SessionDirectory
+from turnstile.runtime.clock import SystemClock
+from turnstile.runtime.config import Config, Limits
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.server import tune_gc
+from turnstile.runtime.store import open_store
+from turnstile.runtime.supervisor import open_supervisor
+from turnstile.tools.builtin import register_builtin_tools
+from turnstile.tools.registry import ToolRegistry
 
 TOKEN = "bench-token-0123456789abcdef"
 USER = "bench"

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.harness import Measure, ScenarioResult
-from runtime.timerwheel import TimerWheel
+from turnstile.runtime.timerwheel import TimerWheel
 
 HOUR = 3600.0
 STEP = 0.010  # the fake clock's step in the stepped firing run

@@ -56,15 +56,15 @@ from typing import Any
 
 import trio
 
-from actors.session import Inject
-from actors.watcher import STRATEGIES, WatcherActor
 from bench.harness import Measure, ScenarioResult
-from runtime.clock import SystemClock
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
-from tools.modules.http import HttpConfig, register_http_module
-from tools.registry import ToolRegistry
-from tools.watchers import start_watcher, watch_runner
+from turnstile.actors.sessions.actor import Inject
+from turnstile.actors.watchers.actor import STRATEGIES, WatcherActor
+from turnstile.actors.watchers.tools import start_watcher, watch_runner
+from turnstile.runtime.clock import SystemClock
+from turnstile.runtime.store import open_store
+from turnstile.runtime.supervisor import open_supervisor
+from turnstile.tools.modules.http import HttpConfig, register_http_module
+from turnstile.tools.registry import ToolRegistry
 
 HOST = "127.0.0.1"
 INTERVAL = 5.0

@@ -1,10 +1,10 @@
 """The gateway: HTTP and WebSocket access to sessions, with auth and limits."""
 
-from runtime.gateway.app import build_app
-from runtime.gateway.auth import Auth
-from runtime.gateway.backend import Attached, SessionBackend, Submitted, Subscriber
-from runtime.gateway.connection import Connection, ConnectionLimits
-from runtime.gateway.frames import PROTOCOL_VERSION
+from turnstile.runtime.gateway.app import build_app
+from turnstile.runtime.gateway.auth import Auth
+from turnstile.runtime.gateway.backend import Attached, SessionBackend, Submitted, Subscriber
+from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
+from turnstile.runtime.gateway.frames import PROTOCOL_VERSION
 
 __all__ = [
     "build_app",

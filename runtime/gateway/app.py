@@ -32,8 +32,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from runtime.codec import MAX_JSON_DEPTH, Codec
-from runtime.errors import (
+from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
+from turnstile.runtime.errors import (
     BlockedByAutomations,
     Busy,
     ConflictError,
@@ -44,10 +44,10 @@ from runtime.errors import (
     TurnstileError,
     Unauthorized,
 )
-from runtime.gateway.auth import Auth
-from runtime.gateway.backend import SessionBackend
-from runtime.gateway.connection import Connection, ConnectionLimits
-from runtime.gateway.frames import (
+from turnstile.runtime.gateway.auth import Auth
+from turnstile.runtime.gateway.backend import SessionBackend
+from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
+from turnstile.runtime.gateway.frames import (
     MAX_SEQ,
     PROTOCOL_VERSION,
     ClientMsgId,

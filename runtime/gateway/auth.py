@@ -6,7 +6,7 @@ import hmac
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from runtime.errors import Unauthorized
+from turnstile.runtime.errors import Unauthorized
 
 __all__ = ["Auth"]
 

@@ -1,7 +1,7 @@
 """What the gateway needs from the sessions behind it, and what it gives them.
 
 The gateway (HTTP + WebSocket) knows nothing about session actors: it talks to a
-``SessionBackend`` (implemented by ``actors.directory.SessionDirectory``) and hands each attached
+``SessionBackend`` (implemented by the sessions feature's directory) and hands each attached
 client to sessions as a ``Subscriber``. Every backend call takes the authenticated user's name;
 a session owned by someone else is ``NotFound`` — never "forbidden" — so ids do not leak.
 """
@@ -12,10 +12,18 @@ from typing import Any, Protocol
 
 import msgspec
 
-from runtime.agents.base import HistoryEntry, ToolResult
-from runtime.store import EventRecord, Job, JobRun, Session
+from turnstile.runtime.store import EventRecord, Job, JobRun, Session
 
-__all__ = ["Attached", "SessionBackend", "Submitted", "Subscriber"]
+__all__ = ["Attached", "CallResult", "SessionBackend", "Submitted", "Subscriber"]
+
+
+class CallResult(Protocol):
+    """The outcome of a ``call`` frame as the gateway answers it (the tool system's
+    ``ToolResult`` has this shape; the gateway does not import it)."""
+
+    ok: bool
+    data: Any
+    error: dict[str, Any] | None
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -115,11 +123,13 @@ class SessionBackend(Protocol):
         self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
     ) -> list[EventRecord]: ...
 
-    async def history(self, user: str, session_id: str) -> list[HistoryEntry]: ...
+    async def history(self, user: str, session_id: str) -> list[Any]:
+        """The session's transcript, oldest first (msgspec-encodable entries)."""
+        ...
 
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
-    ) -> ToolResult: ...
+    ) -> CallResult: ...
 
     async def list_jobs(self, user: str, session_id: str) -> list[Job]: ...
 

@@ -28,9 +28,9 @@ from typing import Any
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from runtime.errors import DecodeError, InvalidArgument, LimitExceeded, TurnstileError
-from runtime.gateway.backend import SessionBackend
-from runtime.gateway.frames import (
+from turnstile.runtime.errors import DecodeError, InvalidArgument, LimitExceeded, TurnstileError
+from turnstile.runtime.gateway.backend import SessionBackend
+from turnstile.runtime.gateway.frames import (
     CLIENT_FRAMES,
     ApproveFrame,
     AttachFrame,

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
-from runtime.errors import TurnstileError
-from runtime.store import EventRecord
+from turnstile.runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
+from turnstile.runtime.errors import TurnstileError
+from turnstile.runtime.store import EventRecord
 
 __all__ = [
     "PROTOCOL_VERSION",

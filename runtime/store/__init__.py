@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
 
-from runtime.clock import Clock
-from runtime.store.base import UNSET, Store, UnsetType
-from runtime.store.migrations import SCHEMA_VERSION
-from runtime.store.records import (
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.store.base import UNSET, Store, UnsetType
+from turnstile.runtime.store.migrations import SCHEMA_VERSION
+from turnstile.runtime.store.records import (
     FINAL_INPUT_STATES,
     INPUT_STATES,
     JOB_STATES,
@@ -76,7 +76,7 @@ async def open_store(url: str, *, clock: Clock | None = None) -> AsyncIterator[S
         StoreError: the database cannot be opened.
     """
     if url.startswith("sqlite://"):
-        from runtime.store.sqlite import SQLiteStore
+        from turnstile.runtime.store.sqlite import SQLiteStore
 
         rest = url.removeprefix("sqlite://")
         if not rest.startswith("/") or rest == "/":
@@ -93,7 +93,7 @@ async def open_store(url: str, *, clock: Clock | None = None) -> AsyncIterator[S
         finally:
             await store.aclose()
     elif url.startswith(("postgresql://", "postgres://")):
-        from runtime.store.postgres import open_postgres_store
+        from turnstile.runtime.store.postgres import open_postgres_store
 
         async with open_postgres_store(url, clock=clock) as pg_store:
             yield pg_store

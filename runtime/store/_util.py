@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from runtime.clock import utc
-from runtime.errors import ConflictError, NotFound
-from runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
+from turnstile.runtime.clock import utc
+from turnstile.runtime.errors import ConflictError, NotFound
+from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
 
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()

@@ -27,8 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from msgspec import UNSET, UnsetType
 
-from runtime.clock import Clock
-from runtime.store.records import (
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.store.records import (
     EventRecord,
     FireResult,
     InboxItem,

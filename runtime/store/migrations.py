@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runtime.errors import MigrationError
+from turnstile.runtime.errors import MigrationError
 
 __all__ = [
     "Migration",

@@ -31,11 +31,11 @@ import trio
 import trio_asyncio
 from msgspec import UNSET, UnsetType
 
-from runtime.clock import Clock, SystemClock
-from runtime.errors import AlreadyExists, ConflictError, MigrationError, StoreError
-from runtime.store import _util as u
-from runtime.store.migrations import POSTGRES_BOOTSTRAP, POSTGRES_MIGRATIONS, pending
-from runtime.store.records import (
+from turnstile.runtime.clock import Clock, SystemClock
+from turnstile.runtime.errors import AlreadyExists, ConflictError, MigrationError, StoreError
+from turnstile.runtime.store import _util as u
+from turnstile.runtime.store.migrations import POSTGRES_BOOTSTRAP, POSTGRES_MIGRATIONS, pending
+from turnstile.runtime.store.records import (
     EventRecord,
     FireResult,
     InboxItem,

@@ -39,11 +39,11 @@ from typing import Any, TypeVar
 import trio
 from msgspec import UNSET, UnsetType
 
-from runtime.clock import Clock, SystemClock
-from runtime.errors import AlreadyExists, ConflictError, MigrationError, StoreError
-from runtime.store import _util as u
-from runtime.store.migrations import SQLITE_BOOTSTRAP, SQLITE_MIGRATIONS, pending
-from runtime.store.records import (
+from turnstile.runtime.clock import Clock, SystemClock
+from turnstile.runtime.errors import AlreadyExists, ConflictError, MigrationError, StoreError
+from turnstile.runtime.store import _util as u
+from turnstile.runtime.store.migrations import SQLITE_BOOTSTRAP, SQLITE_MIGRATIONS, pending
+from turnstile.runtime.store.records import (
     EventRecord,
     FireResult,
     InboxItem,

@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from actors.approvals import ApprovalDesk
-from runtime.clock import MockWallClock
-from runtime.errors import NotFound
-from tools.registry import ToolCall
+from turnstile.actors.execution.approvals import ApprovalDesk
+from turnstile.runtime.clock import MockWallClock
+from turnstile.runtime.errors import NotFound
+from turnstile.tools.registry import ToolCall
 
 
 async def test_an_unanswered_approval_times_out_as_denied(autojump_clock):

@@ -21,7 +21,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors.notifier import (
+from tests.actors.test_scheduler import DAY, T0, node
+from tests.actors.test_session import Recorder
+from turnstile.actors.notifications.actor import (
     MAX_MESSAGE_CHARS,
     ChannelConfig,
     NotificationFailed,
@@ -30,12 +32,10 @@ from actors.notifier import (
     UnknownChannel,
     notification_text,
 )
-from actors.session import Attach, Detach, Submit
-from runtime.errors import InvalidArgument, LimitExceeded, NotFound
-from tests.actors.test_scheduler import DAY, T0, node
-from tests.actors.test_session import Recorder
-from tools.netguard import NetPolicy
-from tools.notify import guarded_webhook_post
+from turnstile.actors.notifications.tools import guarded_webhook_post
+from turnstile.actors.sessions.actor import Attach, Detach, Submit
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.tools.netguard import NetPolicy
 
 LOCAL = NetPolicy(allowed_hosts=("127.0.0.1",))
 HOUR = 3600

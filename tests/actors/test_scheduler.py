@@ -9,16 +9,28 @@ import pytest
 import trio
 import trio.testing
 
-from actors.scheduler import AddJob, CancelJob, Schedule, SchedulerActor, SchedulerLimits
-from actors.session import Attach, SessionActor, SessionLimits, SessionServices, Submit
-from runtime.clock import MockWallClock
-from runtime.gateway.frames import encode_event
-from runtime.registry import Registry
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
 from tests.actors.test_session import NoTools, Recorder
 from tests.e2e.conftest import GatedAgent
-from tools.recall import recall_fired_events
+from turnstile.actors.scheduling.actor import (
+    AddJob,
+    CancelJob,
+    Schedule,
+    SchedulerActor,
+    SchedulerLimits,
+)
+from turnstile.actors.scheduling.recall import recall_fired_events
+from turnstile.actors.sessions.actor import (
+    Attach,
+    SessionActor,
+    SessionLimits,
+    SessionServices,
+    Submit,
+)
+from turnstile.runtime.clock import MockWallClock
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.store import open_store
+from turnstile.runtime.supervisor import open_supervisor
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 LIMITS = SchedulerLimits(min_interval_seconds=300)
@@ -273,7 +285,7 @@ async def test_overdue_jobs_at_restart_are_spread_not_stampeded(autojump_clock):
 
 
 async def test_bad_schedules_are_refused_with_the_field(autojump_clock):
-    from runtime.errors import InvalidArgument
+    from turnstile.runtime.errors import InvalidArgument
 
     async with node() as n:
         cases = [
@@ -295,7 +307,7 @@ async def test_bad_schedules_are_refused_with_the_field(autojump_clock):
 
 @pytest.mark.guard(2 * DAY)
 async def test_reschedule_moves_the_next_occurrence_and_immediate_fires_now(autojump_clock):
-    from actors.scheduler import RescheduleJob
+    from turnstile.actors.scheduling.actor import RescheduleJob
 
     async with node() as n:
         job = await n.add(schedule=once(T0 + timedelta(hours=1)))
@@ -377,7 +389,7 @@ async def test_at_most_n_scheduled_turns_run_at_once_the_rest_wait_queued_in_ord
 async def test_deleting_a_session_whose_scheduled_turn_waits_for_a_slot_does_not_hang(
     autojump_clock,
 ):
-    from actors.session import DeleteSession
+    from turnstile.actors.sessions.actor import DeleteSession
 
     async with node(scheduled_turns=1) as n:
         await n.store.create_session("t", "ada")

@@ -9,7 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors.session import (
+from tests.e2e.conftest import GatedAgent
+from turnstile.actors.sessions.actor import (
     MAX_UNSTORED_EVENTS,
     Attach,
     Detach,
@@ -21,13 +22,12 @@ from actors.session import (
     SetPolicy,
     Submit,
 )
-from runtime.agents.base import ToolResult
-from runtime.errors import NotFound
-from runtime.gateway.frames import encode_event
-from runtime.registry import Registry
-from runtime.store import open_store
-from runtime.supervisor import open_supervisor
-from tests.e2e.conftest import GatedAgent
+from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.runtime.errors import NotFound
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.store import open_store
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class NoTools:

@@ -17,8 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors.session import Submit
-from actors.watcher import (
+from tests.actors.test_scheduler import DAY, node
+from turnstile.actors.sessions.actor import Submit
+from turnstile.actors.watchers.actor import (
     NAMESPACE,
     GetWatcher,
     ListWatchers,
@@ -28,11 +29,10 @@ from actors.watcher import (
     WatcherHistory,
     backoff_delay,
 )
-from runtime.errors import InvalidArgument
-from tests.actors.test_scheduler import DAY, node
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
-from tools.watchers import register_watch_tools, watch_runner
+from turnstile.actors.watchers.tools import register_watch_tools, watch_runner
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 
 class ProbeArgs(msgspec.Struct, forbid_unknown_fields=True):
@@ -258,7 +258,7 @@ async def test_a_bad_expression_is_refused_at_start_with_its_position(autojump_c
             "field": "expression",
         }
         # The actor refuses it too (a caller that skips the tool layer).
-        from runtime.safeexpr import ExprError
+        from turnstile.actors.watchers.safeexpr import ExprError
 
         with pytest.raises(ExprError) as caught:
             await w.ref.ask(

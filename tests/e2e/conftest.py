@@ -14,9 +14,9 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from runtime.agents.base import TurnContext
-from runtime.config import Config
-from tools.node import run_node
+from turnstile.actors.node import run_node
+from turnstile.actors.sessions.agents.base import TurnContext
+from turnstile.runtime.config import Config
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789abc"

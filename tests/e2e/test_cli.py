@@ -24,7 +24,7 @@ async def read_until(stream, needle: bytes, buffer: bytearray) -> None:
 async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path):
     async with running_node(tmp_path) as node:
         await new_session(node, "cli")
-        cli = [sys.executable, "-m", "runtime.cli"]
+        cli = [sys.executable, "-m", "turnstile.actors.cli"]
         process = await trio.lowlevel.open_process(
             [*cli, "attach", "cli", "--url", node.url, "--token", ALICE],
             stdin=subprocess.PIPE,

@@ -26,7 +26,7 @@ async def start_server(db: str) -> tuple[trio.Process, Node]:
         [
             sys.executable,
             "-m",
-            "runtime.cli",
+            "turnstile.actors.cli",
             "serve",
             "--port",
             "0",

@@ -9,8 +9,8 @@ import logging
 
 import httpx
 
-from runtime.gateway import Auth, ConnectionLimits, build_app
 from tests.e2e.conftest import ALICE, connect, new_session, running_node
+from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
 
 DEEP = 1000  # what the issue found: deep enough to exhaust Python's recursion limit
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import trio
 
-from runtime.config import HttpModuleConfig, Limits, ModulesConfig
 from tests.e2e.conftest import (
     ALICE,
     BOB,
@@ -26,6 +25,7 @@ from tests.e2e.conftest import (
     read_request_head,
     running_node,
 )
+from turnstile.runtime.config import HttpModuleConfig, Limits, ModulesConfig
 
 _ids = itertools.count()
 

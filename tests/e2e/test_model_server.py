@@ -14,9 +14,6 @@ import json
 import jsonschema
 import pytest
 
-import tools.node
-from runtime.agents import OpenAIAgent, function_name, tool_name
-from runtime.agents.base import FUNCTION_NAME
 from tests.e2e.conftest import connect, new_session, running_node
 from tests.runtime.agents.conftest import ENV_VARS
 from tests.runtime.agents.fake_openai import (
@@ -30,7 +27,10 @@ from tests.runtime.agents.fake_openai import (
     tool_piece,
     tool_stream,
 )
-from tools.registry import ToolRegistry
+from turnstile.actors import node as node_module
+from turnstile.actors.sessions.agents import OpenAIAgent, function_name, tool_name
+from turnstile.actors.sessions.agents.base import FUNCTION_NAME
+from turnstile.tools.registry import ToolRegistry
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def registries(monkeypatch) -> list[ToolRegistry]:
             super().__init__(*args, **kwargs)
             built.append(self)
 
-    monkeypatch.setattr(tools.node, "ToolRegistry", Recording)
+    monkeypatch.setattr(node_module, "ToolRegistry", Recording)
     return built
 
 

@@ -8,8 +8,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from runtime.agents import ScriptedAgent
 from tests.e2e.conftest import ALICE, BOB, connect, new_session, running_node
+from turnstile.actors.sessions.agents import ScriptedAgent
 
 
 def turns(events: list[dict]) -> list[tuple[str, int]]:
@@ -299,13 +299,13 @@ async def test_malformed_frames_get_typed_errors_and_the_connection_keeps_workin
 
 
 def _small_frames():
-    from runtime.config import Limits
+    from turnstile.runtime.config import Limits
 
     return Limits(max_frame_bytes=2048, max_content_chars=100)
 
 
 async def test_limits_sessions_per_user_and_queued_inputs(tmp_path, gated):
-    from runtime.config import Limits
+    from turnstile.runtime.config import Limits
 
     async with running_node(
         tmp_path, agent=gated, limits=Limits(max_sessions_per_user=2, max_queued_inputs=2)
@@ -427,8 +427,8 @@ async def streamed_reply(node, words: int, before_send=None) -> list[str]:
 async def test_under_a_plain_asgi_server_each_event_is_its_own_send(tmp_path, monkeypatch):
     """Without the server's send-many message type the gateway falls back to one
     websocket.send per frame, and the client sees the same stream."""
-    import tools.node
+    from turnstile.actors import node as node_module
 
-    monkeypatch.setattr(tools.node, "WS_SEND_MANY", None)
+    monkeypatch.setattr(node_module, "WS_SEND_MANY", None)
     async with running_node(tmp_path) as node:
         assert len(await streamed_reply(node, 40)) == 42

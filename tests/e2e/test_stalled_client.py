@@ -8,8 +8,8 @@ import trio
 import wsproto
 import wsproto.events as ws_events
 
-import runtime.server
 from tests.e2e.conftest import ALICE, connect, new_session, running_node
+from turnstile.runtime import server
 
 
 async def stalled_client(port: int):
@@ -32,7 +32,7 @@ async def stalled_client(port: int):
 
 
 async def test_a_node_shuts_down_promptly_with_a_client_that_stopped_reading(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime.server, "SEND_DEADLINE", 0.5)
+    monkeypatch.setattr(server, "SEND_DEADLINE", 0.5)
     async with running_node(tmp_path) as node:
         await new_session(node, "s")
         stream = await stalled_client(int(node.url.rsplit(":", 1)[1]))

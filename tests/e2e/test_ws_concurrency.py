@@ -7,9 +7,9 @@ import functools
 
 import trio
 
-import tools.node
-from runtime.gateway import ConnectionLimits
 from tests.e2e.conftest import WAIT, Node, connect, new_session, running_node
+from turnstile.actors import node as node_module
+from turnstile.runtime.gateway import ConnectionLimits
 
 POLICIES = {"echo": "APPROVE"}
 
@@ -130,7 +130,7 @@ async def test_a_closed_connection_cancels_its_calls_and_withdraws_their_approva
 
 async def test_calls_in_flight_on_one_connection_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        tools.node, "ConnectionLimits", functools.partial(ConnectionLimits, max_inflight_calls=2)
+        node_module, "ConnectionLimits", functools.partial(ConnectionLimits, max_inflight_calls=2)
     )
     async with running_node(tmp_path, policies=POLICIES) as node:
         await new_session(node, "c")

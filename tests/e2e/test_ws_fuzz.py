@@ -23,8 +23,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from runtime.config import Limits
 from tests.e2e.conftest import ALICE, BOB, Client, connect, new_session, running_node
+from turnstile.runtime.config import Limits
 
 TOTAL = 10_000
 WARM_UP = 1_000

@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.actor import Actor
-from runtime.errors import ActorCrashed, ActorStopped, MailboxFull
-from runtime.supervisor import open_supervisor
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.errors import ActorCrashed, ActorStopped, MailboxFull
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class Recorder(Actor):

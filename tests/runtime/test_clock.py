@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import trio
 
-from runtime.clock import MockWallClock, SystemClock, utc
+from turnstile.runtime.clock import MockWallClock, SystemClock, utc
 
 START = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.codec import ClientMessage, Codec, Message
-from runtime.errors import DecodeError
+from turnstile.runtime.codec import ClientMessage, Codec, Message
+from turnstile.runtime.errors import DecodeError
 
 
 class Send(ClientMessage, tag="send"):

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from runtime.codec import MAX_JSON_DEPTH, Codec, check_json_depth
-from runtime.errors import DecodeError
+from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec, check_json_depth
+from turnstile.runtime.errors import DecodeError
 
 TOO_DEEP = f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels"
 

@@ -8,8 +8,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime.cronexpr import CronSchedule, fixed_offset_name, resolve_timezone, wall_to_utc
-from runtime.errors import InvalidArgument
+from turnstile.actors.scheduling.cronexpr import (
+    CronSchedule,
+    fixed_offset_name,
+    resolve_timezone,
+    wall_to_utc,
+)
+from turnstile.runtime.errors import InvalidArgument
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)  # a Saturday
 MINUTE = timedelta(minutes=1)

@@ -1,6 +1,6 @@
 """The kernel's public surface is deliberate: adding or removing a name is a visible change."""
 
-import runtime
+from turnstile import runtime
 
 EXPECTED = {
     "Actor", "ActorRef", "Supervisor", "Strategy", "CrashReport", "open_supervisor",

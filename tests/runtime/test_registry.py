@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.actor import Actor
-from runtime.registry import Registry
-from runtime.supervisor import open_supervisor
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class Account(Actor):

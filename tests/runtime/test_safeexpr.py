@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import runtime.safeexpr as safeexpr
-from runtime.safeexpr import ExprError, compile_expr
+from turnstile.actors.watchers import safeexpr
+from turnstile.actors.watchers.safeexpr import ExprError, compile_expr
 
 RESULT = {
     "status_code": 200,

@@ -8,7 +8,7 @@ import trio_websocket
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import UnexpectedMessageError
 
-from runtime.server import WS_SEND_MANY, serve_app
+from turnstile.runtime.server import WS_SEND_MANY, serve_app
 
 
 async def _serving(nursery: trio.Nursery, app) -> str:

@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.actor import Actor
-from runtime.errors import ActorCrashed, ActorStopped, SupervisorEscalation
-from runtime.supervisor import Strategy, open_supervisor
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.errors import ActorCrashed, ActorStopped, SupervisorEscalation
+from turnstile.runtime.supervisor import Strategy, open_supervisor
 
 
 class Counter(Actor):

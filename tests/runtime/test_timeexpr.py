@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from runtime.errors import InvalidArgument
-from runtime.timeexpr import When, parse_when
+from turnstile.actors.scheduling.timeexpr import When, parse_when
+from turnstile.runtime.errors import InvalidArgument
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)  # a Saturday
 HINT = "try 'in 5m', 'tomorrow at 9am', 'every Monday at 10am', a cron expression or ISO 8601"

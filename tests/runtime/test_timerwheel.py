@@ -18,8 +18,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.errors import TimerError
-from runtime.timerwheel import TimerHandle, TimerWheel
+from turnstile.runtime.errors import TimerError
+from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
 
 DAY = 86400.0
 

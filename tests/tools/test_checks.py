@@ -8,11 +8,11 @@ import pytest
 import trio
 import trio.testing
 
-from actors.scheduler import Schedule
-from actors.session import SetPolicy, Submit
 from tests.actors.test_scheduler import DAY, T0, node
-from tools.checks import register_check_tools
-from tools.registry import ToolRegistry
+from turnstile.actors.scheduling.actor import Schedule
+from turnstile.actors.scheduling.checks import register_check_tools
+from turnstile.actors.sessions.actor import SetPolicy, Submit
+from turnstile.tools.registry import ToolRegistry
 
 
 def tools_for(n):
@@ -269,7 +269,7 @@ async def test_a_call_without_a_usable_session_is_refused(autojump_clock):
 
 
 async def test_the_scheduler_limit_is_a_typed_error(autojump_clock):
-    from actors.scheduler import SchedulerActor, SchedulerLimits
+    from turnstile.actors.scheduling.actor import SchedulerActor, SchedulerLimits
 
     async with node(start_scheduler=False) as n:
         n.scheduler = await n.sup.spawn(

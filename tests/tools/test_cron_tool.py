@@ -9,13 +9,17 @@ import pytest
 import trio
 import trio.testing
 
-from actors.scheduler import Schedule, SchedulerActor, SchedulerLimits
-from actors.session import SetPolicy, Submit, history_from_events
 from tests.actors.test_scheduler import DAY, T0, node
 from tests.tools.test_recall import SeeingAgent
-from tools.checks import register_check_tools
-from tools.cron import bound_automations, cancel_bound_automations, register_cron_tool
-from tools.registry import ToolRegistry
+from turnstile.actors.scheduling.actor import Schedule, SchedulerActor, SchedulerLimits
+from turnstile.actors.scheduling.checks import register_check_tools
+from turnstile.actors.scheduling.cron import (
+    bound_automations,
+    cancel_bound_automations,
+    register_cron_tool,
+)
+from turnstile.actors.sessions.actor import SetPolicy, Submit, history_from_events
+from turnstile.tools.registry import ToolRegistry
 
 MONITOR = "Check the deploy dashboard and report anything red."
 

@@ -10,13 +10,13 @@ import pytest
 import trio
 import trio.testing
 
-from actors.background import BackgroundActor
-from actors.session import Submit
-from runtime.errors import InvalidArgument
 from tests.actors.test_scheduler import DAY, node
-from tools.execution import register_execution_tools
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.actors.execution.background import BackgroundActor
+from turnstile.actors.execution.tools import register_execution_tools
+from turnstile.actors.sessions.actor import Submit
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 
 class Nap(msgspec.Struct, forbid_unknown_fields=True):
@@ -161,9 +161,9 @@ async def test_shell_background_run_is_refused_while_shell_is_blocked_and_runs_w
     tmp_path,
 ):
     # A real clock: a real subprocess runs, and a mock clock would jump while it does.
-    from tools.execution import register_shell_background
-    from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
-    from tools.modules.shell import ShellConfig, register_shell_module
+    from turnstile.actors.execution.tools import register_shell_background
+    from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
+    from turnstile.tools.modules.shell import ShellConfig, register_shell_module
 
     for policies, expect_ok in ((None, False), ({"shell.*": "AUTO"}, True)):
         runner = Running(policies)

@@ -6,15 +6,15 @@ import os
 
 import pytest
 
-from tools.modules.filesystem import (
+from turnstile.tools.modules.filesystem import (
     POLICIES,
     FilesystemConfig,
     PathOutsideRoot,
     Sandbox,
     register_filesystem_module,
 )
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 
 @pytest.fixture

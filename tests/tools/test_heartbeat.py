@@ -9,19 +9,19 @@ import msgspec
 import pytest
 import trio
 
-from actors.directory import create_derived_session
-from actors.session import Attach
-from runtime.agents.base import AgentError
 from tests.actors.test_scheduler import DAY, T0, node
 from tests.actors.test_session import Recorder
-from tools.builtin import register_builtin_tools
-from tools.heartbeat import (
+from turnstile.actors.scheduling.heartbeat import (
     HEARTBEAT_PROFILES,
     disable_heartbeat,
     heartbeat_view,
     register_heartbeat_tools,
 )
-from tools.registry import ToolRegistry
+from turnstile.actors.sessions.actor import Attach
+from turnstile.actors.sessions.agents.base import AgentError
+from turnstile.actors.sessions.directory import create_derived_session
+from turnstile.tools.builtin import register_builtin_tools
+from turnstile.tools.registry import ToolRegistry
 
 
 class HeartbeatAgent:
@@ -232,8 +232,8 @@ async def test_bad_heartbeat_settings_are_refused(autojump_clock):
 
 
 async def test_the_agents_heartbeat_defaults_fill_what_a_call_leaves_out(autojump_clock):
-    from runtime.errors import InvalidArgument
-    from tools.heartbeat import heartbeat_params
+    from turnstile.actors.scheduling.heartbeat import heartbeat_params
+    from turnstile.runtime.errors import InvalidArgument
 
     defaults = {"interval_minutes": 60, "checklist": "open PRs?", "session": "main"}
     async with running(HeartbeatAgent(), defaults=defaults) as (n, hb):

@@ -26,11 +26,11 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from tools.modules.filesystem import Sandbox
-from tools.modules.http import POLICIES, HttpConfig, register_http_module
-from tools.netguard import NetPolicy, classify_address
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.tools.modules.filesystem import Sandbox
+from turnstile.tools.modules.http import POLICIES, HttpConfig, register_http_module
+from turnstile.tools.netguard import NetPolicy, classify_address
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 BIG = 2 * 1024 * 1024
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from runtime.agents import OpenAIAgent, ScriptedAgent
-from runtime.config import Config, ScriptedConfig
-from runtime.store import open_store
-from tools.node import make_agent, recover
+from turnstile.actors.node import make_agent, recover
+from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
+from turnstile.runtime.config import Config, ScriptedConfig
+from turnstile.runtime.store import open_store
 
 
 def test_the_config_chooses_the_agent():
@@ -74,7 +74,7 @@ async def test_recovery_restores_a_turn_start_the_crash_took():
 def test_a_bad_setting_stops_serve_with_one_clear_line(tmp_path, capsys):
     import gc
 
-    from runtime.cli import main
+    from turnstile.actors.cli import main
 
     thresholds = gc.get_threshold()  # serve tunes the GC for the process; put it back after
     config = tmp_path / "turnstile.toml"

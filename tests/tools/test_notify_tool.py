@@ -7,11 +7,11 @@ import json
 import pytest
 import trio.testing
 
-from actors.notifier import ChannelConfig
 from tests.actors.test_notifier import NoSockets, events, make_notifier
 from tests.actors.test_scheduler import DAY, node
-from tools.notify import register_notify_tools
-from tools.registry import ToolRegistry
+from turnstile.actors.notifications.actor import ChannelConfig
+from turnstile.actors.notifications.tools import register_notify_tools
+from turnstile.tools.registry import ToolRegistry
 
 
 class Tools:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
-from runtime.errors import InvalidArgument
-from tools.modules.filesystem import FilesystemConfig, register_filesystem_module
-from tools.modules.http import HttpConfig, register_http_module
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
+from turnstile.tools.modules.http import HttpConfig, register_http_module
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 
 class Asked:

@@ -12,12 +12,17 @@ import pytest
 import trio
 import trio.testing
 
-from actors.session import Submit, history_from_events
-from runtime.errors import InvalidArgument, NotFound
 from tests.actors.test_scheduler import DAY, T0, node
 from tests.e2e.conftest import GatedAgent
-from tools.recall import cancel_recall, get_recall, register_recall_tools, skip_recall
-from tools.registry import ToolRegistry
+from turnstile.actors.scheduling.recall import (
+    cancel_recall,
+    get_recall,
+    register_recall_tools,
+    skip_recall,
+)
+from turnstile.actors.sessions.actor import Submit, history_from_events
+from turnstile.runtime.errors import InvalidArgument, NotFound
+from turnstile.tools.registry import ToolRegistry
 
 TODO = "Read /tmp/build.log with filesystem. If errors, report the last 50 lines."
 

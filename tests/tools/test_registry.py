@@ -7,9 +7,9 @@ from typing import Annotated
 import msgspec
 import pytest
 
-from runtime.errors import InvalidArgument
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 
 class Params(msgspec.Struct, forbid_unknown_fields=True):

@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.errors import InvalidArgument
 from tests.actors.test_scheduler import DAY, T0, node
-from tools.registry import ToolRegistry
-from tools.scheduling import register_scheduling_tools
+from turnstile.actors.scheduling.tools import register_scheduling_tools
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.registry import ToolRegistry
 
 
 async def tools_for(n):
@@ -137,8 +137,8 @@ async def test_jobs_of_another_session_are_not_found(autojump_clock):
 
 @pytest.mark.guard(2 * DAY)
 async def test_a_scheduled_tool_call_runs_the_tool_and_hands_the_agent_its_result(autojump_clock):
-    from runtime.clock import SystemClock
-    from tools.builtin import register_builtin_tools
+    from turnstile.runtime.clock import SystemClock
+    from turnstile.tools.builtin import register_builtin_tools
 
     session_tools = ToolRegistry()
     register_builtin_tools(session_tools, SystemClock())

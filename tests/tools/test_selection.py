@@ -12,14 +12,7 @@ import msgspec
 import pytest
 import trio
 
-from runtime.agents.base import HistoryEntry, ToolSpec, TurnContext, TurnInput
-from runtime.clock import Clock
-from runtime.config import Config, ExecutionConfig
-from runtime.errors import InvalidArgument
-from tools.heartbeat import HEARTBEAT_PROFILES
-from tools.node import run_node
-from tools.registry import ToolRegistry
-from tools.selection import (
+from turnstile.actors.execution.selection import (
     DISCOVERY,
     GROUPS,
     ExecutionSettings,
@@ -28,6 +21,13 @@ from tools.selection import (
     schema_chars,
     select_tools,
 )
+from turnstile.actors.node import run_node
+from turnstile.actors.scheduling.heartbeat import HEARTBEAT_PROFILES
+from turnstile.actors.sessions.agents.base import HistoryEntry, ToolSpec, TurnContext, TurnInput
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.config import Config, ExecutionConfig
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.registry import ToolRegistry
 
 #: The issue's target: a plain chat turn carries at most this many characters of schemas.
 SCHEMA_BUDGET = 6000

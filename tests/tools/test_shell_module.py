@@ -9,10 +9,10 @@ import sys
 import pytest
 import trio
 
-from tools.modules.filesystem import Sandbox
-from tools.modules.shell import POLICIES, ShellConfig, register_shell_module, run_command
-from tools.policy import Policy, PolicyTable
-from tools.registry import ToolRegistry
+from turnstile.tools.modules.filesystem import Sandbox
+from turnstile.tools.modules.shell import POLICIES, ShellConfig, register_shell_module, run_command
+from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.registry import ToolRegistry
 
 PY = sys.executable
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from actors.watcher import DropSessionWatchers, StartWatcher
-from runtime.errors import DecodeError, LimitExceeded, NotFound
-from runtime.safeexpr import ExprError
 from tests.actors.test_scheduler import DAY
 from tests.actors.test_watcher import watching
-from tools.policy import PolicyTable
-from tools.watchers import (
+from turnstile.actors.watchers.actor import DropSessionWatchers, StartWatcher
+from turnstile.actors.watchers.safeexpr import ExprError
+from turnstile.actors.watchers.tools import (
     UnwatchableTool,
     get_watcher,
     list_watchers,
@@ -21,6 +19,8 @@ from tools.watchers import (
     stop_watcher,
     watcher_history,
 )
+from turnstile.runtime.errors import DecodeError, LimitExceeded, NotFound
+from turnstile.tools.policy import PolicyTable
 
 
 async def test_block_and_approve_tools_cannot_be_watched(autojump_clock):
@@ -111,7 +111,7 @@ async def test_limits_and_bounds(autojump_clock):
 
 
 async def test_another_sessions_watcher_is_not_found(autojump_clock):
-    from tools.watchers import get_watcher, list_watchers, stop_watcher
+    from turnstile.actors.watchers.tools import get_watcher, list_watchers, stop_watcher
 
     async with watching() as w:
         wid = await w.start(interval=60)

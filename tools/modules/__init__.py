@@ -11,7 +11,7 @@ into it and ``shell.run`` takes its working directory from it.
 
 from __future__ import annotations
 
-from tools.modules import filesystem, http, shell
+from turnstile.tools.modules import filesystem, http, shell
 
 __all__ = ["DEFAULT_POLICIES"]
 

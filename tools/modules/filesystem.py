@@ -34,9 +34,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 import trio
 
-from runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
-from tools.policy import Policy
-from tools.registry import ToolCall, ToolRegistry
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
+from turnstile.tools.policy import Policy
+from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
     "POLICIES",

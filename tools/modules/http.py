@@ -48,11 +48,11 @@ import httpx
 import msgspec
 import trio
 
-from runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
-from tools.modules.filesystem import PendingFile, Sandbox
-from tools.netguard import NetPolicy, Resolver, check_url, guarded_client, open_response
-from tools.policy import Policy
-from tools.registry import ToolCall, ToolRegistry
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
+from turnstile.tools.modules.filesystem import PendingFile, Sandbox
+from turnstile.tools.netguard import NetPolicy, Resolver, check_url, guarded_client, open_response
+from turnstile.tools.policy import Policy
+from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
     "POLICIES",

@@ -40,10 +40,10 @@ from typing import Annotated, Any
 import msgspec
 import trio
 
-from runtime.errors import InvalidArgument
-from tools.modules.filesystem import Sandbox, Target
-from tools.policy import Policy
-from tools.registry import ToolCall, ToolRegistry
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.tools.modules.filesystem import Sandbox, Target
+from turnstile.tools.policy import Policy
+from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
     "POLICIES",

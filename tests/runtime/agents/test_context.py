@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.agents.base import HistoryEntry
-from runtime.agents.context import (
+from turnstile.actors.sessions.agents.base import HistoryEntry
+from turnstile.actors.sessions.agents.context import (
     entry_tokens,
     estimate_tokens,
     fit_history,

@@ -10,16 +10,6 @@ from typing import Any
 import pytest
 import trio
 
-from runtime.agents.base import (
-    AgentError,
-    HistoryEntry,
-    ToolResult,
-    ToolSpec,
-    TurnContext,
-    TurnInput,
-    Usage,
-)
-from runtime.agents.openai import OpenAIAgent
 from tests.runtime.agents.fake_openai import (
     Reply,
     Stall,
@@ -29,6 +19,16 @@ from tests.runtime.agents.fake_openai import (
     text_stream,
     tool_piece,
 )
+from turnstile.actors.sessions.agents.base import (
+    AgentError,
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnContext,
+    TurnInput,
+    Usage,
+)
+from turnstile.actors.sessions.agents.openai import OpenAIAgent
 
 CLOCK = ToolSpec(
     name="clock",

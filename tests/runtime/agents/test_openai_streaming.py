@@ -15,8 +15,6 @@ import openai._base_client as openai_base_client
 import pytest
 import trio
 
-from runtime.agents.base import AgentError, HistoryEntry, ToolSpec, Usage
-from runtime.agents.openai import OpenAIAgent
 from tests.runtime.agents.fake_openai import (
     OpenAIStandIn,
     Reply,
@@ -28,6 +26,8 @@ from tests.runtime.agents.fake_openai import (
     usage_chunk,
 )
 from tests.runtime.agents.test_openai_agent import FakeTurn
+from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, ToolSpec, Usage
+from turnstile.actors.sessions.agents.openai import OpenAIAgent
 
 CLOCK_NOW = ToolSpec(
     name="clock.now",

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from runtime.agents.prompt import build_system_prompt, session_timezone
-from runtime.errors import InvalidArgument
+from turnstile.actors.sessions.agents.prompt import build_system_prompt, session_timezone
+from turnstile.runtime.errors import InvalidArgument
 
 NOW = datetime(2026, 3, 13, 14, 35, tzinfo=UTC)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime.agents import function_name, tool_name
 from tests.runtime.agents.fake_openai import check_parameters
-from tools.registry import ToolRegistry, parameters_schema
+from turnstile.actors.sessions.agents import function_name, tool_name
+from turnstile.tools.registry import ToolRegistry, parameters_schema
 
 
 class Inner(msgspec.Struct):

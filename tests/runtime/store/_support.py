@@ -10,8 +10,8 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from runtime.clock import Clock
-from runtime.store import open_store
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.store import open_store
 
 T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from runtime.errors import NotFound
-from runtime.store import EventRecord
 from tests.runtime.store._support import T0
+from turnstile.runtime.errors import NotFound
+from turnstile.runtime.store import EventRecord
 
 
 async def test_append_and_read(store, clock):

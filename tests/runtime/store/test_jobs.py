@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 import trio
 
-from runtime.errors import AlreadyExists, ConflictError, NotFound
-from runtime.store import Job
 from tests.runtime.store._support import T0
+from turnstile.runtime.errors import AlreadyExists, ConflictError, NotFound
+from turnstile.runtime.store import Job
 
 H = timedelta(hours=1)
 

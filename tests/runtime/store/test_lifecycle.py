@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import trio
 
-from runtime.errors import MigrationError, NotFound, StoreError
-from runtime.store import SCHEMA_VERSION, Store, open_store
 from tests.runtime.store._support import T0, ManualClock
+from turnstile.runtime.errors import MigrationError, NotFound, StoreError
+from turnstile.runtime.store import SCHEMA_VERSION, Store, open_store
 
 
 async def test_store_satisfies_protocol(store, backend):

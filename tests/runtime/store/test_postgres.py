@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio_asyncio
 
-from runtime.errors import StoreError
-from runtime.store import SCHEMA_VERSION, open_store
 from tests.runtime.store._support import pg_run
+from turnstile.runtime.errors import StoreError
+from turnstile.runtime.store import SCHEMA_VERSION, open_store
 
 pytestmark = pytest.mark.postgres
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.errors import StoreError
-from runtime.store import SCHEMA_VERSION
 from tests.runtime.store._support import T0
+from turnstile.runtime.errors import StoreError
+from turnstile.runtime.store import SCHEMA_VERSION
 
 INDEX = "jobs_one_pending_recall_idx"
 

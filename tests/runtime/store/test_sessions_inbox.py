@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from runtime.errors import AlreadyExists, ConflictError, NotFound, StoreError
-from runtime.store import InboxItem, Session
 from tests.runtime.store._support import T0
+from turnstile.runtime.errors import AlreadyExists, ConflictError, NotFound, StoreError
+from turnstile.runtime.store import InboxItem, Session
 
 # -- sessions ---------------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from runtime.errors import AlreadyExists, NotFound, StoreError
-from runtime.store import open_store
+from turnstile.runtime.errors import AlreadyExists, NotFound, StoreError
+from turnstile.runtime.store import open_store
 
 
 def _writer_threads() -> list[threading.Thread]:
@@ -198,7 +198,7 @@ async def test_file_is_plain_sqlite(tmp_path):
 
 
 async def test_memory_store_runs_inline_so_a_mock_clock_never_jumps(autojump_clock):
-    from runtime.store import open_store
+    from turnstile.runtime.store import open_store
 
     async with open_store("sqlite:///:memory:") as store:
         start = trio.current_time()

@@ -1,0 +1,192 @@
+"""The ``turnstile`` command.
+
+* ``serve`` — run a node (store, session actors, gateway) until Ctrl-C / SIGTERM.
+* ``attach SESSION`` — a terminal client: type messages, watch turns stream.
+* ``sessions`` — list your sessions.
+* ``bench`` — run benchmark scenarios.
+
+The CLI is the program's entry point, so it is the one module of ``runtime`` that reaches up to
+the composition root (``tools.node``) — lazily, inside ``serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import secrets
+import signal
+import sys
+
+import msgspec
+import trio
+
+from turnstile.runtime.config import Config, load_config
+from turnstile.runtime.errors import DecodeError, TurnstileError
+
+__all__ = ["main"]
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+def _tokens(config: Config, dev_token: str | None) -> tuple[dict[str, str], str | None]:
+    """Token → user from the config, plus a dev user; generates a token when there is none."""
+    tokens = {user.token: user.name for user in config.users}
+    generated = None
+    dev_token = dev_token or os.environ.get("TURNSTILE_DEV_TOKEN")
+    if dev_token:
+        tokens[dev_token] = "dev"
+    elif not tokens:
+        generated = secrets.token_urlsafe(24)
+        tokens[generated] = "dev"
+    return tokens, generated
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from turnstile.actors.node import run_node
+    from turnstile.runtime.server import tune_gc
+
+    try:
+        config = load_config(args.config)
+    except (DecodeError, OSError) as exc:
+        print(f"turnstile: bad config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    overrides = {
+        k: v
+        for k, v in {
+            "host": args.host,
+            "port": args.port,
+            "store": args.store,
+            "agent": args.agent,
+        }.items()
+        if v is not None
+    }
+    config = msgspec.structs.replace(config, **overrides)
+    if args.token_delay is not None:
+        config.scripted.token_delay = args.token_delay
+    tokens, generated = _tokens(config, args.dev_token)
+    tune_gc()
+
+    async def run() -> None:
+        # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the
+        # actors (their on_stop runs), then close the store.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(run_node, config, tokens)
+                gc.freeze()  # what start-up built lives for the whole run
+                print(
+                    f"turnstile serving on {', '.join(binds)} "
+                    f"(store {config.store}, agent {config.agent})",
+                    flush=True,
+                )
+                if generated:
+                    print(f"dev token (user 'dev'): {generated}", flush=True)
+                async for signum in signals:
+                    print(f"turnstile stopping ({signal.Signals(signum).name})", file=sys.stderr)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(run)
+    except (Exception, BaseExceptionGroup) as exc:
+        reason = _start_error(exc)
+        if reason is None:
+            raise
+        print(f"turnstile: cannot start: {reason}", file=sys.stderr)
+        return 2
+    print("turnstile stopped", file=sys.stderr)
+    return 0
+
+
+def _start_error(exc: BaseException) -> str | None:
+    """A one-line reason for a configuration or environment problem, or None for a bug."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            reason = _start_error(inner)
+            if reason is not None:
+                return reason
+        return None
+    if isinstance(exc, TurnstileError | ValueError | OSError):
+        field = getattr(exc, "field", None)
+        return f"{exc} ({field})" if field else str(exc)
+    return None
+
+
+def _client_token(args: argparse.Namespace) -> str:
+    token = args.token or os.environ.get("TURNSTILE_TOKEN") or os.environ.get("TURNSTILE_DEV_TOKEN")
+    if not token:
+        raise SystemExit("turnstile: give --token or set TURNSTILE_TOKEN")
+    return token
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    import httpx
+
+    response = httpx.get(
+        f"{args.url}/sessions", headers={"Authorization": f"Bearer {_client_token(args)}"}
+    )
+    if response.status_code != 200:
+        print(f"turnstile: {response.status_code} {response.text}", file=sys.stderr)
+        return 1
+    for session in response.json()["sessions"]:
+        print(f"{session['id']}\t{session['policy']}\tlast_seq={session['last_seq']}")
+    return 0
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from turnstile.runtime.attach import attach
+
+    return trio.run(attach, args.url, _client_token(args), args.session, args.after_seq)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from bench.harness import main as bench_main
+
+    return bench_main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the chosen subcommand."""
+    parser = argparse.ArgumentParser(prog="turnstile", description="An actor runtime for agents.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a node: store, session actors and the gateway")
+    serve.add_argument("--config", help="a TOML config file (see docs/operations.md)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="TCP port (default 8765)")
+    serve.add_argument(
+        "--store", help="sqlite:///path or postgresql://… (default sqlite:///turnstile.db)"
+    )
+    serve.add_argument("--agent", choices=["scripted", "openai"], help="default scripted")
+    serve.add_argument("--dev-token", help="token of a single 'dev' user (or TURNSTILE_DEV_TOKEN)")
+    serve.add_argument("--token-delay", type=float, help="scripted agent: seconds per word")
+    serve.set_defaults(func=_serve)
+
+    attach = sub.add_parser("attach", help="attach a terminal to a session")
+    attach.add_argument("session", nargs="?", help="session id (a new session if omitted)")
+    attach.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
+    attach.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
+    attach.add_argument("--after-seq", type=int, help="replay events after this seq first")
+    attach.set_defaults(func=_attach)
+
+    sessions = sub.add_parser("sessions", help="list your sessions")
+    sessions.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
+    sessions.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
+    sessions.set_defaults(func=_sessions)
+
+    bench = sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

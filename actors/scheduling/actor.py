@@ -1,0 +1,598 @@
+"""The scheduler: the one owner of time.
+
+Every job lives in the store; the scheduler keeps an in-memory ``TimerWheel`` of when each
+active job is due, rebuilt from the store at start. One task sleeps until the wheel's next
+deadline — no polling ticker, so firing is as precise as trio's clock — and fires what is due.
+
+Firing an occurrence is one store transaction (``Store.fire_job``): compare-and-set the job's
+expected ``next_fire_at``, advance it (or complete the job), write the run record and insert
+the turn input into the session's inbox. So an occurrence is enqueued exactly once — after a
+crash, and with several schedulers on one PostgreSQL. The run record then follows the real
+turn: the session marks it ``turn_completed`` or ``turn_failed``.
+
+Misfires (the scheduler was down, or the job is due far in the past):
+
+* ``coalesce`` (default) — deliver once, late; the other missed occurrences are recorded as
+  ``coalesced`` runs.
+* ``skip`` — deliver nothing; every missed occurrence is recorded as a ``missed`` run.
+* ``catch_up`` — deliver every missed occurrence, up to ``MAX_CATCH_UP``; the rest are ``missed``.
+
+A job with ``active_hours`` in its spec (heartbeats) runs no turn outside that window: the
+occurrence is recorded as ``outside_active_hours`` and the job moves on.
+
+An occurrence is a misfire when it is more than ``misfire_grace_seconds`` (default 60) late.
+Overdue jobs found at start-up are spread over time (``restart_rate`` per second) so 10,000 of
+them do not stampede the sessions. ``max_runs`` completes a job after that many deliveries;
+``jitter_seconds`` delays each occurrence by a stable pseudo-random amount.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import msgspec
+import trio
+
+from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.sessions.actor import Delivered, Publish
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.clock import Clock, utc
+from turnstile.runtime.codec import Message
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.store import Job, JobRun, Store
+from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
+
+__all__ = [
+    "MISFIRE_POLICIES",
+    "Schedule",
+    "SchedulerActor",
+    "SchedulerLimits",
+    "AddJob",
+    "CancelJob",
+    "RescheduleJob",
+    "next_occurrence",
+    "in_active_hours",
+]
+
+log = logging.getLogger("turnstile.scheduler")
+
+MISFIRE_POLICIES = ("coalesce", "skip", "catch_up")
+#: At most this many missed occurrences are delivered by ``catch_up``.
+MAX_CATCH_UP = 10
+#: At most this many missed occurrences are recorded one by one (the rest as a count).
+MAX_RECORDED_MISSES = 100
+#: How many fires may be in flight at once (so group commit can batch them).
+MAX_CONCURRENT_FIRES = 64
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """Bounds on scheduling.
+
+    Attributes:
+        max_jobs_per_session: active and paused jobs one session may have.
+        min_interval_seconds: the shortest recurrence allowed.
+        max_prompt_chars: the longest prompt a job may carry.
+        restart_rate: overdue jobs fired per second after a restart.
+    """
+
+    max_jobs_per_session: int = 100
+    min_interval_seconds: float = 60.0
+    max_prompt_chars: int = 8000
+    restart_rate: float = 500.0
+
+
+class Schedule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """When a job fires: once at ``run_at``, every ``interval_seconds``, or by ``cron``."""
+
+    type: Literal["once", "interval", "cron"]
+    run_at: datetime | None = None
+    interval_seconds: float | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+
+
+class AddJob(Message, tag="add_job", kw_only=True):
+    """Create a job and index it. Answers the stored ``Job``."""
+
+    session_id: str
+    kind: str
+    schedule: Schedule
+    deliver: dict[str, Any]
+    label: str = ""
+    misfire: str = "coalesce"
+    misfire_grace_seconds: float = 60.0
+    max_runs: int = 0
+    jitter_seconds: float = 0.0
+    job_id: str | None = None
+    immediate: bool = False
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class RescheduleJob(Message, tag="reschedule_job", kw_only=True):
+    """Move an active job's next occurrence; answers the stored ``Job``."""
+
+    job_id: str
+    next_fire_at: datetime
+    session_id: str | None = None
+
+
+class CancelJob(Message, tag="cancel_job", kw_only=True):
+    """Cancel a job; answers the stored ``Job``. ``session_id`` must own it when given."""
+
+    job_id: str
+    session_id: str | None = None
+
+
+def next_occurrence(
+    schedule: Schedule, after: datetime, cron: CronSchedule | None = None
+) -> datetime | None:
+    """The first occurrence strictly after ``after``, or None when there is none.
+
+    Pass the job's own ``CronSchedule`` as ``cron``: it caches its croniter iterator, which
+    makes the next-after-previous question (the one a job asks) nearly free.
+    """
+    if schedule.type == "once":
+        return None
+    if schedule.type == "interval":
+        return after + timedelta(seconds=schedule.interval_seconds)
+    if cron is None:
+        cron = CronSchedule(schedule.cron, schedule.timezone)
+    return cron.next_fire(after)
+
+
+def first_occurrence(schedule: Schedule, now: datetime, cron: CronSchedule | None = None):
+    """When a new job first fires."""
+    if schedule.type == "once":
+        return utc(schedule.run_at)
+    found = next_occurrence(schedule, now, cron)
+    assert found is not None
+    return found
+
+
+def _content(job: Job, deliver: dict[str, Any]) -> str:
+    """What the session's turn is given when the job fires."""
+    action = deliver.get("action_type", "llm_prompt")
+    prompt = deliver.get("prompt", "")
+    label = job.spec.get("label", "")
+    head = f"job_id={job.id}" + (f" label={label}" if label else "")
+    if action == "notification":
+        return f"[SCHEDULED NOTIFICATION] {head}\n{prompt}"
+    if action == "tool_call":
+        return f"[SCHEDULED TOOL CALL] {head} tool={deliver.get('tool_name')}"
+    if action == "heartbeat":
+        return f"[HEARTBEAT] job_id={job.id}\n{prompt}"
+    return prompt
+
+
+def in_active_hours(window: dict[str, Any], now: datetime) -> bool:
+    """Whether ``now`` falls in ``{"start": "HH:MM", "end": "HH:MM", "timezone": …}``.
+
+    The window is read on the local wall clock of its timezone; ``end`` before ``start``
+    wraps past midnight (22:00–06:00). ``start == end`` means all day.
+    """
+    from turnstile.actors.scheduling.cronexpr import resolve_timezone
+
+    local = now.astimezone(resolve_timezone(window.get("timezone") or "UTC"))
+    minutes = local.hour * 60 + local.minute
+    start, end = _minutes(window["start"]), _minutes(window["end"])
+    if start == end:
+        return True
+    if start < end:
+        return start <= minutes < end
+    return minutes >= start or minutes < end
+
+
+def _minutes(hhmm: str) -> int:
+    hours, _, minutes = hhmm.partition(":")
+    return int(hours) * 60 + int(minutes or 0)
+
+
+def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
+    if seconds <= 0:
+        return 0.0
+    digest = hashlib.blake2b(f"{job_id}@{occurrence.isoformat()}".encode(), digest_size=8)
+    return seconds * int.from_bytes(digest.digest(), "big") / 2**64
+
+
+class _Entry:
+    __slots__ = ("job", "schedule", "_cron", "handle")
+
+    def __init__(self, job: Job, schedule: Schedule) -> None:
+        self.job = job
+        self.schedule = schedule
+        self._cron: CronSchedule | None = None
+        self.handle: TimerHandle | None = None
+
+    @property
+    def cron(self) -> CronSchedule | None:
+        """The job's own cron evaluator, built at its first fire: a reload takes the next fire
+        time from the store and need not parse 100k expressions up front."""
+        if self._cron is None and self.schedule.type == "cron":
+            self._cron = CronSchedule(self.schedule.cron, self.schedule.timezone)
+        return self._cron
+
+
+class SchedulerActor(Actor):
+    """Owns every active job's timer. See the module docstring.
+
+    Args:
+        store: where jobs and runs live.
+        clock: wall time for schedules; trio's clock for the wheel.
+        publish: ``async (session_id, message)`` → tell the session actor (``Delivered`` after a
+            fire, ``Publish`` for other job updates).
+        limits: scheduling limits.
+        metrics: lateness and fire counts.
+        fired_events: ``(job, run) -> [(type, payload), …]``: events a feature adds to the
+            session's log when one of its jobs delivers a turn (recalls: ``recall_update``);
+            the scheduler itself knows no job kind.
+    """
+
+    uses_nursery = True
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        publish,
+        limits: SchedulerLimits | None = None,
+        metrics: Metrics | None = None,
+        fired_events: Callable[[Job, JobRun], list[tuple[str, dict[str, Any]]]] | None = None,
+    ) -> None:
+        self.store = store
+        self.fired_events = fired_events
+        self.clock = clock
+        self.publish = publish
+        self.limits = limits or SchedulerLimits()
+        self.metrics = metrics or Metrics()
+        self.wheel = TimerWheel(now=trio.current_time())
+        self.entries: dict[str, _Entry] = {}
+        self._wake = trio.Event()
+        self._fires = trio.CapacityLimiter(MAX_CONCURRENT_FIRES)
+        #: Recent lateness samples in seconds, due → inbox commit (for the bench).
+        self.lateness: deque[float] = deque(maxlen=100_000)
+
+    # -- lifecycle --
+
+    async def on_start(self) -> None:
+        jobs = await self.store.list_jobs(states=["active"])
+        now = self.clock.now()
+        overdue = 0
+        for job in jobs:
+            if job.next_fire_at is None:
+                continue
+            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
+            self.entries[job.id] = entry
+            at = self._due_at(entry)
+            if at <= now:
+                # Spread the catch-up so a long downtime does not fire everything at once.
+                at = now + timedelta(seconds=overdue / self.limits.restart_rate)
+                overdue += 1
+            self._index(entry, at)
+        log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
+        self.nursery.start_soon(self._run, name="scheduler wheel")
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case AddJob():
+                return await self._add(message)
+            case CancelJob():
+                return await self._cancel(message)
+            case RescheduleJob():
+                return await self._reschedule(message)
+        raise InvalidArgument(f"scheduler cannot handle {type(message).__name__}")
+
+    # -- adding and cancelling --
+
+    async def _add(self, msg: AddJob) -> Job:
+        self._validate(msg)
+        active = await self.store.list_jobs(session_id=msg.session_id, states=["active", "paused"])
+        if len(active) >= self.limits.max_jobs_per_session:
+            raise LimitExceeded(
+                f"session already has {len(active)} scheduled jobs "
+                f"(limit {self.limits.max_jobs_per_session})"
+            )
+        now = self.clock.now()
+        entry_cron = (
+            CronSchedule(msg.schedule.cron, msg.schedule.timezone)
+            if msg.schedule.type == "cron"
+            else None
+        )
+        first = now if msg.immediate else first_occurrence(msg.schedule, now, entry_cron)
+        if msg.schedule.type == "once" and first <= now and not msg.immediate:
+            raise InvalidArgument(
+                f"{first.isoformat()} is in the past (now is {now.isoformat()})", field="when"
+            )
+        spec = {
+            "schedule": msgspec.to_builtins(msg.schedule),
+            "deliver": msg.deliver,
+            "label": msg.label,
+            "misfire": msg.misfire,
+            "misfire_grace_seconds": msg.misfire_grace_seconds,
+            "max_runs": msg.max_runs,
+            "jitter_seconds": msg.jitter_seconds,
+            **msg.extra,
+        }
+        job = await self.store.create_job(
+            msg.job_id or uuid.uuid4().hex[:12],
+            kind=msg.kind,
+            spec=spec,
+            session_id=msg.session_id,
+            next_fire_at=first,
+        )
+        entry = _Entry(job, msg.schedule)
+        self.entries[job.id] = entry
+        self._index(entry, self._due_at(entry))
+        await self._job_update(job, "scheduled")
+        return job
+
+    def _validate(self, msg: AddJob) -> None:
+        schedule = msg.schedule
+        if msg.misfire not in MISFIRE_POLICIES:
+            raise InvalidArgument(
+                f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {msg.misfire!r}",
+                field="misfire",
+            )
+        if msg.max_runs < 0:
+            raise InvalidArgument("max_runs must be >= 0", field="max_runs")
+        if not 0 <= msg.jitter_seconds <= 3600:
+            raise InvalidArgument("jitter_seconds must be from 0 to 3600", field="jitter_seconds")
+        if not 0 <= msg.misfire_grace_seconds <= 86400:
+            raise InvalidArgument(
+                "misfire_grace_seconds must be from 0 to 86400", field="misfire_grace_seconds"
+            )
+        prompt = msg.deliver.get("prompt") or ""
+        if len(prompt) > self.limits.max_prompt_chars:
+            raise InvalidArgument(
+                f"prompt is longer than {self.limits.max_prompt_chars} characters", field="prompt"
+            )
+        if schedule.type == "once" and schedule.run_at is None:
+            raise InvalidArgument("a once schedule needs run_at", field="when")
+        if schedule.type == "interval":
+            seconds = schedule.interval_seconds or 0
+            if not self.limits.min_interval_seconds <= seconds <= 366 * 86400:
+                raise InvalidArgument(
+                    f"interval must be at least {self.limits.min_interval_seconds:g} seconds",
+                    field="interval_seconds",
+                )
+        if schedule.type == "cron":
+            cron = CronSchedule(schedule.cron or "", schedule.timezone)  # raises InvalidArgument
+            now = self.clock.now()
+            first = cron.next_fire(now)
+            second = cron.next_fire(first)
+            if (second - first).total_seconds() < self.limits.min_interval_seconds:
+                raise InvalidArgument(
+                    f"cron fires more often than every {self.limits.min_interval_seconds:g} "
+                    "seconds",
+                    field="cron",
+                )
+
+    async def _cancel(self, msg: CancelJob) -> Job:
+        job = await self.store.get_job(msg.job_id)
+        if msg.session_id is not None and job.session_id != msg.session_id:
+            raise NotFound(f"no job with id {msg.job_id!r}")
+        if job.state in ("active", "paused"):
+            job = await self.store.update_job(job.id, state="cancelled", next_fire_at=None)
+            await self._job_update(job, "cancelled")
+        entry = self.entries.pop(job.id, None)
+        if entry is not None and entry.handle is not None:
+            self.wheel.cancel(entry.handle)
+        return job
+
+    async def _reschedule(self, msg: RescheduleJob) -> Job:
+        job = await self.store.get_job(msg.job_id)
+        if msg.session_id is not None and job.session_id != msg.session_id:
+            raise NotFound(f"no job with id {msg.job_id!r}")
+        if job.state != "active":
+            raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
+        job = await self.store.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
+        entry = self.entries.get(job.id)
+        if entry is None:
+            entry = self.entries[job.id] = _Entry(
+                job, msgspec.convert(job.spec["schedule"], Schedule)
+            )
+        entry.job = job
+        self._index(entry, self._due_at(entry))
+        await self._job_update(job, "rescheduled")
+        return job
+
+    # -- the wheel --
+
+    def _due_at(self, entry: _Entry) -> datetime:
+        job = entry.job
+        return job.next_fire_at + timedelta(
+            seconds=_jitter(job.id, job.next_fire_at, float(job.spec.get("jitter_seconds", 0)))
+        )
+
+    def _index(self, entry: _Entry, at: datetime) -> None:
+        if entry.handle is not None:
+            self.wheel.cancel(entry.handle)
+        deadline = max(self.wheel.now, self.clock.monotonic_at(at))
+        entry.handle = self.wheel.schedule(deadline, entry.job.id)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    async def _run(self) -> None:
+        async with trio.open_nursery() as fires:
+            while True:
+                deadline = self.wheel.next_deadline()
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                for job_id in self.wheel.advance(trio.current_time()):
+                    entry = self.entries.get(job_id)
+                    if entry is not None:
+                        entry.handle = None
+                        await self._fires.acquire_on_behalf_of(job_id)
+                        fires.start_soon(self._fire_guarded, entry, name=f"fire {job_id}")
+
+    async def _fire_guarded(self, entry: _Entry) -> None:
+        try:
+            await self._fire(entry)
+        except NotFound:  # the job (or its session) was deleted: forget its timer
+            self.entries.pop(entry.job.id, None)
+        except Exception:
+            log.exception("firing job %s failed; it will be retried", entry.job.id)
+            self.metrics.inc("turnstile_scheduler_fire_errors_total")
+            if self.entries.get(entry.job.id) is entry and entry.handle is None:
+                self._index(entry, self.clock.now() + timedelta(seconds=5))
+        finally:
+            self._fires.release_on_behalf_of(entry.job.id)
+
+    async def _fire(self, entry: _Entry) -> None:
+        job = entry.job
+        spec = job.spec
+        schedule = entry.schedule
+        now = self.clock.now()
+        expected = job.next_fire_at
+        grace = timedelta(seconds=float(spec.get("misfire_grace_seconds", 60)))
+        # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
+        due = [expected]
+        cron = entry.cron
+        following = next_occurrence(schedule, expected, cron)
+        while following is not None and following <= now and len(due) <= MAX_RECORDED_MISSES:
+            due.append(following)
+            following = next_occurrence(schedule, following, cron)
+        if following is not None and following <= now:  # beyond what we record one by one
+            following = next_occurrence(schedule, now, cron)
+        misfired = now - expected > grace or len(due) > 1
+        policy = spec.get("misfire", "coalesce") if misfired else "on_time"
+        window = spec.get("active_hours")
+        if window and not in_active_hours(window, now):
+            policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
+        max_runs = int(spec.get("max_runs", 0))
+
+        if policy == "catch_up":
+            deliver, rest = due[:MAX_CATCH_UP], due[MAX_CATCH_UP:]
+            result = None
+            for i, occurrence in enumerate(deliver):
+                last = i == len(deliver) - 1
+                new_next = following if last else deliver[i + 1]
+                extra = [(o, "missed", None) for o in rest] if last else []
+                result = await self._fire_one(job, occurrence, new_next, now, extra, max_runs)
+                if result is None:
+                    return self._forget_or_reload(job.id)
+                job = result.job
+                if job.state != "active":
+                    break
+        elif policy in ("skip", "outside_active_hours"):
+            state = "missed" if policy == "skip" else "outside_active_hours"
+            result = await self.store.fire_job(
+                job.id,
+                expected,
+                following,
+                run_state=state,
+                counts=False,
+                detail={"late_seconds": (now - expected).total_seconds()},
+                extra_runs=[(o, state, None) for o in due[1:]],
+            )
+            if result is None:
+                return self._forget_or_reload(job.id)
+            await self._job_update(result.job, state)
+        else:  # on time, or coalesce: deliver once
+            extra = [(o, "coalesced", None) for o in due[1:]]
+            result = await self._fire_one(job, expected, following, now, extra, max_runs)
+            if result is None:
+                return self._forget_or_reload(job.id)
+        job = result.job
+        if job.state == "active" and job.next_fire_at is not None:
+            entry.job = job
+            self._index(entry, self._due_at(entry))
+        else:
+            self.entries.pop(job.id, None)
+
+    async def _fire_one(self, job, occurrence, new_next, now, extra, max_runs):
+        """Deliver one occurrence: CAS, run record and inbox input in one transaction."""
+        if max_runs and job.run_count + 1 >= max_runs:
+            new_next = None  # this is the last delivery
+        deliver = job.spec.get("deliver", {})
+        late = (now - occurrence).total_seconds()
+        payload = {
+            **deliver,
+            "content": _content(job, deliver),
+            "job_id": job.id,
+            "kind": job.kind,
+            "label": job.spec.get("label", ""),
+            "scheduled_for": occurrence.isoformat(),
+        }
+        payload.pop("prompt", None)
+        detail = {"prompt": deliver.get("prompt", ""), "late_seconds": round(late, 6)}
+        if deliver.get("instruction"):  # a recall's self-instruction, for the run record
+            detail["instruction"] = deliver["instruction"]
+        if extra:
+            detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
+        result = await self.store.fire_job(
+            job.id,
+            occurrence,
+            new_next,
+            run_state="queued",
+            input=(deliver.get("source", job.kind), payload),
+            detail=detail,
+            extra_runs=extra,
+        )
+        if result is not None:
+            committed = (self.clock.now() - occurrence).total_seconds()
+            self.metrics.inc("turnstile_scheduler_fires_total")
+            self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
+            self.lateness.append(committed)
+            update = self._update_payload(result.job, "fired", run_id=result.run.id)
+            events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
+            await self._tell(
+                job.session_id,
+                Delivered(
+                    input_id=result.input.id,
+                    source=result.input.source,
+                    job_update=update,
+                    events=events,
+                ),
+            )
+        return result
+
+    def _forget_or_reload(self, job_id: str) -> None:
+        """The compare-and-set lost: someone else fired or changed the job; re-read it later."""
+        self.entries.pop(job_id, None)
+        self.nursery.start_soon(self._reload, job_id, name=f"reload {job_id}")
+
+    async def _reload(self, job_id: str) -> None:
+        try:
+            job = await self.store.get_job(job_id)
+        except NotFound:
+            return
+        if job.state == "active" and job.next_fire_at is not None and job_id not in self.entries:
+            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
+            self.entries[job_id] = entry
+            self._index(entry, self._due_at(entry))
+
+    async def _job_update(self, job: Job, what: str, **extra: Any) -> None:
+        if job.session_id is not None:
+            update = self._update_payload(job, what, **extra)
+            await self._tell(job.session_id, Publish(event="job_update", payload=update))
+
+    async def _tell(self, session_id: str, message: Any) -> None:
+        try:
+            await self.publish(session_id, message)
+        except Exception:  # the session is gone or broken; the store already has the truth
+            log.warning("could not tell session %s about job", session_id, exc_info=True)
+
+    @staticmethod
+    def _update_payload(job: Job, what: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "job_id": job.id,
+            "kind": job.kind,
+            "event": what,
+            "state": job.state,
+            "label": job.spec.get("label", ""),
+            "next_fire_at": job.next_fire_at.isoformat() if job.next_fire_at else None,
+            "run_count": job.run_count,
+            **extra,
+        }

@@ -1,0 +1,311 @@
+"""The scheduling primitives: schedule_once, schedule_cron, schedule_cancel, schedule_list,
+schedule_status and remember (names, parameters and responses as in the execution-primitives
+reference).
+
+Every tool works for the calling session only: a job of another session is "not found". Time
+expressions are parsed deterministically (``runtime.timeexpr``) in the call's ``timezone`` /
+``timezone_offset``, else the session's (``metadata.timezone``), else UTC; every response says
+how the expression was understood (``understood``).
+
+What a job delivers when it fires is a turn input of the session:
+
+* ``llm_prompt`` — the prompt, as a turn the agent answers;
+* ``notification`` — ``[SCHEDULED NOTIFICATION] …`` with the message, for the agent to relay;
+* ``tool_call`` — the session runs the tool when the turn starts and hands the agent
+  ``[SCHEDULED TOOL RESULT] …``.
+
+``output_channel`` is ``llm_notification`` (into the session, the default) or a channel from
+the config: a ``notification`` goes straight to it, a ``tool_call``'s result goes to it, and an
+``llm_prompt``'s answer goes to it after the turn.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from turnstile.actors.scheduling.actor import AddJob, CancelJob, Schedule
+from turnstile.actors.scheduling.timeexpr import When, parse_when
+from turnstile.runtime.actor import ActorRef
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.errors import InvalidArgument, NotFound
+from turnstile.runtime.store import Job, Store
+from turnstile.tools.registry import ToolCall, ToolRegistry
+
+__all__ = ["register_scheduling_tools", "OUTPUT_CHANNELS"]
+
+OUTPUT_CHANNELS = ("llm_notification",)
+
+Text = Annotated[str, msgspec.Meta(max_length=200)]
+Prompt = Annotated[str, msgspec.Meta(max_length=8000)]
+ActionType = Literal["notification", "llm_prompt", "tool_call"]
+Misfire = Literal["coalesce", "skip", "catch_up"]
+
+
+class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    action_type: ActionType = "notification"
+    tool_name: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    tool_params: dict[str, Any] = msgspec.field(default_factory=dict)
+    prompt: Prompt | None = None
+    label: Text = ""
+    output_channel: str = "llm_notification"
+    output_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    timezone_offset: Annotated[str, msgspec.Meta(max_length=6)] | None = None
+    misfire: Misfire = "coalesce"
+    jitter_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
+
+
+class ScheduleOnce(_Common, kw_only=True):
+    """Arguments of ``schedule_once``."""
+
+    when: Text
+
+
+class ScheduleCron(_Common, kw_only=True):
+    """Arguments of ``schedule_cron``."""
+
+    cron: Text
+    max_runs: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+
+
+class JobRef(msgspec.Struct, forbid_unknown_fields=True):
+    """Arguments naming one job."""
+
+    job_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class ListJobs(msgspec.Struct, forbid_unknown_fields=True):
+    """Arguments of ``schedule_list``: ``status`` filters on a job state (a failed *run* is a
+    run's state, shown by ``schedule_status``; the job goes on)."""
+
+    status: Literal["active", "paused", "completed", "cancelled"] | None = None
+
+
+class Remember(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Arguments of ``remember``."""
+
+    what: Prompt
+    when: Text
+    action: Literal["notification", "llm_prompt"] = "notification"
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    timezone_offset: Annotated[str, msgspec.Meta(max_length=6)] | None = None
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat().replace("+00:00", "Z")
+
+
+def _deliver(args: _Common, source: str, check_channel=None) -> dict[str, Any]:
+    if check_channel is not None:
+        check_channel(args.output_channel, args.output_config)  # UnknownChannel names them
+    elif args.output_channel not in OUTPUT_CHANNELS:
+        raise InvalidArgument(
+            f"output channel {args.output_channel!r} is not configured "
+            f"(available: {', '.join(OUTPUT_CHANNELS)})",
+            field="output_channel",
+        )
+    if args.action_type == "tool_call":
+        if not args.tool_name:
+            raise InvalidArgument("tool_call needs tool_name", field="tool_name")
+    elif not args.prompt:
+        raise InvalidArgument(f"{args.action_type} needs a prompt", field="prompt")
+    deliver: dict[str, Any] = {"action_type": args.action_type, "source": source}
+    if args.prompt:
+        deliver["prompt"] = args.prompt
+    if args.action_type == "tool_call":
+        deliver["tool_name"] = args.tool_name
+        deliver["tool_params"] = args.tool_params
+    deliver["output_channel"] = args.output_channel
+    if args.output_config:
+        deliver["output_config"] = args.output_config
+    return deliver
+
+
+def _job_view(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    schedule = spec.get("schedule", {})
+    deliver = spec.get("deliver", {})
+    view: dict[str, Any] = {
+        "job_id": job.id,
+        "schedule_type": schedule.get("type", job.kind),
+        "label": spec.get("label", ""),
+        "status": job.state,
+        "run_count": job.run_count,
+        "action_type": deliver.get("action_type"),
+        "output_channel": deliver.get("output_channel", "llm_notification"),
+    }
+    if schedule.get("type") == "cron":
+        view["cron"] = schedule.get("cron")
+        view["timezone"] = schedule.get("timezone", "UTC")
+    if job.next_fire_at is not None:
+        view["next_run_at"] = _iso(job.next_fire_at)
+    if deliver.get("tool_name"):
+        view["tool_name"] = deliver["tool_name"]
+    if spec.get("understood"):
+        view["understood"] = spec["understood"]
+    return view
+
+
+def register_scheduling_tools(
+    registry: ToolRegistry,
+    scheduler: ActorRef,
+    store: Store,
+    clock: Clock,
+    check_channel=None,
+) -> None:
+    """Register the scheduling primitives, bound to ``scheduler``.
+
+    ``check_channel(channel, output_config)`` (the notifier's) validates ``output_channel``;
+    without it only ``llm_notification`` is accepted.
+    """
+
+    async def session_timezone(call: ToolCall) -> str | None:
+        session = await store.get_session(call.session_id)
+        tz = session.metadata.get("timezone")
+        return tz if isinstance(tz, str) else None
+
+    async def parse(call: ToolCall, text: str, args) -> When:
+        tz, offset = args.timezone, args.timezone_offset
+        if tz is None and offset is None:
+            tz = await session_timezone(call)
+        return parse_when(text, now=clock.now(), timezone=tz, timezone_offset=offset)
+
+    async def owned_job(call: ToolCall, job_id: str) -> Job:
+        try:
+            job = await store.get_job(job_id)
+        except NotFound:
+            job = None
+        if job is None or job.session_id != call.session_id:
+            raise NotFound(f"no job with id {job_id!r}")
+        return job
+
+    async def add(call, args, when: When, kind: str, max_runs: int = 0) -> Job:
+        if when.kind == "once":
+            schedule = Schedule(type="once", run_at=when.run_at, timezone=when.timezone)
+        else:
+            schedule = Schedule(type="cron", cron=when.cron, timezone=when.timezone)
+        return await scheduler.ask(
+            AddJob(
+                session_id=call.session_id,
+                kind=kind,
+                schedule=schedule,
+                deliver=_deliver(
+                    args, "cron" if when.kind == "cron" else "schedule", check_channel
+                ),
+                label=args.label,
+                misfire=args.misfire,
+                max_runs=max_runs,
+                jitter_seconds=args.jitter_seconds,
+                extra={"understood": when.description},
+            )
+        )
+
+    async def schedule_once(call: ToolCall, args: ScheduleOnce) -> dict[str, Any]:
+        when = await parse(call, args.when, args)
+        if when.kind != "once":
+            raise InvalidArgument(
+                f"{args.when!r} repeats ({when.description}); use schedule_cron", field="when"
+            )
+        job = await add(call, args, when, "once")
+        return {**_job_view(job), "run_at": _iso(when.run_at), "understood": when.description}
+
+    async def schedule_cron(call: ToolCall, args: ScheduleCron) -> dict[str, Any]:
+        when = await parse(call, args.cron, args)
+        if when.kind != "cron":
+            raise InvalidArgument(
+                f"{args.cron!r} happens once ({when.description}); use schedule_once",
+                field="cron",
+            )
+        job = await add(call, args, when, "cron", args.max_runs)
+        return {**_job_view(job), "max_runs": args.max_runs, "understood": when.description}
+
+    async def schedule_cancel(call: ToolCall, args: JobRef) -> dict[str, Any]:
+        await owned_job(call, args.job_id)
+        job = await scheduler.ask(CancelJob(job_id=args.job_id, session_id=call.session_id))
+        return {"job_id": job.id, "status": job.state}
+
+    async def schedule_list(call: ToolCall, args: ListJobs) -> dict[str, Any]:
+        jobs = await store.list_jobs(session_id=call.session_id)
+        views = []
+        for job in jobs:
+            if args.status is not None and job.state != args.status:
+                continue
+            view = _job_view(job)
+            if job.run_count:  # when it last fired (its latest run record)
+                last = await store.list_runs(job.id, limit=1)
+                view["last_run_at"] = _iso(last[0].scheduled_for) if last else None
+            views.append(view)
+        counts: dict[str, int] = {}
+        for view in views:
+            counts[view["status"]] = counts.get(view["status"], 0) + 1
+        return {"jobs": views, "total": len(views), **counts}
+
+    async def schedule_status(call: ToolCall, args: JobRef) -> dict[str, Any]:
+        job = await owned_job(call, args.job_id)
+        runs = await store.list_runs(job.id, limit=20)
+        view = _job_view(job)
+        view["max_runs"] = job.spec.get("max_runs", 0)
+        view["misfire"] = job.spec.get("misfire", "coalesce")
+        view["created_at"] = _iso(job.created_at)
+        if job.spec.get("deliver", {}).get("prompt"):
+            view["prompt"] = job.spec["deliver"]["prompt"]
+        view["recent_runs"] = [
+            {
+                "run_id": run.id,
+                "scheduled_for": _iso(run.scheduled_for),
+                "state": run.state,
+                "late_seconds": (run.detail or {}).get("late_seconds"),
+                "error": (run.detail or {}).get("error"),
+            }
+            for run in runs
+        ]
+        if runs:
+            view["last_run_at"] = _iso(runs[0].scheduled_for)
+        return view
+
+    async def remember(call: ToolCall, args: Remember) -> dict[str, Any]:
+        when = await parse(call, args.when, args)
+        common = _Common(
+            action_type=args.action,
+            prompt=args.what,
+            label=args.what[:200],
+            timezone=args.timezone,
+            timezone_offset=args.timezone_offset,
+        )
+        job = await add(call, common, when, "remember" if when.kind == "once" else "cron")
+        out = {**_job_view(job), "understood": when.description}
+        if when.kind == "once":
+            out["run_at"] = _iso(when.run_at)
+        return out
+
+    registry.register(
+        "schedule_once",
+        ScheduleOnce,
+        schedule_once,
+        "Schedule a one-shot job at a time or after a delay ('in 5m', 'tomorrow at 9am', ISO).",
+    )
+    registry.register(
+        "schedule_cron",
+        ScheduleCron,
+        schedule_cron,
+        "Schedule a recurring job: a 5-field cron or 'every Monday at 10am', in a timezone.",
+    )
+    registry.register("schedule_cancel", JobRef, schedule_cancel, "Cancel an active job.")
+    registry.register(
+        "schedule_list", ListJobs, schedule_list, "List this session's jobs, by status."
+    )
+    registry.register(
+        "schedule_status",
+        JobRef,
+        schedule_status,
+        "A job's details and its recent runs (late, missed and coalesced ones included).",
+    )
+    registry.register(
+        "remember",
+        Remember,
+        remember,
+        "Remind me: deliver 'what' at 'when' (natural language or cron).",
+    )
