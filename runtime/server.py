@@ -1,19 +1,98 @@
-"""Serving an ASGI app with hypercorn's trio worker, the way a node needs it."""
+"""Serving an ASGI app with hypercorn's trio worker, the way a node needs it.
+
+Two hypercorn internals are patched when this module is imported, because hypercorn has no
+public hook for either:
+
+* ``hypercorn.trio.tcp_server.TCPServer.protocol_send`` gets a deadline on socket writes
+  (``SEND_DEADLINE``): hypercorn shields them from cancellation, so a client that stops
+  reading would otherwise pin its connection and hang a graceful shutdown forever.
+* ``hypercorn.protocol.ws_stream.WSStream.app_send`` learns ``WS_SEND_MANY``: several
+  WebSocket text messages in one socket write.
+
+The patches also lean on private names next to those methods (``TCPServer.send_lock``,
+``.stream``, ``.protocol``; ``WSStream.closed``, ``.state``, ``.connection``, ``.send``,
+``.stream_id``; ``ASGIWebsocketState``, ``UnexpectedMessageError``, the ``RawData``, ``Closed``
+and ``Data`` events). They were written against hypercorn 0.18, which is why pyproject.toml
+pins ``hypercorn>=0.18,<0.19``. Private code can change in any release, so before patching this
+module checks that the replaced methods are there with the signatures the patches expect and
+raises a ``RuntimeError`` naming the installed hypercorn version otherwise, instead of failing
+obscurely mid-request. tests/runtime/test_server.py checks the same and the instance attributes
+in more depth: run it before widening the pin.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterable
+
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, RawData
-from hypercorn.protocol.events import Data
-from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
 from hypercorn.trio import serve as hypercorn_serve
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.utils import UnexpectedMessageError
 from wsproto.events import TextMessage
 from wsproto.utilities import LocalProtocolError
 
 __all__ = ["serve_app", "package_version", "tune_gc", "SEND_DEADLINE", "WS_SEND_MANY"]
+
+
+def _hypercorn_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hypercorn")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
+#: What the patches were written for; named in the error when the internals do not match.
+HYPERCORN_WRITTEN_FOR = "hypercorn 0.18.x (pyproject.toml pins hypercorn>=0.18,<0.19)"
+
+
+def _internals_error(problem: str) -> RuntimeError:
+    return RuntimeError(
+        f"turnstile.runtime.server patches private internals of hypercorn, and the installed "
+        f"hypercorn {_hypercorn_version()} does not have them as expected: {problem}. "
+        f"The patches were written for {HYPERCORN_WRITTEN_FOR}: install that, or port the "
+        f"patches in runtime/server.py (tests/runtime/test_server.py lists what they rely on)."
+    )
+
+
+try:  # hypercorn's private modules: a missing name is reported as the version mismatch it is
+    from hypercorn.events import Closed, RawData
+    from hypercorn.protocol.events import Data
+    from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.utils import UnexpectedMessageError
+except ImportError as exc:
+    raise _internals_error(str(exc)) from exc
+
+#: The methods this module replaces, with the parameters the replacements take and pass on.
+PATCHED_METHODS: tuple[tuple[type, str, tuple[str, ...]], ...] = (
+    (TCPServer, "protocol_send", ("self", "event")),
+    (WSStream, "app_send", ("self", "message")),
+)
+
+
+def _require_hypercorn_internals(methods: Iterable[tuple[type, str, tuple[str, ...]]]) -> None:
+    """Raise a ``RuntimeError`` naming the hypercorn version unless every method in ``methods``
+    is an async function with exactly the expected parameters (and ``ASGIWebsocketState`` has
+    ``CONNECTED``). Called once, before patching."""
+    for cls, name, params in methods:
+        where = f"{cls.__module__}.{cls.__qualname__}.{name}"
+        method = getattr(cls, name, None)
+        if method is None:
+            raise _internals_error(f"{where} does not exist")
+        if not inspect.iscoroutinefunction(method):
+            raise _internals_error(f"{where} is not an async function")
+        found = tuple(inspect.signature(method).parameters)
+        if found != params:
+            raise _internals_error(
+                f"{where} takes ({', '.join(found)}), the patch expects ({', '.join(params)})"
+            )
+    if not hasattr(ASGIWebsocketState, "CONNECTED"):
+        raise _internals_error("hypercorn.protocol.ws_stream.ASGIWebsocketState has no CONNECTED")
+
+
+_require_hypercorn_internals(PATCHED_METHODS)
 
 #: Seconds a single socket write may wait for a peer that stopped reading before the
 #: connection is aborted. Without it a stalled client would pin its connection forever and

@@ -1,14 +1,38 @@
-"""hypercorn as a node serves it: several WebSocket messages in one socket write."""
+"""hypercorn as a node serves it: several WebSocket messages in one socket write.
+
+Also the guard for runtime/server.py's patches of hypercorn internals: they were written
+against hypercorn 0.18 (pyproject.toml pins ``>=0.18,<0.19``). When a hypercorn release moves
+or reshapes what they replace or use, the ``test_hypercorn_*`` tests below fail with a message
+saying what changed, instead of the node misbehaving under load. Run them before widening the pin.
+"""
 
 from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import version
 
 import pytest
 import trio
 import trio_websocket
+from hypercorn.config import Config
+from hypercorn.events import Closed, RawData
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Data
+from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import UnexpectedMessageError
 
+from turnstile.runtime import server
 from turnstile.runtime.server import WS_SEND_MANY, serve_app
+
+HYPERCORN = f"hypercorn {version('hypercorn')}"
+PORT_IT = (
+    "runtime/server.py's patches were written for hypercorn 0.18: port them to this hypercorn, "
+    "or keep pyproject.toml's pin (hypercorn>=0.18,<0.19)"
+)
 
 
 async def _serving(nursery: trio.Nursery, app) -> str:
@@ -81,3 +105,119 @@ async def test_send_many_before_accept_is_refused_and_after_close_is_quiet(nurse
         pass
     await done.wait()
     assert outcomes == ["refused before accept", "quiet after close"]
+
+
+# --- guard: the hypercorn internals runtime/server.py patches and relies on -----------------
+
+
+def test_hypercorn_methods_the_patches_replace_have_the_expected_signatures():
+    """The originals the patches wrap and delegate to: async, same parameters, and replaced."""
+    originals = {
+        (TCPServer, "protocol_send"): (
+            server._original_protocol_send,
+            server._protocol_send_with_deadline,
+        ),
+        (WSStream, "app_send"): (server._original_ws_app_send, server._ws_app_send),
+    }
+    assert {(cls, name) for cls, name, _ in server.PATCHED_METHODS} == set(originals)
+    for cls, name, params in server.PATCHED_METHODS:
+        original, patch = originals[cls, name]
+        where = f"{HYPERCORN}: {cls.__module__}.{cls.__qualname__}.{name}"
+        assert inspect.iscoroutinefunction(original), f"{where} is no longer async; {PORT_IT}"
+        found = tuple(inspect.signature(original).parameters)
+        assert found == params, f"{where} takes {found}, the patch expects {params}; {PORT_IT}"
+        assert tuple(inspect.signature(patch).parameters) == params
+        assert original.__module__ == cls.__module__, (
+            f"{where}: the saved original is not hypercorn's"
+        )
+        assert getattr(cls, name) is patch, f"{where} is not patched (import order?)"
+
+
+def test_hypercorn_tcp_server_has_what_the_send_deadline_patch_uses():
+    """``_protocol_send_with_deadline`` uses ``self.send_lock``, ``self.stream``,
+    ``self.protocol.handle(Closed())`` and ``RawData.data``."""
+    stream = object()
+    tcp = TCPServer(app=None, config=Config(), context=None, state=None, stream=stream)
+    where = f"{HYPERCORN}: TCPServer"
+    assert isinstance(getattr(tcp, "send_lock", None), trio.Lock), f"{where}.send_lock; {PORT_IT}"
+    assert getattr(tcp, "stream", None) is stream, f"{where}.stream; {PORT_IT}"
+    assert "self.protocol = ProtocolWrapper(" in inspect.getsource(TCPServer.run), (
+        f"{where}.run no longer sets self.protocol to a ProtocolWrapper; {PORT_IT}"
+    )
+    assert tuple(inspect.signature(ProtocolWrapper.handle).parameters) == ("self", "event"), (
+        f"{HYPERCORN}: ProtocolWrapper.handle(event) changed; {PORT_IT}"
+    )
+    assert RawData(data=b"x").data == b"x", f"{HYPERCORN}: RawData.data; {PORT_IT}"
+    Closed()
+
+
+def test_hypercorn_ws_stream_has_what_the_send_many_patch_uses():
+    """``_ws_app_send`` uses ``self.closed``, ``self.state``, ``self.connection.send``,
+    ``self.send``, ``self.stream_id``, ``ASGIWebsocketState.CONNECTED``,
+    ``UnexpectedMessageError(state, type)`` and ``Data(stream_id=, data=)``."""
+
+    async def send(event):
+        pass
+
+    ws = WSStream(
+        app=None, config=Config(), context=None, task_group=None, ssl=False,
+        client=None, server=None, send=send, stream_id=7,
+    )  # fmt: skip
+    where = f"{HYPERCORN}: WSStream"
+    assert getattr(ws, "closed", None) is False, f"{where}.closed; {PORT_IT}"
+    assert getattr(ws, "state", None) is ASGIWebsocketState.HANDSHAKE, f"{where}.state; {PORT_IT}"
+    assert getattr(ws, "send", None) is send, f"{where}.send; {PORT_IT}"
+    assert getattr(ws, "stream_id", None) == 7, f"{where}.stream_id; {PORT_IT}"
+    assert "CONNECTED" in ASGIWebsocketState.__members__, f"{where}: state CONNECTED; {PORT_IT}"
+    assert "self.connection" in inspect.getsource(WSStream._accept), (
+        f"{where}._accept no longer sets self.connection (a wsproto Connection); {PORT_IT}"
+    )
+    assert tuple(inspect.signature(UnexpectedMessageError).parameters) == (
+        "state",
+        "message_type",
+    ), f"{HYPERCORN}: UnexpectedMessageError(state, message_type) changed; {PORT_IT}"
+    data = Data(stream_id=7, data=b"x")
+    assert (data.stream_id, data.data) == (7, b"x"), f"{HYPERCORN}: Data event; {PORT_IT}"
+
+
+def test_the_import_time_check_names_what_is_missing_and_the_hypercorn_version():
+    class TCPServerLike:
+        async def protocol_send(self, event, extra): ...
+
+    class WSStreamLike:
+        def app_send(self, message): ...
+
+    for methods, problem in [
+        ([(TCPServerLike, "protocol_send", ("self", "event"))], "takes (self, event, extra)"),
+        ([(WSStreamLike, "app_send", ("self", "message"))], "is not an async function"),
+        ([(WSStreamLike, "gone", ("self",))], "WSStreamLike.gone does not exist"),
+    ]:
+        with pytest.raises(RuntimeError) as caught:
+            server._require_hypercorn_internals(methods)
+        assert problem in str(caught.value)
+        assert f"installed hypercorn {version('hypercorn')}" in str(caught.value)
+        assert "written for hypercorn 0.18" in str(caught.value)
+
+
+def test_importing_the_server_with_reshaped_hypercorn_raises_a_clear_error():
+    """In a fresh interpreter: a hypercorn whose ``WSStream.app_send`` changed shape."""
+    code = textwrap.dedent(
+        """
+        from hypercorn.protocol.ws_stream import WSStream
+
+        async def app_send(self, message, *, more): ...
+
+        WSStream.app_send = app_send
+        try:
+            import turnstile.runtime.server
+        except RuntimeError as exc:
+            print(exc)
+        else:
+            print("imported without complaint")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "WSStream.app_send takes (self, message, more)" in out, out
+    assert f"hypercorn {version('hypercorn')}" in out, out
