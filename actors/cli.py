@@ -22,7 +22,7 @@ import sys
 import msgspec
 import trio
 
-from turnstile.runtime.config import Config, load_config
+from turnstile.actors.config import Config, load_config
 from turnstile.runtime.errors import DecodeError, TurnstileError
 
 __all__ = ["main"]
@@ -44,7 +44,7 @@ def _tokens(config: Config, dev_token: str | None) -> tuple[dict[str, str], str 
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from turnstile.actors.node import run_node
+    from turnstile.actors.node import open_node
     from turnstile.runtime.server import tune_gc
 
     try:
@@ -72,11 +72,10 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the
         # actors (their on_stop runs), then close the store.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(run_node, config, tokens)
+            async with open_node(config, tokens=tokens) as node:
                 gc.freeze()  # what start-up built lives for the whole run
                 print(
-                    f"turnstile serving on {', '.join(binds)} "
+                    f"turnstile serving on {', '.join(node.urls)} "
                     f"(store {config.store}, agent {config.agent})",
                     flush=True,
                 )
@@ -84,7 +83,6 @@ def _serve(args: argparse.Namespace) -> int:
                     print(f"dev token (user 'dev'): {generated}", flush=True)
                 async for signum in signals:
                     print(f"turnstile stopping ({signal.Signals(signum).name})", file=sys.stderr)
-                    nursery.cancel_scope.cancel()
                     break
 
     try:

@@ -1,76 +1,48 @@
-"""A Turnstile node, assembled: store, supervisors, session actors, tools, agent, gateway.
+"""The composition root: ``open_node(config)`` assembles a node from its features.
 
-This is the composition root, so it sits at the top of the dependency chain
-(``tools -> actors -> runtime``): the only module that knows every part. ``turnstile serve``
-runs ``run_node``.
+A node is a store, a root supervisor, the registry of session actors, a tool registry, the
+features (sessions, scheduling, watchers, notifications, execution by default) and, unless
+told otherwise, the HTTP/WebSocket gateway on ``config.host:config.port``. ``turnstile serve``,
+the bench scenarios and the tests all build their node here; so can an application that embeds
+Turnstile::
+
+    async with open_node(Config(store="sqlite:///app.db"), tokens={"t0ken": "ada"},
+                         agent=MyAgent()) as node:
+        print("serving on", node.urls)
+        await trio.sleep_forever()
 
 Start-up order matters for "nothing lost on a crash": migrations run, inputs that were
 ``running`` when the previous process died are closed as ``interrupted`` (with a visible
-``stream_end`` in their session), then every session with queued inputs is woken so they run.
+``stream_end`` in their session), the features start, then every session with queued inputs is
+woken so they run, then the gateway opens. Closing goes the other way: the gateway stops, then
+actors stop newest first (their ``on_stop`` runs), then the store closes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 import msgspec
 import trio
+from starlette.applications import Starlette
 
-from turnstile.actors.execution.approvals import ApprovalDesk
-from turnstile.actors.execution.background import BackgroundActor, StartTask
-from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
-from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
-from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
-from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
-from turnstile.actors.scheduling.actor import SchedulerActor, SchedulerLimits
-from turnstile.actors.scheduling.checks import register_check_tools
-from turnstile.actors.scheduling.cron import (
-    bound_automations,
-    cancel_bound_automations,
-    register_cron_tool,
-)
-from turnstile.actors.scheduling.heartbeat import (
-    HEARTBEAT_PROFILES,
-    disable_heartbeat,
-    register_heartbeat_tools,
-)
-from turnstile.actors.scheduling.recall import (
-    cancel_recall,
-    get_recall,
-    recall_fired_events,
-    register_recall_tools,
-    skip_recall,
-)
-from turnstile.actors.scheduling.tools import register_scheduling_tools
-from turnstile.actors.sessions.actor import (
-    SessionActor,
-    SessionLimits,
-    SessionServices,
-    Wake,
-    job_run,
-)
-from turnstile.actors.sessions.agents import Agent, OpenAIAgent, ScriptedAgent, Usage
-from turnstile.actors.sessions.directory import (
-    RecallHooks,
-    SessionDirectory,
-    WatcherHooks,
-    create_derived_session,
-)
-from turnstile.actors.watchers.actor import DropSessionWatchers, WatcherActor
-from turnstile.actors.watchers.tools import (
-    get_watcher,
-    list_watchers,
-    pause_watcher,
-    register_watch_tools,
-    resume_watcher,
-    start_watcher,
-    stop_watcher,
-    watch_runner,
-)
+from turnstile.actors.config import Config
+from turnstile.actors.execution.feature import ExecutionFeature
+from turnstile.actors.feature import Feature, NodeContext
+from turnstile.actors.notifications.feature import NotificationsFeature
+from turnstile.actors.scheduling.feature import SchedulingFeature
+from turnstile.actors.sessions.actor import Wake, job_run
+from turnstile.actors.sessions.agents import Agent, OpenAIAgent, ScriptedAgent
+from turnstile.actors.sessions.directory import SessionDirectory
+from turnstile.actors.sessions.feature import SessionsFeature
+from turnstile.actors.sessions.hooks import SessionHooks
+from turnstile.actors.watchers.feature import WatchersFeature
 from turnstile.runtime.clock import Clock, SystemClock
-from turnstile.runtime.config import Config
+from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
-from turnstile.runtime.gateway.frames import encode_event
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.server import WS_SEND_MANY, package_version, serve_app
@@ -80,11 +52,10 @@ from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
 from turnstile.tools.modules.http import HttpConfig, StartBackground, register_http_module
 from turnstile.tools.modules.shell import ShellConfig, register_shell_module
-from turnstile.tools.netguard import NetPolicy
 from turnstile.tools.policy import PolicyTable
 from turnstile.tools.registry import ToolRegistry
 
-__all__ = ["run_node", "make_agent", "recover"]
+__all__ = ["Node", "default_features", "make_agent", "open_node", "recover", "register_modules"]
 
 log = logging.getLogger("turnstile.node")
 
@@ -153,24 +124,80 @@ async def _turn_started(store: Store, item: InboxItem) -> bool:
     return False
 
 
-async def run_node(
+def default_features(agent: Agent) -> list[Feature]:
+    """The features a node runs unless told otherwise, in start order: the ones others use
+    first, sessions last (its ``ready`` builds the session services from the filled hooks)."""
+    return [
+        NotificationsFeature(),
+        SchedulingFeature(),
+        ExecutionFeature(),
+        WatchersFeature(),  # after the sessions supervisor and the rest: it stops first
+        SessionsFeature(agent),
+    ]
+
+
+@dataclass
+class Node:
+    """A running node.
+
+    Attributes:
+        config: what it runs.
+        store: its store.
+        tools: its tool registry (every feature's tools).
+        directory: the sessions, as the gateway reaches them (names, not keys; owner checks).
+        app: the HTTP/WebSocket ASGI app.
+        metrics: its metrics (``/metrics``).
+        features: the features it runs, by name.
+        urls: the addresses the gateway listens on (empty with ``serve=False``).
+    """
+
+    config: Config
+    store: Store
+    tools: ToolRegistry
+    directory: SessionDirectory
+    app: Starlette
+    metrics: Metrics
+    context: NodeContext
+    features: dict[str, Feature] = field(default_factory=dict)
+    urls: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """The first address the gateway listens on."""
+        if not self.urls:
+            raise NotFound("this node does not serve HTTP (open_node(serve=False))")
+        return self.urls[0]
+
+
+@asynccontextmanager
+async def open_node(
     config: Config,
-    tokens: dict[str, str],
     *,
+    tokens: dict[str, str] | None = None,
     agent: Agent | None = None,
     clock: Clock | None = None,
-    task_status=trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run a node until cancelled; ``task_status.started`` gets the bound URLs.
+    features: Sequence[Feature] | None = None,
+    serve: bool = True,
+) -> AsyncIterator[Node]:
+    """Run a node for the duration of the ``async with`` block.
 
     Args:
-        config: what to run (store, agent, limits, bind address).
-        tokens: bearer token → user name.
+        config: what to run (store, agent, limits, bind address, feature sections).
+        tokens: bearer token → user name (``config.users`` when None).
         agent: overrides the agent the config names (tests, embedding).
         clock: overrides the system clock (tests).
+        features: the features to run (``default_features(agent)`` when None); the sessions
+            feature must be among them, last.
+        serve: open the gateway on ``config.host:config.port`` (``False``: the app is built but
+            nothing listens; in-process use and benchmarks).
     """
     clock = clock or SystemClock()
     agent = agent or make_agent(config)
+    if tokens is None:
+        tokens = {user.token: user.name for user in config.users}
+    chosen = list(features) if features is not None else default_features(agent)
+    if not chosen or not isinstance(chosen[-1], SessionsFeature):
+        raise ValueError("open_node: the sessions feature must be the last feature")
     limits = config.limits
     metrics = Metrics()
     try:
@@ -183,228 +210,95 @@ async def run_node(
                 registry = Registry(
                     sessions, idle_timeout=config.idle_timeout, mailbox_size=limits.mailbox_size
                 )
-
-                async def tell_session(session_id: str, message) -> None:
-                    await registry.ref(f"session:{session_id}").tell(message)
-
-                approvals = ApprovalDesk(
-                    tell_session, clock, timeout=config.approval_timeout_seconds
-                )
-                tools = ToolRegistry(PolicyTable(config.policies), approver=approvals.request)
-                register_builtin_tools(tools, clock)
-
-                async def start_background(call, tool: str, params: dict) -> dict:
-                    # ``background`` is spawned below, before any tool can be called.
-                    task = await background.ask(
-                        StartTask(
-                            session_id=call.session_id,
-                            owner=call.owner,
-                            tool=tool,
-                            params=params,
-                            preapproved=True,
-                        )
-                    )
-                    return task.view(trio.current_time())
-
-                register_modules(tools, config, start_background)
-                notifier = make_notifier(config, store, clock, registry)
-                register_notify_tools(tools, notifier)
-                root._require_nursery().start_soon(purge_expired, store, name="kv purge")
-
-                scheduler = await root.spawn(
-                    lambda: SchedulerActor(
-                        store,
-                        clock,
-                        publish=tell_session,
-                        limits=SchedulerLimits(
-                            max_jobs_per_session=limits.max_jobs_per_session,
-                            min_interval_seconds=limits.min_job_interval_seconds,
-                            max_prompt_chars=limits.max_prompt_chars,
-                        ),
+                async with trio.open_nursery() as tasks:  # the node's plain tasks
+                    tools = ToolRegistry(PolicyTable(config.policies))
+                    context = NodeContext(
+                        config=config,
+                        store=store,
+                        clock=clock,
                         metrics=metrics,
-                        fired_events=recall_fired_events,
-                    ),
-                    name="scheduler",
-                )
-                register_scheduling_tools(
-                    tools, scheduler, store, clock, check_channel=notifier.check_channel
-                )
-                register_heartbeat_tools(
-                    tools,
-                    scheduler,
-                    store,
-                    clock,
-                    lambda parent, suffix: create_derived_session(
-                        store, limits.max_sessions_per_user, parent, suffix
-                    ),
-                    defaults={
-                        k: v
-                        for k, v in msgspec.structs.asdict(config.heartbeat).items()
-                        if v is not None
-                    },
-                    check_channel=notifier.check_channel,
-                )
-                register_check_tools(tools, scheduler, store, clock)
-                register_cron_tool(tools, scheduler, store, clock)
-                register_recall_tools(tools, scheduler, store, clock, tell_session)
-                background = await root.spawn(
-                    lambda: BackgroundActor(tools.call, tell_session, clock), name="background"
-                )
-                register_execution_tools(tools, background)
-                register_shell_background(tools, background)
-                # After the sessions supervisor: children stop newest first, so the watcher
-                # saves its state and delivers what is pending while sessions still run.
-                watchers = await root.spawn(
-                    lambda: WatcherActor(
-                        watch_runner(tools), tell_session, store, clock, notify=notifier.notify
-                    ),
-                    name="watchers",
-                )
-                register_watch_tools(tools, watchers)
-                register_discovery_tools(tools)
-                # After every tool is registered: [execution] names tools and a profile.
-                shaper = TurnShaper(tools, clock, config.execution, HEARTBEAT_PROFILES)
-
-                async def disable_job(job_id: str) -> None:
-                    await disable_heartbeat(store, scheduler, job_id)
-
-                def turn_closed(status: str, seconds: float) -> None:
-                    metrics.inc(f'turnstile_turns_total{{status="{status}"}}')
-                    metrics.observe("turnstile_turn_seconds", seconds)
-
-                services = SessionServices(
-                    store=store,
-                    agent=agent,
-                    tools=tools,
-                    limits=SessionLimits(
-                        max_queued_inputs=limits.max_queued_inputs,
-                        max_content_chars=limits.max_content_chars,
-                        history_entries=limits.history_entries,
-                    ),
-                    encode_event=_counting_encoder(metrics),
-                    on_turn_closed=turn_closed,
-                    on_usage=lambda usage: _count_tokens(metrics, usage),
-                    tool_profiles=HEARTBEAT_PROFILES,
-                    shaper=shaper,
-                    disable_job=disable_job,
-                    notify=notifier.notify,
-                    scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
-                )
-                registry.register("session", lambda key: SessionActor(key, services))
-                metrics.gauge("turnstile_sessions_active", lambda: registry.statistics().active)
-                metrics.gauge("turnstile_mailbox_depth", registry.mailbox_depth)
-                metrics.gauge(
-                    "turnstile_crashes_total",
-                    lambda: len(root.crash_reports) + len(sessions.crash_reports),
-                )
-                directory = SessionDirectory(
-                    store,
-                    registry,
-                    tools,
-                    max_sessions_per_user=limits.max_sessions_per_user,
-                    metrics=metrics,
-                    automations=lambda sid: bound_automations(store, sid),
-                    cancel_automations=lambda sid: cancel_bound_automations(scheduler, store, sid),
-                    watchers=WatcherHooks(
-                        start=lambda sid, owner, spec: start_watcher(
-                            watchers, tools, sid, owner, spec
-                        ),
-                        list=lambda sid, owner: list_watchers(
-                            watchers, session_id=sid, owner=owner
-                        ),
-                        get=lambda wid, owner: get_watcher(watchers, wid, owner),
-                        stop=lambda wid, owner: stop_watcher(watchers, wid, owner),
-                        pause=lambda wid, owner: pause_watcher(watchers, wid, owner),
-                        resume=lambda wid, owner: resume_watcher(watchers, wid, owner),
-                        drop_session=lambda sid: watchers.ask(DropSessionWatchers(session_id=sid)),
-                    ),
-                    background=background,
-                    approvals=approvals,
-                    notifier=notifier,
-                    recalls=RecallHooks(
-                        get=lambda sid: get_recall(store, sid),
-                        cancel=lambda sid: cancel_recall(scheduler, store, sid, tell_session),
-                        skip=lambda sid: skip_recall(scheduler, store, clock, sid, tell_session),
-                    ),
-                )
-                for session_id in waiting:
-                    await registry.ref(f"session:{session_id}").tell(Wake())
-                connections = [0]
-
-                def on_connection(delta: int) -> None:
-                    connections[0] += delta
-
-                metrics.gauge("turnstile_websocket_connections", lambda: connections[0])
-                app = build_app(
-                    backend=directory,
-                    auth=Auth(tokens, config.allowed_origins),
-                    limits=ConnectionLimits(
-                        max_frame_bytes=limits.max_frame_bytes,
-                        outbox_frames=limits.outbox_frames,
-                        max_attached=limits.max_attached_per_connection,
-                    ),
-                    version=package_version(),
-                    on_connection=on_connection,
-                    on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
-                    ws_send_many=WS_SEND_MANY,
-                    body_timeout=limits.body_timeout_seconds,
-                )
-                binds = await root._require_nursery().start(
-                    lambda task_status: serve_app(
-                        app,
-                        host=config.host,
-                        port=config.port,
-                        max_frame_bytes=limits.max_frame_bytes,
-                        header_timeout=limits.header_timeout_seconds,
-                        task_status=task_status,
+                        tools=tools,
+                        sessions=registry,
+                        supervisor=root,
+                        hooks=SessionHooks(),
+                        start_soon=tasks.start_soon,
                     )
-                )
-                log.info("turnstile %s serving on %s", package_version(), ", ".join(binds))
-                task_status.started(binds)
-                await trio.sleep_forever()
+                    register_builtin_tools(tools, clock)
+
+                    async def start_background(call, tool: str, params: dict) -> dict:
+                        if context.start_background is None:  # no execution feature
+                            raise NotFound("background tasks are not enabled on this node")
+                        return await context.start_background(call, tool, params)
+
+                    register_modules(
+                        tools,
+                        config,
+                        start_background if any(f.name == "execution" for f in chosen) else None,
+                    )
+                    for feature in chosen:
+                        await feature.start(context)
+                    for feature in chosen:
+                        ready = getattr(feature, "ready", None)
+                        if ready is not None:
+                            await ready(context)
+                    metrics.gauge(
+                        "turnstile_crashes_total",
+                        lambda: len(root.crash_reports) + len(sessions.crash_reports),
+                    )
+                    for session_id in waiting:
+                        await registry.ref(f"session:{session_id}").tell(Wake())
+                    connections = [0]
+
+                    def on_connection(delta: int) -> None:
+                        connections[0] += delta
+
+                    metrics.gauge("turnstile_websocket_connections", lambda: connections[0])
+                    app = build_app(
+                        backend=context.directory,
+                        auth=Auth(tokens, config.allowed_origins),
+                        routes=[route for f in chosen for route in f.routes(context)],
+                        limits=ConnectionLimits(
+                            max_frame_bytes=limits.max_frame_bytes,
+                            outbox_frames=limits.outbox_frames,
+                            max_attached=limits.max_attached_per_connection,
+                        ),
+                        version=package_version(),
+                        on_connection=on_connection,
+                        on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
+                        ws_send_many=WS_SEND_MANY,
+                        body_timeout=limits.body_timeout_seconds,
+                    )
+                    node = Node(
+                        config=config,
+                        store=store,
+                        tools=tools,
+                        directory=context.directory,
+                        app=app,
+                        metrics=metrics,
+                        context=context,
+                        features={f.name: f for f in chosen},
+                    )
+                    if serve:
+                        node.urls = await tasks.start(
+                            lambda task_status: serve_app(
+                                app,
+                                host=config.host,
+                                port=config.port,
+                                max_frame_bytes=limits.max_frame_bytes,
+                                header_timeout=limits.header_timeout_seconds,
+                                task_status=task_status,
+                            )
+                        )
+                        log.info(
+                            "turnstile %s serving on %s", package_version(), ", ".join(node.urls)
+                        )
+                    try:
+                        yield node
+                    finally:  # the gateway and plain tasks first; then the actors stop
+                        tasks.cancel_scope.cancel()
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
-
-
-def make_notifier(config: Config, store: Store, clock: Clock, registry: Registry) -> Notifier:
-    """The notifier with the config's channels; webhooks go through the SSRF guard."""
-
-    async def ask_session(session_id: str, message):
-        return await registry.ref(f"session:{session_id}").ask(message)
-
-    def listed(struct) -> dict:
-        return {
-            k: tuple(v) if isinstance(v, list) else v
-            for k, v in msgspec.structs.asdict(struct).items()
-        }
-
-    http = config.modules.http
-    return Notifier(
-        store,
-        clock,
-        ask_session,
-        NotifierConfig(
-            channels=tuple(
-                ChannelConfig(name=name, **listed(channel))
-                for name, channel in config.channels.items()
-            ),
-            **msgspec.structs.asdict(config.notifications),
-        ),
-        webhook_post=guarded_webhook_post(
-            NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))
-        ),
-    )
-
-
-async def purge_expired(store: Store, every: float = 3600.0) -> None:
-    """Delete expired key-value rows (notification buffers) now and then."""
-    while True:
-        await trio.sleep(every)
-        try:
-            await store.kv_purge_expired()
-        except Exception:
-            log.warning("purging expired rows failed", exc_info=True)
 
 
 def register_modules(
@@ -428,17 +322,3 @@ def register_modules(
         start_background=start_background,
     )
     register_shell_module(tools, ShellConfig(**settings(modules.shell)), fs.sandbox)
-
-
-def _count_tokens(metrics: Metrics, usage: Usage) -> None:
-    """Model tokens by kind, as the agent's server counted them (``stream_end`` has per turn)."""
-    metrics.inc('turnstile_model_tokens_total{kind="prompt"}', usage.prompt_tokens)
-    metrics.inc('turnstile_model_tokens_total{kind="completion"}', usage.completion_tokens)
-
-
-def _counting_encoder(metrics: Metrics):
-    def encode(session_id, record) -> bytes:
-        metrics.inc("turnstile_events_broadcast_total")
-        return encode_event(session_id, record)
-
-    return encode

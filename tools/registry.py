@@ -107,6 +107,10 @@ class ToolRegistry:
         self._specs: list[ToolSpec] | None = None
         self.policies = policies or PolicyTable()
         self.approver = approver
+        #: Tools that run other tools (``run_parallel``, ``background_*``, ``watch_*``): the
+        #: features that register them add their names, and a tool that composes others
+        #: refuses to nest or watch one of these.
+        self.composite: set[str] = set()
 
     def register(
         self,

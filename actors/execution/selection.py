@@ -35,13 +35,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from turnstile.actors.config import ExecutionConfig
 from turnstile.actors.execution.tools import PRIMITIVES
 from turnstile.actors.sessions.actor import ShapedTurn
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolSpec, TurnInput
 from turnstile.actors.sessions.agents.context import estimate_tokens, fit_history
 from turnstile.actors.sessions.agents.prompt import build_system_prompt, session_timezone
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.config import ExecutionConfig
 from turnstile.runtime.errors import InvalidArgument, TurnstileError
 from turnstile.tools.registry import ToolCall, ToolRegistry
 

@@ -85,7 +85,8 @@ def _refuse_nesting(name: str, where: str) -> None:
 
 
 def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> None:
-    """Register ``run_parallel`` and the ``background_*`` tools."""
+    """Register ``run_parallel`` and the ``background_*`` tools (composite: they run others)."""
+    registry.composite |= PRIMITIVES
 
     async def run_parallel(call: ToolCall, args: RunParallel) -> dict[str, Any]:
         for action in args.actions:

@@ -13,17 +13,10 @@ actor (events, history) go straight to the store.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import trio
 
-from turnstile.actors.execution.approvals import ApprovalDesk
-from turnstile.actors.execution.background import CancelTask, DropSessionTasks, GetTask, ListTasks
-from turnstile.actors.scheduling.heartbeat import KV_NAMESPACE as HEARTBEAT_KV
-from turnstile.actors.scheduling.heartbeat import heartbeat_view
 from turnstile.actors.sessions.actor import (
     POLICIES,
     Attach,
@@ -36,6 +29,7 @@ from turnstile.actors.sessions.actor import (
     load_history,
 )
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult
+from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.actors.sessions.ids import (
     DERIVED_SUFFIXES,
     MAX_NAME_CHARS,
@@ -47,7 +41,6 @@ from turnstile.actors.sessions.ids import (
     public_view,
     session_key,
 )
-from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import (
     AlreadyExists,
     BlockedByAutomations,
@@ -59,40 +52,13 @@ from turnstile.runtime.errors import (
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.registry import Registry
-from turnstile.runtime.store import EventRecord, Job, JobRun, Session, Store
+from turnstile.runtime.store import EventRecord, Session, Store
 
-__all__ = ["RecallHooks", "SessionDirectory", "create_derived_session"]
+__all__ = ["SessionDirectory", "create_derived_session"]
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
 _OWNER_CACHE_MAX = 100_000
-
-
-@dataclass(frozen=True)
-class RecallHooks:
-    """The recall operations behind ``/sessions/{id}/recall`` (implemented in ``tools``)."""
-
-    get: Callable[[str], Awaitable[dict[str, Any] | None]]
-    cancel: Callable[[str], Awaitable[dict[str, Any]]]
-    skip: Callable[[str], Awaitable[dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class WatcherHooks:
-    """The watcher operations behind the HTTP watcher endpoints (implemented in ``tools``).
-
-    ``start(session_id, owner, spec)``, ``list(session_id, owner)``, and
-    ``get|stop|pause|resume(watcher_id, owner)`` (another user's watcher is ``NotFound``);
-    ``drop_session(session_id)`` stops a deleted session's watchers.
-    """
-
-    start: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
-    list: Callable[[str, str], Awaitable[dict[str, Any]]]
-    get: Callable[[str, str], Awaitable[dict[str, Any]]]
-    stop: Callable[[str, str], Awaitable[dict[str, Any]]]
-    pause: Callable[[str, str], Awaitable[dict[str, Any]]]
-    resume: Callable[[str, str], Awaitable[dict[str, Any]]]
-    drop_session: Callable[[str], Awaitable[int]]
 
 
 class SessionDirectory:
@@ -104,9 +70,8 @@ class SessionDirectory:
         tools: runs tools for ``call`` frames.
         max_sessions_per_user: creation beyond it is ``LimitExceeded``.
         metrics: where request counts go.
-        automations: ``async (session_id) -> list[dict]``: the scheduled jobs bound to a session
-            (deleting it is blocked while there are any, unless confirmed).
-        cancel_automations: ``async (session_id) -> list[dict]``: cancels them.
+        hooks: what the other features plug in (what ends with a session, what blocks its
+            deletion, pending recalls, approvals).
     """
 
     def __init__(
@@ -117,13 +82,7 @@ class SessionDirectory:
         *,
         max_sessions_per_user: int,
         metrics: Metrics,
-        automations=None,
-        cancel_automations=None,
-        recalls: RecallHooks | None = None,
-        approvals: ApprovalDesk | None = None,
-        notifier=None,
-        watchers: WatcherHooks | None = None,
-        background: ActorRef | None = None,
+        hooks: SessionHooks | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -131,13 +90,7 @@ class SessionDirectory:
         self.max_sessions_per_user = max_sessions_per_user
         self._metrics = metrics
         self._owners: dict[str, str] = {}
-        self._automations = automations
-        self._cancel_automations = cancel_automations
-        self._recalls = recalls
-        self._approvals = approvals
-        self._notifier = notifier
-        self._watchers = watchers
-        self._background = background
+        self.hooks = hooks or SessionHooks()
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -147,7 +100,7 @@ class SessionDirectory:
 
     # -- ownership --
 
-    async def _owned(self, user: str, session_id: str) -> str:
+    async def owned_key(self, user: str, session_id: str) -> str:
         """The key of ``user``'s session named ``session_id``.
 
         Raises:
@@ -234,12 +187,16 @@ class SessionDirectory:
         if has_recall is None:
             sessions = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
             return [_public_session(s) for s in sessions]
-        hooks = self._recall_hooks()
+        pending = self.hooks.pending_recall
+        if pending is None:  # no recalls on this node: no session has one
+            return (
+                [] if has_recall else await self.list_sessions(user, limit=limit, after_id=after_id)
+            )
         found: list[Session] = []
         while len(found) < limit:
             page = await self.store.list_sessions(owner=user, limit=limit, after_id=after)
             for session in page:
-                if (await hooks.get(session.id) is not None) == has_recall:
+                if (await pending(session.id) is not None) == has_recall:
                     found.append(_public_session(session))
                     if len(found) == limit:
                         break
@@ -251,17 +208,17 @@ class SessionDirectory:
     async def pending_recalls(self, user: str, session_ids: list[str]) -> dict[str, str | None]:
         """Of ``user``'s sessions named in ``session_ids``, those with a pending recall, each
         with its trigger time (what ``GET /sessions`` shows); an empty map without recalls."""
-        if self._recalls is None:
+        if self.hooks.pending_recall is None:
             return {}
         out: dict[str, str | None] = {}
         for name in session_ids:
-            recall = await self._recalls.get(session_key(user, name))
+            recall = await self.hooks.pending_recall(session_key(user, name))
             if recall is not None:
                 out[name] = recall.get("trigger_at")
         return out
 
     async def get_session(self, user: str, session_id: str) -> Session:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         return _public_session(await self.store.get_session(key))
 
     async def delete_session(self, user: str, session_id: str, *, confirm: bool = False) -> None:
@@ -271,7 +228,7 @@ class SessionDirectory:
             BlockedByAutomations: jobs are bound to it (or to a session derived from it) and
                 ``confirm`` is False; nothing is deleted.
         """
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         keys = [key]
         for suffix in DERIVED_SUFFIXES:
             try:
@@ -283,8 +240,9 @@ class SessionDirectory:
             except NotFound:
                 continue
             keys.append(derived)
-        if self._automations is not None:
-            bound = [job for k in keys for job in await self._automations(k)]
+        automations, cancel = self.hooks.automations, self.hooks.cancel_automations
+        if automations is not None and cancel is not None:
+            bound = [job for k in keys for job in await automations(k)]
             if bound and not confirm:
                 raise BlockedByAutomations(
                     f"session {session_id!r} has {len(bound)} scheduled job(s); "
@@ -292,7 +250,7 @@ class SessionDirectory:
                     [public_view(job) for job in bound],
                 )
             for k in keys:
-                await self._cancel_automations(k)
+                await cancel(k)
         for k in reversed(keys):  # derived first: the parent goes last
             await self._end(k)
 
@@ -300,15 +258,8 @@ class SessionDirectory:
         """Delete one session and end everything it owns, so nothing of it reaches a session
         created later under the same name."""
         await self._ask(key, DeleteSession())
-        if self._background is not None:
-            await self._background.ask(DropSessionTasks(session_id=key))
-        if self._approvals is not None:
-            self._approvals.drop_session(key)
-        if self._watchers is not None:
-            await self._watchers.drop_session(key)
-        if self._notifier is not None:
-            await self._notifier.discard_buffered(key)
-        await self.store.kv_delete(HEARTBEAT_KV, [key])  # its kept heartbeat settings
+        for end in self.hooks.on_session_end:  # each feature ends what it keeps for it
+            await end(key)
         self._owners.pop(key, None)
 
     # -- turns --
@@ -316,7 +267,7 @@ class SessionDirectory:
     async def submit(
         self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None
     ) -> Submitted:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         submitted = await self._ask(
             key, Submit(source="user", content=content, payload=payload or {})
         )
@@ -324,152 +275,55 @@ class SessionDirectory:
         return submitted
 
     async def stop(self, user: str, session_id: str) -> bool:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         return await self._ask(key, StopTurn())
 
     async def set_policy(self, user: str, session_id: str, policy: str) -> str:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         return await self._ask(key, SetPolicy(policy=policy))
 
     # -- watching --
 
     async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         attached = await self._ask(key, Attach(subscriber=subscriber))
-        if self._notifier is not None:  # what was held while nobody watched, in order
-            await self._notifier.deliver_buffered(key)
+        for attached_hook in self.hooks.on_attach:  # e.g. what was held while nobody watched
+            await attached_hook(key)
         return attached
 
     async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         if self.registry.is_active(f"session:{key}"):
             await self._ask(key, Detach(subscriber=subscriber))
 
     async def read_events(
         self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
     ) -> list[EventRecord]:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         return await self.store.read_events(key, after_seq=after_seq, limit=limit)
 
     async def history(self, user: str, session_id: str) -> list[HistoryEntry]:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         return await load_history(self.store, key, HISTORY_LIMIT)
 
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
     ) -> ToolResult:
-        key = await self._owned(user, session_id)
+        key = await self.owned_key(user, session_id)
         self._metrics.inc("turnstile_tool_calls_total")
         return public_result(await self.tools.call(key, user, tool, arguments))
 
-    # -- jobs --
-
-    async def list_jobs(self, user: str, session_id: str) -> list[Job]:
-        key = await self._owned(user, session_id)
-        return [_public_job(job) for job in await self.store.list_jobs(session_id=key)]
-
-    async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
-        try:
-            job = await self.store.get_job(job_id)
-            if job.session_id is None or job.session_id != session_key(
-                user, public_id(job.session_id)
-            ):
-                raise NotFound(job_id)
-            await self._owned(user, public_id(job.session_id))
-        except (NotFound, ValueError):
-            raise NotFound(f"no job with id {job_id!r}") from None
-        return _public_job(job), await self.store.list_runs(job_id, limit=100)
-
-    # -- recalls --
-
-    def _recall_hooks(self) -> RecallHooks:
-        if self._recalls is None:
-            raise NotFound("recalls are not enabled on this node")
-        return self._recalls
-
-    async def get_recall(self, user: str, session_id: str) -> dict[str, Any] | None:
-        key = await self._owned(user, session_id)
-        return public_view(await self._recall_hooks().get(key))
-
-    async def cancel_recall(self, user: str, session_id: str) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        return public_view(await self._recall_hooks().cancel(key))
-
-    async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        return public_view(await self._recall_hooks().skip(key))
-
-    async def heartbeat(self, user: str, session_id: str) -> dict[str, Any]:
-        """The session's heartbeat settings (or None) and its recent runs, newest first."""
-        key = await self._owned(user, session_id)
-        return public_view(await heartbeat_view(self.store, key))
-
-    # -- approvals --
+    # -- approvals (the WebSocket ``approve`` / ``deny`` frames) --
 
     async def resolve_approval(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
-        if self._approvals is None:
+        if self.hooks.resolve_approval is None:
             raise NotFound(f"no pending approval with id {approval_id!r}")
-        return public_view(self._approvals.resolve(user, approval_id, approved))
-
-    async def pending_approvals(self, user: str, session_id: str) -> list[dict[str, Any]]:
-        key = await self._owned(user, session_id)
-        return [] if self._approvals is None else self._approvals.pending(key)
-
-    # -- watchers --
-
-    def _watcher_hooks(self) -> WatcherHooks:
-        if self._watchers is None:
-            raise NotFound("watchers are not enabled on this node")
-        return self._watchers
-
-    async def start_watcher(
-        self, user: str, session_id: str, spec: dict[str, Any]
-    ) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        return public_view(await self._watcher_hooks().start(key, user, spec))
-
-    async def list_watchers(self, user: str, session_id: str) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        return public_view(await self._watcher_hooks().list(key, user))
-
-    async def watcher(self, user: str, watcher_id: str, action: str) -> dict[str, Any]:
-        """``get``, ``stop``, ``pause`` or ``resume`` one of ``user``'s watchers."""
-        hooks = self._watcher_hooks()
-        return public_view(await getattr(hooks, action)(watcher_id, user))
-
-    # -- background tasks --
-
-    def _background_ref(self) -> ActorRef:
-        if self._background is None:
-            raise NotFound("background tasks are not enabled on this node")
-        return self._background
-
-    async def list_tasks(self, user: str, session_id: str) -> list[dict[str, Any]]:
-        key = await self._owned(user, session_id)
-        tasks = await self._background_ref().ask(ListTasks(session_id=key))
-        now = trio.current_time()
-        return [t.view(now) for t in tasks]
-
-    async def task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        task = await self._background_ref().ask(GetTask(session_id=key, task_id=task_id))
-        return task.view(trio.current_time())
-
-    async def cancel_task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]:
-        key = await self._owned(user, session_id)
-        cancelled = await self._background_ref().ask(CancelTask(session_id=key, task_id=task_id))
-        return {"task_id": task_id, "cancelled": cancelled}
+        return public_view(self.hooks.resolve_approval(user, approval_id, approved))
 
 
 def _public_session(session: Session) -> Session:
     """``session`` as its owner sees it: named, not keyed."""
     return msgspec.structs.replace(session, id=public_id(session.id))
-
-
-def _public_job(job: Job) -> Job:
-    if job.session_id is None:
-        return job
-    return msgspec.structs.replace(job, session_id=public_id(job.session_id))
 
 
 async def _check_session_limit(store: Store, owner: str, limit: int) -> None:

@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.execution.tools import PRIMITIVES
 from turnstile.actors.sessions.agents.base import ToolResult
 from turnstile.actors.watchers.actor import (
     DEFAULT_INTERVAL,
@@ -168,7 +167,7 @@ def watch_runner(registry: ToolRegistry):
 
 
 def _watchable(registry: ToolRegistry, tool: str) -> None:
-    if tool in WATCH_TOOLS or tool in PRIMITIVES:
+    if tool in WATCH_TOOLS or tool in registry.composite:
         raise InvalidArgument(f"{tool} cannot be watched (it is an execution primitive)", "tool")
     try:
         policy = registry.policy_of(tool)

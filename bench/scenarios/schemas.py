@@ -1,6 +1,6 @@
 """Scenario ``schemas``: how many characters of tool schemas one model call carries.
 
-A real node (``tools.node.run_node``, SQLite in a temp dir, port 0) runs with an agent that
+A real node (``open_node``, SQLite in a temp dir, port 0) runs with an agent that
 records what each turn hands it; a plain chat turn ("hi") is sent over HTTP to sessions that
 differ only in their ``metadata.execution``:
 
@@ -27,10 +27,10 @@ import httpx
 import trio
 
 from bench.harness import Measure, ScenarioResult
+from turnstile.actors.config import Config
 from turnstile.actors.execution.selection import DISCOVERY, schema_chars
-from turnstile.actors.node import run_node
+from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents.base import TurnContext
-from turnstile.runtime.config import Config
 
 TOKEN = "bench-schemas-token-0123456789"
 TARGET_CHARS = 6000
@@ -64,14 +64,9 @@ async def _measure() -> dict[str, TurnContext]:
     }
     with tempfile.TemporaryDirectory() as tmp:
         config = Config(port=0, store=f"sqlite:///{tmp}/bench.db")
-        async with trio.open_nursery() as nursery:
-            (url,) = await nursery.start(
-                lambda task_status: run_node(
-                    config, {TOKEN: "bench"}, agent=agent, task_status=task_status
-                )
-            )
+        async with open_node(config, tokens={TOKEN: "bench"}, agent=agent) as node:
             headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+            async with httpx.AsyncClient(base_url=node.url, headers=headers) as http:
                 for name, execution in sessions.items():
                     body = {"id": name, "metadata": {"execution": execution}}
                     (await http.post("/sessions", json=body)).raise_for_status()
@@ -83,7 +78,6 @@ async def _measure() -> dict[str, TurnContext]:
                             await agent.arrived.wait()
                     for name in sessions:  # let each turn close before the node stops
                         await _closed(http, name)
-            nursery.cancel_scope.cancel()
     return {name: agent.turns[sid] for name, sid in _ids(agent.turns, sessions).items()}
 
 

@@ -1,6 +1,6 @@
 """Scenario ``sessions``: many agent sessions end to end, through the real server on loopback.
 
-A real node (``tools.node.run_node``: hypercorn + Starlette + SQLite in a temp dir, port 0) runs
+A real node (``open_node``: hypercorn + Starlette + SQLite in a temp dir, port 0) runs
 in the same trio run as its clients. N sessions (100 and 1,000; quick: 100) are created over
 HTTP, each gets its own trio-websocket client that attaches and then sends M messages one after
 another (closed loop: the next message goes once the previous turn's ``stream_end`` and ``ack``
@@ -17,7 +17,7 @@ cost without any queueing.
 
 Baselines, same machine, same moment:
 
-* in-process — the same pieces as ``run_node`` but no gateway: one task per session calls
+* in-process — the same ``open_node`` but no gateway: one task per session calls
   ``SessionDirectory.submit`` and an in-process subscriber (``offer``/``lagged``, decoding each
   frame as a client would) timestamps ``stream_start``/``stream_end``. Gateway overhead is the
   ratio of the two p50s.
@@ -54,20 +54,12 @@ import wsproto.events as wse
 
 from bench.harness import Measure, ScenarioResult
 from bench.pgschema import PG_DSN, PostgresUnavailable, temporary_schema
-from turnstile.actors.node import run_node
-from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices
+from turnstile.actors.config import Config, Limits
+from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.sessions.directory import SessionDirectory
-from turnstile.runtime.clock import SystemClock
-from turnstile.runtime.config import Config, Limits
-from turnstile.runtime.gateway.frames import encode_event
-from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.registry import Registry
+from turnstile.actors.sessions.feature import SessionsFeature
 from turnstile.runtime.server import tune_gc
-from turnstile.runtime.store import open_store
-from turnstile.runtime.supervisor import open_supervisor
-from turnstile.tools.builtin import register_builtin_tools
-from turnstile.tools.registry import ToolRegistry
 
 TOKEN = "bench-token-0123456789abcdef"
 USER = "bench"
@@ -377,12 +369,8 @@ class _StalledClient:
 @asynccontextmanager
 async def _node(tmp: str, agent: ScriptedAgent) -> AsyncIterator[tuple[str, int]]:
     config = Config(port=0, store=f"sqlite:///{tmp}/node.db", limits=_limits())
-    async with trio.open_nursery() as nursery:
-        (url,) = await nursery.start(
-            lambda task_status: run_node(config, TOKENS, agent=agent, task_status=task_status)
-        )
-        yield url, int(url.rsplit(":", 1)[1])
-        nursery.cancel_scope.cancel()
+    async with open_node(config, tokens=TOKENS, agent=agent) as node:
+        yield node.url, int(node.url.rsplit(":", 1)[1])
 
 
 @dataclass
@@ -549,36 +537,12 @@ class _InProcSubscriber:
 
 @asynccontextmanager
 async def _directory(store_url: str, agent: ScriptedAgent) -> AsyncIterator[SessionDirectory]:
-    """What ``run_node`` assembles, without ``build_app`` and the server."""
-    limits = _limits()
-    metrics = Metrics()
-    async with open_store(store_url) as store, open_supervisor("root") as root:
-        sessions = await root.spawn_supervisor(
-            "sessions", max_restarts=3, within=10.0, escalate=False
-        )
-        registry = Registry(sessions, idle_timeout=300.0, mailbox_size=limits.mailbox_size)
-        tools = ToolRegistry()
-        register_builtin_tools(tools, SystemClock())
-        services = SessionServices(
-            store=store,
-            agent=agent,
-            tools=tools,
-            limits=SessionLimits(
-                max_queued_inputs=limits.max_queued_inputs,
-                max_content_chars=limits.max_content_chars,
-                history_entries=limits.history_entries,
-            ),
-            encode_event=encode_event,
-        )
-        registry.register("session", lambda key: SessionActor(key, services))
-        yield SessionDirectory(
-            store,
-            registry,
-            tools,
-            max_sessions_per_user=limits.max_sessions_per_user,
-            metrics=metrics,
-        )
-        root._require_nursery().cancel_scope.cancel()
+    """The same node as the gateway run, without the server and with only the sessions
+    feature: ``open_node(serve=False)``, driven through its directory."""
+    config = Config(store=store_url, limits=_limits(), idle_timeout=300.0)
+    features = [SessionsFeature(agent)]
+    async with open_node(config, agent=agent, features=features, serve=False) as node:
+        yield node.directory
 
 
 async def _in_process(

@@ -5,6 +5,7 @@ from turnstile.runtime.gateway.auth import Auth
 from turnstile.runtime.gateway.backend import Attached, SessionBackend, Submitted, Subscriber
 from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
 from turnstile.runtime.gateway.frames import PROTOCOL_VERSION
+from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
 
 __all__ = [
     "build_app",
@@ -16,4 +17,6 @@ __all__ = [
     "Connection",
     "ConnectionLimits",
     "PROTOCOL_VERSION",
+    "ApiRequest",
+    "HttpRoute",
 ]

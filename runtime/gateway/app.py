@@ -20,8 +20,7 @@ request heads are the server's job: ``runtime.server.serve_app``'s ``header_time
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -32,7 +31,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
+from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import (
     BlockedByAutomations,
     Busy,
@@ -48,22 +47,18 @@ from turnstile.runtime.gateway.auth import Auth
 from turnstile.runtime.gateway.backend import SessionBackend
 from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
 from turnstile.runtime.gateway.frames import (
-    MAX_SEQ,
     PROTOCOL_VERSION,
-    ClientMsgId,
-    SessionId,
-    encode_event,
     error_frame,
     is_valid_id,
 )
+from turnstile.runtime.gateway.routes import HttpRoute
 
-__all__ = ["build_app"]
+__all__ = ["ID_RULE", "build_app"]
 
 log = logging.getLogger("turnstile.gateway")
 
 #: The rule for ids in paths and cursors, as said in error messages.
-_ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . : -"
-_UNSIGNED = re.compile(r"\A[0-9]{1,19}\Z")
+ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . : -"
 
 _STATUS = {
     Unauthorized: 401,
@@ -75,20 +70,6 @@ _STATUS = {
 }
 
 
-class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
-    id: SessionId | None = None
-    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    policy: str = "enqueue"
-
-
-class PostMessage(msgspec.Struct, forbid_unknown_fields=True):
-    content: str
-    client_msg_id: ClientMsgId | None = None
-
-
-_CREATE = Codec(CreateSession, max_depth=MAX_JSON_DEPTH)
-_MESSAGE = Codec(PostMessage, max_depth=MAX_JSON_DEPTH)
-_ANY = Codec(Any, max_depth=MAX_JSON_DEPTH)
 _encoder = msgspec.json.Encoder()
 
 
@@ -97,6 +78,23 @@ class _Json(Response):
 
     def render(self, content: Any) -> bytes:
         return _encoder.encode(content)
+
+
+class _Request:
+    """``ApiRequest`` over a Starlette request."""
+
+    __slots__ = ("_request", "_body", "user", "path", "query", "headers")
+
+    def __init__(self, request: Request, user: str, body) -> None:
+        self._request = request
+        self._body = body
+        self.user = user
+        self.path = request.path_params
+        self.query = request.query_params
+        self.headers = request.headers
+
+    async def body(self, codec: Codec) -> Any:
+        return await self._body(self._request, codec)
 
 
 def _error_response(exc: BaseException, request: Request | None = None) -> Response:
@@ -119,18 +117,6 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
     return _Json({"error": body}, status)
 
 
-def _session_json(session) -> dict[str, Any]:
-    return {
-        "id": session.id,
-        "owner": session.owner,
-        "metadata": session.metadata,
-        "policy": session.policy,
-        "created_at": session.created_at,
-        "updated_at": session.updated_at,
-        "last_seq": session.last_seq,
-    }
-
-
 class _AsgiApp:
     """Marks a function as a plain ASGI app for Starlette's routes (functions are endpoints)."""
 
@@ -147,6 +133,7 @@ def build_app(
     *,
     backend: SessionBackend,
     auth: Auth,
+    routes: Sequence[HttpRoute] = (),
     limits: ConnectionLimits,
     version: str,
     on_connection: Callable[[int], None] | None = None,
@@ -157,7 +144,9 @@ def build_app(
     """Build the ASGI app over a session backend.
 
     Args:
-        backend: the sessions.
+        backend: the sessions, as the WebSocket protocol reaches them.
+        routes: the HTTP endpoints the features add (every route but ``/healthz``,
+            ``/metrics`` and ``/ws``).
         auth: tokens and origins.
         limits: per-connection bounds.
         version: reported by ``/healthz``.
@@ -169,18 +158,23 @@ def build_app(
         body_timeout: seconds a request body may take to arrive, from the first read.
     """
 
-    def authed(handler):
+    def mount(route: HttpRoute) -> Route:
+        """A feature's route behind the front door: token, id rule, bounded body, errors."""
+
         async def endpoint(request: Request) -> Response:
             try:
                 user = auth.user_for(request.headers, request.query_params)
                 for name, value in request.path_params.items():
                     if not is_valid_id(value):
-                        raise DecodeError(f"{name} must be {_ID_RULE}", field=name)
-                return await handler(request, user)
+                        raise DecodeError(f"{name} must be {ID_RULE}", field=name)
+                answer = await route.handler(_Request(request, user, body))
             except Exception as exc:
                 return _error_response(exc, request)
+            if isinstance(answer, Response):
+                return answer
+            return _Json(answer, route.status)
 
-        return endpoint
+        return Route(route.path, endpoint, methods=[route.method])
 
     async def body(request: Request, codec: Codec):
         """The request body decoded by ``codec`` (an empty body is ``{}``).
@@ -238,137 +232,6 @@ def build_app(
             lines.append(f"{name} {value}")
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
-    async def create_session(request: Request, user: str) -> Response:
-        spec = await body(request, _CREATE)
-        session = await backend.create_session(
-            user, session_id=spec.id, metadata=spec.metadata, policy=spec.policy
-        )
-        return _Json(_session_json(session), 201)
-
-    async def list_sessions(request: Request, user: str) -> Response:
-        try:
-            limit = int(request.query_params.get("limit", "100"))
-        except ValueError:
-            limit = -1
-        if not 1 <= limit <= 1000:
-            raise DecodeError("limit must be an integer from 1 to 1000", field="limit")
-        after = request.query_params.get("after")
-        if after is not None and not is_valid_id(after):
-            raise DecodeError(f"after must be {_ID_RULE}", field="after")
-        flag = request.query_params.get("has_recall")
-        if flag is not None and flag.lower() not in ("true", "false"):
-            raise DecodeError("has_recall must be true or false", field="has_recall")
-        has_recall = None if flag is None else flag.lower() == "true"
-        sessions = await backend.list_sessions(
-            user, limit=limit, after_id=after, has_recall=has_recall
-        )
-        recalls = await backend.pending_recalls(user, [s.id for s in sessions])
-        listed = []
-        for session in sessions:  # recall.md's sidebar: which sessions have a pending recall
-            entry = _session_json(session)
-            entry["has_recall"] = session.id in recalls
-            entry["recall_trigger_at"] = recalls.get(session.id)
-            listed.append(entry)
-        return _Json({"sessions": listed})
-
-    async def get_session(request: Request, user: str) -> Response:
-        session = await backend.get_session(user, request.path_params["id"])
-        return _Json(_session_json(session))
-
-    async def delete_session(request: Request, user: str) -> Response:
-        confirm = request.query_params.get("confirm", "").lower() in ("1", "true", "yes")
-        await backend.delete_session(user, request.path_params["id"], confirm=confirm)
-        return Response(status_code=204)
-
-    async def history(request: Request, user: str) -> Response:
-        entries = await backend.history(user, request.path_params["id"])
-        return _Json({"history": entries})
-
-    async def events(request: Request, user: str) -> Response:
-        text = request.query_params.get("after_seq", "0")
-        after = int(text) if _UNSIGNED.search(text) else -1
-        if not 0 <= after <= MAX_SEQ:
-            raise DecodeError(
-                f"after_seq must be an integer from 0 to {MAX_SEQ}", field="after_seq"
-            )
-        sid = request.path_params["id"]
-        page = await backend.read_events(user, sid, after, 1000)
-        return Response(
-            b'{"events":[' + b",".join(encode_event(sid, e) for e in page) + b"]}",
-            media_type="application/json",
-        )
-
-    async def post_message(request: Request, user: str) -> Response:
-        message = await body(request, _MESSAGE)
-        submitted = await backend.submit(user, request.path_params["id"], message.content)
-        out: dict[str, Any] = {"input_id": submitted.input_id}
-        if submitted.injected:
-            out["injected"] = True
-        if message.client_msg_id is not None:
-            out["client_msg_id"] = message.client_msg_id
-        return _Json(out, 202)
-
-    async def stop(request: Request, user: str) -> Response:
-        running = await backend.stop(user, request.path_params["id"])
-        return _Json({"stopped": running})
-
-    async def session_jobs(request: Request, user: str) -> Response:
-        jobs = await backend.list_jobs(user, request.path_params["id"])
-        return _Json({"jobs": jobs})
-
-    async def get_job(request: Request, user: str) -> Response:
-        job, runs = await backend.get_job(user, request.path_params["id"])
-        return _Json({"job": job, "runs": runs})
-
-    async def approve(request: Request, user: str) -> Response:
-        return _Json(await backend.resolve_approval(user, request.path_params["id"], True))
-
-    async def deny(request: Request, user: str) -> Response:
-        return _Json(await backend.resolve_approval(user, request.path_params["id"], False))
-
-    async def approvals(request: Request, user: str) -> Response:
-        pending = await backend.pending_approvals(user, request.path_params["id"])
-        return _Json({"approvals": pending})
-
-    async def create_watcher(request: Request, user: str) -> Response:
-        spec = await body(request, _ANY)
-        if not isinstance(spec, dict):
-            raise DecodeError("expected a JSON object")
-        view = await backend.start_watcher(user, request.path_params["id"], spec)
-        return _Json(view, 201)
-
-    async def session_watchers(request: Request, user: str) -> Response:
-        return _Json(await backend.list_watchers(user, request.path_params["id"]))
-
-    def watcher_action(action: str):
-        async def endpoint(request: Request, user: str) -> Response:
-            return _Json(await backend.watcher(user, request.path_params["id"], action))
-
-        return endpoint
-
-    async def session_tasks(request: Request, user: str) -> Response:
-        return _Json({"tasks": await backend.list_tasks(user, request.path_params["id"])})
-
-    async def get_task(request: Request, user: str) -> Response:
-        params = request.path_params
-        return _Json(await backend.task(user, params["id"], params["task_id"]))
-
-    async def cancel_task(request: Request, user: str) -> Response:
-        params = request.path_params
-        return _Json(await backend.cancel_task(user, params["id"], params["task_id"]))
-
-    async def get_recall(request: Request, user: str) -> Response:
-        return _Json({"recall": await backend.get_recall(user, request.path_params["id"])})
-
-    async def cancel_recall(request: Request, user: str) -> Response:
-        return _Json(await backend.cancel_recall(user, request.path_params["id"]))
-
-    async def skip_recall(request: Request, user: str) -> Response:
-        return _Json(await backend.skip_recall(user, request.path_params["id"]))
-
-    async def heartbeat(request: Request, user: str) -> Response:
-        return _Json(await backend.heartbeat(user, request.path_params["id"]))
-
     async def websocket_endpoint(scope, receive, send) -> None:
         # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
         websocket = WebSocket(scope, receive=receive, send=send)
@@ -417,32 +280,7 @@ def build_app(
         routes=[
             Route("/healthz", healthz),
             Route("/metrics", metrics),
-            Route("/sessions", authed(create_session), methods=["POST"]),
-            Route("/sessions", authed(list_sessions), methods=["GET"]),
-            Route("/sessions/{id}", authed(get_session), methods=["GET"]),
-            Route("/sessions/{id}", authed(delete_session), methods=["DELETE"]),
-            Route("/sessions/{id}/history", authed(history), methods=["GET"]),
-            Route("/sessions/{id}/events", authed(events), methods=["GET"]),
-            Route("/sessions/{id}/messages", authed(post_message), methods=["POST"]),
-            Route("/sessions/{id}/stop", authed(stop), methods=["POST"]),
-            Route("/sessions/{id}/jobs", authed(session_jobs), methods=["GET"]),
-            Route("/jobs/{id}", authed(get_job), methods=["GET"]),
-            Route("/sessions/{id}/approvals", authed(approvals), methods=["GET"]),
-            Route("/approvals/{id}/approve", authed(approve), methods=["POST"]),
-            Route("/approvals/{id}/deny", authed(deny), methods=["POST"]),
-            Route("/sessions/{id}/watchers", authed(create_watcher), methods=["POST"]),
-            Route("/sessions/{id}/watchers", authed(session_watchers), methods=["GET"]),
-            Route("/watchers/{id}", authed(watcher_action("get")), methods=["GET"]),
-            Route("/watchers/{id}", authed(watcher_action("stop")), methods=["DELETE"]),
-            Route("/watchers/{id}/pause", authed(watcher_action("pause")), methods=["POST"]),
-            Route("/watchers/{id}/resume", authed(watcher_action("resume")), methods=["POST"]),
-            Route("/sessions/{id}/tasks", authed(session_tasks), methods=["GET"]),
-            Route("/sessions/{id}/tasks/{task_id}", authed(get_task), methods=["GET"]),
-            Route("/sessions/{id}/tasks/{task_id}/cancel", authed(cancel_task), methods=["POST"]),
-            Route("/sessions/{id}/recall", authed(get_recall), methods=["GET"]),
-            Route("/sessions/{id}/recall", authed(cancel_recall), methods=["DELETE"]),
-            Route("/sessions/{id}/recall/skip", authed(skip_recall), methods=["POST"]),
-            Route("/sessions/{id}/heartbeat", authed(heartbeat), methods=["GET"]),
+            *(mount(route) for route in routes),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: unexpected},

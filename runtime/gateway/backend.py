@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from turnstile.runtime.store import EventRecord, Job, JobRun, Session
+from turnstile.runtime.store import EventRecord
 
 __all__ = ["Attached", "CallResult", "SessionBackend", "Submitted", "Subscriber"]
 
@@ -66,7 +66,8 @@ class Subscriber(Protocol):
 
 
 class SessionBackend(Protocol):
-    """Sessions as the gateway sees them. Every method checks that ``user`` owns the session."""
+    """Sessions as the WebSocket protocol reaches them. Every method checks that ``user`` owns
+    the session. (HTTP routes, sessions' included, are mounted by the features themselves.)"""
 
     async def ping(self) -> None:
         """Raise if the node cannot serve (the store does not answer)."""
@@ -74,37 +75,6 @@ class SessionBackend(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """Prometheus samples by name (labels inline, e.g. ``turns_total{status="failed"}``)."""
-        ...
-
-    async def create_session(
-        self,
-        user: str,
-        *,
-        session_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        policy: str = "enqueue",
-    ) -> Session: ...
-
-    async def list_sessions(
-        self,
-        user: str,
-        *,
-        limit: int = 100,
-        after_id: str | None = None,
-        has_recall: bool | None = None,
-    ) -> list[Session]:
-        """``user``'s sessions; ``has_recall`` keeps those with (or without) a pending recall."""
-        ...
-
-    async def pending_recalls(self, user: str, session_ids: list[str]) -> dict[str, str | None]:
-        """Which of these sessions have a pending recall: name → its trigger time."""
-        ...
-
-    async def get_session(self, user: str, session_id: str) -> Session: ...
-
-    async def delete_session(self, user: str, session_id: str, *, confirm: bool = False) -> None:
-        """Delete a session; ``BlockedByAutomations`` while jobs are bound to it, unless
-        ``confirm`` (which cancels them first)."""
         ...
 
     async def submit(
@@ -123,50 +93,10 @@ class SessionBackend(Protocol):
         self, user: str, session_id: str, after_seq: int = 0, limit: int = 1000
     ) -> list[EventRecord]: ...
 
-    async def history(self, user: str, session_id: str) -> list[Any]:
-        """The session's transcript, oldest first (msgspec-encodable entries)."""
-        ...
-
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
     ) -> CallResult: ...
 
-    async def list_jobs(self, user: str, session_id: str) -> list[Job]: ...
-
     async def resolve_approval(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
         """Approve or deny a pending tool call of one of ``user``'s sessions."""
-        ...
-
-    async def pending_approvals(self, user: str, session_id: str) -> list[dict[str, Any]]: ...
-
-    async def start_watcher(
-        self, user: str, session_id: str, spec: dict[str, Any]
-    ) -> dict[str, Any]: ...
-
-    async def list_watchers(self, user: str, session_id: str) -> dict[str, Any]: ...
-
-    async def watcher(self, user: str, watcher_id: str, action: str) -> dict[str, Any]:
-        """``get``, ``stop``, ``pause`` or ``resume`` one of ``user``'s watchers."""
-        ...
-
-    async def list_tasks(self, user: str, session_id: str) -> list[dict[str, Any]]: ...
-
-    async def task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]: ...
-
-    async def cancel_task(self, user: str, session_id: str, task_id: str) -> dict[str, Any]: ...
-
-    async def get_recall(self, user: str, session_id: str) -> dict[str, Any] | None:
-        """The session's pending recall, or None."""
-        ...
-
-    async def cancel_recall(self, user: str, session_id: str) -> dict[str, Any]: ...
-
-    async def skip_recall(self, user: str, session_id: str) -> dict[str, Any]: ...
-
-    async def heartbeat(self, user: str, session_id: str) -> dict[str, Any]:
-        """``{"heartbeat": settings or None, "runs": [...]}`` (see ``docs/scheduling.md``)."""
-        ...
-
-    async def get_job(self, user: str, job_id: str) -> tuple[Job, list[JobRun]]:
-        """A job of one of ``user``'s sessions and its recent runs (newest first)."""
         ...

@@ -14,9 +14,9 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from turnstile.actors.node import run_node
+from turnstile.actors.config import Config
+from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents.base import TurnContext
-from turnstile.runtime.config import Config
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789abc"
@@ -65,12 +65,8 @@ class Node:
 @asynccontextmanager
 async def running_node(tmp_path, agent=None, **config: Any) -> AsyncIterator[Node]:
     settings = Config(port=0, store=f"sqlite:///{tmp_path}/node.db", **config)
-    async with trio.open_nursery() as nursery:
-        (url,) = await nursery.start(
-            lambda task_status: run_node(settings, TOKENS, agent=agent, task_status=task_status)
-        )
-        yield Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
-        nursery.cancel_scope.cancel()
+    async with open_node(settings, tokens=TOKENS, agent=agent) as node:
+        yield Node(url=node.url, ws_url=node.url.replace("http://", "ws://") + "/ws")
 
 
 class Client:

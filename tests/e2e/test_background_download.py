@@ -8,7 +8,7 @@ from functools import partial
 import trio
 
 from tests.e2e.conftest import connect, new_session, read_request_head, running_node
-from turnstile.runtime.config import FilesystemModuleConfig, HttpModuleConfig, ModulesConfig
+from turnstile.actors.config import FilesystemModuleConfig, HttpModuleConfig, ModulesConfig
 
 BODY = b"x" * 5000
 

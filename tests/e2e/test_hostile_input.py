@@ -10,7 +10,7 @@ import logging
 import httpx
 
 from tests.e2e.conftest import ALICE, connect, new_session, running_node
-from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
+from turnstile.runtime.gateway import Auth, ConnectionLimits, HttpRoute, build_app
 
 DEEP = 1000  # what the issue found: deep enough to exhaust Python's recursion limit
 
@@ -175,16 +175,15 @@ async def test_http_client_msg_id_is_capped_at_128_characters_like_the_websocket
             assert response.json()["client_msg_id"] == "m" * 128
 
 
-class _BrokenBackend:
-    """A backend with a bug: reading a session raises something no handler expects."""
-
-    async def get_session(self, user: str, session_id: str):
-        raise RuntimeError("the bug")
+async def _broken(request):
+    """A feature's handler with a bug: it raises something no handler expects."""
+    raise RuntimeError("the bug")
 
 
 async def test_a_500_is_logged_with_its_traceback(caplog):
     app = build_app(
-        backend=_BrokenBackend(),
+        backend=None,
+        routes=[HttpRoute("GET", "/sessions/{id}", _broken)],
         auth=Auth({ALICE: "alice"}),
         limits=ConnectionLimits(),
         version="test",

@@ -25,7 +25,7 @@ from tests.e2e.conftest import (
     read_request_head,
     running_node,
 )
-from turnstile.runtime.config import HttpModuleConfig, Limits, ModulesConfig
+from turnstile.actors.config import HttpModuleConfig, Limits, ModulesConfig
 
 _ids = itertools.count()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.e2e.conftest import connect, new_session, running_node
-from turnstile.runtime.config import ChannelSettings
+from turnstile.actors.config import ChannelSettings
 
 
 async def test_notifications_are_buffered_while_detached_and_delivered_in_order_on_attach(

@@ -299,13 +299,13 @@ async def test_malformed_frames_get_typed_errors_and_the_connection_keeps_workin
 
 
 def _small_frames():
-    from turnstile.runtime.config import Limits
+    from turnstile.actors.config import Limits
 
     return Limits(max_frame_bytes=2048, max_content_chars=100)
 
 
 async def test_limits_sessions_per_user_and_queued_inputs(tmp_path, gated):
-    from turnstile.runtime.config import Limits
+    from turnstile.actors.config import Limits
 
     async with running_node(
         tmp_path, agent=gated, limits=Limits(max_sessions_per_user=2, max_queued_inputs=2)

@@ -12,7 +12,7 @@ import json
 import trio
 
 from tests.e2e.conftest import ALICE, new_session, running_node
-from turnstile.runtime.config import Limits
+from turnstile.actors.config import Limits
 
 LIMIT = 0.5  # seconds, for both timeouts
 BOUND = 5.0  # no test waits longer than this for the server to act

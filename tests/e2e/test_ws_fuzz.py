@@ -24,7 +24,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from tests.e2e.conftest import ALICE, BOB, Client, connect, new_session, running_node
-from turnstile.runtime.config import Limits
+from turnstile.actors.config import Limits
 
 TOTAL = 10_000
 WARM_UP = 1_000

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from turnstile.actors.config import Config, ScriptedConfig
 from turnstile.actors.node import make_agent, recover
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
-from turnstile.runtime.config import Config, ScriptedConfig
 from turnstile.runtime.store import open_store
 
 

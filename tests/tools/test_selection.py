@@ -12,6 +12,7 @@ import msgspec
 import pytest
 import trio
 
+from turnstile.actors.config import Config, ExecutionConfig
 from turnstile.actors.execution.selection import (
     DISCOVERY,
     GROUPS,
@@ -21,11 +22,10 @@ from turnstile.actors.execution.selection import (
     schema_chars,
     select_tools,
 )
-from turnstile.actors.node import run_node
+from turnstile.actors.node import open_node
 from turnstile.actors.scheduling.heartbeat import HEARTBEAT_PROFILES
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolSpec, TurnContext, TurnInput
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.config import Config, ExecutionConfig
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.tools.registry import ToolRegistry
 
@@ -61,16 +61,10 @@ class RecordingAgent:
 @asynccontextmanager
 async def node(tmp_path, agent: RecordingAgent, **config: Any):
     settings = Config(port=0, store=f"sqlite:///{tmp_path}/node.db", **config)
-    async with trio.open_nursery() as nursery:
-        (url,) = await nursery.start(
-            lambda task_status: run_node(
-                settings, {TOKEN: "ada"}, agent=agent, task_status=task_status
-            )
-        )
+    async with open_node(settings, tokens={TOKEN: "ada"}, agent=agent) as running:
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+        async with httpx.AsyncClient(base_url=running.url, headers=headers) as http:
             yield http
-        nursery.cancel_scope.cancel()
 
 
 async def turn_of(

@@ -1,0 +1,93 @@
+"""The feature interface: what a feature package gives a node, and what a node gives it.
+
+A feature (sessions, scheduling, watchers, notifications, execution, …) is one package under
+``actors/``. It exposes one object satisfying ``Feature``; the composition root
+(``turnstile.actors.node.open_node``) starts the features in order and mounts their routes.
+Starting a feature means spawning its actors under the node's supervisor, registering its tools
+in the node's ``ToolRegistry``, and plugging into the hooks other features offer: the sessions
+feature's ``SessionHooks`` (what ends with a session, what blocks its deletion, what a turn may
+use), and the few node-wide services below that one feature provides and others use
+(``notify``, ``check_channel``, ``start_background``). Features never import one another except
+``sessions``, on which they all build; the import contracts in pyproject.toml enforce it.
+
+Adding a feature is adding a package with a ``Feature`` and naming it in ``default_features``
+(or passing it to ``open_node(features=…)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from turnstile.actors.config import Config
+from turnstile.actors.sessions.hooks import SessionHooks
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.store import Store
+from turnstile.runtime.supervisor import Supervisor
+from turnstile.tools.registry import ToolRegistry
+
+__all__ = ["Feature", "NodeContext"]
+
+
+@dataclass
+class NodeContext:
+    """The node as a feature sees it while it starts.
+
+    Attributes:
+        config: the node's whole configuration (a feature reads its own section).
+        store: the node's store.
+        clock: the node's clock (a ``MockWallClock`` in tests).
+        metrics: where counters, gauges and summaries go (``/metrics``).
+        tools: the tool registry every feature registers into.
+        sessions: the registry of ``session:<key>`` virtual actors.
+        supervisor: the root supervisor; a feature spawns its actors under it.
+        hooks: the sessions feature's hook points, filled in by the features.
+        start_soon: starts a plain background task owned by the node (stopped when it closes).
+        notify: the notifications feature's ``notify`` (None without that feature).
+        check_channel: validates a channel name (notifications; None without it).
+        start_background: runs a tool call as a background task (execution; None without it).
+        directory: the sessions feature's directory, set once sessions started (routes use it to
+            turn a user's session name into its key).
+    """
+
+    config: Config
+    store: Store
+    clock: Clock
+    metrics: Metrics
+    tools: ToolRegistry
+    sessions: Registry
+    supervisor: Supervisor
+    hooks: SessionHooks
+    start_soon: Callable[..., None]
+    notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    check_channel: Callable[[str], None] | None = None
+    start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    directory: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    async def tell_session(self, key: str, message: Any) -> None:
+        """Send ``message`` to the session actor with key ``key`` (activating it)."""
+        await self.sessions.ref(f"session:{key}").tell(message)
+
+    async def ask_session(self, key: str, message: Any) -> Any:
+        """Ask the session actor with key ``key`` and wait for its answer."""
+        return await self.sessions.ref(f"session:{key}").ask(message)
+
+
+class Feature(Protocol):
+    """One feature package, as the composition root drives it."""
+
+    #: the feature's name (``scheduling``); also its config section's, where it has one.
+    name: str
+
+    async def start(self, node: NodeContext) -> None:
+        """Spawn the feature's actors, register its tools, fill the hooks it serves."""
+        ...
+
+    def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
+        """The HTTP endpoints the feature adds (called once every feature has started)."""
+        ...

@@ -1,0 +1,85 @@
+"""The notifications feature: the notifier (channels, buffering), the ``notify`` tool, and
+what it gives other features: ``notify`` (watchers' and scheduled turns' output for another
+channel) and ``check_channel`` (tools that name a channel validate it up front).
+
+A session's buffered notifications are delivered when a client attaches and discarded when the
+session is deleted; expired buffers are purged hourly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import msgspec
+import trio
+
+from turnstile.actors.config import Config
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
+from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
+from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.store import Store
+from turnstile.tools.netguard import NetPolicy
+
+__all__ = ["NotificationsFeature", "make_notifier", "purge_expired"]
+
+log = logging.getLogger("turnstile.notifications")
+
+
+class NotificationsFeature:
+    """``[notifications]`` and ``[channels.*]``; start it before the features that notify."""
+
+    name = "notifications"
+
+    def __init__(self) -> None:
+        self.notifier: Notifier | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        self.notifier = notifier = make_notifier(node.config, node.store, node.clock, node)
+        register_notify_tools(node.tools, notifier)
+        node.start_soon(purge_expired, node.store)
+        node.notify = notifier.notify
+        node.check_channel = notifier.check_channel
+        node.hooks.on_attach.append(notifier.deliver_buffered)
+        node.hooks.on_session_end.append(notifier.discard_buffered)
+
+    def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
+        return ()
+
+
+def make_notifier(config: Config, store: Store, clock, node: NodeContext) -> Notifier:
+    """The notifier with the config's channels; webhooks go through the SSRF guard."""
+
+    def listed(struct) -> dict:
+        return {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in msgspec.structs.asdict(struct).items()
+        }
+
+    http = config.modules.http
+    return Notifier(
+        store,
+        clock,
+        node.ask_session,
+        NotifierConfig(
+            channels=tuple(
+                ChannelConfig(name=name, **listed(channel))
+                for name, channel in config.channels.items()
+            ),
+            **msgspec.structs.asdict(config.notifications),
+        ),
+        webhook_post=guarded_webhook_post(
+            NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))
+        ),
+    )
+
+
+async def purge_expired(store: Store, every: float = 3600.0) -> None:
+    """Delete expired key-value rows (notification buffers) now and then."""
+    while True:
+        await trio.sleep(every)
+        try:
+            await store.kv_purge_expired()
+        except Exception:
+            log.warning("purging expired rows failed", exc_info=True)

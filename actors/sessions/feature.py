@@ -1,0 +1,92 @@
+"""The sessions feature: session actors, the directory the gateway talks to, the session
+endpoints. Every other feature builds on it through ``SessionHooks``; it is started last, once
+the others have filled the hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices
+from turnstile.actors.sessions.agents import Agent, Usage
+from turnstile.actors.sessions.directory import SessionDirectory
+from turnstile.actors.sessions.routes import session_routes
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.metrics import Metrics
+
+__all__ = ["SessionsFeature"]
+
+
+class SessionsFeature:
+    """``[limits]`` session limits and the node's agent."""
+
+    name = "sessions"
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.services: SessionServices | None = None
+        self.directory: SessionDirectory | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        """Nothing to do until the other features are in: see ``ready``."""
+
+    async def ready(self, node: NodeContext) -> None:
+        limits, metrics, hooks = node.config.limits, node.metrics, node.hooks
+
+        def turn_closed(status: str, seconds: float) -> None:
+            metrics.inc(f'turnstile_turns_total{{status="{status}"}}')
+            metrics.observe("turnstile_turn_seconds", seconds)
+
+        self.services = services = SessionServices(
+            store=node.store,
+            agent=self.agent,
+            tools=node.tools,
+            limits=SessionLimits(
+                max_queued_inputs=limits.max_queued_inputs,
+                max_content_chars=limits.max_content_chars,
+                history_entries=limits.history_entries,
+            ),
+            encode_event=counting_encoder(metrics),
+            on_turn_closed=turn_closed,
+            on_usage=lambda usage: count_tokens(metrics, usage),
+            tool_profiles=hooks.tool_profiles,
+            shaper=hooks.shaper,
+            disable_job=hooks.disable_job,
+            notify=node.notify,
+            scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
+        )
+        node.sessions.register("session", lambda key: SessionActor(key, services))
+        metrics.gauge("turnstile_sessions_active", lambda: node.sessions.statistics().active)
+        metrics.gauge("turnstile_mailbox_depth", node.sessions.mailbox_depth)
+        self.directory = node.directory = SessionDirectory(
+            node.store,
+            node.sessions,
+            node.tools,
+            max_sessions_per_user=limits.max_sessions_per_user,
+            metrics=metrics,
+            hooks=hooks,
+        )
+
+    def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
+        assert self.directory is not None, "routes() after ready()"
+        return session_routes(self.directory)
+
+
+def count_tokens(metrics: Metrics, usage: Usage) -> None:
+    """Model tokens by kind, as the agent's server counted them (``stream_end`` has per turn)."""
+    metrics.inc('turnstile_model_tokens_total{kind="prompt"}', usage.prompt_tokens)
+    metrics.inc('turnstile_model_tokens_total{kind="completion"}', usage.completion_tokens)
+
+
+def counting_encoder(metrics: Metrics):
+    """``encode_event`` that counts what it encodes (``turnstile_events_broadcast_total``)."""
+
+    def encode(session_id, record) -> bytes:
+        metrics.inc("turnstile_events_broadcast_total")
+        return encode_event(session_id, record)
+
+    return encode

@@ -1,0 +1,45 @@
+"""The hook points of the sessions feature: how other features plug into sessions.
+
+Sessions are the hub every other feature builds on, yet sessions import none of them: a feature
+fills these hooks when it starts (``turnstile.actors.feature``), and the session actors and the
+directory call whatever is there. An empty hook means the feature is not on this node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SessionHooks"]
+
+
+@dataclass
+class SessionHooks:
+    """What features add to sessions.
+
+    Attributes:
+        on_session_end: ``async (key)``, each called when a session is deleted, to end what the
+            feature keeps for it (jobs' settings, watchers, tasks, approvals, buffers).
+        on_attach: ``async (key)``, each called after a client attached (deliver what was held).
+        automations: ``async (key) -> list[dict]``: scheduled work bound to a session, which
+            blocks deleting it unless confirmed.
+        cancel_automations: ``async (key)``: cancels that work (a confirmed delete).
+        pending_recall: ``async (key) -> dict | None``: the session's pending recall (listings
+            show it and can filter on it).
+        resolve_approval: ``(user, approval_id, approved) -> dict``: the WebSocket
+            ``approve``/``deny`` frames.
+        tool_profiles: tool profiles by name that a turn input may ask for (None allows all).
+        shaper: chooses each turn's tools, default prompt and history budget.
+        disable_job: ``async (job_id)``: stops a job whose turn asked to be disabled.
+    """
+
+    on_session_end: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
+    on_attach: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
+    automations: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None
+    cancel_automations: Callable[[str], Awaitable[Any]] | None = None
+    pending_recall: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None
+    resolve_approval: Callable[[str, str, bool], dict[str, Any]] | None = None
+    tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
+    shaper: Any = None
+    disable_job: Callable[[str], Awaitable[None]] | None = None

@@ -1,0 +1,49 @@
+"""The watchers feature: the watcher actor, the ``watch_*`` tools, the watcher endpoints.
+
+A watcher polls a tool and escalates into its session only on change, error, recovery,
+threshold or batch. Its escalations can also go out through the notifications feature when that
+is on the node. A deleted session's watchers stop with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.watchers.actor import DropSessionWatchers, WatcherActor
+from turnstile.actors.watchers.routes import watcher_routes
+from turnstile.actors.watchers.tools import WATCH_TOOLS, register_watch_tools, watch_runner
+from turnstile.runtime.actor import ActorRef
+from turnstile.runtime.gateway.routes import HttpRoute
+
+__all__ = ["WatchersFeature"]
+
+
+class WatchersFeature:
+    """Start it after the sessions supervisor exists: children stop newest first, so the
+    watcher saves its state and delivers what is pending while sessions still run."""
+
+    name = "watchers"
+
+    def __init__(self) -> None:
+        self.watchers: ActorRef | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        tools = node.tools
+        self.watchers = watchers = await node.supervisor.spawn(
+            lambda: WatcherActor(
+                watch_runner(tools), node.tell_session, node.store, node.clock, notify=node.notify
+            ),
+            name="watchers",
+        )
+        register_watch_tools(tools, watchers)
+        tools.composite |= WATCH_TOOLS
+
+        async def drop(key: str) -> None:
+            await watchers.ask(DropSessionWatchers(session_id=key))
+
+        node.hooks.on_session_end.append(drop)
+
+    def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
+        assert self.watchers is not None, "routes() after start()"
+        return watcher_routes(node, self.watchers)
