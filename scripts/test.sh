@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README's second command (and what CI runs): install Turnstile with its dev extra into .venv,
-# make sure PostgreSQL is there, lint, and run the whole test suite.
+# make sure PostgreSQL is there, lint, check the import contracts, and run the whole test suite.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +11,5 @@ if [ -n "$dsn" ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+bash scripts/lint-imports.sh
 exec .venv/bin/python -m pytest "$@"
