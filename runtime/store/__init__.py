@@ -7,6 +7,10 @@ The store is the truth; memory is a cache. One protocol (:class:`Store`), two ba
 * ``postgresql://user@host:5432/db`` (also ``postgres://``; other query parameters become
   server settings, e.g. ``?search_path=myschema``).
 
+One validating front (:class:`~runtime.store.front.StoreFront`) checks every argument and builds
+every record; the backend under it only runs queries (:mod:`runtime.store.backend`). The schema
+is the kernel's migration set plus any set a caller passes (:mod:`runtime.store.migrations`).
+
 Usage::
 
     async with open_store("sqlite:///turnstile.db") as store:
@@ -16,13 +20,15 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
 
-from turnstile.runtime.clock import Clock
+from turnstile.runtime.clock import Clock, SystemClock
 from turnstile.runtime.store.base import UNSET, Store, UnsetType
-from turnstile.runtime.store.migrations import SCHEMA_VERSION
+from turnstile.runtime.store.front import StoreFront
+from turnstile.runtime.store.kernel import KERNEL, SCHEMA_VERSION
+from turnstile.runtime.store.migrations import Migration, MigrationSet, ordered_sets
 from turnstile.runtime.store.records import (
     FINAL_INPUT_STATES,
     INPUT_STATES,
@@ -39,7 +45,10 @@ from turnstile.runtime.store.records import (
 
 __all__ = [
     "Store",
+    "StoreFront",
     "open_store",
+    "Migration",
+    "MigrationSet",
     "UNSET",
     "UnsetType",
     "SCHEMA_VERSION",
@@ -60,23 +69,29 @@ _SQLITE_OPTIONS = {"synchronous"}
 
 
 @asynccontextmanager
-async def open_store(url: str, *, clock: Clock | None = None) -> AsyncIterator[Store]:
+async def open_store(
+    url: str, *, clock: Clock | None = None, migrations: Sequence[MigrationSet] = ()
+) -> AsyncIterator[Store]:
     """Open the store at ``url``, apply pending migrations, and close it on exit.
 
     Args:
         url: ``sqlite:///...`` or ``postgresql://...`` (see the module docstring).
         clock: stamps every row; defaults to the system clock.
+        migrations: migration sets to apply after the kernel's, in this order (see
+            :mod:`runtime.store.migrations`); each is tracked by its name and versions.
 
     Yields:
-        The open store.
+        The open store (a :class:`~runtime.store.front.StoreFront`).
 
     Raises:
-        ValueError: the URL is not one the store understands.
+        ValueError: the URL is not one the store understands, or two sets share a name.
         MigrationError: the schema is newer than this code, or a migration failed.
         StoreError: the database cannot be opened.
     """
+    sets = ordered_sets(KERNEL, migrations)
+    clock = clock if clock is not None else SystemClock()
     if url.startswith("sqlite://"):
-        from turnstile.runtime.store.sqlite import SQLiteStore
+        from turnstile.runtime.store.sqlite import SQLiteBackend
 
         rest = url.removeprefix("sqlite://")
         if not rest.startswith("/") or rest == "/":
@@ -86,17 +101,17 @@ async def open_store(url: str, *, clock: Clock | None = None) -> AsyncIterator[S
         unknown = set(options) - _SQLITE_OPTIONS
         if unknown:
             raise ValueError(f"unknown sqlite option {sorted(unknown)[0]!r}")
-        store = SQLiteStore(path, clock=clock, synchronous=options.get("synchronous", "FULL"))
-        await store.open()
+        sqlite = SQLiteBackend(path, synchronous=options.get("synchronous", "FULL"))
+        await sqlite.open(sets, clock.now())
         try:
-            yield store
+            yield StoreFront(sqlite, clock)
         finally:
-            await store.aclose()
+            await sqlite.aclose()
     elif url.startswith(("postgresql://", "postgres://")):
-        from turnstile.runtime.store.postgres import open_postgres_store
+        from turnstile.runtime.store.postgres import open_postgres_backend
 
-        async with open_postgres_store(url, clock=clock) as pg_store:
-            yield pg_store
+        async with open_postgres_backend(url, sets, clock.now()) as postgres:
+            yield StoreFront(postgres, clock)
     else:
         scheme = url.partition(":")[0]
         raise ValueError(f"unsupported store url scheme {scheme!r}")

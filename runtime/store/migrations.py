@@ -1,279 +1,207 @@
-"""Versioned schema, one list of migrations per backend.
+"""The migration runner: ordered, named sets of versioned migrations.
+
+A :class:`MigrationSet` is one owner's schema history: the kernel's (``"kernel"``, see
+:mod:`runtime.store.kernel`) and any set a caller passes to ``open_store(url,
+migrations=[...])``, so that a feature's tables can be added later without touching the
+kernel's. Each applied step is one row of ``schema_migrations(set_name, version, name,
+applied_at)``, keyed by ``(set_name, version)``.
 
 Rules:
 
-* Versions start at 1 and are consecutive; both backends have the same versions and names.
-* A migration is a tuple of single SQL statements (no ``executescript``: it would commit).
-* Migrations are applied at start-up, all pending ones in one transaction, each recorded in
-  ``schema_migrations(version, name, applied_at)``; running them again changes nothing.
-* A database whose highest recorded version is newer than the code's is refused with
-  :class:`~runtime.errors.MigrationError` rather than touched.
+* Within a set, versions start at 1 and are consecutive.
+* A migration is a tuple of single SQL statements (no ``executescript``: it would commit),
+  either the same for every backend (``statements``) or one tuple per backend (``sqlite=``,
+  ``postgres=``; a backend without its own tuple runs ``statements``).
+* At start-up the backend runs every pending step of every set, kernel first and then the
+  caller's sets in the order given, all in one transaction; running them again changes nothing.
+* A set whose highest recorded version is newer than the code's, or a recorded step whose name
+  differs from the code's, is refused with :class:`~runtime.errors.MigrationError` rather
+  than touched. Sets recorded in the database but not passed in are left alone.
 * Never edit a released migration: add a new one.
+
+Databases written before sets existed have ``schema_migrations(version, name, applied_at)``;
+the backends upgrade that table in place (its rows become the kernel's) before anything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from turnstile.runtime.errors import MigrationError
 
 __all__ = [
+    "KERNEL_SET",
     "Migration",
-    "SCHEMA_VERSION",
-    "SQLITE_MIGRATIONS",
-    "POSTGRES_MIGRATIONS",
-    "pending",
+    "MigrationSet",
+    "Step",
+    "ordered_sets",
+    "plan",
 ]
+
+#: The name of the kernel's set; a caller's set may not take it.
+KERNEL_SET = "kernel"
+_DIALECTS = ("sqlite", "postgres")
 
 
 @dataclass(frozen=True, slots=True)
 class Migration:
+    """One versioned step of a set.
+
+    Args:
+        version: 1 for the first step of a set, then consecutive.
+        name: a short identifier, recorded with the version.
+        statements: the SQL statements for every backend without a tuple of its own.
+        sqlite: SQLite's own statements, when they differ.
+        postgres: PostgreSQL's own statements, when they differ.
+    """
+
+    version: int
+    name: str
+    statements: tuple[str, ...] = ()
+    sqlite: tuple[str, ...] | None = None
+    postgres: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"migration version must be a positive int, not {self.version!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("migration name must be a non-empty str")
+        for attr in ("statements", *_DIALECTS):
+            value = getattr(self, attr)
+            if isinstance(value, str):
+                raise TypeError(f"migration {attr} must be a sequence of str, not a str")
+            if value is not None:
+                object.__setattr__(self, attr, tuple(value))
+
+    def statements_for(self, dialect: str) -> tuple[str, ...]:
+        """What ``dialect`` (``"sqlite"`` or ``"postgres"``) runs for this step."""
+        own = getattr(self, dialect)
+        return self.statements if own is None else own
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationSet:
+    """A named, ordered list of migrations (versions 1, 2, ... in order).
+
+    Args:
+        name: what the set is recorded under (``"kernel"`` is the store's own).
+        migrations: its steps, oldest first.
+    """
+
+    name: str
+    migrations: tuple[Migration, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("migration set name must be a non-empty str")
+        steps = tuple(self.migrations)
+        for expected, m in enumerate(steps, start=1):
+            if not isinstance(m, Migration):
+                raise TypeError(f"migration set {self.name!r} holds a {type(m).__name__}")
+            if m.version != expected:
+                raise ValueError(
+                    f"migration set {self.name!r}: versions must be consecutive from 1"
+                    f" (found {m.version} at position {expected})"
+                )
+        object.__setattr__(self, "migrations", steps)
+
+    @property
+    def version(self) -> int:
+        """The latest version of the set (0 when it is empty)."""
+        return len(self.migrations)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One pending migration of one set, with the statements of the backend that runs it."""
+
+    set_name: str
     version: int
     name: str
     statements: tuple[str, ...]
 
 
-_INPUT_STATES_SQL = "('queued', 'running', 'done', 'failed', 'interrupted')"
-_JOB_STATES_SQL = "('active', 'paused', 'completed', 'cancelled')"
+def ordered_sets(kernel: MigrationSet, extra: Iterable[MigrationSet]) -> tuple[MigrationSet, ...]:
+    """``kernel`` then the caller's sets, checked: each a MigrationSet, no name twice."""
+    if isinstance(extra, MigrationSet):
+        raise TypeError("migrations must be a sequence of MigrationSet, not one MigrationSet")
+    sets = (kernel, *extra)
+    seen: set[str] = set()
+    for s in sets:
+        if not isinstance(s, MigrationSet):
+            raise TypeError(f"migrations must hold MigrationSet, not {type(s).__name__}")
+        if s.name in seen:
+            raise ValueError(f"migration set {s.name!r} given twice")
+        seen.add(s.name)
+    return sets
 
-# v2: at most one pending (active or paused) recall per session, enforced by the database
-# itself, so that two concurrent ``schedule_recall`` calls (even on two nodes sharing one
-# PostgreSQL) cannot both succeed. Same statement on both backends: both have partial indexes.
-_ONE_PENDING_RECALL_SQL = """
-CREATE UNIQUE INDEX jobs_one_pending_recall_idx ON jobs (session_id)
-    WHERE kind = 'recall' AND state IN ('active', 'paused')
-"""
 
-# SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
-# JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
-SQLITE_BOOTSTRAP = """
+def plan(
+    applied: Iterable[tuple[str, int, str]], sets: Sequence[MigrationSet], dialect: str
+) -> list[Step]:
+    """The steps still to run, in order, given the ``(set_name, version, name)`` rows recorded.
+
+    Raises:
+        MigrationError: a set's recorded version is newer than the code's, or a recorded
+            step's name is not the code's.
+    """
+    recorded: dict[str, dict[int, str]] = {}
+    for set_name, version, name in applied:
+        recorded.setdefault(set_name, {})[version] = name
+    steps: list[Step] = []
+    for s in sets:
+        done = recorded.get(s.name, {})
+        if done and max(done) > s.version:
+            where = "" if s.name == KERNEL_SET else f" of set {s.name!r}"
+            raise MigrationError(
+                f"schema version {max(done)}{where} is newer than this code ({s.version})"
+            )
+        for m in s.migrations:
+            if m.version not in done:
+                steps.append(Step(s.name, m.version, m.name, m.statements_for(dialect)))
+            elif done[m.version] != m.name:
+                raise MigrationError(
+                    f"migration {s.name} {m.version} is recorded as {done[m.version]!r},"
+                    f" but this code calls it {m.name!r}"
+                )
+    return steps
+
+
+# -- the table that records them, per backend ------------------------------------------------
+
+SQLITE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
-    version INTEGER PRIMARY KEY,
+    set_name TEXT NOT NULL DEFAULT 'kernel',
+    version INTEGER NOT NULL,
     name TEXT NOT NULL,
-    applied_at TEXT NOT NULL
+    applied_at TEXT NOT NULL,
+    PRIMARY KEY (set_name, version)
 ) STRICT
 """
 
-SQLITE_MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        1,
-        "initial",
-        (
-            """
-            CREATE TABLE sessions (
-                id TEXT PRIMARY KEY,
-                owner TEXT NOT NULL,
-                metadata TEXT NOT NULL,
-                policy TEXT NOT NULL,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL,
-                last_seq INTEGER NOT NULL DEFAULT 0
-            ) STRICT
-            """,
-            "CREATE INDEX sessions_owner_idx ON sessions (owner, id)",
-            f"""
-            CREATE TABLE inbox (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-                source TEXT NOT NULL,
-                payload TEXT NOT NULL,
-                state TEXT NOT NULL CHECK (state IN {_INPUT_STATES_SQL}),
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL,
-                detail TEXT
-            ) STRICT
-            """,
-            "CREATE INDEX inbox_session_idx ON inbox (session_id, state, id)",
-            "CREATE INDEX inbox_state_idx ON inbox (state)",
-            """
-            CREATE TABLE events (
-                session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-                seq INTEGER NOT NULL,
-                type TEXT NOT NULL,
-                payload TEXT NOT NULL,
-                ts TEXT NOT NULL,
-                PRIMARY KEY (session_id, seq)
-            ) STRICT, WITHOUT ROWID
-            """,
-            f"""
-            CREATE TABLE jobs (
-                id TEXT PRIMARY KEY,
-                session_id TEXT REFERENCES sessions (id) ON DELETE CASCADE,
-                kind TEXT NOT NULL,
-                spec TEXT NOT NULL,
-                state TEXT NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
-                next_fire_at TEXT,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL,
-                run_count INTEGER NOT NULL DEFAULT 0
-            ) STRICT
-            """,
-            "CREATE INDEX jobs_due_idx ON jobs (state, next_fire_at)",
-            "CREATE INDEX jobs_session_idx ON jobs (session_id)",
-            """
-            CREATE TABLE job_runs (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-                scheduled_for TEXT NOT NULL,
-                state TEXT NOT NULL,
-                input_id INTEGER REFERENCES inbox (id) ON DELETE SET NULL,
-                detail TEXT,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL
-            ) STRICT
-            """,
-            "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
-            "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
-        ),
-    ),
-    Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
-    Migration(
-        3,
-        "kv",
-        (
-            """
-            CREATE TABLE kv (
-                namespace TEXT NOT NULL,
-                key TEXT NOT NULL,
-                value TEXT NOT NULL,
-                expires_at TEXT,
-                updated_at TEXT NOT NULL,
-                PRIMARY KEY (namespace, key)
-            ) STRICT, WITHOUT ROWID
-            """,
-            "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
-        ),
-    ),
+#: A pre-sets table (``version`` alone was the key) becomes the kernel's rows of a new one.
+SQLITE_SCHEMA_TABLE_UPGRADE = (
+    "ALTER TABLE schema_migrations RENAME TO schema_migrations_before_sets",
+    SQLITE_SCHEMA_TABLE,
+    "INSERT INTO schema_migrations (set_name, version, name, applied_at)"
+    " SELECT 'kernel', version, name, applied_at FROM schema_migrations_before_sets",
+    "DROP TABLE schema_migrations_before_sets",
 )
 
-# PostgreSQL: ids are COLLATE "C" so that ordering and keyset pagination match SQLite's byte
-# order; times are timestamptz; JSON is jsonb.
-POSTGRES_BOOTSTRAP = """
+POSTGRES_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
-    version integer PRIMARY KEY,
+    set_name text COLLATE "C" NOT NULL DEFAULT 'kernel',
+    version integer NOT NULL,
     name text NOT NULL,
-    applied_at timestamptz NOT NULL
+    applied_at timestamptz NOT NULL,
+    PRIMARY KEY (set_name, version)
 )
 """
 
-POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        1,
-        "initial",
-        (
-            """
-            CREATE TABLE sessions (
-                id text COLLATE "C" PRIMARY KEY,
-                owner text NOT NULL,
-                metadata jsonb NOT NULL,
-                policy text NOT NULL,
-                created_at timestamptz NOT NULL,
-                updated_at timestamptz NOT NULL,
-                last_seq bigint NOT NULL DEFAULT 0
-            )
-            """,
-            "CREATE INDEX sessions_owner_idx ON sessions (owner, id)",
-            f"""
-            CREATE TABLE inbox (
-                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                session_id text COLLATE "C" NOT NULL
-                    REFERENCES sessions (id) ON DELETE CASCADE,
-                source text NOT NULL,
-                payload jsonb NOT NULL,
-                state text NOT NULL CHECK (state IN {_INPUT_STATES_SQL}),
-                created_at timestamptz NOT NULL,
-                updated_at timestamptz NOT NULL,
-                detail jsonb
-            )
-            """,
-            "CREATE INDEX inbox_session_idx ON inbox (session_id, state, id)",
-            "CREATE INDEX inbox_state_idx ON inbox (state)",
-            """
-            CREATE TABLE events (
-                session_id text COLLATE "C" NOT NULL
-                    REFERENCES sessions (id) ON DELETE CASCADE,
-                seq bigint NOT NULL,
-                type text NOT NULL,
-                payload jsonb NOT NULL,
-                ts timestamptz NOT NULL,
-                PRIMARY KEY (session_id, seq)
-            )
-            """,
-            f"""
-            CREATE TABLE jobs (
-                id text COLLATE "C" PRIMARY KEY,
-                session_id text COLLATE "C" REFERENCES sessions (id) ON DELETE CASCADE,
-                kind text NOT NULL,
-                spec jsonb NOT NULL,
-                state text NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
-                next_fire_at timestamptz,
-                created_at timestamptz NOT NULL,
-                updated_at timestamptz NOT NULL,
-                run_count bigint NOT NULL DEFAULT 0
-            )
-            """,
-            "CREATE INDEX jobs_due_idx ON jobs (next_fire_at) WHERE state = 'active'",
-            "CREATE INDEX jobs_session_idx ON jobs (session_id)",
-            """
-            CREATE TABLE job_runs (
-                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                job_id text COLLATE "C" NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-                scheduled_for timestamptz NOT NULL,
-                state text NOT NULL,
-                input_id bigint REFERENCES inbox (id) ON DELETE SET NULL,
-                detail jsonb,
-                created_at timestamptz NOT NULL,
-                updated_at timestamptz NOT NULL
-            )
-            """,
-            "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
-            "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
-        ),
-    ),
-    Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
-    Migration(
-        3,
-        "kv",
-        (
-            """
-            CREATE TABLE kv (
-                namespace text COLLATE "C" NOT NULL,
-                key text COLLATE "C" NOT NULL,
-                value jsonb NOT NULL,
-                expires_at timestamptz,
-                updated_at timestamptz NOT NULL,
-                PRIMARY KEY (namespace, key)
-            )
-            """,
-            "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
-        ),
-    ),
+POSTGRES_SCHEMA_TABLE_UPGRADE = (
+    'ALTER TABLE schema_migrations ADD COLUMN set_name text COLLATE "C" NOT NULL'
+    " DEFAULT 'kernel'",
+    "ALTER TABLE schema_migrations DROP CONSTRAINT schema_migrations_pkey",
+    "ALTER TABLE schema_migrations ADD PRIMARY KEY (set_name, version)",
 )
-
-
-def _check(migrations: tuple[Migration, ...]) -> int:
-    for expected, m in enumerate(migrations, start=1):
-        if m.version != expected:
-            raise AssertionError(f"migration versions must be consecutive from 1 ({m.version})")
-    return len(migrations)
-
-
-SCHEMA_VERSION = _check(SQLITE_MIGRATIONS)
-if _check(POSTGRES_MIGRATIONS) != SCHEMA_VERSION or [m.name for m in SQLITE_MIGRATIONS] != [
-    m.name for m in POSTGRES_MIGRATIONS
-]:
-    raise AssertionError("sqlite and postgres migrations must have the same versions and names")
-
-
-def pending(applied: Iterable[int], migrations: tuple[Migration, ...]) -> list[Migration]:
-    """The migrations not yet in ``applied``, in order.
-
-    Raises:
-        MigrationError: the database knows a version newer than the code.
-    """
-    applied = set(applied)
-    latest = migrations[-1].version if migrations else 0
-    if applied and max(applied) > latest:
-        raise MigrationError(f"schema version {max(applied)} is newer than this code ({latest})")
-    return [m for m in migrations if m.version not in applied]

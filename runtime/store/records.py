@@ -149,8 +149,9 @@ class FireResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of ``schema_migrations``."""
+    """One row of ``schema_migrations``: step ``version`` of the migration set ``set_name``."""
 
     version: int
     name: str
     applied_at: datetime
+    set_name: str = "kernel"

@@ -29,16 +29,16 @@ async def pg_url(pg_dsn):
 async def test_opens_its_own_loop(pg_url):
     assert trio_asyncio.current_loop.get() is None
     async with open_store(pg_url) as store:
-        assert store._loop is not None
+        assert store.engine._loop is not None
         await store.create_session("s1", "ada")
     assert trio_asyncio.current_loop.get() is None
-    assert store._loop.is_closed()
+    assert store.engine._loop.is_closed()
 
 
 async def test_uses_the_running_loop(pg_url):
     async with trio_asyncio.open_loop() as loop:
         async with open_store(pg_url) as store:
-            assert store._loop is loop
+            assert store.engine._loop is loop
             await store.create_session("s1", "ada")
         assert not loop.is_closed()
 

@@ -1,0 +1,495 @@
+"""The validating front of the store: one implementation of :class:`~runtime.store.base.Store`.
+
+Every public method checks its arguments here, once (the typed errors and messages of
+:mod:`runtime.store._util`), encodes JSON and times, asks the backend (see
+:mod:`runtime.store.backend`) to run the queries, and turns the rows it answers into records.
+The backends only run queries. :func:`runtime.store.open_store` hands out a front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from msgspec import UNSET, UnsetType
+
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.errors import AlreadyExists
+from turnstile.runtime.store import _util as u
+from turnstile.runtime.store.backend import Backend
+from turnstile.runtime.store.records import (
+    EventRecord,
+    FireResult,
+    InboxItem,
+    Job,
+    JobRun,
+    MigrationRecord,
+    Session,
+)
+
+__all__ = ["StoreFront"]
+
+
+# -- rows to records (a row reads row["column"]; times are ISO text or datetimes) --------------
+
+
+def _ts(value: str | datetime) -> datetime:
+    return u.parse_ts(value) if isinstance(value, str) else value
+
+
+def _optional_ts(value: str | datetime | None) -> datetime | None:
+    return None if value is None else _ts(value)
+
+
+def _session(row: Any) -> Session:
+    return Session(
+        id=row["id"],
+        owner=row["owner"],
+        metadata=u.decode_json(row["metadata"]),
+        policy=row["policy"],
+        created_at=_ts(row["created_at"]),
+        updated_at=_ts(row["updated_at"]),
+        last_seq=row["last_seq"],
+    )
+
+
+def _input(row: Any) -> InboxItem:
+    return InboxItem(
+        id=row["id"],
+        session_id=row["session_id"],
+        source=row["source"],
+        payload=u.decode_json(row["payload"]),
+        state=row["state"],
+        created_at=_ts(row["created_at"]),
+        updated_at=_ts(row["updated_at"]),
+        detail=u.decode_optional_json(row["detail"]),
+    )
+
+
+def _event(row: Any) -> EventRecord:
+    return EventRecord(
+        session_id=row["session_id"],
+        seq=row["seq"],
+        type=row["type"],
+        payload=u.decode_json(row["payload"]),
+        ts=_ts(row["ts"]),
+    )
+
+
+def _job(row: Any) -> Job:
+    return Job(
+        id=row["id"],
+        session_id=row["session_id"],
+        kind=row["kind"],
+        spec=u.decode_json(row["spec"]),
+        state=row["state"],
+        next_fire_at=_optional_ts(row["next_fire_at"]),
+        created_at=_ts(row["created_at"]),
+        updated_at=_ts(row["updated_at"]),
+        run_count=row["run_count"],
+    )
+
+
+def _run(row: Any) -> JobRun:
+    return JobRun(
+        id=row["id"],
+        job_id=row["job_id"],
+        scheduled_for=_ts(row["scheduled_for"]),
+        state=row["state"],
+        input_id=row["input_id"],
+        detail=u.decode_optional_json(row["detail"]),
+        created_at=_ts(row["created_at"]),
+        updated_at=_ts(row["updated_at"]),
+    )
+
+
+def _migration(row: Any) -> MigrationRecord:
+    return MigrationRecord(
+        version=row["version"],
+        name=row["name"],
+        applied_at=_ts(row["applied_at"]),
+        set_name=row["set_name"],
+    )
+
+
+# -- the front --------------------------------------------------------------------------------
+
+
+class StoreFront:
+    """The store: checks arguments, then has ``engine`` run the queries.
+
+    Args:
+        engine: the backend (:class:`~runtime.store.backend.Backend`) that runs the queries.
+        clock: its wall time stamps every row.
+
+    Attributes:
+        backend: ``"sqlite"`` or ``"postgres"``.
+        clock: the clock.
+        engine: the backend object.
+    """
+
+    def __init__(self, engine: Backend, clock: Clock) -> None:
+        self.engine = engine
+        self.backend = engine.kind
+        self.clock = clock
+
+    def __repr__(self) -> str:
+        return f"<Store {self.engine!r}>"
+
+    async def aclose(self) -> None:
+        """Finish what is in flight and close the backend; later calls raise StoreError."""
+        await self.engine.aclose()
+
+    @property
+    def commit_stats(self) -> tuple[int, int]:
+        """SQLite only: (transactions committed, requests they held) by its group commit.
+
+        Raises:
+            AttributeError: the backend has no group commit (PostgreSQL).
+        """
+        return self.engine.commit_stats  # type: ignore[attr-defined]
+
+    def _now(self) -> Any:
+        return self.engine.db_time(self.clock.now())
+
+    def _time(self, value: object, what: str) -> Any:
+        return self.engine.db_time(u.check_time(value, what))
+
+    def _optional_time(self, value: object, what: str) -> Any:
+        return None if value is None else self._time(value, what)
+
+    # ---- schema ----
+
+    async def ping(self) -> None:
+        await self.engine.read("ping")
+
+    async def migrations(self) -> list[MigrationRecord]:
+        return [_migration(r) for r in await self.engine.read("migrations")]
+
+    # ---- sessions ----
+
+    async def create_session(
+        self,
+        id: str,
+        owner: str,
+        metadata: dict[str, Any] | None = None,
+        policy: str = "enqueue",
+    ) -> Session:
+        u.check_text(id, "id")
+        u.check_text(owner, "owner")
+        u.check_text(policy, "policy")
+        meta = u.encode_json({} if metadata is None else metadata, "metadata")
+        row = await self.engine.write(
+            "create_session", id=id, owner=owner, metadata=meta, policy=policy, now=self._now()
+        )
+        if row is None:
+            raise AlreadyExists(f"session {id!r} already exists")
+        return _session(row)
+
+    async def get_session(self, id: str) -> Session:
+        row = await self.engine.read("get_session", id=id)
+        if row is None:
+            raise u.no_session(id)
+        return _session(row)
+
+    async def list_sessions(
+        self, owner: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Session]:
+        u.check_limit(limit)
+        rows = await self.engine.read("list_sessions", owner=owner, limit=limit, after_id=after_id)
+        return [_session(r) for r in rows]
+
+    async def update_session(
+        self,
+        id: str,
+        *,
+        metadata: dict[str, Any] | UnsetType = UNSET,
+        policy: str | UnsetType = UNSET,
+    ) -> Session:
+        sets: dict[str, Any] = {}
+        if metadata is not UNSET:
+            sets["metadata"] = u.encode_json(metadata, "metadata")  # type: ignore[arg-type]
+        if policy is not UNSET:
+            sets["policy"] = u.check_text(policy, "policy")
+        if not sets:
+            return await self.get_session(id)
+        row = await self.engine.write("update_session", id=id, sets=sets, now=self._now())
+        if row is None:
+            raise u.no_session(id)
+        return _session(row)
+
+    async def delete_session(self, id: str) -> None:
+        if not await self.engine.write("delete_session", id=id):
+            raise u.no_session(id)
+
+    # ---- inbox ----
+
+    async def enqueue_input(
+        self, session_id: str, source: str, payload: dict[str, Any]
+    ) -> InboxItem:
+        u.check_text(session_id, "session_id")
+        u.check_text(source, "source")
+        data = u.encode_json(payload)
+        row = await self.engine.write(
+            "enqueue_input", session_id=session_id, source=source, payload=data, now=self._now()
+        )
+        if row is None:
+            raise u.no_session(session_id)
+        return _input(row)
+
+    async def claim_next_input(self, session_id: str) -> InboxItem | None:
+        row = await self.engine.write("claim_next_input", session_id=session_id, now=self._now())
+        return None if row is None else _input(row)
+
+    async def finish_input(
+        self, input_id: int, state: str, detail: dict[str, Any] | None = None
+    ) -> InboxItem:
+        u.check_int(input_id, "input_id")
+        u.check_input_state(state)
+        data = u.encode_optional_json(detail)
+        while True:
+            if u.finish_allowed("running", state):
+                row = await self.engine.write(
+                    "finish_input", input_id=input_id, state=state, detail=data, now=self._now()
+                )
+                if row is not None:
+                    return _input(row)
+            current = await self.engine.read("input_state", input_id=input_id)
+            if current is None:
+                raise u.no_input(input_id)
+            if current != "running" or not u.finish_allowed(current, state):
+                raise u.transition_error(input_id, current, state)
+            # it was claimed between the two statements: try the move again
+
+    async def list_inputs(
+        self, session_id: str, states: Sequence[str] | None = None
+    ) -> list[InboxItem]:
+        wanted = u.check_input_states(states)
+        rows = await self.engine.read("list_inputs", session_id=session_id, states=wanted)
+        return [_input(r) for r in rows]
+
+    async def interrupt_running(self) -> list[InboxItem]:
+        rows = await self.engine.write("interrupt_running", now=self._now())
+        return sorted((_input(r) for r in rows), key=lambda item: item.id)
+
+    async def sessions_with_queued_inputs(self) -> list[str]:
+        return [r[0] for r in await self.engine.read("sessions_with_queued_inputs")]
+
+    # ---- events ----
+
+    async def append_events(
+        self, session_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[EventRecord]:
+        encoded = u.check_events(events)
+        if not encoded:
+            await self.last_seq(session_id)  # still NotFound for an unknown session
+            return []
+        now = self._now()
+        last = await self.engine.write(
+            "append_events", session_id=session_id, events=encoded, now=now
+        )
+        if last is None:
+            raise u.no_session(session_id)
+        first, ts = last - len(encoded) + 1, _ts(now)
+        return [
+            EventRecord(
+                session_id=session_id, seq=first + i, type=t, payload=u.decode_json(p), ts=ts
+            )
+            for i, (t, p) in enumerate(encoded)
+        ]
+
+    async def read_events(
+        self, session_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[EventRecord]:
+        u.check_int(after_seq, "after_seq")
+        u.check_limit(limit)
+        rows = await self.engine.read(
+            "read_events", session_id=session_id, after_seq=after_seq, limit=limit
+        )
+        return [_event(r) for r in rows]
+
+    async def last_seq(self, session_id: str) -> int:
+        last = await self.engine.read("last_seq", session_id=session_id)
+        if last is None:
+            raise u.no_session(session_id)
+        return last
+
+    # ---- key-value ----
+
+    async def kv_put(
+        self,
+        namespace: str,
+        items: Sequence[tuple[str, dict[str, Any], datetime | None]],
+    ) -> None:
+        u.check_text(namespace, "namespace")
+        rows = [
+            (
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                self._optional_time(expires, "expires_at"),
+            )
+            for key, value, expires in items
+        ]
+        if rows:
+            await self.engine.write("kv_put", namespace=namespace, rows=rows, now=self._now())
+
+    async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        value = await self.engine.read("kv_get", namespace=namespace, key=key, now=self._now())
+        return u.decode_optional_json(value)
+
+    async def kv_delete(self, namespace: str, keys: Sequence[str]) -> int:
+        return await self.engine.write("kv_delete", namespace=namespace, keys=list(keys))
+
+    async def kv_list(
+        self, namespace: str, *, after_key: str | None = None, limit: int = 1000
+    ) -> list[tuple[str, dict[str, Any]]]:
+        rows = await self.engine.read(
+            "kv_list", namespace=namespace, after=after_key or "", limit=limit, now=self._now()
+        )
+        return [(r["key"], u.decode_json(r["value"])) for r in rows]
+
+    async def kv_purge_expired(self) -> int:
+        return await self.engine.write("kv_purge", now=self._now())
+
+    # ---- jobs ----
+
+    async def create_job(
+        self,
+        id: str,
+        *,
+        kind: str,
+        spec: dict[str, Any],
+        session_id: str | None = None,
+        next_fire_at: datetime | None = None,
+        state: str = "active",
+    ) -> Job:
+        u.check_text(id, "id")
+        u.check_text(kind, "kind")
+        u.check_job_state(state)
+        if session_id is not None:
+            u.check_text(session_id, "session_id")
+        data = u.encode_json(spec, "spec")
+        row = await self.engine.write(
+            "create_job",
+            id=id,
+            kind=kind,
+            spec=data,
+            session_id=session_id,
+            next_fire_at=self._optional_time(next_fire_at, "next_fire_at"),
+            state=state,
+            now=self._now(),
+        )
+        if row is None:
+            raise AlreadyExists(f"job {id!r} already exists")
+        return _job(row)
+
+    async def get_job(self, id: str) -> Job:
+        row = await self.engine.read("get_job", id=id)
+        if row is None:
+            raise u.no_job(id)
+        return _job(row)
+
+    async def list_jobs(
+        self, session_id: str | None = None, states: Sequence[str] | None = None
+    ) -> list[Job]:
+        wanted = u.check_job_states(states)
+        rows = await self.engine.read("list_jobs", session_id=session_id, states=wanted)
+        return [_job(r) for r in rows]
+
+    async def update_job(
+        self,
+        id: str,
+        *,
+        kind: str | UnsetType = UNSET,
+        spec: dict[str, Any] | UnsetType = UNSET,
+        state: str | UnsetType = UNSET,
+        next_fire_at: datetime | None | UnsetType = UNSET,
+    ) -> Job:
+        sets: dict[str, Any] = {}
+        if kind is not UNSET:
+            sets["kind"] = u.check_text(kind, "kind")
+        if spec is not UNSET:
+            sets["spec"] = u.encode_json(spec, "spec")  # type: ignore[arg-type]
+        if state is not UNSET:
+            sets["state"] = u.check_job_state(state)
+        if next_fire_at is not UNSET:
+            sets["next_fire_at"] = self._optional_time(next_fire_at, "next_fire_at")
+        if not sets:
+            return await self.get_job(id)
+        row = await self.engine.write("update_job", id=id, sets=sets, now=self._now())
+        if row is None:
+            raise u.no_job(id)
+        return _job(row)
+
+    async def delete_job(self, id: str) -> None:
+        if not await self.engine.write("delete_job", id=id):
+            raise u.no_job(id)
+
+    async def due_jobs(self, before: datetime, limit: int = 100) -> list[Job]:
+        b = self._time(before, "before")
+        u.check_limit(limit)
+        return [_job(r) for r in await self.engine.read("due_jobs", before=b, limit=limit)]
+
+    async def list_runs(self, job_id: str, limit: int = 100) -> list[JobRun]:
+        u.check_limit(limit)
+        return [_run(r) for r in await self.engine.read("list_runs", job_id=job_id, limit=limit)]
+
+    async def get_run(self, run_id: int) -> JobRun:
+        u.check_int(run_id, "run_id")
+        row = await self.engine.read("get_run", run_id=run_id)
+        if row is None:
+            raise u.no_run(run_id)
+        return _run(row)
+
+    async def update_run(
+        self, run_id: int, state: str, detail: dict[str, Any] | None = None
+    ) -> JobRun:
+        u.check_int(run_id, "run_id")
+        u.check_text(state, "state")
+        data = u.encode_optional_json(detail)
+        row = await self.engine.write(
+            "update_run", run_id=run_id, state=state, detail=data, now=self._now()
+        )
+        if row is None:
+            raise u.no_run(run_id)
+        return _run(row)
+
+    async def fire_job(
+        self,
+        job_id: str,
+        expected_next_fire_at: datetime,
+        new_next_fire_at: datetime | None,
+        run_state: str = "queued",
+        input: tuple[str, dict[str, Any]] | None = None,
+        detail: dict[str, Any] | None = None,
+        counts: bool = True,
+        extra_runs: Sequence[tuple[datetime, str, dict[str, Any] | None]] = (),
+    ) -> FireResult | None:
+        expected = self._time(expected_next_fire_at, "expected_next_fire_at")
+        new = self._optional_time(new_next_fire_at, "new_next_fire_at")
+        u.check_text(run_state, "run_state")
+        inp = u.check_fire_input(input)
+        data = u.encode_optional_json(detail)
+        extra = [
+            (self._time(when, "extra_runs"), state, u.encode_optional_json(more))
+            for when, state, more in extra_runs
+        ]
+        rows = await self.engine.write(
+            "fire_job",
+            job_id=job_id,
+            expected=expected,
+            new=new,
+            run_state=run_state,
+            input=inp,
+            detail=data,
+            now=self._now(),
+            counts=counts,
+            extra_runs=extra,
+        )
+        if rows is None:
+            return None
+        job, run, item = rows
+        return FireResult(
+            job=_job(job), run=_run(run), input=None if item is None else _input(item)
+        )

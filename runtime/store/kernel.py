@@ -1,0 +1,205 @@
+"""The kernel's migration set: the store's own tables, as they stand today.
+
+Sessions, inbox, events, jobs and runs (v1), the one-pending-recall index (v2) and the
+key-value table (v3). Each backend has its own DDL where the types differ:
+
+* SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
+  JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
+* PostgreSQL: ids are COLLATE "C" so that ordering and keyset pagination match SQLite's byte
+  order; times are timestamptz; JSON is jsonb.
+"""
+
+from __future__ import annotations
+
+from turnstile.runtime.store.migrations import KERNEL_SET, Migration, MigrationSet
+
+__all__ = ["KERNEL", "SCHEMA_VERSION"]
+
+_INPUT_STATES_SQL = "('queued', 'running', 'done', 'failed', 'interrupted')"
+_JOB_STATES_SQL = "('active', 'paused', 'completed', 'cancelled')"
+
+# v2: at most one pending (active or paused) recall per session, enforced by the database
+# itself, so that two concurrent ``schedule_recall`` calls (even on two nodes sharing one
+# PostgreSQL) cannot both succeed. Same statement on both backends: both have partial indexes.
+_ONE_PENDING_RECALL_SQL = """
+CREATE UNIQUE INDEX jobs_one_pending_recall_idx ON jobs (session_id)
+    WHERE kind = 'recall' AND state IN ('active', 'paused')
+"""
+
+_SQLITE_INITIAL = (
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        last_seq INTEGER NOT NULL DEFAULT 0
+    ) STRICT
+    """,
+    "CREATE INDEX sessions_owner_idx ON sessions (owner, id)",
+    f"""
+    CREATE TABLE inbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        source TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN {_INPUT_STATES_SQL}),
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        detail TEXT
+    ) STRICT
+    """,
+    "CREATE INDEX inbox_session_idx ON inbox (session_id, state, id)",
+    "CREATE INDEX inbox_state_idx ON inbox (state)",
+    """
+    CREATE TABLE events (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        ts TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    ) STRICT, WITHOUT ROWID
+    """,
+    f"""
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        session_id TEXT REFERENCES sessions (id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
+        next_fire_at TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        run_count INTEGER NOT NULL DEFAULT 0
+    ) STRICT
+    """,
+    "CREATE INDEX jobs_due_idx ON jobs (state, next_fire_at)",
+    "CREATE INDEX jobs_session_idx ON jobs (session_id)",
+    """
+    CREATE TABLE job_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        scheduled_for TEXT NOT NULL,
+        state TEXT NOT NULL,
+        input_id INTEGER REFERENCES inbox (id) ON DELETE SET NULL,
+        detail TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) STRICT
+    """,
+    "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
+    "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
+)
+
+_SQLITE_KV = (
+    """
+    CREATE TABLE kv (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        expires_at TEXT,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (namespace, key)
+    ) STRICT, WITHOUT ROWID
+    """,
+    "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
+)
+
+_POSTGRES_INITIAL = (
+    """
+    CREATE TABLE sessions (
+        id text COLLATE "C" PRIMARY KEY,
+        owner text NOT NULL,
+        metadata jsonb NOT NULL,
+        policy text NOT NULL,
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL,
+        last_seq bigint NOT NULL DEFAULT 0
+    )
+    """,
+    "CREATE INDEX sessions_owner_idx ON sessions (owner, id)",
+    f"""
+    CREATE TABLE inbox (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session_id text COLLATE "C" NOT NULL
+            REFERENCES sessions (id) ON DELETE CASCADE,
+        source text NOT NULL,
+        payload jsonb NOT NULL,
+        state text NOT NULL CHECK (state IN {_INPUT_STATES_SQL}),
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL,
+        detail jsonb
+    )
+    """,
+    "CREATE INDEX inbox_session_idx ON inbox (session_id, state, id)",
+    "CREATE INDEX inbox_state_idx ON inbox (state)",
+    """
+    CREATE TABLE events (
+        session_id text COLLATE "C" NOT NULL
+            REFERENCES sessions (id) ON DELETE CASCADE,
+        seq bigint NOT NULL,
+        type text NOT NULL,
+        payload jsonb NOT NULL,
+        ts timestamptz NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    )
+    """,
+    f"""
+    CREATE TABLE jobs (
+        id text COLLATE "C" PRIMARY KEY,
+        session_id text COLLATE "C" REFERENCES sessions (id) ON DELETE CASCADE,
+        kind text NOT NULL,
+        spec jsonb NOT NULL,
+        state text NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
+        next_fire_at timestamptz,
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL,
+        run_count bigint NOT NULL DEFAULT 0
+    )
+    """,
+    "CREATE INDEX jobs_due_idx ON jobs (next_fire_at) WHERE state = 'active'",
+    "CREATE INDEX jobs_session_idx ON jobs (session_id)",
+    """
+    CREATE TABLE job_runs (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        job_id text COLLATE "C" NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        scheduled_for timestamptz NOT NULL,
+        state text NOT NULL,
+        input_id bigint REFERENCES inbox (id) ON DELETE SET NULL,
+        detail jsonb,
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL
+    )
+    """,
+    "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
+    "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
+)
+
+_POSTGRES_KV = (
+    """
+    CREATE TABLE kv (
+        namespace text COLLATE "C" NOT NULL,
+        key text COLLATE "C" NOT NULL,
+        value jsonb NOT NULL,
+        expires_at timestamptz,
+        updated_at timestamptz NOT NULL,
+        PRIMARY KEY (namespace, key)
+    )
+    """,
+    "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
+)
+
+KERNEL = MigrationSet(
+    KERNEL_SET,
+    (
+        Migration(1, "initial", sqlite=_SQLITE_INITIAL, postgres=_POSTGRES_INITIAL),
+        Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
+        Migration(3, "kv", sqlite=_SQLITE_KV, postgres=_POSTGRES_KV),
+    ),
+)
+
+#: The kernel's latest version.
+SCHEMA_VERSION = KERNEL.version

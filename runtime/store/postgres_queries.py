@@ -1,0 +1,409 @@
+"""The PostgreSQL backend's operations (see :mod:`runtime.store.backend` for what each answers).
+
+asyncio-flavoured: each is given a pooled asyncpg connection and runs on the store's
+trio-asyncio loop. Arguments arrive checked and encoded (JSON as text, cast to jsonb here;
+times as aware datetimes); rows go back as ``asyncpg.Record``.
+
+Concurrency rests on PostgreSQL itself:
+
+* event seqs: ``UPDATE sessions SET last_seq = last_seq + n ... RETURNING last_seq`` takes the
+  session row lock, so concurrent appenders (any number of processes) serialise per session
+  and seqs stay gap-free;
+* ``claim_next_input``: ``FOR UPDATE SKIP LOCKED`` - concurrent claimers never share an item;
+* ``fire_job``: a conditional ``UPDATE`` (the compare-and-set) whose row lock makes a second
+  firer re-check the condition after the first commits, and lose.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from turnstile.runtime.errors import ConflictError
+from turnstile.runtime.store import _util as u
+
+Conn = asyncpg.Connection
+Row = asyncpg.Record
+
+
+async def _require_session(conn: Conn, session_id: str) -> None:
+    if await conn.fetchval("SELECT 1 FROM sessions WHERE id = $1", session_id) is None:
+        raise u.no_session(session_id)
+
+
+async def _require_job(conn: Conn, job_id: str) -> None:
+    if await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id) is None:
+        raise u.no_job(job_id)
+
+
+_INSERT_INPUT = (
+    "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at)"
+    " VALUES ($1, $2, $3::jsonb, 'queued', $4, $4) RETURNING *"
+)
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+async def ping(conn: Conn) -> None:
+    await conn.fetchval("SELECT 1")
+
+
+async def migrations(conn: Conn) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM schema_migrations ORDER BY set_name <> 'kernel', set_name, version"
+    )
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+async def create_session(
+    conn: Conn, id: str, owner: str, metadata: str, policy: str, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(
+        "INSERT INTO sessions (id, owner, metadata, policy, created_at, updated_at)"
+        " VALUES ($1, $2, $3::jsonb, $4, $5, $5) ON CONFLICT (id) DO NOTHING RETURNING *",
+        id,
+        owner,
+        metadata,
+        policy,
+        now,
+    )
+
+
+async def get_session(conn: Conn, id: str) -> Row | None:
+    return await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", id)
+
+
+async def list_sessions(
+    conn: Conn, owner: str | None, limit: int, after_id: str | None
+) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM sessions WHERE ($1::text IS NULL OR owner = $1)"
+        " AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+        owner,
+        after_id,
+        limit,
+    )
+
+
+_CASTS = {"metadata": "::jsonb", "spec": "::jsonb", "next_fire_at": "::timestamptz"}
+
+
+async def _update(conn: Conn, table: str, id: str, sets: dict[str, Any], now: datetime):
+    cols = ", ".join(f"{c} = ${i}{_CASTS.get(c, '')}" for i, c in enumerate(sets, start=3))
+    sql = f"UPDATE {table} SET {cols}, updated_at = $2 WHERE id = $1 RETURNING *"
+    return await conn.fetchrow(sql, id, now, *sets.values())
+
+
+async def update_session(conn: Conn, id: str, sets: dict[str, Any], now: datetime) -> Row | None:
+    return await _update(conn, "sessions", id, sets, now)
+
+
+async def delete_session(conn: Conn, id: str) -> bool:
+    return await conn.fetchval("DELETE FROM sessions WHERE id = $1 RETURNING id", id) is not None
+
+
+# -- inbox ------------------------------------------------------------------------------------
+
+
+async def enqueue_input(
+    conn: Conn, session_id: str, source: str, payload: str, now: datetime
+) -> Row | None:
+    try:
+        return await conn.fetchrow(_INSERT_INPUT, session_id, source, payload, now)
+    except asyncpg.ForeignKeyViolationError:
+        return None
+
+
+async def claim_next_input(conn: Conn, session_id: str, now: datetime) -> Row | None:
+    row = await conn.fetchrow(
+        "UPDATE inbox SET state = 'running', updated_at = $2"
+        " WHERE id = (SELECT id FROM inbox WHERE session_id = $1 AND state = 'queued'"
+        " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING *",
+        session_id,
+        now,
+    )
+    if row is None:
+        await _require_session(conn, session_id)
+    return row
+
+
+async def finish_input(
+    conn: Conn, input_id: int, state: str, detail: str | None, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(
+        "UPDATE inbox SET state = $2, detail = $3::jsonb, updated_at = $4"
+        " WHERE id = $1 AND state = 'running' RETURNING *",
+        input_id,
+        state,
+        detail,
+        now,
+    )
+
+
+async def input_state(conn: Conn, input_id: int) -> str | None:
+    return await conn.fetchval("SELECT state FROM inbox WHERE id = $1", input_id)
+
+
+async def list_inputs(conn: Conn, session_id: str, states: list[str] | None) -> list[Row]:
+    rows = await conn.fetch(
+        "SELECT * FROM inbox WHERE session_id = $1 AND ($2::text[] IS NULL OR state = ANY($2))"
+        " ORDER BY id",
+        session_id,
+        states,
+    )
+    if not rows:
+        await _require_session(conn, session_id)
+    return rows
+
+
+async def interrupt_running(conn: Conn, now: datetime) -> list[Row]:
+    return await conn.fetch(
+        "UPDATE inbox SET state = 'interrupted', updated_at = $1 WHERE state = 'running'"
+        " RETURNING *",
+        now,
+    )
+
+
+async def sessions_with_queued_inputs(conn: Conn) -> list[Row]:
+    return await conn.fetch(
+        "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id"
+    )
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+async def append_events(
+    conn: Conn, session_id: str, events: list[tuple[str, str]], now: datetime
+) -> int | None:
+    async with conn.transaction():
+        last = await conn.fetchval(
+            "UPDATE sessions SET last_seq = last_seq + $2, updated_at = $3 WHERE id = $1"
+            " RETURNING last_seq",
+            session_id,
+            len(events),
+            now,
+        )
+        if last is None:
+            return None
+        await conn.execute(
+            "INSERT INTO events (session_id, seq, type, payload, ts)"
+            " SELECT $1, s, t, p::jsonb, $5"
+            " FROM unnest($2::bigint[], $3::text[], $4::text[]) AS x(s, t, p)",
+            session_id,
+            list(range(last - len(events) + 1, last + 1)),
+            [t for t, _ in events],
+            [p for _, p in events],
+            now,
+        )
+    return last
+
+
+async def read_events(conn: Conn, session_id: str, after_seq: int, limit: int) -> list[Row]:
+    rows = await conn.fetch(
+        "SELECT * FROM events WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        session_id,
+        after_seq,
+        limit,
+    )
+    if not rows:
+        await _require_session(conn, session_id)
+    return rows
+
+
+async def last_seq(conn: Conn, session_id: str) -> int | None:
+    return await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id)
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+async def create_job(
+    conn: Conn,
+    id: str,
+    kind: str,
+    spec: str,
+    session_id: str | None,
+    next_fire_at: datetime | None,
+    state: str,
+    now: datetime,
+) -> Row | None:
+    try:
+        return await conn.fetchrow(
+            "INSERT INTO jobs (id, session_id, kind, spec, state, next_fire_at, created_at,"
+            " updated_at) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $7) RETURNING *",
+            id,
+            session_id,
+            kind,
+            spec,
+            state,
+            next_fire_at,
+            now,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == "jobs_pkey":
+            return None
+        raise ConflictError(f"job {id!r} conflicts with an existing job: {exc}") from None
+    except asyncpg.ForeignKeyViolationError:
+        raise u.no_session(session_id or "") from None
+
+
+async def get_job(conn: Conn, id: str) -> Row | None:
+    return await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", id)
+
+
+async def list_jobs(conn: Conn, session_id: str | None, states: list[str] | None) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM jobs WHERE ($1::text IS NULL OR session_id = $1)"
+        " AND ($2::text[] IS NULL OR state = ANY($2)) ORDER BY created_at, id",
+        session_id,
+        states,
+    )
+
+
+async def update_job(conn: Conn, id: str, sets: dict[str, Any], now: datetime) -> Row | None:
+    return await _update(conn, "jobs", id, sets, now)
+
+
+async def delete_job(conn: Conn, id: str) -> bool:
+    return await conn.fetchval("DELETE FROM jobs WHERE id = $1 RETURNING id", id) is not None
+
+
+async def due_jobs(conn: Conn, before: datetime, limit: int) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM jobs WHERE state = 'active' AND next_fire_at <= $1"
+        " ORDER BY next_fire_at, id LIMIT $2",
+        before,
+        limit,
+    )
+
+
+async def list_runs(conn: Conn, job_id: str, limit: int) -> list[Row]:
+    rows = await conn.fetch(
+        "SELECT * FROM job_runs WHERE job_id = $1 ORDER BY id DESC LIMIT $2", job_id, limit
+    )
+    if not rows:
+        await _require_job(conn, job_id)
+    return rows
+
+
+async def get_run(conn: Conn, run_id: int) -> Row | None:
+    return await conn.fetchrow("SELECT * FROM job_runs WHERE id = $1", run_id)
+
+
+async def update_run(
+    conn: Conn, run_id: int, state: str, detail: str | None, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(
+        "UPDATE job_runs SET state = $2, detail = coalesce($3::jsonb, detail), updated_at = $4"
+        " WHERE id = $1 RETURNING *",
+        run_id,
+        state,
+        detail,
+        now,
+    )
+
+
+async def fire_job(
+    conn: Conn,
+    job_id: str,
+    expected: datetime,
+    new: datetime | None,
+    run_state: str,
+    input: tuple[str, str] | None,
+    detail: str | None,
+    now: datetime,
+    counts: bool,
+    extra_runs: list[tuple[datetime, str, str | None]],
+) -> tuple[Row, Row, Row | None] | None:
+    async with conn.transaction():
+        job = await conn.fetchrow(
+            "UPDATE jobs SET next_fire_at = $1::timestamptz,"
+            " state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,"
+            " run_count = run_count + $5, updated_at = $2"
+            " WHERE id = $3 AND state = 'active' AND next_fire_at = $4 RETURNING *",
+            new,
+            now,
+            job_id,
+            expected,
+            1 if counts else 0,
+        )
+        if job is None:
+            await _require_job(conn, job_id)
+            return None
+        item = None
+        if input is not None:
+            if job["session_id"] is None:
+                raise ConflictError(f"job {job_id!r} has no session")
+            item = await conn.fetchrow(_INSERT_INPUT, job["session_id"], *input, now)
+        run = await conn.fetchrow(
+            "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+            " updated_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $6) RETURNING *",
+            job_id,
+            expected,
+            run_state,
+            None if item is None else item["id"],
+            detail,
+            now,
+        )
+        if item is not None:  # the input names its run, so its turn finds it without a search
+            item = await conn.fetchrow(
+                "UPDATE inbox SET payload = payload || jsonb_build_object('run_id', $1::bigint)"
+                " WHERE id = $2 RETURNING *",
+                run["id"],
+                item["id"],
+            )
+        if extra_runs:
+            await conn.executemany(
+                "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail,"
+                " created_at, updated_at) VALUES ($1, $2, $3, NULL, $4::jsonb, $5, $5)",
+                [(job_id, when, state, data, now) for when, state, data in extra_runs],
+            )
+    return job, run, item
+
+
+# -- key-value --------------------------------------------------------------------------------
+
+_LIVE = " AND (expires_at IS NULL OR expires_at > $3)"
+
+
+async def kv_put(conn: Conn, namespace: str, rows: list[tuple], now: datetime) -> None:
+    await conn.executemany(
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+        " VALUES ($1, $2, $3::jsonb, $4, $5) ON CONFLICT (namespace, key) DO UPDATE"
+        " SET value = excluded.value, expires_at = excluded.expires_at,"
+        " updated_at = excluded.updated_at",
+        [(namespace, key, value, expires, now) for key, value, expires in rows],
+    )
+
+
+async def kv_get(conn: Conn, namespace: str, key: str, now: datetime) -> str | None:
+    sql = "SELECT value FROM kv WHERE namespace = $1 AND key = $2" + _LIVE
+    return await conn.fetchval(sql, namespace, key, now)
+
+
+async def kv_delete(conn: Conn, namespace: str, keys: list[str]) -> int:
+    return await conn.fetchval(
+        "WITH gone AS (DELETE FROM kv WHERE namespace = $1 AND key = ANY($2::text[])"
+        " RETURNING 1) SELECT count(*) FROM gone",
+        namespace,
+        keys,
+    )
+
+
+async def kv_list(conn: Conn, namespace: str, after: str, limit: int, now: datetime) -> list[Row]:
+    sql = "SELECT key, value FROM kv WHERE namespace = $1 AND key > $2" + _LIVE
+    return await conn.fetch(sql + " ORDER BY key LIMIT $4", namespace, after, now, limit)
+
+
+async def kv_purge(conn: Conn, now: datetime) -> int:
+    return await conn.fetchval(
+        "WITH gone AS (DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= $1"
+        " RETURNING 1) SELECT count(*) FROM gone",
+        now,
+    )

@@ -1,0 +1,409 @@
+"""The SQLite backend's operations (see :mod:`runtime.store.backend` for what each answers).
+
+Each runs in a thread, on a connection whose transaction the caller manages: the writer's group
+commit for writes, one read transaction for reads. Arguments arrive checked and encoded (JSON
+as text, times as fixed-width ISO-8601 UTC text); rows go back as ``sqlite3.Row``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from turnstile.runtime.errors import ConflictError
+from turnstile.runtime.store import _util as u
+
+Conn = sqlite3.Connection
+Row = sqlite3.Row
+
+
+def _require_session(conn: Conn, session_id: str) -> None:
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        raise u.no_session(session_id)
+
+
+def _require_job(conn: Conn, job_id: str) -> None:
+    if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+        raise u.no_job(job_id)
+
+
+def _one(conn: Conn, sql: str, *args: Any) -> Row | None:
+    return conn.execute(sql, args).fetchone()
+
+
+def _all(conn: Conn, sql: str, *args: Any) -> list[Row]:
+    return conn.execute(sql, args).fetchall()
+
+
+def _in(column: str, values: list[str]) -> str:
+    return f" AND {column} IN ({', '.join('?' * len(values))})"
+
+
+def _insert_input(conn: Conn, session_id: str, source: str, payload: str, now: str) -> Row:
+    return _one(
+        conn,
+        "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at)"
+        " VALUES (?, ?, ?, 'queued', ?, ?) RETURNING *",
+        session_id,
+        source,
+        payload,
+        now,
+        now,
+    )
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+def ping(conn: Conn) -> None:
+    conn.execute("SELECT 1").fetchone()
+
+
+def migrations(conn: Conn) -> list[Row]:
+    return _all(
+        conn,
+        "SELECT * FROM schema_migrations ORDER BY set_name <> 'kernel', set_name, version",
+    )
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+def create_session(
+    conn: Conn, id: str, owner: str, metadata: str, policy: str, now: str
+) -> Row | None:
+    return _one(
+        conn,
+        "INSERT INTO sessions (id, owner, metadata, policy, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING RETURNING *",
+        id,
+        owner,
+        metadata,
+        policy,
+        now,
+        now,
+    )
+
+
+def get_session(conn: Conn, id: str) -> Row | None:
+    return _one(conn, "SELECT * FROM sessions WHERE id = ?", id)
+
+
+def list_sessions(conn: Conn, owner: str | None, limit: int, after_id: str | None) -> list[Row]:
+    return _all(
+        conn,
+        "SELECT * FROM sessions WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR id > ?2)"
+        " ORDER BY id LIMIT ?3",
+        owner,
+        after_id,
+        limit,
+    )
+
+
+def _update(conn: Conn, table: str, id: str, sets: dict[str, Any], now: str) -> Row | None:
+    cols = ", ".join(f"{c} = ?" for c in sets)
+    sql = f"UPDATE {table} SET {cols}, updated_at = ? WHERE id = ? RETURNING *"
+    return _one(conn, sql, *sets.values(), now, id)
+
+
+def update_session(conn: Conn, id: str, sets: dict[str, Any], now: str) -> Row | None:
+    return _update(conn, "sessions", id, sets, now)
+
+
+def delete_session(conn: Conn, id: str) -> bool:
+    return conn.execute("DELETE FROM sessions WHERE id = ?", (id,)).rowcount > 0
+
+
+# -- inbox ------------------------------------------------------------------------------------
+
+
+def enqueue_input(conn: Conn, session_id: str, source: str, payload: str, now: str) -> Row | None:
+    if get_session(conn, session_id) is None:
+        return None
+    return _insert_input(conn, session_id, source, payload, now)
+
+
+def claim_next_input(conn: Conn, session_id: str, now: str) -> Row | None:
+    row = _one(
+        conn,
+        "UPDATE inbox SET state = 'running', updated_at = ?"
+        " WHERE id = (SELECT id FROM inbox WHERE session_id = ? AND state = 'queued'"
+        " ORDER BY id LIMIT 1) RETURNING *",
+        now,
+        session_id,
+    )
+    if row is None:
+        _require_session(conn, session_id)
+    return row
+
+
+def finish_input(conn: Conn, input_id: int, state: str, detail: str | None, now: str) -> Row | None:
+    return _one(
+        conn,
+        "UPDATE inbox SET state = ?, detail = ?, updated_at = ?"
+        " WHERE id = ? AND state = 'running' RETURNING *",
+        state,
+        detail,
+        now,
+        input_id,
+    )
+
+
+def input_state(conn: Conn, input_id: int) -> str | None:
+    row = _one(conn, "SELECT state FROM inbox WHERE id = ?", input_id)
+    return None if row is None else row[0]
+
+
+def list_inputs(conn: Conn, session_id: str, states: list[str] | None) -> list[Row]:
+    _require_session(conn, session_id)
+    sql = "SELECT * FROM inbox WHERE session_id = ?"
+    if states is not None:
+        if not states:
+            return []
+        sql += _in("state", states)
+    return _all(conn, sql + " ORDER BY id", session_id, *(states or ()))
+
+
+def interrupt_running(conn: Conn, now: str) -> list[Row]:
+    return _all(
+        conn,
+        "UPDATE inbox SET state = 'interrupted', updated_at = ? WHERE state = 'running'"
+        " RETURNING *",
+        now,
+    )
+
+
+def sessions_with_queued_inputs(conn: Conn) -> list[Row]:
+    return _all(
+        conn, "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id"
+    )
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def append_events(
+    conn: Conn, session_id: str, events: list[tuple[str, str]], now: str
+) -> int | None:
+    row = _one(
+        conn,
+        "UPDATE sessions SET last_seq = last_seq + ?, updated_at = ? WHERE id = ?"
+        " RETURNING last_seq",
+        len(events),
+        now,
+        session_id,
+    )
+    if row is None:
+        return None
+    first = row[0] - len(events) + 1
+    conn.executemany(
+        "INSERT INTO events (session_id, seq, type, payload, ts) VALUES (?, ?, ?, ?, ?)",
+        [(session_id, first + i, t, p, now) for i, (t, p) in enumerate(events)],
+    )
+    return row[0]
+
+
+def read_events(conn: Conn, session_id: str, after_seq: int, limit: int) -> list[Row]:
+    _require_session(conn, session_id)
+    return _all(
+        conn,
+        "SELECT * FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        session_id,
+        after_seq,
+        limit,
+    )
+
+
+def last_seq(conn: Conn, session_id: str) -> int | None:
+    row = _one(conn, "SELECT last_seq FROM sessions WHERE id = ?", session_id)
+    return None if row is None else row[0]
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+def create_job(
+    conn: Conn,
+    id: str,
+    kind: str,
+    spec: str,
+    session_id: str | None,
+    next_fire_at: str | None,
+    state: str,
+    now: str,
+) -> Row | None:
+    if get_job(conn, id) is not None:
+        return None
+    if session_id is not None:
+        _require_session(conn, session_id)
+    try:
+        return _one(
+            conn,
+            "INSERT INTO jobs (id, session_id, kind, spec, state, next_fire_at, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+            id,
+            session_id,
+            kind,
+            spec,
+            state,
+            next_fire_at,
+            now,
+            now,
+        )
+    except sqlite3.IntegrityError as exc:  # a unique rule on kinds (one pending recall)
+        raise ConflictError(f"job {id!r} conflicts with an existing job: {exc}") from None
+
+
+def get_job(conn: Conn, id: str) -> Row | None:
+    return _one(conn, "SELECT * FROM jobs WHERE id = ?", id)
+
+
+def list_jobs(conn: Conn, session_id: str | None, states: list[str] | None) -> list[Row]:
+    # Build the WHERE clause to fit: "(? IS NULL OR session_id = ?)" keeps SQLite from using
+    # jobs_session_idx (3.6 ms instead of 0.03 ms per query at 20k jobs).
+    sql, args = "SELECT * FROM jobs WHERE 1", []
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        args.append(session_id)
+    if states is not None:
+        if not states:
+            return []
+        sql += _in("state", states)
+        args += states
+    return _all(conn, sql + " ORDER BY created_at, id", *args)
+
+
+def update_job(conn: Conn, id: str, sets: dict[str, Any], now: str) -> Row | None:
+    return _update(conn, "jobs", id, sets, now)
+
+
+def delete_job(conn: Conn, id: str) -> bool:
+    return conn.execute("DELETE FROM jobs WHERE id = ?", (id,)).rowcount > 0
+
+
+def due_jobs(conn: Conn, before: str, limit: int) -> list[Row]:
+    return _all(
+        conn,
+        "SELECT * FROM jobs WHERE state = 'active' AND next_fire_at IS NOT NULL"
+        " AND next_fire_at <= ? ORDER BY next_fire_at, id LIMIT ?",
+        before,
+        limit,
+    )
+
+
+def list_runs(conn: Conn, job_id: str, limit: int) -> list[Row]:
+    _require_job(conn, job_id)
+    return _all(
+        conn, "SELECT * FROM job_runs WHERE job_id = ? ORDER BY id DESC LIMIT ?", job_id, limit
+    )
+
+
+def get_run(conn: Conn, run_id: int) -> Row | None:
+    return _one(conn, "SELECT * FROM job_runs WHERE id = ?", run_id)
+
+
+def update_run(conn: Conn, run_id: int, state: str, detail: str | None, now: str) -> Row | None:
+    return _one(
+        conn,
+        "UPDATE job_runs SET state = ?, detail = coalesce(?, detail), updated_at = ?"
+        " WHERE id = ? RETURNING *",
+        state,
+        detail,
+        now,
+        run_id,
+    )
+
+
+def fire_job(
+    conn: Conn,
+    job_id: str,
+    expected: str,
+    new: str | None,
+    run_state: str,
+    input: tuple[str, str] | None,
+    detail: str | None,
+    now: str,
+    counts: bool,
+    extra_runs: list[tuple[str, str, str | None]],
+) -> tuple[Row, Row, Row | None] | None:
+    job = _one(
+        conn,
+        "UPDATE jobs SET next_fire_at = ?1,"
+        " state = CASE WHEN ?1 IS NULL THEN 'completed' ELSE state END,"
+        " run_count = run_count + ?5, updated_at = ?2"
+        " WHERE id = ?3 AND state = 'active' AND next_fire_at = ?4 RETURNING *",
+        new,
+        now,
+        job_id,
+        expected,
+        1 if counts else 0,
+    )
+    if job is None:
+        _require_job(conn, job_id)
+        return None
+    item = None
+    if input is not None:
+        if job["session_id"] is None:
+            raise ConflictError(f"job {job_id!r} has no session")
+        item = _insert_input(conn, job["session_id"], input[0], input[1], now)
+    run = _one(
+        conn,
+        "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        job_id,
+        expected,
+        run_state,
+        None if item is None else item["id"],
+        detail,
+        now,
+        now,
+    )
+    if item is not None:  # the input names its run, so its turn finds it without a search
+        item = _one(
+            conn,
+            "UPDATE inbox SET payload = json_set(payload, '$.run_id', ?) WHERE id = ? RETURNING *",
+            run["id"],
+            item["id"],
+        )
+    if extra_runs:
+        conn.executemany(
+            "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+            " updated_at) VALUES (?, ?, ?, NULL, ?, ?, ?)",
+            [(job_id, when, state, data, now, now) for when, state, data in extra_runs],
+        )
+    return job, run, item
+
+
+# -- key-value --------------------------------------------------------------------------------
+
+_LIVE = " AND (expires_at IS NULL OR expires_at > ?)"
+
+
+def kv_put(conn: Conn, namespace: str, rows: list[tuple[str, str, str | None]], now: str) -> None:
+    conn.executemany(
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+        " expires_at = excluded.expires_at, updated_at = excluded.updated_at",
+        [(namespace, key, value, expires, now) for key, value, expires in rows],
+    )
+
+
+def kv_get(conn: Conn, namespace: str, key: str, now: str) -> str | None:
+    sql = "SELECT value FROM kv WHERE namespace = ? AND key = ?" + _LIVE
+    row = _one(conn, sql, namespace, key, now)
+    return None if row is None else row[0]
+
+
+def kv_delete(conn: Conn, namespace: str, keys: list[str]) -> int:
+    sql = "DELETE FROM kv WHERE namespace = ? AND key = ?"
+    return sum(conn.execute(sql, (namespace, key)).rowcount for key in keys)
+
+
+def kv_list(conn: Conn, namespace: str, after: str, limit: int, now: str) -> list[Row]:
+    sql = "SELECT key, value FROM kv WHERE namespace = ? AND key > ?" + _LIVE
+    return _all(conn, sql + " ORDER BY key LIMIT ?", namespace, after, now, limit)
+
+
+def kv_purge(conn: Conn, now: str) -> int:
+    sql = "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?"
+    return conn.execute(sql, (now,)).rowcount

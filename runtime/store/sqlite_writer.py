@@ -1,0 +1,239 @@
+"""The SQLite backend's writer: one thread, group commit, savepoint per request.
+
+* **One writer thread** (a plain ``threading.Thread``) owns the write connection and takes
+  requests from a queue. It implements **group commit**: it blocks for one request, then drains
+  whatever else is queued (up to ``max_batch``) and runs the whole batch in a single
+  ``BEGIN IMMEDIATE ... COMMIT``, so many concurrent writers share one fsync. Each request runs
+  inside its own ``SAVEPOINT``: a request that raises is rolled back to its savepoint and fails
+  alone, the rest of the batch commits. Each caller parks on
+  ``trio.lowlevel.wait_task_rescheduled`` and the thread wakes it through the trio token once
+  the batch has committed (or failed).
+* **Cancellation** of a caller is honoured while its request is still queued (the writer then
+  skips it: nothing was written). Once the writer has taken the request the caller waits for the
+  outcome, and gets it, so a write that committed is never reported as cancelled; the
+  cancellation is delivered at the caller's next checkpoint.
+* ``:memory:`` databases use :class:`InlineWriter`: the same transaction, on the trio thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import trio
+
+from turnstile.runtime.errors import StoreError
+
+__all__ = ["Writer", "InlineWriter", "wrap_error"]
+
+T = TypeVar("T")
+
+_PENDING, _TAKEN, _CANCELLED = 0, 1, 2
+_STOP = object()
+
+
+class _Request:
+    __slots__ = ("fn", "task", "state", "result", "error")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], task: trio.lowlevel.Task) -> None:
+        self.fn = fn
+        self.task = task
+        self.state = _PENDING
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def wrap_error(exc: BaseException) -> BaseException:
+    """sqlite3 errors become StoreError; our own errors (NotFound, ...) pass through."""
+    if isinstance(exc, sqlite3.Error):
+        err = StoreError(f"sqlite: {exc}")
+        err.__cause__ = exc
+        return err
+    return exc
+
+
+class Writer:
+    """The single writer thread, with group commit (see the module docstring)."""
+
+    def __init__(self, conn: sqlite3.Connection, max_batch: int) -> None:
+        self._conn = conn
+        self._max_batch = max_batch
+        self._token = trio.lowlevel.current_trio_token()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards _Request.state between the threads
+        self._thread = threading.Thread(
+            target=self._main, name="turnstile-sqlite-writer", daemon=True
+        )
+        self._accepting = True
+        #: How many transactions committed and how many requests they held (for tests/bench).
+        self.commits = 0
+        self.committed_requests = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._accepting:
+            raise StoreError("store is closed")
+        req = _Request(fn, trio.lowlevel.current_task())
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            with self._lock:
+                if req.state == _PENDING:
+                    req.state = _CANCELLED
+                    return trio.lowlevel.Abort.SUCCEEDED
+            return trio.lowlevel.Abort.FAILED  # taken: the writer will wake us with the outcome
+
+        # No checkpoint between put() and the wait: the wake-up cannot come before we park.
+        self._queue.put(req)
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        if req.error is not None:
+            error, req.error = req.error, None
+            raise error
+        return req.result
+
+    async def stop(self) -> None:
+        """Finish every request already queued, close the connection, join the thread."""
+        if self._accepting:
+            self._accepting = False
+            self._queue.put(_STOP)
+        await trio.to_thread.run_sync(self._thread.join)
+
+    # ---- in the writer thread ----
+
+    def _main(self) -> None:
+        try:
+            stop = False
+            while not stop:
+                item = self._queue.get()
+                if item is _STOP:
+                    break
+                batch = [item]
+                while len(batch) < self._max_batch:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+                self._run_batch(batch)
+        finally:
+            self._accepting = False
+            try:
+                self._conn.close()
+            finally:
+                self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and self._take(item):
+                item.error = StoreError("store is closed")
+                self._wake(item)
+
+    def _take(self, req: _Request) -> bool:
+        with self._lock:
+            if req.state == _CANCELLED:
+                return False
+            req.state = _TAKEN
+            return True
+
+    def _wake(self, req: _Request) -> None:
+        try:
+            self._token.run_sync_soon(trio.lowlevel.reschedule, req.task)
+        except trio.RunFinishedError:  # pragma: no cover - the store outlived trio.run
+            pass
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        live = [req for req in batch if self._take(req)]
+        if not live:
+            return
+        try:
+            self._transact(live)
+        except Exception as exc:  # BEGIN, SAVEPOINT or COMMIT failed: nothing committed
+            if self._conn.in_transaction:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            for req in live:
+                if req.error is None:
+                    req.result, req.error = None, StoreError(f"sqlite: transaction failed: {exc}")
+        finally:
+            for req in live:
+                self._wake(req)
+
+    def _transact(self, live: list[_Request]) -> None:
+        """One transaction for the whole batch, one savepoint per request."""
+        conn = self._conn
+        uncommitted: list[_Request] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for req in live:
+            if not conn.in_transaction:  # SQLite rolled everything back (e.g. disk full)
+                self._fail(uncommitted, "transaction rolled back")
+                uncommitted = []
+                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("SAVEPOINT request")
+            try:
+                req.result = req.fn(conn)
+            except Exception as exc:
+                req.result, req.error = None, wrap_error(exc)
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK TO request")
+                    conn.execute("RELEASE request")
+            else:
+                conn.execute("RELEASE request")
+                uncommitted.append(req)
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+            self.commits += 1
+            self.committed_requests += len(uncommitted)
+        else:
+            self._fail(uncommitted, "transaction rolled back")
+
+    @staticmethod
+    def _fail(reqs: list[_Request], why: str) -> None:
+        for req in reqs:
+            req.result, req.error = None, StoreError(f"sqlite: {why}")
+
+
+class InlineWriter(Writer):
+    """The writer for ``:memory:`` databases: statements run on the trio thread itself.
+
+    An in-memory database has no disk to wait for, so a thread buys nothing; running inline
+    also keeps ``MockClock(autojump_threshold=0)`` tests exact: no task ever waits on a
+    thread, so the mock clock never jumps while the store is working.
+    """
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await trio.lowlevel.checkpoint()
+        if not self._accepting:
+            raise StoreError("store is closed")
+        req = _Request(fn, None)  # type: ignore[arg-type]
+        req.state = _TAKEN
+        try:
+            self._transact([req])
+        except Exception as exc:  # BEGIN or COMMIT failed: nothing committed
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            req.error = StoreError(f"sqlite: transaction failed: {exc}")
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    async def stop(self) -> None:
+        if self._accepting:
+            self._accepting = False
+            self._conn.close()
