@@ -1,4 +1,4 @@
-"""Helpers shared by the backends: argument checks, JSON, timestamps, error messages."""
+"""Helpers of the front and the backends: argument checks, JSON, timestamps, error messages."""
 
 from __future__ import annotations
 
@@ -120,16 +120,8 @@ def format_ts(dt: datetime) -> str:
     return utc(dt).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
-def format_optional_ts(dt: datetime | None) -> str | None:
-    return None if dt is None else format_ts(dt)
-
-
 def parse_ts(text: str) -> datetime:
     return utc(datetime.fromisoformat(text))
-
-
-def parse_optional_ts(text: str | None) -> datetime | None:
-    return None if text is None else parse_ts(text)
 
 
 # -- errors -----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The ``Store`` protocol: the durable truth of the runtime.
 
 The store is the truth; memory is a cache. Every method is a trio-flavoured coroutine; every
-write is durable (committed) when the call returns. Two backends implement it:
-:mod:`runtime.store.sqlite` (embedded default) and :mod:`runtime.store.postgres`.
+write is durable (committed) when the call returns. One class implements it,
+:class:`runtime.store.front.StoreFront`, which checks arguments and builds records over one of
+two backends that run the queries: :mod:`runtime.store.sqlite` (embedded default) and
+:mod:`runtime.store.postgres`.
 
 Errors (all from :mod:`runtime.errors`):
 
@@ -63,10 +65,10 @@ class Store(Protocol):
         ...
 
     async def migrations(self) -> list[MigrationRecord]:
-        """The applied schema migrations, oldest first.
+        """The applied schema migrations: the kernel's first, then each other set's by name.
 
         Returns:
-            One record per row of ``schema_migrations``.
+            One record per row of ``schema_migrations``, by set and version.
         """
         ...
 
