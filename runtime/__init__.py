@@ -21,13 +21,14 @@ from turnstile.runtime.errors import (
     MailboxFull,
     MigrationError,
     NotFound,
+    PlacedElsewhere,
     StoreError,
     SupervisorEscalation,
     TimerError,
     TurnstileError,
     Unauthorized,
 )
-from turnstile.runtime.registry import Registry, RegistryStatistics, VirtualRef
+from turnstile.runtime.registry import Placement, Registry, RegistryStatistics, VirtualRef
 from turnstile.runtime.store import Store, open_store
 from turnstile.runtime.supervisor import CrashReport, Strategy, Supervisor, open_supervisor
 from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
@@ -41,6 +42,7 @@ __all__ = [
     "CrashReport",
     "open_supervisor",
     "Registry",
+    "Placement",
     "RegistryStatistics",
     "VirtualRef",
     # time
@@ -72,6 +74,7 @@ __all__ = [
     "TimerError",
     "StoreError",
     "NotFound",
+    "PlacedElsewhere",
     "AlreadyExists",
     "BlockedByAutomations",
     "ConflictError",

@@ -58,6 +58,23 @@ class ActorCrashed(ActorError):
     code = "actor_crashed"
 
 
+class PlacedElsewhere(ActorError):
+    """The registry's placement put this address on another node; nothing was activated here.
+
+    Attributes:
+        address: the actor's address (``kind:key``).
+        node: the id of the node that holds it, when the placement knows it.
+    """
+
+    code = "placed_elsewhere"
+
+    def __init__(self, address: str, node: str | None = None) -> None:
+        where = f"node {node!r}" if node else "another node"
+        super().__init__(f"{address} lives on {where}")
+        self.address = address
+        self.node = node
+
+
 class SupervisorEscalation(ActorError):
     """A supervisor exceeded its restart intensity and hands the failure to its parent.
 

@@ -9,19 +9,47 @@ after the old one has saved.
 
 Activations run under a supervisor that restarts a crashed actor over the same mailbox and
 gives up on one that keeps crashing without disturbing any other.
+
+Where an address may be activated is a placement's decision (``Placement``). On one node there
+is none to ask: every address lives here, and the registry pays nothing for the seam. A
+placement for several nodes (a lease row per session, with an epoch) claims an address before
+its first activation here, or raises ``PlacedElsewhere`` naming the node that holds it, and
+hears when the activation is gone, so it can give the lease up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import trio
 
 from turnstile.runtime.actor import Actor, ActorCell, ActorRef
-from turnstile.runtime.errors import ActorStopped
+from turnstile.runtime.errors import ActorStopped, PlacedElsewhere
 from turnstile.runtime.supervisor import Supervisor
 
-__all__ = ["Registry", "VirtualRef", "RegistryStatistics"]
+__all__ = ["Placement", "PlacedElsewhere", "Registry", "RegistryStatistics", "VirtualRef"]
+
+
+class Placement(Protocol):
+    """Decides which node activates an address (the seam for running several nodes).
+
+    ``claim`` is awaited before an address is activated here; ``released`` is called once that
+    activation is gone (passivated, stopped, or given up on).
+    """
+
+    async def claim(self, address: str) -> None:
+        """Make ``address`` this node's to activate, or raise.
+
+        Raises:
+            PlacedElsewhere: another node holds it.
+        """
+        ...
+
+    def released(self, address: str) -> None:
+        """This node's activation of ``address`` has ended."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,10 +113,17 @@ class Registry:
             crashing is dropped instead of taking the others down.
         idle_timeout: seconds without a message before an actor is passivated.
         mailbox_size: each activation's mailbox bound.
+        placement: where addresses may be activated; None (one node) activates every address
+            here without asking anyone.
     """
 
     def __init__(
-        self, supervisor: Supervisor, *, idle_timeout: float = 300.0, mailbox_size: int = 1000
+        self,
+        supervisor: Supervisor,
+        *,
+        idle_timeout: float = 300.0,
+        mailbox_size: int = 1000,
+        placement: Placement | None = None,
     ) -> None:
         if idle_timeout <= 0:
             raise ValueError("idle_timeout must be > 0")
@@ -100,6 +135,8 @@ class Registry:
         self.mailbox_size = mailbox_size
         self._activations = 0
         self._passivations = 0
+        self._placement = placement
+        self._claiming: dict[str, trio.Event] = {}
 
     def register(self, kind: str, factory: Callable[[str], Actor]) -> None:
         """Declare how to build an actor of ``kind`` from its key.
@@ -169,9 +206,22 @@ class Registry:
             if cell is not None and not cell.mailbox.closed:
                 return cell.ref
             saving = self._passivating.get(address)
-            if saving is None:
+            if saving is not None:
+                await saving.wait_stopped()  # the old activation is saving; start after it
+                continue
+            if self._placement is None:
                 return self._activate(address)
-            await saving.wait_stopped()  # the old activation is saving; start after it
+            claiming = self._claiming.get(address)
+            if claiming is not None:  # one claim at a time per address; then look again
+                await claiming.wait()
+                continue
+            self._claiming[address] = claiming = trio.Event()
+            try:
+                await self._placement.claim(address)  # raises PlacedElsewhere
+            finally:
+                del self._claiming[address]
+                claiming.set()
+            return self._activate(address)
 
     def _resolve_nowait(self, address: str) -> ActorRef:
         cell = self._live.get(address)
@@ -179,6 +229,8 @@ class Registry:
             return cell.ref
         if address in self._passivating:
             raise ActorStopped(f"{address} is passivating; use tell() to wait for it")
+        if self._placement is not None:  # a claim may have to wait on another node
+            raise ActorStopped(f"{address} is not active here; use tell() to place it")
         return self._activate(address)
 
     def _activate(self, address: str) -> ActorRef:
@@ -214,3 +266,5 @@ class Registry:
             del self._live[address]
         if self._passivating.get(address) is cell:
             del self._passivating[address]
+        if self._placement is not None and address not in self._live:
+            self._placement.released(address)

@@ -4,7 +4,7 @@ from turnstile import runtime
 
 EXPECTED = {
     "Actor", "ActorRef", "Supervisor", "Strategy", "CrashReport", "open_supervisor",
-    "Registry", "RegistryStatistics", "VirtualRef",
+    "Registry", "RegistryStatistics", "VirtualRef", "Placement", "PlacedElsewhere",
     "Clock", "SystemClock", "MockWallClock", "utc", "TimerWheel", "TimerHandle",
     "Message", "ClientMessage", "Codec",
     "Store", "open_store",

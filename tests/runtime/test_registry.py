@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from turnstile.runtime.actor import Actor
+from turnstile.runtime.errors import PlacedElsewhere
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.supervisor import open_supervisor
 
@@ -128,3 +129,52 @@ async def test_passivated_actors_leave_nothing_in_the_registry(autojump_clock):
         stats = registry.statistics()
         assert (stats.active, stats.passivating) == (0, 0)
         assert sup.children == []
+
+
+class Lease:
+    """A placement that holds some addresses elsewhere and records what it was told."""
+
+    def __init__(self, elsewhere: dict[str, str]) -> None:
+        self.elsewhere = elsewhere
+        self.claimed: list[str] = []
+        self.released_: list[str] = []
+
+    async def claim(self, address: str) -> None:
+        await trio.sleep(0.05)  # a lease is a round trip to the database
+        if address in self.elsewhere:
+            raise PlacedElsewhere(address, self.elsewhere[address])
+        self.claimed.append(address)
+
+    def released(self, address: str) -> None:
+        self.released_.append(address)
+
+
+async def test_a_placement_is_asked_before_activation_and_told_when_it_ends(autojump_clock):
+    store: dict = {}
+    log: list = []
+    lease = Lease({"account:bob": "node-2"})
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = Registry(sup, idle_timeout=10.0, placement=lease)
+        registry.register("account", lambda key: Account(key, store, log))
+        # two senders race for one address: one claim, one activation
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(registry.ref("account:alice").ask, 1)
+        assert lease.claimed == ["account:alice"]
+        assert [entry[0] for entry in log] == ["activate"]
+        with pytest.raises(PlacedElsewhere) as refused:
+            await registry.ref("account:bob").ask(1)
+        assert refused.value.node == "node-2"
+        assert not registry.is_active("account:bob") and "bob" not in store
+        assert lease.released_ == []
+        await trio.sleep(11)  # idle: passivated, and the placement hears of it
+        assert lease.released_ == ["account:alice"]
+        assert await registry.ref("account:alice").ask(1) == 3  # claimed again, state kept
+        assert lease.claimed == ["account:alice", "account:alice"]
+
+
+async def test_without_a_placement_every_address_activates_here(autojump_clock):
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = await open_registry(sup, {}, [])
+        registry.ref("account:carol").tell_nowait(1)  # no claim to wait for: at once
+        assert registry.is_active("account:carol")
