@@ -1,42 +1,26 @@
 """Output channels: notifications into the session, to webhooks, log files and email.
 
-``send_notification`` (``tools/notify.py``), scheduled jobs and watchers all call
+``send_notification`` (``tools.py``), scheduled jobs and watchers all call
 ``Notifier.notify(session_id, owner, channel, message, …)``. ``channel`` names one of the
 channels declared in the config (a ``ChannelConfig`` each); ``llm_notification`` is always
 there. The channel types:
 
-* ``llm_notification`` — into the session. The agent gets it as an ``Inject`` (folded into the
-  running turn, or a turn of its own when the session is idle) whose text starts with
-  ``[NOTIFICATION]``; attached clients get a ``notification`` event (``Publish``).
-* ``webhook`` — a JSON ``POST``, retried with exponential backoff (``backoff_seconds``,
-  doubled each time: 0.5 s, 1 s, 2 s for ``retries = 3``) on a 5xx answer, a connection error
-  or a timeout — never on a 4xx, a redirect or a refused address. Each attempt is bounded by
-  ``timeout``. The POST itself is injected (``WebhookPost``): ``actors`` may not import
-  ``tools``, and the node passes ``tools.notify.guarded_webhook_post``, which goes through the
-  SSRF guard (``tools.netguard``) with the http module's allow-list.
-* ``log`` — one JSON object per line, appended to ``path`` from a worker thread.
-* ``email`` — ``smtplib`` in a worker thread (STARTTLS or implicit TLS, optional login).
+* ``llm_notification`` — into the session (``buffer.py``).
+* ``webhook``, ``log``, ``email`` — outside it (``channels.py``).
+
+This module holds ``Notifier`` itself: the checks of a notification's arguments, the entry
+point ``notify`` with its fallback, and the per-session locks. The rest lives beside it:
+
+* ``config.py`` — channel types, bounds, ``ChannelConfig``/``NotifierConfig``, the errors.
+* ``buffer.py`` — ``llm_notification`` and the buffer (``SessionBufferMixin``).
+* ``channels.py`` — webhook, log and email (``ExternalChannelsMixin``).
+
+The names other modules imported from here before that split are still importable from here.
 
 **Fallback.** When a webhook, log or email delivery fails, the notification is delivered through
 ``llm_notification`` instead and says so: its text carries ``delivery via webhook failed:
 <reason>; delivered here instead``, and the result has ``fallback: true`` and
 ``fallback_reason``. A channel with ``fallback = false`` raises ``NotificationFailed`` instead.
-
-**What is injected, what is buffered.** The agent always gets an ``llm_notification`` (and every
-fallback) as an ``Inject``, whether or not a client is attached — the agent never misses one.
-The *client-facing* ``notification`` event is published at once when the session has an
-attached client; when it has none, the event is not written to the session log but kept in the
-store's key-value table (namespace ``notify:<session_id>``, keys zero-padded sequence numbers so
-key order is arrival order, expiring after ``buffer_ttl_seconds``, at most ``max_buffered`` per
-session, oldest dropped first). ``deliver_buffered`` publishes them, in order, when a client
-attaches: a ``notifications_dropped`` event first when some were dropped (``dropped: 5``), then
-each as a ``notification`` event with ``buffered: true`` and its original ``created_at``.
-Notifications to external channels (webhook, log, email) that succeed produce no session event.
-
-**Order.** Everything the notifier does for one session — the attached-or-not decision, the
-publish or buffer, the inject, delivering the buffer — happens under that session's lock, and a
-notification for an attached session first flushes anything still buffered, so clients see
-notifications in arrival order even if a notification races with an attach.
 
 **Why a service object, not an actor.** Deliveries must run concurrently (one webhook retrying
 for seconds must not hold up another session's notification), and every caller needs the
@@ -51,24 +35,41 @@ external deliveries in flight.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
-import re
-import smtplib
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from email.message import EmailMessage
+from datetime import datetime
 from typing import Any
 
-import httpx
 import trio
 
-from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
+from turnstile.actors.notifications.buffer import SessionBufferMixin, notification_text
+from turnstile.actors.notifications.channels import (
+    DeliveryError,
+    ExternalChannelsMixin,
+    WebhookPost,
+    _DeliveryFailed,
+)
+from turnstile.actors.notifications.config import (
+    _ADDRESS,
+    CHANNEL_TYPES,
+    LLM,
+    MAX_MESSAGE_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    OUTPUT_CONFIG_KEYS,
+    PRIORITIES,
+    PRIORITY_ALIASES,
+    ChannelConfig,
+    NotificationFailed,
+    NotifierConfig,
+    UnknownChannel,
+    _Notification,
+    _one_line,
+)
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
 from turnstile.runtime.store import Store
@@ -85,281 +86,20 @@ __all__ = [
     "DeliveryError",
     "WebhookPost",
     "notification_text",
+    # Imported from here by the notify tool before the split; they live in config.py now.
+    "MAX_TITLE_CHARS",
+    "MAX_TAGS",
+    "MAX_TAG_CHARS",
 ]
 
 log = logging.getLogger("turnstile.notifier")
-
-CHANNEL_TYPES = ("llm_notification", "webhook", "log", "email")
-PRIORITIES = ("low", "normal", "high", "urgent")
-#: Priorities accepted under another name (the reference says ``critical``).
-PRIORITY_ALIASES = {"critical": "urgent"}
-MAX_MESSAGE_CHARS = 10_000
-MAX_TITLE_CHARS = 200
-MAX_TAGS = 20
-MAX_TAG_CHARS = 64
-LLM = "llm_notification"
-USER_AGENT = "turnstile-notifier/0.1"
-#: ``output_config`` keys each channel type understands.
-OUTPUT_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "llm_notification": (),
-    "webhook": (),
-    "log": (),
-    "email": ("to_address",),
-}
-_EMAIL_PRIORITY = {"urgent": "1 (Highest)", "high": "2 (High)", "normal": "3 (Normal)", "low": "5"}
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ADDRESS = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\"]+|[^@\s,;<>\"]+@localhost")
-
-#: Shielded clean-up after a cancelled buffer delivery is bounded by this.
-CLEANUP_GRACE_SECONDS = 5.0
-
-
-class NotificationFailed(TurnstileError):
-    """A notification could not be delivered, not even through the fallback."""
-
-    code = "notification_failed"
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class DeliveryError(Exception):
-    """A webhook POST failed (raised by a ``WebhookPost``).
-
-    Attributes:
-        reason: short and human-readable; it ends up in the fallback note.
-        retriable: whether another attempt may succeed (a connection error, a timeout), or
-            not (a refused address, a redirect).
-    """
-
-    def __init__(self, reason: str, *, retriable: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retriable = retriable
-
-
-#: ``async (url, headers, body, timeout) -> (status code, reason phrase)``: one webhook POST.
-#: Raises ``DeliveryError``; ``timeout`` bounds the attempt (the notifier also cancels it then).
-WebhookPost = Callable[[str, dict[str, str], bytes, float], Awaitable[tuple[int, str]]]
-
-
-class UnknownChannel(InvalidArgument):
-    """No channel has that name; the message lists the configured ones.
-
-    Attributes:
-        channels: the configured channel names, sorted.
-    """
-
-    code = "unknown_channel"
-
-    def __init__(self, name: str, channels: Sequence[str]) -> None:
-        super().__init__(
-            f"no channel named {name!r}; configured channels: {', '.join(channels)}",
-            field="channel",
-        )
-        self.channels = list(channels)
-
-
-@dataclass(frozen=True)
-class ChannelConfig:
-    """One output channel, as declared in the config.
-
-    Attributes:
-        name: what ``send_notification(channel=…)`` calls it.
-        type: ``llm_notification``, ``webhook``, ``log`` or ``email``.
-        fallback: deliver through ``llm_notification`` when this channel fails (else raise).
-        url: webhook — the http(s) URL to POST to.
-        headers: webhook — extra request headers (e.g. an authorization token).
-        timeout: webhook and email — seconds per attempt.
-        retries: webhook — attempts after the first, on 5xx / connection errors / timeouts.
-        backoff_seconds: webhook — the first wait between attempts, doubled each time.
-        path: log — the file to append JSON lines to (its directory must exist).
-        host, port: email — the SMTP server.
-        from_address: email — the sender.
-        to: email — default recipients.
-        starttls: email — upgrade the connection with STARTTLS.
-        ssl: email — implicit TLS (SMTPS, usually port 465); not with ``starttls``.
-        username, password: email — SMTP login, if the server needs one.
-        allowed_recipients: email — addresses ``output_config.to_address`` may name besides
-            ``to``: exact (case-insensitive) or a whole domain as ``*@example.com``.
-        subject_prefix: email — put before every subject.
-        helo_name: email — the name announced in EHLO (no DNS lookup of our own name).
-    """
-
-    name: str
-    type: str
-    fallback: bool = True
-    url: str = ""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    timeout: float = 10.0
-    retries: int = 3
-    backoff_seconds: float = 0.5
-    path: str = ""
-    host: str = ""
-    port: int = 25
-    from_address: str = ""
-    to: tuple[str, ...] = ()
-    starttls: bool = False
-    ssl: bool = False
-    username: str | None = None
-    password: str | None = None
-    allowed_recipients: tuple[str, ...] = ()
-    subject_prefix: str = ""
-    helo_name: str = "localhost"
-
-    def __post_init__(self) -> None:
-        if not _NAME.fullmatch(self.name):
-            raise ValueError(
-                f"channel name must be 1-64 letters, digits, '_', '.' or '-', got {self.name!r}"
-            )
-        if self.type not in CHANNEL_TYPES:
-            raise ValueError(
-                f"channel {self.name!r}: type must be one of {', '.join(CHANNEL_TYPES)}, "
-                f"got {self.type!r}"
-            )
-        if self.name == LLM and self.type != LLM:
-            raise ValueError(f"channel {LLM!r} must have type {LLM!r}")
-        if not 0 < self.timeout <= 300:
-            raise ValueError(f"channel {self.name!r}: timeout must be > 0 and <= 300")
-        if self.type == "webhook":
-            if not self.url:
-                raise ValueError(f"channel {self.name!r}: a webhook needs a url")
-            try:
-                url = httpx.URL(self.url)
-            except (httpx.InvalidURL, TypeError, ValueError) as exc:
-                raise ValueError(f"channel {self.name!r}: not a valid url: {exc}") from None
-            if url.scheme not in ("http", "https") or not url.host:
-                raise ValueError(f"channel {self.name!r}: the url must be http(s) with a host")
-            if not 0 <= self.retries <= 10:
-                raise ValueError(f"channel {self.name!r}: retries must be >= 0 and <= 10")
-            if not 0 <= self.backoff_seconds <= 60:
-                raise ValueError(f"channel {self.name!r}: backoff_seconds must be >= 0, <= 60")
-            for name, value in self.headers.items():
-                if any(c in f"{name}{value}" for c in "\r\n\x00"):
-                    raise ValueError(f"channel {self.name!r}: header {name!r} has a line break")
-        elif self.type == "log":
-            if not self.path:
-                raise ValueError(f"channel {self.name!r}: a log channel needs a path")
-        elif self.type == "email":
-            if not self.host or not self.from_address:
-                raise ValueError(f"channel {self.name!r}: email needs host and from_address")
-            if not 0 < self.port <= 65535:
-                raise ValueError(f"channel {self.name!r}: port must be 1-65535")
-            if self.starttls and self.ssl:
-                raise ValueError(f"channel {self.name!r}: starttls and ssl are exclusive")
-            for address in (self.from_address, *self.to):
-                if not _ADDRESS.fullmatch(address):
-                    raise ValueError(f"channel {self.name!r}: not an address: {address!r}")
-
-
-@dataclass(frozen=True)
-class NotifierConfig:
-    """The notifier's channels and bounds.
-
-    Attributes:
-        channels: the declared channels (``llm_notification`` is added when missing).
-        max_buffered: notification events kept per session while no client is attached.
-        buffer_ttl_seconds: how long a buffered event is kept (default 24 h).
-        max_concurrency: external deliveries (webhook, log, email) in flight at once.
-        max_structured_bytes: largest ``structured_data``, JSON-encoded.
-    """
-
-    channels: tuple[ChannelConfig, ...] = ()
-    max_buffered: int = 100
-    buffer_ttl_seconds: float = 86400.0
-    max_concurrency: int = 16
-    max_structured_bytes: int = 16 * 1024
-
-    def __post_init__(self) -> None:
-        names = [c.name for c in self.channels]
-        if len(set(names)) != len(names):
-            raise ValueError("channel names must be unique")
-        if self.max_buffered < 1 or self.max_concurrency < 1:
-            raise ValueError("max_buffered and max_concurrency must be >= 1")
-        if self.buffer_ttl_seconds <= 0 or self.max_structured_bytes < 2:
-            raise ValueError("buffer_ttl_seconds must be > 0 and max_structured_bytes >= 2")
-
-
-@dataclass(frozen=True)
-class _Notification:
-    id: str
-    session_id: str
-    owner: str
-    channel: ChannelConfig
-    message: str
-    title: str
-    priority: str
-    tags: tuple[str, ...]
-    structured_data: dict[str, Any]
-    source: str
-    created_at: str
-    recipients: tuple[str, ...] = ()
-
-    def record(self) -> dict[str, Any]:
-        """What webhooks and log lines carry."""
-        return {
-            "id": self.id,
-            "channel": self.channel.name,
-            "session_id": self.session_id,
-            "source": self.source,
-            "priority": self.priority,
-            "title": self.title,
-            "message": self.message,
-            "tags": list(self.tags),
-            "structured_data": self.structured_data,
-            "created_at": self.created_at,
-        }
-
-
-class _DeliveryFailed(Exception):
-    def __init__(self, reason: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.detail = detail or {}
-
-
-def notification_text(
-    *,
-    message: str,
-    title: str = "",
-    priority: str = "normal",
-    tags: Sequence[str] = (),
-    structured_data: Mapping[str, Any] | None = None,
-    failed: tuple[ChannelConfig, str] | None = None,
-) -> str:
-    """The text the agent gets for a notification.
-
-    ``[NOTIFICATION] <title> (priority=…, tags=…)``, then — for a fallback — ``Note: delivery
-    via <type> failed: <reason>; delivered here instead (channel '<name>').``, the message, and
-    ``Data: <json>`` when there is structured data.
-    """
-    head = "[NOTIFICATION]" + (f" {title}" if title else "")
-    meta = [f"priority={priority}"]
-    if tags:
-        meta.append(f"tags={','.join(tags)}")
-    lines = [f"{head} ({', '.join(meta)})"]
-    if failed is not None:
-        channel, reason = failed
-        lines.append(
-            f"Note: delivery via {channel.type} failed: {reason}; delivered here instead "
-            f"(channel '{channel.name}')."
-        )
-    lines.append(message)
-    if structured_data:
-        lines.append("Data: " + json.dumps(structured_data, ensure_ascii=False, default=str))
-    return "\n".join(lines)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _iso(dt: datetime) -> str:
     return dt.isoformat().replace("+00:00", "Z")
 
 
-class Notifier:
+class Notifier(SessionBufferMixin, ExternalChannelsMixin):
     """Delivers notifications through the configured channels. See the module docstring.
 
     Args:
@@ -368,8 +108,8 @@ class Notifier:
         ask_session: ``async (session_id, message) -> answer`` — asks a session actor
             (``GetStatus``, ``Publish``, ``Inject``).
         config: channels and bounds.
-        webhook_post: sends one webhook POST (``tools.notify.guarded_webhook_post``); needed
-            when a webhook channel is configured.
+        webhook_post: sends one webhook POST (``notifications.tools.guarded_webhook_post``);
+            needed when a webhook channel is configured.
 
     Raises:
         ValueError: a webhook channel is configured but no ``webhook_post`` given.
@@ -635,7 +375,7 @@ class Notifier:
             **{k: v for k, v in detail.items() if k not in result},
         }
 
-    # -- llm_notification and the buffer --
+    # -- locks --
 
     @asynccontextmanager
     async def _lock(self, key: str) -> AsyncIterator[None]:
@@ -651,273 +391,3 @@ class Notifier:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._locks[key]
-
-    async def _deliver_llm(
-        self, note: _Notification, failed: tuple[ChannelConfig, str] | None = None
-    ) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "notification_id": note.id,
-            "channel": LLM,
-            "title": note.title,
-            "message": note.message,
-            "priority": note.priority,
-            "tags": list(note.tags),
-            "structured_data": note.structured_data,
-            "source": note.source,
-            "created_at": note.created_at,
-            "fallback": failed is not None,
-        }
-        if failed is not None:
-            event["requested_channel"] = failed[0].name
-            event["fallback_reason"] = failed[1]
-        text = notification_text(
-            message=note.message,
-            title=note.title,
-            priority=note.priority,
-            tags=note.tags,
-            structured_data=note.structured_data,
-            failed=failed,
-        )
-        session_id = note.session_id
-        async with self._lock(session_id):
-            status = await self.ask_session(session_id, GetStatus())
-            buffered = status.subscribers == 0
-            if buffered:
-                await self._buffer(session_id, event)
-            else:
-                await self._flush(session_id)  # anything older goes first
-                await self.ask_session(session_id, Publish(event="notification", payload=event))
-            await self.ask_session(
-                session_id,
-                Inject(source="notification", content=text, payload={"notification_id": note.id}),
-            )
-        return {
-            "notification_id": note.id,
-            "channel": LLM,
-            "channel_type": LLM,
-            "delivered": True,
-            "fallback": failed is not None,
-            "injected": True,
-            "buffered": buffered,
-        }
-
-    def _namespaces(self, session_id: str) -> tuple[str, str]:
-        return f"notify:{session_id}", f"notify-meta:{session_id}"
-
-    async def _buffered(self, session_id: str) -> list[tuple[str, dict[str, Any]]]:
-        namespace, _ = self._namespaces(session_id)
-        items: list[tuple[str, dict[str, Any]]] = []
-        after: str | None = None
-        while True:
-            page = await self.store.kv_list(namespace, after_key=after, limit=500)
-            items.extend(page)
-            if len(page) < 500:
-                return items
-            after = page[-1][0]
-
-    async def _buffer(self, session_id: str, event: dict[str, Any]) -> None:
-        """Keep ``event`` for the next attach; drop the oldest beyond ``max_buffered``."""
-        namespace, meta = self._namespaces(session_id)
-        items = await self._buffered(session_id)
-        # Expired items are older than every live one (one TTL for all), so numbering on from
-        # the newest live key keeps key order = arrival order.
-        seq = int(items[-1][0]) + 1 if items else 0
-        expires = self.clock.now() + timedelta(seconds=self.config.buffer_ttl_seconds)
-        await self.store.kv_put(namespace, [(f"{seq:012d}", event, expires)])
-        overflow = len(items) + 1 - self.config.max_buffered
-        if overflow > 0:
-            await self.store.kv_delete(namespace, [key for key, _ in items[:overflow]])
-            previous = await self.store.kv_get(meta, "dropped") or {}
-            dropped = int(previous.get("dropped", 0)) + overflow
-            await self.store.kv_put(meta, [("dropped", {"dropped": dropped}, expires)])
-
-    async def _flush(self, session_id: str) -> int:
-        """Publish the buffered events in order, then forget them (the lock is held)."""
-        namespace, meta = self._namespaces(session_id)
-        items = await self._buffered(session_id)
-        counted = await self.store.kv_get(meta, "dropped")
-        dropped = int(counted.get("dropped", 0)) if counted else 0
-        if dropped:
-            await self.ask_session(
-                session_id,
-                Publish(
-                    event="notifications_dropped",
-                    payload={
-                        "dropped": dropped,
-                        "max_buffered": self.config.max_buffered,
-                        "message": f"{dropped} dropped: more than "
-                        f"{self.config.max_buffered} notifications arrived while no client "
-                        "was attached; the oldest were dropped",
-                    },
-                ),
-            )
-            await self.store.kv_delete(meta, ["dropped"])
-        delivered = 0
-        try:
-            for _key, event in items:
-                await self.ask_session(
-                    session_id,
-                    Publish(event="notification", payload={**event, "buffered": True}),
-                )
-                delivered += 1
-        finally:
-            if delivered:
-                with trio.move_on_after(CLEANUP_GRACE_SECONDS, shield=True):
-                    await self.store.kv_delete(namespace, [key for key, _ in items[:delivered]])
-        return delivered
-
-    async def deliver_buffered(self, session_id: str) -> int:
-        """Publish the notifications buffered while no client was attached, oldest first.
-
-        Call it right after a client attaches (outside the session actor's ``receive``: it
-        asks the session). A ``notifications_dropped`` event comes first when the buffer
-        overflowed; each notification then arrives as a ``notification`` event with
-        ``buffered: true``, and is deleted from the buffer once published.
-
-        Returns:
-            How many notifications were delivered.
-        """
-        async with self._lock(session_id):
-            return await self._flush(session_id)
-
-    async def discard_buffered(self, session_id: str) -> int:
-        """Forget a session's buffered notifications (when the session is deleted).
-
-        Returns:
-            How many were discarded.
-        """
-        namespace, meta = self._namespaces(session_id)
-        async with self._lock(session_id):
-            items = await self._buffered(session_id)
-            await self.store.kv_delete(meta, ["dropped"])
-            return await self.store.kv_delete(namespace, [key for key, _ in items])
-
-    # -- external channels --
-
-    async def _deliver_webhook(self, note: _Notification) -> dict[str, Any]:
-        config = note.channel
-        post = self.webhook_post
-        assert post is not None  # checked at construction
-        body = json.dumps(note.record(), ensure_ascii=False).encode()
-        headers = {
-            "user-agent": USER_AGENT,
-            **{k.lower(): v for k, v in config.headers.items()},
-            "content-type": "application/json",
-        }
-        attempts = 0
-        reason = ""
-        for attempt in range(config.retries + 1):
-            if attempt:
-                await trio.sleep(config.backoff_seconds * 2 ** (attempt - 1))
-            attempts += 1
-            answer: tuple[int, str] | None = None
-            with trio.move_on_after(config.timeout) as deadline:
-                try:
-                    answer = await post(config.url, headers, body, config.timeout)
-                except DeliveryError as exc:
-                    if not exc.retriable:
-                        raise _DeliveryFailed(exc.reason, {"attempts": attempts}) from None
-                    reason = exc.reason
-            if deadline.cancelled_caught:
-                reason = f"timed out after {config.timeout:g} s"
-            if answer is None:
-                continue
-            status, phrase = answer
-            if 200 <= status < 300:
-                return {"attempts": attempts, "status_code": status}
-            if status < 500:
-                raise _DeliveryFailed(
-                    " ".join(f"HTTP {status} {phrase}".split()) + " (not retried)",
-                    {"attempts": attempts, "status_code": status},
-                )
-            reason = " ".join(f"HTTP {status} {phrase}".split())
-        raise _DeliveryFailed(
-            f"{reason} after {attempts} attempt{'s' if attempts > 1 else ''}",
-            {"attempts": attempts},
-        )
-
-    async def _deliver_log(self, note: _Notification) -> dict[str, Any]:
-        path = note.channel.path
-        line = json.dumps({**note.record(), "owner": note.owner}, ensure_ascii=False) + "\n"
-        async with self._lock(f"path:{path}"):  # one line at a time per file
-            try:
-                await trio.to_thread.run_sync(_append_line, path, line)
-            except OSError as exc:
-                raise _DeliveryFailed(
-                    f"cannot write {path}: {exc.strerror or type(exc).__name__}"
-                ) from None
-        return {"path": path}
-
-    async def _deliver_email(self, note: _Notification) -> dict[str, Any]:
-        config = note.channel
-        message = _email_message(note, self.clock.now())
-        with trio.move_on_after(config.timeout) as deadline:
-            try:
-                refused = await trio.to_thread.run_sync(
-                    _send_email, config, message, note.recipients, abandon_on_cancel=True
-                )
-            except smtplib.SMTPResponseException as exc:
-                text = exc.smtp_error.decode(errors="replace") if exc.smtp_error else ""
-                raise _DeliveryFailed(f"SMTP {exc.smtp_code} {text}".strip()) from None
-            except smtplib.SMTPRecipientsRefused as exc:
-                raise _DeliveryFailed(
-                    f"every recipient was refused ({', '.join(exc.recipients)})"
-                ) from None
-            except (smtplib.SMTPException, OSError) as exc:
-                raise _DeliveryFailed(f"{type(exc).__name__}: {exc}") from None
-        if deadline.cancelled_caught:
-            raise _DeliveryFailed(f"timed out after {config.timeout:g} s")
-        accepted = [r for r in note.recipients if r not in refused]
-        out: dict[str, Any] = {"recipients": accepted}
-        if refused:
-            out["refused"] = sorted(refused)
-        return out
-
-
-def _append_line(path: str, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-
-
-def _email_message(note: _Notification, now: datetime) -> EmailMessage:
-    config = note.channel
-    message = EmailMessage()
-    subject = note.title or _one_line(note.message)[:78]
-    message["Subject"] = _one_line(f"{config.subject_prefix}{subject}")
-    message["From"] = config.from_address
-    message["To"] = ", ".join(note.recipients)
-    message["Date"] = email.utils.format_datetime(now)
-    domain = config.from_address.rsplit("@", 1)[1]
-    message["Message-ID"] = email.utils.make_msgid(idstring=note.id, domain=domain)
-    message["X-Priority"] = _EMAIL_PRIORITY[note.priority]
-    message["X-Turnstile-Notification"] = note.id
-    body = [note.message]
-    if note.tags:
-        body.append(f"\nTags: {', '.join(note.tags)}")
-    if note.structured_data:
-        body.append("\nData:\n" + json.dumps(note.structured_data, indent=2, ensure_ascii=False))
-    message.set_content("\n".join(body))
-    return message
-
-
-def _send_email(config: ChannelConfig, message: EmailMessage, recipients: tuple) -> dict:
-    """Send ``message`` (in a worker thread); returns the refused recipients."""
-    if config.ssl:
-        smtp: smtplib.SMTP = smtplib.SMTP_SSL(
-            config.host,
-            config.port,
-            local_hostname=config.helo_name,
-            timeout=config.timeout,
-            context=ssl.create_default_context(),
-        )
-    else:
-        smtp = smtplib.SMTP(
-            config.host, config.port, local_hostname=config.helo_name, timeout=config.timeout
-        )
-    with smtp:
-        if config.starttls:
-            smtp.starttls(context=ssl.create_default_context())
-        if config.username:
-            smtp.login(config.username, config.password or "")
-        return smtp.send_message(message, to_addrs=list(recipients))

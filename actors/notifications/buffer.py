@@ -1,0 +1,219 @@
+"""The ``llm_notification`` channel: into the session, and the buffer for unattached clients.
+
+An ``llm_notification`` goes into the session. The agent gets it as an ``Inject`` (folded into
+the running turn, or a turn of its own when the session is idle) whose text starts with
+``[NOTIFICATION]`` (``notification_text``); attached clients get a ``notification`` event
+(``Publish``).
+
+**What is injected, what is buffered.** The agent always gets an ``llm_notification`` (and every
+fallback) as an ``Inject``, whether or not a client is attached — the agent never misses one.
+The *client-facing* ``notification`` event is published at once when the session has an
+attached client; when it has none, the event is not written to the session log but kept in the
+store's key-value table (namespace ``notify:<session_id>``, keys zero-padded sequence numbers so
+key order is arrival order, expiring after ``buffer_ttl_seconds``, at most ``max_buffered`` per
+session, oldest dropped first). ``deliver_buffered`` publishes them, in order, when a client
+attaches: a ``notifications_dropped`` event first when some were dropped (``dropped: 5``), then
+each as a ``notification`` event with ``buffered: true`` and its original ``created_at``.
+Notifications to external channels (webhook, log, email) that succeed produce no session event.
+
+**Order.** Everything the notifier does for one session — the attached-or-not decision, the
+publish or buffer, the inject, delivering the buffer — happens under that session's lock, and a
+notification for an attached session first flushes anything still buffered, so clients see
+notifications in arrival order even if a notification races with an attach.
+
+``SessionBufferMixin`` is the part of ``Notifier`` that does this. It is separate from the
+notifier because it is the part with ordering rules and stored state (the buffer), and every
+other channel falls back to it. The mixin uses the notifier's ``ask_session``, ``store``,
+``clock``, ``config`` and ``_lock``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import trio
+
+from turnstile.actors.notifications.config import LLM, ChannelConfig, _Notification
+from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
+
+#: Shielded clean-up after a cancelled buffer delivery is bounded by this.
+CLEANUP_GRACE_SECONDS = 5.0
+
+
+def notification_text(
+    *,
+    message: str,
+    title: str = "",
+    priority: str = "normal",
+    tags: Sequence[str] = (),
+    structured_data: Mapping[str, Any] | None = None,
+    failed: tuple[ChannelConfig, str] | None = None,
+) -> str:
+    """The text the agent gets for a notification.
+
+    ``[NOTIFICATION] <title> (priority=…, tags=…)``, then — for a fallback — ``Note: delivery
+    via <type> failed: <reason>; delivered here instead (channel '<name>').``, the message, and
+    ``Data: <json>`` when there is structured data.
+    """
+    head = "[NOTIFICATION]" + (f" {title}" if title else "")
+    meta = [f"priority={priority}"]
+    if tags:
+        meta.append(f"tags={','.join(tags)}")
+    lines = [f"{head} ({', '.join(meta)})"]
+    if failed is not None:
+        channel, reason = failed
+        lines.append(
+            f"Note: delivery via {channel.type} failed: {reason}; delivered here instead "
+            f"(channel '{channel.name}')."
+        )
+    lines.append(message)
+    if structured_data:
+        lines.append("Data: " + json.dumps(structured_data, ensure_ascii=False, default=str))
+    return "\n".join(lines)
+
+
+class SessionBufferMixin:
+    """``Notifier``'s session channel and buffer. See the module docstring."""
+
+    async def _deliver_llm(
+        self, note: _Notification, failed: tuple[ChannelConfig, str] | None = None
+    ) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "notification_id": note.id,
+            "channel": LLM,
+            "title": note.title,
+            "message": note.message,
+            "priority": note.priority,
+            "tags": list(note.tags),
+            "structured_data": note.structured_data,
+            "source": note.source,
+            "created_at": note.created_at,
+            "fallback": failed is not None,
+        }
+        if failed is not None:
+            event["requested_channel"] = failed[0].name
+            event["fallback_reason"] = failed[1]
+        text = notification_text(
+            message=note.message,
+            title=note.title,
+            priority=note.priority,
+            tags=note.tags,
+            structured_data=note.structured_data,
+            failed=failed,
+        )
+        session_id = note.session_id
+        async with self._lock(session_id):
+            status = await self.ask_session(session_id, GetStatus())
+            buffered = status.subscribers == 0
+            if buffered:
+                await self._buffer(session_id, event)
+            else:
+                await self._flush(session_id)  # anything older goes first
+                await self.ask_session(session_id, Publish(event="notification", payload=event))
+            await self.ask_session(
+                session_id,
+                Inject(source="notification", content=text, payload={"notification_id": note.id}),
+            )
+        return {
+            "notification_id": note.id,
+            "channel": LLM,
+            "channel_type": LLM,
+            "delivered": True,
+            "fallback": failed is not None,
+            "injected": True,
+            "buffered": buffered,
+        }
+
+    def _namespaces(self, session_id: str) -> tuple[str, str]:
+        return f"notify:{session_id}", f"notify-meta:{session_id}"
+
+    async def _buffered(self, session_id: str) -> list[tuple[str, dict[str, Any]]]:
+        namespace, _ = self._namespaces(session_id)
+        items: list[tuple[str, dict[str, Any]]] = []
+        after: str | None = None
+        while True:
+            page = await self.store.kv_list(namespace, after_key=after, limit=500)
+            items.extend(page)
+            if len(page) < 500:
+                return items
+            after = page[-1][0]
+
+    async def _buffer(self, session_id: str, event: dict[str, Any]) -> None:
+        """Keep ``event`` for the next attach; drop the oldest beyond ``max_buffered``."""
+        namespace, meta = self._namespaces(session_id)
+        items = await self._buffered(session_id)
+        # Expired items are older than every live one (one TTL for all), so numbering on from
+        # the newest live key keeps key order = arrival order.
+        seq = int(items[-1][0]) + 1 if items else 0
+        expires = self.clock.now() + timedelta(seconds=self.config.buffer_ttl_seconds)
+        await self.store.kv_put(namespace, [(f"{seq:012d}", event, expires)])
+        overflow = len(items) + 1 - self.config.max_buffered
+        if overflow > 0:
+            await self.store.kv_delete(namespace, [key for key, _ in items[:overflow]])
+            previous = await self.store.kv_get(meta, "dropped") or {}
+            dropped = int(previous.get("dropped", 0)) + overflow
+            await self.store.kv_put(meta, [("dropped", {"dropped": dropped}, expires)])
+
+    async def _flush(self, session_id: str) -> int:
+        """Publish the buffered events in order, then forget them (the lock is held)."""
+        namespace, meta = self._namespaces(session_id)
+        items = await self._buffered(session_id)
+        counted = await self.store.kv_get(meta, "dropped")
+        dropped = int(counted.get("dropped", 0)) if counted else 0
+        if dropped:
+            await self.ask_session(
+                session_id,
+                Publish(
+                    event="notifications_dropped",
+                    payload={
+                        "dropped": dropped,
+                        "max_buffered": self.config.max_buffered,
+                        "message": f"{dropped} dropped: more than "
+                        f"{self.config.max_buffered} notifications arrived while no client "
+                        "was attached; the oldest were dropped",
+                    },
+                ),
+            )
+            await self.store.kv_delete(meta, ["dropped"])
+        delivered = 0
+        try:
+            for _key, event in items:
+                await self.ask_session(
+                    session_id,
+                    Publish(event="notification", payload={**event, "buffered": True}),
+                )
+                delivered += 1
+        finally:
+            if delivered:
+                with trio.move_on_after(CLEANUP_GRACE_SECONDS, shield=True):
+                    await self.store.kv_delete(namespace, [key for key, _ in items[:delivered]])
+        return delivered
+
+    async def deliver_buffered(self, session_id: str) -> int:
+        """Publish the notifications buffered while no client was attached, oldest first.
+
+        Call it right after a client attaches (outside the session actor's ``receive``: it
+        asks the session). A ``notifications_dropped`` event comes first when the buffer
+        overflowed; each notification then arrives as a ``notification`` event with
+        ``buffered: true``, and is deleted from the buffer once published.
+
+        Returns:
+            How many notifications were delivered.
+        """
+        async with self._lock(session_id):
+            return await self._flush(session_id)
+
+    async def discard_buffered(self, session_id: str) -> int:
+        """Forget a session's buffered notifications (when the session is deleted).
+
+        Returns:
+            How many were discarded.
+        """
+        namespace, meta = self._namespaces(session_id)
+        async with self._lock(session_id):
+            items = await self._buffered(session_id)
+            await self.store.kv_delete(meta, ["dropped"])
+            return await self.store.kv_delete(namespace, [key for key, _ in items])
