@@ -27,6 +27,10 @@ Example::
     max_context_tokens = 8000
 
 Unknown keys are errors (a typo should not silently change nothing), reported with their path.
+
+The node's own settings (address, store, users, limits, agent, tool modules and policies) are
+defined here; each feature's section is defined in its package (``<feature>/settings.py``) and
+only composed here.
 """
 
 from __future__ import annotations
@@ -36,9 +40,22 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from turnstile.actors.execution.settings import ExecutionConfig
+from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
+from turnstile.actors.scheduling.settings import HeartbeatDefaults
 from turnstile.runtime.errors import DecodeError
 
-__all__ = ["Config", "ExecutionConfig", "Limits", "UserConfig", "ScriptedConfig", "load_config"]
+__all__ = [
+    "ChannelSettings",
+    "Config",
+    "ExecutionConfig",
+    "HeartbeatDefaults",
+    "Limits",
+    "NotificationsConfig",
+    "ScriptedConfig",
+    "UserConfig",
+    "load_config",
+]
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -143,93 +160,6 @@ class ModulesConfig(msgspec.Struct, forbid_unknown_fields=True):
     http: HttpModuleConfig = msgspec.field(default_factory=HttpModuleConfig)
     filesystem: FilesystemModuleConfig = msgspec.field(default_factory=FilesystemModuleConfig)
     shell: ShellModuleConfig = msgspec.field(default_factory=ShellModuleConfig)
-
-
-class ChannelSettings(msgspec.Struct, forbid_unknown_fields=True):
-    """One output channel, ``[channels.<name>]`` (see docs/tools.md)."""
-
-    type: Literal["llm_notification", "webhook", "log", "email"]
-    fallback: bool = True
-    url: str = ""  # webhook
-    headers: dict[str, str] = msgspec.field(default_factory=dict)
-    timeout: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
-    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
-    backoff_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.5
-    path: str = ""  # log
-    host: str = ""  # email
-    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
-    from_address: str = ""
-    to: list[str] = msgspec.field(default_factory=list)
-    starttls: bool = False
-    ssl: bool = False
-    username: str | None = None
-    password: str | None = None
-    allowed_recipients: list[str] = msgspec.field(default_factory=list)
-    subject_prefix: str = ""
-    helo_name: str = "localhost"
-
-
-class NotificationsConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """Buffering of notifications for sessions nobody is watching."""
-
-    max_buffered: Positive = 100
-    buffer_ttl_seconds: Annotated[float, msgspec.Meta(gt=0)] = 86400.0
-    max_concurrency: Positive = 16
-    max_structured_bytes: Annotated[int, msgspec.Meta(ge=2)] = 16384
-
-
-class HeartbeatDefaults(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """The agent's heartbeat defaults, ``[heartbeat]``: what ``set_heartbeat`` uses for any
-    setting the call leaves out (validated by the tool's own bounds when the node starts)."""
-
-    interval_minutes: int | None = None
-    checklist: str | None = None
-    active_hours_start: str | None = None
-    active_hours_end: str | None = None
-    timezone: str | None = None
-    model_override: str | None = None
-    tool_profile: str | None = None
-    max_tokens: int | None = None
-    suppress_threshold: int | None = None
-    on_error: str | None = None
-    session: str | None = None
-    alert_channel: str | None = None
-
-
-class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """What the model sees per turn, ``[execution]`` (key names after the execution-primitives
-    reference; see docs/tools.md, "What the model sees"). A session's ``metadata.execution``
-    may override any of the tool keys for that session.
-
-    Attributes:
-        tool_mode: ``compact`` — the primitives' schemas plus ``tool_search``, whose
-            description indexes every other tool (full schemas on demand, run with
-            ``tool_run``); ``direct`` — every selected tool's full schema in every call.
-        watchers: give the ``watch_*`` tools' schemas in every turn (``execution.watchers``).
-        scheduler: give the scheduling tools' schemas in every turn (``schedule_*``,
-            ``remember``, ``cron``, recalls, heartbeats, checks; ``execution.scheduler``).
-        default_channel: an output channel the prompt names as the default for notifications,
-            jobs and watchers; setting it gives ``send_notification``'s schema in every turn.
-        direct_tools: more tools whose full schemas every turn carries (``"http.get"``).
-        tool_profile: the tool profile of ordinary turns (``full``, ``heartbeat``,
-            ``heartbeat_active``): a restricted profile carries its tools' schemas directly and
-            refuses every other tool.
-        default_prompt: give agents the runtime's default system prompt (primitives, time).
-        timezone: the time zone the prompt gives for a session without ``metadata.timezone``.
-        max_context_tokens: the estimated tokens a model call may take (system prompt, tool
-            schemas, history and input; four characters a token); the oldest history goes
-            first (see ``runtime.agents.context``).
-    """
-
-    tool_mode: Literal["compact", "direct"] = "compact"
-    watchers: bool = False
-    scheduler: bool = False
-    default_channel: str = ""
-    direct_tools: list[str] = msgspec.field(default_factory=list)
-    tool_profile: str = "full"
-    default_prompt: bool = True
-    timezone: str = "UTC"
-    max_context_tokens: Annotated[int, msgspec.Meta(ge=1000)] = 32_000
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):

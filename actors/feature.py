@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from turnstile.actors.config import Config
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -29,6 +28,9 @@ from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import Store
 from turnstile.runtime.supervisor import Supervisor
 from turnstile.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:  # the node's Config composes every feature's section
+    from turnstile.actors.config import Config
 
 __all__ = ["Feature", "NodeContext"]
 

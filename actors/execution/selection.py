@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.config import ExecutionConfig
+from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.execution.tools import PRIMITIVES
 from turnstile.actors.sessions.actor import ShapedTurn
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolSpec, TurnInput

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
-from turnstile.actors.config import Config
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
 from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import Store
 from turnstile.tools.netguard import NetPolicy
+
+if TYPE_CHECKING:  # the node's Config composes every feature's section
+    from turnstile.actors.config import Config
 
 __all__ = ["NotificationsFeature", "make_notifier", "purge_expired"]
 

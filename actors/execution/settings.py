@@ -1,0 +1,45 @@
+"""The execution feature's config section: ``[execution]``, what the model sees per turn."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = ["ExecutionConfig"]
+
+
+class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """What the model sees per turn, ``[execution]`` (key names after the execution-primitives
+    reference; see docs/tools.md, "What the model sees"). A session's ``metadata.execution``
+    may override any of the tool keys for that session.
+
+    Attributes:
+        tool_mode: ``compact`` — the primitives' schemas plus ``tool_search``, whose
+            description indexes every other tool (full schemas on demand, run with
+            ``tool_run``); ``direct`` — every selected tool's full schema in every call.
+        watchers: give the ``watch_*`` tools' schemas in every turn (``execution.watchers``).
+        scheduler: give the scheduling tools' schemas in every turn (``schedule_*``,
+            ``remember``, ``cron``, recalls, heartbeats, checks; ``execution.scheduler``).
+        default_channel: an output channel the prompt names as the default for notifications,
+            jobs and watchers; setting it gives ``send_notification``'s schema in every turn.
+        direct_tools: more tools whose full schemas every turn carries (``"http.get"``).
+        tool_profile: the tool profile of ordinary turns (``full``, ``heartbeat``,
+            ``heartbeat_active``): a restricted profile carries its tools' schemas directly and
+            refuses every other tool.
+        default_prompt: give agents the runtime's default system prompt (primitives, time).
+        timezone: the time zone the prompt gives for a session without ``metadata.timezone``.
+        max_context_tokens: the estimated tokens a model call may take (system prompt, tool
+            schemas, history and input; four characters a token); the oldest history goes
+            first (see ``runtime.agents.context``).
+    """
+
+    tool_mode: Literal["compact", "direct"] = "compact"
+    watchers: bool = False
+    scheduler: bool = False
+    default_channel: str = ""
+    direct_tools: list[str] = msgspec.field(default_factory=list)
+    tool_profile: str = "full"
+    default_prompt: bool = True
+    timezone: str = "UTC"
+    max_context_tokens: Annotated[int, msgspec.Meta(ge=1000)] = 32_000
