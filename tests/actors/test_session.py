@@ -333,3 +333,23 @@ async def test_a_notice_for_a_missing_session_is_dropped_and_the_name_stays_usab
             assert (status.session_id, status.queued) == ("ann/late", 0)
             assert await store.read_events("ann/late") == []
             assert list(sup.crash_reports) == []
+
+
+def test_the_actor_module_still_exports_the_names_others_import_from_it():
+    """``actors/sessions/actor.py`` was split into modules; the names other modules import from
+    it stay importable there and are the very objects their new modules define."""
+    from turnstile.actors.sessions import actor, events, history, messages, scheduled, services
+
+    moved = {
+        messages: ["POLICIES", "Submit", "Attach", "Detach", "StopTurn", "SetPolicy", "Inject"],
+        services: ["SessionServices", "SessionLimits", "ToolCaller", "ShapedTurn", "TurnShaper"],
+        history: ["history_from_events", "load_history"],
+        scheduled: ["job_run"],
+        events: ["MAX_UNSTORED_EVENTS"],
+    }
+    for module, names in moved.items():
+        for name in names:
+            assert name in actor.__all__
+            assert getattr(actor, name) is getattr(module, name)
+    for name in ("GetStatus", "SessionStatus", "Wake", "Delivered", "Publish", "DeleteSession"):
+        assert getattr(actor, name) is getattr(messages, name)

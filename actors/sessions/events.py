@@ -1,0 +1,179 @@
+"""A session's event log: events stored in batches, in order, then offered to subscribers.
+
+Events are appended to the session's log in the store (which assigns the gap-free ``seq``)
+and only then offered to every attached subscriber; offering never blocks the session, so a
+slow client cannot stall a turn. Streamed deltas do not wait for their commit (see
+``EventLog.emit``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from turnstile.runtime.gateway.backend import Subscriber
+from turnstile.runtime.store import EventRecord, Store
+
+__all__ = ["EventLog", "MAX_UNSTORED_EVENTS"]
+
+log = logging.getLogger("turnstile.session")
+
+#: Events an agent may stream ahead of the store before its next one waits for a commit.
+MAX_UNSTORED_EVENTS = 256
+
+
+class _EventBatch:
+    """Events stored together; ``done`` is set once they are stored and offered, or failed."""
+
+    __slots__ = ("events", "done", "error")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class EventLog:
+    """The event log of one session actor.
+
+    Args:
+        store: where events are appended.
+        session_id: the session's store id.
+        public_id: the name its event frames carry.
+        encode_event: turns a stored event into a frame.
+        subscribers: the actor's attached subscribers (shared, not copied): a subscriber that
+            falls too far behind is dropped from it.
+        nursery: returns the actor's nursery, for the background writer.
+    """
+
+    __slots__ = (
+        "_store",
+        "_session_id",
+        "_public_id",
+        "_encode",
+        "_subscribers",
+        "_nursery",
+        "last_seq",
+        "_batch",
+        "_storing",
+        "_flushing",
+    )
+
+    def __init__(
+        self,
+        store: Store,
+        session_id: str,
+        public_id: str,
+        encode_event: Callable[[str, EventRecord], bytes],
+        subscribers: set[Subscriber],
+        nursery: Callable[[], trio.Nursery],
+    ) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._public_id = public_id
+        self._encode = encode_event
+        self._subscribers = subscribers
+        self._nursery = nursery
+        #: The ``seq`` of the last event stored.
+        self.last_seq = 0
+        #: Events emitted but not yet handed to the store, and the batch being stored.
+        self._batch: _EventBatch | None = None
+        self._storing: _EventBatch | None = None
+        self._flushing = False
+
+    @property
+    def idle(self) -> bool:
+        """Whether no event waits to be stored and no write is under way."""
+        return self._batch is None and self._storing is None and not self._flushing
+
+    async def emit(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
+        """Append an event to the session's log; once stored, offer it to every subscriber.
+
+        Events are stored in batches, in order, one batch at a time: while one is being
+        written the next one fills. ``durable`` waits until this event is stored (and offered),
+        writing its batch from the caller's own task when no write is under way, so a shielded
+        caller (a turn closing at shutdown) still gets its event stored; it raises if storing
+        failed. Otherwise the caller goes on at once and a background task stores the batch:
+        an agent streaming deltas is not held up by a commit per delta, and a client gets a
+        burst of them in one write. Only once ``MAX_UNSTORED_EVENTS`` wait does it wait too.
+        An event is never offered before it is stored, so a client never sees a ``seq`` that
+        a crash could take back.
+        """
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _EventBatch()
+        batch.events.append((type_, payload))
+        if durable or len(batch.events) >= MAX_UNSTORED_EVENTS:
+            await self._until_stored(batch)
+        elif not self._flushing:
+            self._flushing = True
+            self._nursery().start_soon(self._flush, name=f"events of session {self._session_id}")
+
+    async def all_stored(self) -> None:
+        """Wait until every event emitted so far is stored (or failed to be)."""
+        batch = self._batch or self._storing
+        if batch is not None:
+            await self._wait_stored(batch)
+
+    async def _until_stored(self, batch: _EventBatch) -> None:
+        """Wait until ``batch`` is stored, storing it from this task if nobody else is."""
+        await self._wait_stored(batch)
+        if batch.error is not None:
+            raise batch.error
+
+    async def _wait_stored(self, batch: _EventBatch) -> None:
+        while not batch.done.is_set():
+            storing = self._storing
+            if storing is None:
+                await self._store_next()  # the oldest waiting batch: ``batch`` or one before
+            else:
+                await storing.done.wait()
+
+    async def _flush(self) -> None:
+        """The background writer of events nobody waits for."""
+        try:
+            while (batch := self._batch) is not None:
+                await self._wait_stored(batch)
+        finally:
+            self._flushing = False
+
+    async def _store_next(self) -> None:
+        """Store the oldest waiting batch and offer its events. Never raises ``Exception``:
+        an error is kept on the batch for whoever waits for it."""
+        batch, self._batch = self._batch, None
+        self._storing = batch
+        try:
+            records = await self._store.append_events(self._session_id, batch.events)
+            self._offer(records)
+        except Exception as exc:
+            batch.error = exc
+            log.error(
+                "storing %d events of session %s failed: %r",
+                len(batch.events),
+                self._session_id,
+                exc,
+            )
+        except BaseException:
+            batch.error = RuntimeError("the session stopped before its events were stored")
+            raise
+        finally:
+            self._storing = None
+            batch.done.set()
+
+    def _offer(self, records: list[EventRecord]) -> None:
+        """Offer stored events to every subscriber, dropping those that fell too far behind."""
+        self.last_seq = records[-1].seq
+        subscribers = self._subscribers
+        if not subscribers:
+            return
+        encode = self._encode
+        name = self._public_id
+        for record in records:
+            frame = encode(name, record)
+            for subscriber in list(subscribers):
+                if not subscriber.offer(name, record.seq, frame):
+                    subscribers.discard(subscriber)
+                    subscriber.lagged(name, record.seq - 1)

@@ -1,0 +1,93 @@
+"""A session's transcript, derived from its event log.
+
+The transcript (``history``) is not stored apart: ``stream_start`` (a turn's input),
+``user_message`` (an input folded into a running turn), ``tool_call`` and ``stream_end`` events
+stand for its entries, so it is rebuilt from the log at start-up (``load_history``) and by the
+history route (``history_from_events``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult
+from turnstile.runtime.store import EventRecord, Store
+
+__all__ = ["load_history", "history_from_events", "input_entry", "tool_result_text"]
+
+
+async def load_history(store: Store, session_id: str, keep: int) -> list[HistoryEntry]:
+    """Rebuild the last ``keep`` transcript entries from the session's event log."""
+    entries: list[HistoryEntry] = []
+    after = 0
+    while True:
+        page = await store.read_events(session_id, after_seq=after, limit=1000)
+        if not page:
+            break
+        entries.extend(history_from_events(page))
+        if len(entries) > keep:
+            del entries[: len(entries) - keep]
+        after = page[-1].seq
+    return entries
+
+
+def input_entry(start: dict[str, Any]) -> HistoryEntry:
+    """The transcript entry of a turn's input, from its ``stream_start`` payload.
+
+    A scheduled input keeps what triggered it: ``is_recall`` for a recall, else the job, its
+    run and (cron) its prompt reference as ``cron_job_id``, ``cron_run_id``,
+    ``cron_prompt_ref`` (cron-session-binding.md), so a later turn and the history route
+    know which firing the entry stands for.
+    """
+    job_id, run_id, ref = start.get("job_id"), start.get("run_id"), start.get("prompt_ref")
+    from_job = isinstance(job_id, str) and not start.get("is_recall")
+    return HistoryEntry(
+        role="user",
+        content=start.get("content", ""),
+        source=start.get("source"),
+        is_recall=bool(start.get("is_recall")),
+        cron_job_id=job_id if from_job else None,
+        cron_run_id=run_id if from_job and isinstance(run_id, int) else None,
+        cron_prompt_ref=ref if from_job and isinstance(ref, dict) else None,
+    )
+
+
+def history_from_events(events: list[EventRecord]) -> list[HistoryEntry]:
+    """The transcript entries that a list of events stands for, in order."""
+    out: list[HistoryEntry] = []
+    for event in events:
+        p = event.payload
+        if event.type == "stream_start":
+            out.append(input_entry(p))
+        elif event.type == "user_message":
+            out.append(
+                HistoryEntry(role="user", content=p.get("content", ""), source=p.get("source"))
+            )
+        elif event.type == "tool_call":
+            body = p.get("result") if p.get("ok") else {"error": p.get("error")}
+            out.append(
+                HistoryEntry(
+                    role="tool",
+                    content=msgspec.json.encode(body).decode(),
+                    tool=p.get("tool"),
+                    arguments=p.get("arguments"),
+                    call_id=p.get("call_id"),
+                )
+            )
+        elif event.type == "stream_end":
+            out.append(
+                HistoryEntry(
+                    role="assistant",
+                    content=p.get("text") or p.get("error") or "",
+                    status=p.get("status"),
+                )
+            )
+    return out
+
+
+def tool_result_text(result: ToolResult) -> str:
+    """A tool result as the transcript (and the agent) sees it: its data, or its error, as JSON."""
+    body = result.data if result.ok else {"error": result.error}
+    return msgspec.json.encode(body).decode()

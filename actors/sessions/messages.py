@@ -1,0 +1,120 @@
+"""The session actor's messages: what its mailbox takes, and the snapshot it answers with.
+
+Control messages (``Attach``, ``StopTurn``, ``SetPolicy``, …) are answered at once, even
+mid-turn. ``Submit`` and ``Inject`` carry turn inputs; ``Delivered`` and ``Publish`` come from
+other features (the scheduler put an input straight into the inbox; an event to append).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from turnstile.runtime.codec import Message
+
+__all__ = [
+    "POLICIES",
+    "Policy",
+    "Submit",
+    "Attach",
+    "Detach",
+    "StopTurn",
+    "SetPolicy",
+    "Inject",
+    "GetStatus",
+    "SessionStatus",
+    "Wake",
+    "Delivered",
+    "Publish",
+    "DeleteSession",
+]
+
+POLICIES = ("enqueue", "reject", "interrupt", "inject")
+Policy = Literal["enqueue", "reject", "interrupt", "inject"]
+
+
+class Submit(Message, tag="submit", kw_only=True):
+    """A turn input: store it, then run it (or fold it in, by policy)."""
+
+    source: str = "user"
+    content: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Attach(Message, tag="attach"):
+    """Start offering live events to ``subscriber``."""
+
+    subscriber: Any
+
+
+class Detach(Message, tag="detach"):
+    """Stop offering events to ``subscriber``."""
+
+    subscriber: Any
+
+
+class StopTurn(Message, tag="stop_turn"):
+    """Cancel the running turn, if any; it closes as ``stopped``. Returns whether one ran."""
+
+
+class SetPolicy(Message, tag="set_policy"):
+    """Change what happens to user messages that arrive during a turn."""
+
+    policy: str
+
+
+class Inject(Message, tag="inject", kw_only=True):
+    """A notification for the session: into the running turn, or a turn of its own."""
+
+    source: str = "notification"
+    content: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class GetStatus(Message, tag="get_status"):
+    """Ask for a ``SessionStatus``."""
+
+
+class SessionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a session actor."""
+
+    session_id: str
+    busy: bool
+    policy: str
+    queued: int
+    current_input_id: int | None
+    subscribers: int
+    last_seq: int
+
+
+class Wake(Message, tag="wake"):
+    """Run whatever is queued (sent at start-up to sessions with queued inputs)."""
+
+
+class Delivered(Message, tag="delivered", kw_only=True):
+    """The scheduler put a turn input straight into the inbox (in its fire transaction).
+
+    Attributes:
+        input_id: the inbox row.
+        source: its source (``cron``, ``recall``, …).
+        job_update: the ``job_update`` event's payload.
+        events: more ``(type, payload)`` events about the fire, emitted after ``job_update``
+            and before ``turn_queued`` (a recall's ``recall_update``).
+    """
+
+    input_id: int
+    source: str
+    job_update: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]] = msgspec.field(default_factory=list)
+
+
+class Publish(Message, tag="publish", kw_only=True):
+    """Append an event to the session's log and offer it to attached clients."""
+
+    event: str
+    payload: dict[str, Any]
+
+
+class DeleteSession(Message, tag="delete_session"):
+    """Stop the running turn, drop every subscriber, delete the session from the store."""

@@ -1,0 +1,367 @@
+"""What a turn started by a job does beyond an ordinary turn.
+
+A scheduled input (cron, recall, heartbeat, check, …) carries its job's ``job_id`` and
+``run_id`` in its payload. Its turn says which job and run it came from, settles that run's
+record when it closes, and — by kind — gets a system segment (a recall's self-instruction, a
+heartbeat's checklist), runs a tool before the agent does (``action_type: tool_call``), sends
+its output to another channel, or (a heartbeat) holds its events back until it is known
+whether anything worth forwarding happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from turnstile.actors.sessions.agents.base import TurnInput
+from turnstile.actors.sessions.history import tool_result_text
+from turnstile.actors.sessions.services import SessionServices
+from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.runtime.errors import NotFound
+from turnstile.runtime.store import InboxItem, JobRun, Store
+
+if TYPE_CHECKING:
+    from turnstile.actors.sessions.actor import SessionActor
+
+__all__ = [
+    "RECALL_PROMPT",
+    "HEARTBEAT_PROMPT",
+    "HEARTBEAT_RESPONSE_CHARS",
+    "TOOL_RESULT_CHARS",
+    "job_run",
+    "is_scheduled",
+    "TurnSlots",
+    "scheduled_input",
+    "start_fields",
+    "scheduled_tool_call",
+    "to_channel",
+    "finish_run",
+    "settle_heartbeat",
+]
+
+log = logging.getLogger("turnstile.session")
+
+RECALL_PROMPT = (
+    "This turn is a recall you scheduled for yourself earlier; it runs on a timer, not in "
+    "response to a user message, and the user may not be watching. Carry out your "
+    "self-instruction with your tools, then report briefly what you did and found.\n\n"
+    "Your self-instruction:\n"
+    "{instruction}"
+)
+#: Characters of a heartbeat's answer kept in its run record (``GET …/heartbeat``).
+HEARTBEAT_RESPONSE_CHARS = 2000
+HEARTBEAT_PROMPT = (
+    "This is a scheduled heartbeat check. You are running autonomously on a timer, not in "
+    "response to a user message.\n\n"
+    "Rules:\n"
+    "- Follow your checklist strictly. Do NOT infer or repeat tasks from prior conversations.\n"
+    "- If nothing on the checklist needs attention, respond briefly with what you checked and "
+    "that everything looks good.\n"
+    "- If something needs attention, take action (if your tools allow it) or alert via the "
+    "appropriate channel.\n"
+    "- Be concise. This is a check-in, not a conversation.\n\n"
+    "Your checklist:\n"
+    "{checklist}"
+)
+
+#: A scheduled tool's result is cut here before the agent sees it.
+TOOL_RESULT_CHARS = 2000
+
+#: Inputs fired before the store put ``run_id`` in their payload: how far back to look.
+_LEGACY_RUN_SCAN = 50
+
+
+async def job_run(store: Store, item: InboxItem) -> JobRun | None:
+    """The run record a scheduled input belongs to, or None (not from a job, or gone).
+
+    The scheduler's fire transaction writes the run's id into the input's payload
+    (``run_id``), so the run is read by id: a fire that recorded many missed occurrences after
+    the delivered one (a long outage) cannot push it out of sight. Inputs stored before that
+    carry only ``job_id`` and are looked up among the job's latest runs, as they used to be.
+    """
+    run_id = item.payload.get("run_id")
+    try:
+        if isinstance(run_id, int) and not isinstance(run_id, bool):
+            return await store.get_run(run_id)
+        job_id = item.payload.get("job_id")
+        if not isinstance(job_id, str):
+            return None
+        runs = await store.list_runs(job_id, limit=_LEGACY_RUN_SCAN)
+    except NotFound:
+        return None
+    return next((r for r in runs if r.input_id == item.id), None)
+
+
+def is_scheduled(item: InboxItem) -> bool:
+    """Whether a job (cron, recall, heartbeat, …) started this input: it needs a slot."""
+    return isinstance(item.payload.get("job_id"), str)
+
+
+class TurnSlots:
+    """One session's hold on the node's slots for turns started by a job.
+
+    The node runs at most ``services.scheduled_turns`` job-started turns at once (None: no
+    bound, and every method is a no-op). The session's runner holds at most one slot.
+    """
+
+    __slots__ = ("_services", "_session_id", "_wait")
+
+    def __init__(self, services: SessionServices, session_id: str) -> None:
+        self._services = services
+        self._session_id = session_id
+        #: Set while the runner waits for a slot, so a delete can end the wait.
+        self._wait: trio.CancelScope | None = None
+
+    async def for_next(self) -> bool:
+        """Wait for a slot if the session's next input needs one and none is free.
+
+        The input waits *queued* in the inbox (a crash meanwhile loses nothing), and everything
+        behind it in this session waits too, so the order stays that of the inbox. A free slot
+        is taken before the claim, without waiting (the caller gives it back if the input turns
+        out not to need it); only when none is free does this read the queue, so an uncontended
+        node pays nothing.
+
+        Returns:
+            whether a slot is now held for this session.
+        """
+        slots = self._services.scheduled_turns
+        if slots is None:
+            return False
+        try:
+            slots.acquire_on_behalf_of_nowait(self)
+            return True
+        except trio.WouldBlock:
+            pass
+        queued = await self._services.store.list_inputs(self._session_id, states=["queued"])
+        if not queued or not is_scheduled(queued[0]):
+            return False
+        return await self.take()
+
+    async def take(self) -> bool:
+        """Take a slot, waiting for one; False if ``cancel_wait`` ended the wait."""
+        slots = self._services.scheduled_turns
+        if slots is None:
+            return False
+        with trio.CancelScope() as scope:
+            self._wait = scope
+            try:
+                await slots.acquire_on_behalf_of(self)
+            finally:
+                self._wait = None
+        return not scope.cancelled_caught
+
+    def release(self) -> None:
+        """Give back the slot this session holds."""
+        self._services.scheduled_turns.release_on_behalf_of(self)
+
+    def cancel_wait(self) -> None:
+        """End a wait for a slot, if one is under way (the session is being deleted)."""
+        if self._wait is not None:
+            self._wait.cancel()
+
+
+def scheduled_input(
+    turn: Turn,
+    turn_input: TurnInput,
+    heartbeat: dict[str, Any] | None,
+    tool_profiles: dict[str, frozenset[str] | None],
+) -> TurnInput:
+    """Fit a turn to the job that started it: a heartbeat's or a recall's system segment.
+
+    A heartbeat's turn also buffers its events (it may turn out to be suppressed) and may call
+    only its tool profile's tools.
+
+    Args:
+        turn: the turn, whose ``buffer`` and ``allowed`` a heartbeat sets.
+        turn_input: the input as an ordinary turn would see it.
+        heartbeat: the payload's ``heartbeat`` settings, for a heartbeat input; else None.
+        tool_profiles: the node's tool profiles by name.
+
+    Returns:
+        the turn input the agent gets.
+    """
+    payload = turn_input.payload
+    if heartbeat is not None:
+        turn.buffer = []
+        turn.allowed = tool_profiles.get(heartbeat.get("tool_profile", "heartbeat"), frozenset())
+        turn_input = TurnInput(
+            input_id=turn_input.input_id,
+            source=turn_input.source,
+            content=turn_input.content,
+            payload=payload,
+            system_segment=HEARTBEAT_PROMPT.format(checklist=heartbeat.get("checklist", "")),
+            model=heartbeat.get("model_override"),
+            max_tokens=heartbeat.get("max_tokens"),
+        )
+    instruction = payload.get("instruction") if payload.get("is_recall") else None
+    if isinstance(instruction, str) and instruction:
+        # The self-instruction is the agent's own note to itself: a system message, not
+        # words put in the user's mouth. The user-role entry is the trigger line.
+        turn_input = msgspec.structs.replace(
+            turn_input, system_segment=RECALL_PROMPT.format(instruction=instruction)
+        )
+    return turn_input
+
+
+def start_fields(run: JobRun | None, payload: dict[str, Any]) -> dict[str, Any]:
+    """What a turn's ``stream_start`` says about the job and run that started it, if any."""
+    start: dict[str, Any] = {}
+    if run is not None:  # a scheduled input: say which job and run it came from
+        start["job_id"] = run.job_id
+        start["run_id"] = run.id
+        for key in ("label", "kind", "prompt_ref", "reference"):
+            if payload.get(key):
+                start[key] = payload[key]
+    if payload.get("is_recall"):
+        start["is_recall"] = True
+        instruction = payload.get("instruction")
+        if isinstance(instruction, str) and instruction:
+            start["instruction"] = instruction
+    return start
+
+
+async def scheduled_tool_call(context: TurnContext, payload: dict[str, Any]) -> TurnInput:
+    """Run a scheduled job's tool, then hand the agent its result."""
+    name = str(payload.get("tool_name"))
+    params = payload.get("tool_params") or {}
+    result = await context.call_tool(name, params if isinstance(params, dict) else {})
+    body = tool_result_text(result)
+    if len(body) > TOOL_RESULT_CHARS:
+        body = body[:TOOL_RESULT_CHARS] + f"… (truncated at {TOOL_RESULT_CHARS} chars)"
+    head = f"job_id={payload.get('job_id')} tool={name} ok={str(result.ok).lower()}"
+    return TurnInput(
+        input_id=context.input.input_id,
+        source=context.input.source,
+        content=f"[SCHEDULED TOOL RESULT] {head}\n{body}",
+        payload=payload,
+    )
+
+
+async def to_channel(
+    session: SessionActor, channel: str, text: str, payload: dict[str, Any]
+) -> str:
+    """Deliver a scheduled job's output to ``channel``; returns what the turn closes with."""
+    result = await session.services.notify(
+        session.session_id,
+        session.session.owner,
+        channel,
+        text,
+        output_config=payload.get("output_config") or {},
+        title=payload.get("label") or "",
+        source="schedule",
+        truncate=True,
+    )
+    where = result.get("channel", channel)
+    note = (
+        " (fallback: " + str(result.get("fallback_reason")) + ")" if result.get("fallback") else ""
+    )
+    return f"delivered to {where}{note}"
+
+
+async def finish_run(
+    store: Store, run: JobRun, status: str, error: str | None, detail: dict[str, Any] | None
+) -> None:
+    """Settle the run record of a closed turn: ``turn_completed`` or ``turn_failed``."""
+    outcome = "turn_completed" if status in ("completed", "empty") else "turn_failed"
+    note = {**(run.detail or {}), "status": status}
+    if error is not None:
+        note["error"] = error
+    await store.update_run(run.id, outcome, {**note, **(detail or {})})
+
+
+async def settle_heartbeat(
+    session: SessionActor,
+    turn: Turn,
+    heartbeat: dict[str, Any],
+    status: str,
+    text: str,
+    error: str | None,
+    detail: dict[str, Any] | None,
+    history_mark: int,
+) -> dict[str, Any]:
+    """Suppress a short, action-free heartbeat, or forward it; apply ``on_error``.
+
+    Returns the inbox/run detail, with ``suppressed`` set when nothing was forwarded.
+    """
+    detail = dict(detail or {})
+    threshold = int(heartbeat.get("suppress_threshold", 300))
+    quiet = status in ("completed", "empty") and turn.tool_calls == 0 and len(text) < threshold
+    buffered, turn.buffer = turn.buffer or [], None
+    if quiet:
+        # Logged, not forwarded: the run record keeps the answer, the transcript does not.
+        del session.history[history_mark:]
+        detail.update(suppressed=True, response=text)
+        log.info("heartbeat %s of session %s suppressed", turn.item.id, session.session_id)
+        await session._emit("heartbeat_suppressed", {"input_id": turn.item.id, "chars": len(text)})
+        return detail
+    for type_, payload in buffered:
+        await session._emit(type_, payload)
+    detail["response"] = text[:HEARTBEAT_RESPONSE_CHARS]  # what it found, for the run list
+    if status == "failed":
+        services = session.services
+        policy = heartbeat.get("on_error", "skip")
+        if policy == "retry_once" and not turn.item.payload.get("retry"):
+            retry = {k: v for k, v in turn.item.payload.items() if k != "content"}
+            await session._enqueue(
+                "heartbeat", turn.item.payload.get("content", ""), {**retry, "retry": True}
+            )
+            detail["on_error"] = "retried"
+        elif policy == "disable" and services.disable_job is not None:
+            job_id = turn.item.payload.get("job_id")
+            if isinstance(job_id, str):
+                await services.disable_job(job_id)
+                await session._emit(
+                    "heartbeat_disabled", {"job_id": job_id, "error": error or "failed"}
+                )
+                detail["on_error"] = "disabled"
+                await _alert_heartbeat_disabled(
+                    services,
+                    session.session_id,
+                    session.session.owner,
+                    heartbeat,
+                    job_id,
+                    error or "failed",
+                )
+    return detail
+
+
+async def _alert_heartbeat_disabled(
+    services: SessionServices,
+    session_id: str,
+    owner: str,
+    heartbeat: dict[str, Any],
+    job_id: str,
+    error: str,
+) -> None:
+    """Tell the heartbeat's owner through its ``alert_channel`` (by default a notification
+    in the parent session) that it was switched off; a failed alert is logged, not fatal."""
+    if services.notify is None:
+        return
+    parent = heartbeat.get("heartbeat_of")
+    target = parent if isinstance(parent, str) else session_id
+    channel = str(heartbeat.get("alert_channel") or "llm_notification")
+    message = (
+        f"The heartbeat {job_id} failed ({error}) and was disabled (on_error: disable). "
+        "Its settings are kept: set_heartbeat(enabled=true) turns it back on."
+    )
+    try:
+        await services.notify(
+            target,
+            owner,
+            channel,
+            message,
+            title="Heartbeat disabled",
+            priority="high",
+            source="heartbeat",
+            truncate=True,
+        )
+    except Exception:
+        log.warning(
+            "alerting that heartbeat %s was disabled (channel %s) failed",
+            job_id,
+            channel,
+            exc_info=True,
+        )

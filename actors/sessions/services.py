@@ -1,0 +1,114 @@
+"""What a session actor needs from the rest of the node, shared by every session of a node.
+
+``SessionServices`` bundles the store, the agent, the tools and the node's hooks (metrics,
+notifier, the turn shaper, the scheduled-turn slots); ``SessionLimits`` bounds one session.
+``ToolCaller`` and ``TurnShaper`` are the protocols the tool registry and
+``actors.execution.selection`` implement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+import trio
+
+from turnstile.actors.sessions.agents.base import (
+    Agent,
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnInput,
+    Usage,
+)
+from turnstile.runtime.store import EventRecord, Store
+
+__all__ = ["ToolCaller", "ShapedTurn", "TurnShaper", "SessionLimits", "SessionServices"]
+
+
+class ToolCaller(Protocol):
+    """Runs tools for a session's turns (the tool registry implements this)."""
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools an agent may call, as function-calling specs."""
+        ...
+
+    async def call(
+        self, session_id: str, owner: str, name: str, arguments: dict[str, Any]
+    ) -> ToolResult:
+        """Run ``name``; tool failures are returned, not raised."""
+        ...
+
+
+class ShapedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model sees in one turn, as a ``TurnShaper`` chose it.
+
+    Attributes:
+        tools: the specs the turn carries.
+        system_prompt: the runtime's default system prompt (``TurnInput.system_prompt``).
+        history: the transcript fitted into the context budget.
+        allowed: the tools the turn may call; None for every tool.
+    """
+
+    tools: list[ToolSpec]
+    system_prompt: str | None
+    history: list[HistoryEntry]
+    allowed: frozenset[str] | None = None
+
+
+class TurnShaper(Protocol):
+    """Chooses a turn's tools, prompt and history (``tools.selection.TurnShaper``)."""
+
+    def shape(
+        self,
+        metadata: dict[str, Any],
+        turn_input: TurnInput,
+        history: list[HistoryEntry],
+        allowed: frozenset[str] | None,
+    ) -> ShapedTurn:
+        """What the model sees this turn; ``allowed`` is the turn's own profile, if any."""
+        ...
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds on what one session may hold.
+
+    Attributes:
+        max_queued_inputs: inputs waiting in the inbox before ``submit`` answers ``Busy``.
+        max_content_chars: longest accepted input text.
+        history_entries: transcript entries kept in memory and given to the agent.
+    """
+
+    max_queued_inputs: int = 100
+    max_content_chars: int = 32_000
+    history_entries: int = 200
+
+
+@dataclass
+class SessionServices:
+    """Everything a session actor uses, shared by all sessions of a node."""
+
+    store: Store
+    agent: Agent
+    tools: ToolCaller
+    limits: SessionLimits
+    encode_event: Callable[[str, EventRecord], bytes]
+    on_turn_closed: Callable[[str, float], None] | None = None
+    #: Called with each model call's token counts as the agent reports them (for /metrics).
+    on_usage: Callable[[Usage], None] | None = None
+    #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.
+    tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
+    #: Stops a heartbeat job, keeping its settings (a heartbeat whose ``on_error`` is
+    #: ``disable``).
+    disable_job: Callable[[str], Awaitable[None]] | None = None
+    #: The notifier's ``notify``: where scheduled output bound for another channel goes.
+    notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    #: Chooses each turn's tools, default prompt and history budget; None hands the agent
+    #: every tool (or its profile's) and the whole kept history, with no default prompt.
+    shaper: TurnShaper | None = None
+    #: Node-wide slots for turns started by a job (``[limits] max_concurrent_scheduled_turns``);
+    #: None runs them without a bound. User turns never take a slot.
+    scheduled_turns: trio.CapacityLimiter | None = None

@@ -1,0 +1,133 @@
+"""One turn of a session: its running state (``Turn``) and the context its agent gets.
+
+``TurnContext`` is what ``Agent.run_turn`` receives: the input, the history before it, the
+tools, and the calls back into the session (stream a delta, call a tool, take injected
+messages, report token usage).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult, TurnInput, Usage
+from turnstile.actors.sessions.history import tool_result_text
+from turnstile.actors.sessions.ids import public_result
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.store import InboxItem
+
+if TYPE_CHECKING:
+    from turnstile.actors.sessions.actor import SessionActor
+
+__all__ = ["Turn", "TurnContext"]
+
+
+class Turn:
+    """A running turn: its input, cancel scope, injections, buffered events and tool bounds."""
+
+    __slots__ = (
+        "item",
+        "scope",
+        "injections",
+        "cancel_status",
+        "buffer",
+        "tool_calls",
+        "allowed",
+        "usage",
+    )
+
+    def __init__(self, item: InboxItem) -> None:
+        self.item = item
+        self.scope = trio.CancelScope()
+        self.injections: list[HistoryEntry] = []
+        self.cancel_status = "stopped"
+        #: Events held back until the turn ends (a heartbeat may turn out to be suppressed).
+        self.buffer: list[tuple[str, dict[str, Any]]] | None = None
+        self.tool_calls = 0
+        #: Tools this turn may call (a heartbeat's tool profile); None allows every tool.
+        self.allowed: frozenset[str] | None = None
+        #: Tokens the turn's model calls used, summed; None when the agent reported none.
+        self.usage: Usage | None = None
+
+    def cancel(self, status: str) -> None:
+        self.cancel_status = status
+        self.scope.cancel()
+
+
+class TurnContext:
+    """The ``TurnContext`` a session hands its agent for one turn."""
+
+    __slots__ = ("_session", "_turn", "session_id", "input", "history", "tools")
+
+    def __init__(self, session: SessionActor, turn: Turn, turn_input: TurnInput) -> None:
+        self._session = session
+        self._turn = turn
+        self.session_id = session.session_id
+        self.input = turn_input
+        self.history = list(session.history[:-1])  # everything before this turn's input
+        allowed = turn.allowed
+        self.tools = session.services.tools.specs()
+        if allowed is not None:
+            self.tools = [spec for spec in self.tools if spec.name in allowed]
+
+    async def emit(self, type: str, text: str) -> None:
+        if type not in ("stream_delta", "thinking_delta"):
+            raise InvalidArgument(f"agents emit stream_delta or thinking_delta, not {type!r}")
+        await self._session._turn_emit(
+            self._turn, type, {"input_id": self.input.input_id, "text": text}, durable=False
+        )
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], call_id: str | None = None
+    ) -> ToolResult:
+        session = self._session
+        common: dict[str, Any] = {"input_id": self.input.input_id, "tool": name}
+        if call_id is not None:
+            common["call_id"] = call_id
+        turn = self._turn
+        turn.tool_calls += 1
+        await session._turn_emit(turn, "tool_started", {**common, "arguments": arguments})
+        if turn.allowed is not None and name not in turn.allowed:
+            result = ToolResult(
+                ok=False,
+                error={
+                    "code": "not_allowed",
+                    "message": f"tool {name!r} is not allowed in this turn's tool profile",
+                },
+            )
+        else:
+            result = public_result(
+                await session.services.tools.call(
+                    session.session_id, session.session.owner, name, arguments
+                )
+            )
+        outcome = {"ok": result.ok}
+        if result.ok:
+            outcome["result"] = result.data
+        else:
+            outcome["error"] = result.error
+        await session._turn_emit(turn, "tool_call", {**common, "arguments": arguments, **outcome})
+        session._remember(
+            HistoryEntry(
+                role="tool",
+                content=tool_result_text(result),
+                tool=name,
+                arguments=arguments,
+                call_id=call_id,
+            )
+        )
+        return result
+
+    def take_injections(self) -> list[HistoryEntry]:
+        taken, self._turn.injections = self._turn.injections, []
+        return taken
+
+    def add_usage(self, usage: Usage) -> None:
+        before = self._turn.usage or Usage()
+        self._turn.usage = Usage(
+            prompt_tokens=before.prompt_tokens + usage.prompt_tokens,
+            completion_tokens=before.completion_tokens + usage.completion_tokens,
+        )
+        if self._session.services.on_usage is not None:
+            self._session.services.on_usage(usage)
