@@ -16,13 +16,13 @@ import json
 from datetime import timedelta
 from http import HTTPStatus
 
-import httpcore
 import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, T0, node
-from tests.actors.test_session import Recorder
+from tests.support.mock_node import DAY, T0, node
+from tests.support.notifier import NoSockets, events, make_notifier
+from tests.support.sessions import Recorder
 from turnstile.actors.notifications.actor import (
     MAX_MESSAGE_CHARS,
     ChannelConfig,
@@ -32,30 +32,13 @@ from turnstile.actors.notifications.actor import (
     UnknownChannel,
     notification_text,
 )
-from turnstile.actors.notifications.tools import guarded_webhook_post
 from turnstile.actors.sessions.actor import Attach, Detach, Submit
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
 from turnstile.tools.netguard import NetPolicy
 
-LOCAL = NetPolicy(allowed_hosts=("127.0.0.1",))
 HOUR = 3600
 #: Real seconds every task must be idle before the mock clock jumps (tests with real sockets).
 IDLE = 0.05
-
-
-def make_notifier(n, *channels, policy=LOCAL, resolver=None, backend=None, **config) -> Notifier:
-    async def ask(session_id, message):
-        return await n.registry.ref(f"session:{session_id}").ask(message)
-
-    post = guarded_webhook_post(policy, resolver=resolver, backend=backend)
-    return Notifier(
-        n.store, n.clock, ask, NotifierConfig(channels=tuple(channels), **config), webhook_post=post
-    )
-
-
-def events(recorder: Recorder, type_: str) -> list[dict]:
-    decoded = [json.loads(frame) for frame in recorder.frames]
-    return [e for e in decoded if e["type"] == type_]
 
 
 async def agent_saw(n, session_id: str) -> list[str]:
@@ -177,20 +160,6 @@ class FakeSMTP:
                     await say("250 OK")
         except EOFError:
             return
-
-
-class NoSockets(httpcore.AsyncNetworkBackend):
-    """A socket layer that fails the test if the guard lets any connection through."""
-
-    def __init__(self) -> None:
-        self.hosts: list[str] = []
-
-    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ASYNC109
-        self.hosts.append(host)
-        raise AssertionError(f"a connection to {host} was attempted")
-
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
 
 
 # -- llm_notification ---------------------------------------------------------------------------

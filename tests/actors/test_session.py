@@ -9,7 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from tests.e2e.conftest import GatedAgent
+from tests.support.agents import GatedAgent
+from tests.support.sessions import NoTools, Recorder
 from turnstile.actors.sessions.actor import (
     MAX_UNSTORED_EVENTS,
     Attach,
@@ -22,49 +23,11 @@ from turnstile.actors.sessions.actor import (
     SetPolicy,
     Submit,
 )
-from turnstile.actors.sessions.agents.base import ToolResult
 from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway.frames import encode_event
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import open_store
 from turnstile.runtime.supervisor import open_supervisor
-
-
-class NoTools:
-    def specs(self):
-        return []
-
-    async def call(self, session_id, owner, name, arguments):
-        return ToolResult(ok=False, error={"code": "unknown_tool", "message": name})
-
-
-class Recorder:
-    """A subscriber that records event types and can refuse (a client fallen behind)."""
-
-    def __init__(self, accept: int = 10**9) -> None:
-        self.frames: list[bytes] = []
-        self.accept = accept
-        self.lagged_at: int | None = None
-        self._arrived = trio.Event()
-
-    def offer(self, session_id, seq, frame) -> bool:
-        if len(self.frames) >= self.accept:
-            return False
-        self.frames.append(frame)
-        self._arrived.set()
-        return True
-
-    def count(self, needle: bytes) -> int:
-        return sum(needle in frame for frame in self.frames)
-
-    async def until(self, needle: bytes, n: int = 1) -> None:
-        """Wait until ``n`` received frames contain ``needle``."""
-        while self.count(needle) < n:
-            self._arrived = trio.Event()
-            await self._arrived.wait()
-
-    def lagged(self, session_id, last_seq) -> None:
-        self.lagged_at = last_seq
 
 
 class IgnoresInjections(GatedAgent):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.conftest import BOB, connect, new_session, running_node
+from tests.support.node import BOB, connect, new_session, running_node
 
 POLICIES = {"echo": "APPROVE", "clock.*": "BLOCK"}
 

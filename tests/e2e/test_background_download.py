@@ -7,7 +7,8 @@ from functools import partial
 
 import trio
 
-from tests.e2e.conftest import connect, new_session, read_request_head, running_node
+from tests.support.http import read_request_head
+from tests.support.node import connect, new_session, running_node
 from turnstile.actors.config import FilesystemModuleConfig, HttpModuleConfig, ModulesConfig
 
 BODY = b"x" * 5000

@@ -8,7 +8,7 @@ import sys
 import pytest
 import trio
 
-from tests.e2e.conftest import ALICE, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
 
 
 async def read_until(stream, needle: bytes, buffer: bytearray) -> None:

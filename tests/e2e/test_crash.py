@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from tests.e2e.conftest import Node, connect, new_session
+from tests.support.node import Node, connect, new_session
 
 TOKEN = "crash-test-token-0123456789"
 

@@ -9,7 +9,7 @@ import logging
 
 import httpx
 
-from tests.e2e.conftest import ALICE, connect, new_session, running_node
+from tests.support.node import ALICE, connect, new_session, running_node
 from turnstile.runtime.gateway import Auth, ConnectionLimits, HttpRoute, build_app
 
 DEEP = 1000  # what the issue found: deep enough to exhaust Python's recursion limit

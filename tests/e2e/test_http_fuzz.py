@@ -22,7 +22,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.conftest import ALICE, BOB, new_session, running_node
+from tests.support.node import ALICE, BOB, new_session, running_node
 
 ROUTES: list[tuple[str, str]] = [
     ("POST", "/sessions"),

@@ -15,16 +15,8 @@ from typing import Any
 
 import trio
 
-from tests.e2e.conftest import (
-    ALICE,
-    BOB,
-    WAIT,
-    Client,
-    connect,
-    new_session,
-    read_request_head,
-    running_node,
-)
+from tests.support.http import read_request_head
+from tests.support.node import ALICE, BOB, WAIT, Client, connect, new_session, running_node
 from turnstile.actors.config import HttpModuleConfig, Limits, ModulesConfig
 
 _ids = itertools.count()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from tests.e2e.conftest import BOB, connect, new_session, running_node
+from tests.support.node import BOB, connect, new_session, running_node
 
 
 async def test_jobs_over_the_wire_and_deleting_a_session_with_automations(tmp_path):

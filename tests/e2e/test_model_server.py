@@ -1,6 +1,6 @@
 """The openai agent on a real node, through the real gateway, against a strict model server.
 
-The stand-in (tests/runtime/agents/fake_openai.py) enforces OpenAI's request rules — function
+The stand-in (tests/support/fake_openai.py) enforces OpenAI's request rules — function
 names, parameter schemas and their ``$ref``s, every tool message answering its assistant
 ``tool_calls`` — and answers 400 with OpenAI's error body otherwise, so a turn here completes
 only if the node sent what OpenAI itself would accept. Every test ends by asserting that the
@@ -14,9 +14,8 @@ import json
 import jsonschema
 import pytest
 
-from tests.e2e.conftest import connect, new_session, running_node
-from tests.runtime.agents.conftest import ENV_VARS
-from tests.runtime.agents.fake_openai import (
+from tests.support.agents import ENV_VARS
+from tests.support.fake_openai import (
     Reply,
     Stream,
     check_parameters,
@@ -27,6 +26,7 @@ from tests.runtime.agents.fake_openai import (
     tool_piece,
     tool_stream,
 )
+from tests.support.node import connect, new_session, running_node
 from turnstile.actors import node as node_module
 from turnstile.actors.sessions.agents import OpenAIAgent, function_name, tool_name
 from turnstile.actors.sessions.agents.base import FUNCTION_NAME

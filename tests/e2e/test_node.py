@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.e2e.conftest import connect, new_session, running_node
+from tests.support.node import connect, new_session, running_node
 
 
 async def test_node_serves_health_metrics_and_json_404s_on_loopback(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import connect, new_session, running_node
+from tests.support.node import connect, new_session, running_node
 from turnstile.actors.config import ChannelSettings
 
 

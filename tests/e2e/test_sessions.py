@@ -8,7 +8,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from tests.e2e.conftest import ALICE, BOB, connect, new_session, running_node
+from tests.support.node import ALICE, BOB, connect, new_session, running_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 
 

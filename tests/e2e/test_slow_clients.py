@@ -11,7 +11,7 @@ import json
 
 import trio
 
-from tests.e2e.conftest import ALICE, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
 from turnstile.actors.config import Limits
 
 LIMIT = 0.5  # seconds, for both timeouts

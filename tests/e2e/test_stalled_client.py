@@ -8,7 +8,7 @@ import trio
 import wsproto
 import wsproto.events as ws_events
 
-from tests.e2e.conftest import ALICE, connect, new_session, running_node
+from tests.support.node import ALICE, connect, new_session, running_node
 from turnstile.runtime import server
 
 

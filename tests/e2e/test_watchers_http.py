@@ -3,7 +3,7 @@ the session."""
 
 from __future__ import annotations
 
-from tests.e2e.conftest import BOB, connect, new_session, running_node
+from tests.support.node import BOB, connect, new_session, running_node
 
 
 async def test_watcher_crud_and_its_baseline_escalation(tmp_path):

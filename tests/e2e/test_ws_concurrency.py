@@ -7,7 +7,7 @@ import functools
 
 import trio
 
-from tests.e2e.conftest import WAIT, Node, connect, new_session, running_node
+from tests.support.node import WAIT, Node, connect, new_session, running_node
 from turnstile.actors import node as node_module
 from turnstile.runtime.gateway import ConnectionLimits
 

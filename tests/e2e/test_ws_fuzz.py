@@ -23,7 +23,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from tests.e2e.conftest import ALICE, BOB, Client, connect, new_session, running_node
+from tests.support.node import ALICE, BOB, Client, connect, new_session, running_node
 from turnstile.actors.config import Limits
 
 TOTAL = 10_000

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, T0, node
+from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.actor import Schedule
 from turnstile.actors.scheduling.checks import register_check_tools
 from turnstile.actors.sessions.actor import SetPolicy, Submit

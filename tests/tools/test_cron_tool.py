@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, T0, node
-from tests.tools.test_recall import SeeingAgent
+from tests.support.agents import SeeingAgent
+from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.actor import Schedule, SchedulerActor, SchedulerLimits
 from turnstile.actors.scheduling.checks import register_check_tools
 from turnstile.actors.scheduling.cron import (

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, node
+from tests.support.mock_node import DAY, node
 from turnstile.actors.execution.background import BackgroundActor
 from turnstile.actors.execution.tools import register_execution_tools
 from turnstile.actors.sessions.actor import Submit

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 import trio
 
-from tests.actors.test_scheduler import DAY, T0, node
-from tests.actors.test_session import Recorder
+from tests.support.mock_node import DAY, T0, node
+from tests.support.sessions import Recorder
 from turnstile.actors.scheduling.heartbeat import (
     HEARTBEAT_PROFILES,
     disable_heartbeat,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from tests.tools.test_http_module import LOCAL, make_tools, server  # noqa: F401 (fixture)
+from tests.support.http import LOCAL, make_tools
 
 
-async def test_a_secret_in_a_query_string_or_userinfo_never_reaches_the_log(server, caplog):  # noqa: F811
+async def test_a_secret_in_a_query_string_or_userinfo_never_reaches_the_log(server, caplog):
     call, _ = make_tools(**LOCAL)
     host = server.removeprefix("http://")
     with caplog.at_level(logging.INFO):

@@ -13,112 +13,12 @@ import ipaddress
 import httpcore
 import pytest
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import (
-    JSONResponse,
-    PlainTextResponse,
-    RedirectResponse,
-    Response,
-    StreamingResponse,
-)
-from starlette.routing import Route
 
-from turnstile.tools.modules.filesystem import Sandbox
+from tests.support.http import LOCAL, make_tools
 from turnstile.tools.modules.http import POLICIES, HttpConfig, register_http_module
 from turnstile.tools.netguard import NetPolicy, classify_address
-from turnstile.tools.policy import Policy, PolicyTable
+from turnstile.tools.policy import Policy
 from turnstile.tools.registry import ToolRegistry
-
-BIG = 2 * 1024 * 1024
-
-
-async def _text(request: Request) -> Response:
-    return PlainTextResponse("hello")
-
-
-async def _json(request: Request) -> Response:
-    return JSONResponse({"items": [{"price": 3}], "ok": True})
-
-
-async def _bytes(request: Request) -> Response:
-    return Response(b"\x89PNG\x00\xff", media_type="image/png")
-
-
-async def _big(request: Request) -> Response:
-    async def chunks():
-        for _ in range(BIG // 65536):
-            yield b"a" * 65536
-
-    return StreamingResponse(chunks(), media_type="text/plain")
-
-
-async def _slow(request: Request) -> Response:
-    await trio.sleep(30)
-    return PlainTextResponse("late")
-
-
-async def _redirect(request: Request) -> Response:
-    status = int(request.query_params.get("status", "302"))
-    return RedirectResponse(request.query_params["to"], status_code=status)
-
-
-async def _loop(request: Request) -> Response:
-    return RedirectResponse("/loop")
-
-
-async def _echo(request: Request) -> Response:
-    body = await request.body()
-    return JSONResponse(
-        {
-            "method": request.method,
-            "body": body.decode(),
-            "content_type": request.headers.get("content-type"),
-        }
-    )
-
-
-async def _headers(request: Request) -> Response:
-    return JSONResponse(dict(request.headers))
-
-
-async def _status(request: Request) -> Response:
-    return PlainTextResponse("nope", status_code=int(request.path_params["code"]))
-
-
-async def _file(request: Request) -> Response:
-    return Response(bytes(range(256)) * 4, media_type="application/octet-stream")
-
-
-APP = Starlette(
-    routes=[
-        Route("/text", _text),
-        Route("/json", _json),
-        Route("/bytes", _bytes),
-        Route("/big", _big),
-        Route("/slow", _slow),
-        Route("/redirect", _redirect, methods=["GET", "POST"]),
-        Route("/loop", _loop),
-        Route("/echo", _echo, methods=["GET", "POST"]),
-        Route("/headers", _headers),
-        Route("/status/{code:int}", _status),
-        Route("/file", _file),
-    ]
-)
-
-
-@pytest.fixture
-async def server(nursery) -> str:
-    """The test server's base URL (``http://127.0.0.1:<port>``)."""
-    config = HypercornConfig()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 0.1
-    (bind,) = await nursery.start(hypercorn_serve, APP, config)
-    return bind
 
 
 class Recorder(httpcore.AsyncNetworkBackend):
@@ -153,22 +53,6 @@ class FakeResolver:
         if not sequence:
             raise OSError(f"[fake] unknown host {host}")
         return sequence.pop(0) if len(sequence) > 1 else sequence[0]
-
-
-def make_tools(tmp_path=None, *, resolver=None, backend=None, **config):
-    registry = ToolRegistry(PolicyTable({"http.*": "AUTO"}))
-    sandbox = Sandbox(tmp_path / "root") if tmp_path is not None else None
-    register_http_module(
-        registry, HttpConfig(**config), sandbox=sandbox, resolver=resolver, backend=backend
-    )
-
-    async def call(name, **arguments):
-        return await registry.call("s", "ada", name, arguments)
-
-    return call, sandbox
-
-
-LOCAL = {"allowed_hosts": ("127.0.0.1",)}
 
 
 async def test_get_text_json_and_binary(server):

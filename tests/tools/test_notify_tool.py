@@ -7,8 +7,8 @@ import json
 import pytest
 import trio.testing
 
-from tests.actors.test_notifier import NoSockets, events, make_notifier
-from tests.actors.test_scheduler import DAY, node
+from tests.support.mock_node import DAY, node
+from tests.support.notifier import NoSockets, events, make_notifier
 from turnstile.actors.notifications.actor import ChannelConfig
 from turnstile.actors.notifications.tools import register_notify_tools
 from turnstile.tools.registry import ToolRegistry

@@ -1,6 +1,6 @@
 """Recalls as an agent (and the HTTP layer) use them, on trio's MockClock.
 
-The node's scheduler refuses intervals under 300 s (``tests.actors.test_scheduler.LIMITS``).
+The node's scheduler refuses intervals under 300 s (``tests.support.mock_node.LIMITS``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, T0, node
-from tests.e2e.conftest import GatedAgent
+from tests.support.agents import SeeingAgent
+from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.recall import (
     cancel_recall,
     get_recall,
@@ -25,20 +25,6 @@ from turnstile.runtime.errors import InvalidArgument, NotFound
 from turnstile.tools.registry import ToolRegistry
 
 TODO = "Read /tmp/build.log with filesystem. If errors, report the last 50 lines."
-
-
-class SeeingAgent(GatedAgent):
-    """Keeps each turn's input and history, to check what the agent was given."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inputs = []
-        self.histories = []
-
-    async def run_turn(self, turn) -> str:
-        self.inputs.append(turn.input)
-        self.histories.append(list(turn.history))
-        return await super().run_turn(turn)
 
 
 def tools_for(n, session_id: str = "s"):

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.test_scheduler import DAY, T0, node
+from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.tools.registry import ToolRegistry

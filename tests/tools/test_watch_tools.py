@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.actors.test_scheduler import DAY
-from tests.actors.test_watcher import watching
+from tests.support.mock_node import DAY
+from tests.support.watchers import watching
 from turnstile.actors.watchers.actor import DropSessionWatchers, StartWatcher
 from turnstile.actors.watchers.safeexpr import ExprError
 from turnstile.actors.watchers.tools import (

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.agents.fake_openai import OpenAIStandIn, start_standin
-
-#: Environment variables the openai agent reads; cleared so a developer's own never leak in.
-ENV_VARS = (
-    "TURNSTILE_OPENAI_BASE_URL",
-    "OPENAI_BASE_URL",
-    "TURNSTILE_OPENAI_MODEL",
-    "OPENAI_MODEL",
-    "TURNSTILE_OPENAI_API_KEY",
-    "OPENAI_API_KEY",
-)
+from tests.support.agents import ENV_VARS
+from tests.support.fake_openai import OpenAIStandIn, start_standin
 
 
 @pytest.fixture(autouse=True)

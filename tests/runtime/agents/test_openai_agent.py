@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
 
 import pytest
 import trio
 
-from tests.runtime.agents.fake_openai import (
+from tests.support.agents import FakeTurn
+from tests.support.fake_openai import (
     Reply,
     Stall,
     Stream,
@@ -22,7 +22,6 @@ from tests.runtime.agents.fake_openai import (
 from turnstile.actors.sessions.agents.base import (
     AgentError,
     HistoryEntry,
-    ToolResult,
     ToolSpec,
     TurnContext,
     TurnInput,
@@ -35,53 +34,6 @@ CLOCK = ToolSpec(
     description="What time is it?",
     parameters={"type": "object", "properties": {"zone": {"type": "string"}}},
 )
-
-
-class FakeTurn:
-    """A TurnContext that records what the agent does."""
-
-    def __init__(
-        self,
-        content: str = "hello",
-        *,
-        source: str = "user",
-        history: list[HistoryEntry] | None = None,
-        tools: list[ToolSpec] | None = None,
-        injections: list[HistoryEntry] | None = None,
-        inject_on_call: list[HistoryEntry] | None = None,
-    ) -> None:
-        self.session_id = "s-1"
-        self.input = TurnInput(input_id=1, source=source, content=content)
-        self.history = history or []
-        self.tools = tools or []
-        self.events: list[tuple[str, str]] = []
-        self.calls: list[tuple[str, dict[str, Any], str | None]] = []
-        self.injections = list(injections or [])
-        self.inject_on_call = list(inject_on_call or [])
-        self.usage: list[Usage] = []
-
-    async def emit(self, type: str, text: str) -> None:
-        self.events.append((type, text))
-
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], call_id: str | None = None
-    ) -> ToolResult:
-        self.calls.append((name, arguments, call_id))
-        self.injections.extend(self.inject_on_call)
-        self.inject_on_call = []
-        if name == "broken":
-            return ToolResult(ok=False, error={"code": "boom", "message": "it broke"})
-        return ToolResult(ok=True, data={"time": "12:00", "args": arguments})
-
-    def take_injections(self) -> list[HistoryEntry]:
-        taken, self.injections = self.injections, []
-        return taken
-
-    def add_usage(self, usage: Usage) -> None:
-        self.usage.append(usage)
-
-    def deltas(self, kind: str = "stream_delta") -> list[str]:
-        return [text for type, text in self.events if type == kind]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """How real servers stream, and how they refuse: the variants the openai agent must take.
 
-Every answer comes from the strict stand-in (tests/runtime/agents/fake_openai.py), which also
+Every answer comes from the strict stand-in (tests/support/fake_openai.py), which also
 checks each request the agent sends: a follow-up request after tool calls that broke OpenAI's
 rules would be a 400 here, and every test ends by asserting none was. Retry tests run the
 stand-in in-process on a ``MockClock``, so waiting out ``Retry-After`` takes no real time.
@@ -15,7 +15,8 @@ import openai._base_client as openai_base_client
 import pytest
 import trio
 
-from tests.runtime.agents.fake_openai import (
+from tests.support.agents import FakeTurn
+from tests.support.fake_openai import (
     OpenAIStandIn,
     Reply,
     Stream,
@@ -25,7 +26,6 @@ from tests.runtime.agents.fake_openai import (
     tool_piece,
     usage_chunk,
 )
-from tests.runtime.agents.test_openai_agent import FakeTurn
 from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, ToolSpec, Usage
 from turnstile.actors.sessions.agents.openai import OpenAIAgent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.agents.fake_openai import Rejected, check_request
+from tests.support.fake_openai import Rejected, check_request
 
 USER = {"role": "user", "content": "hi"}
 

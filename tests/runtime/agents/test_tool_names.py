@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tests.runtime.agents.fake_openai import check_parameters
+from tests.support.fake_openai import check_parameters
 from turnstile.actors.sessions.agents import function_name, tool_name
 from turnstile.tools.registry import ToolRegistry, parameters_schema
 
