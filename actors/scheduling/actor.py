@@ -20,6 +20,10 @@ Misfires (the scheduler was down, or the job is due far in the past):
 A job with ``active_hours`` in its spec (heartbeats) runs no turn outside that window: the
 occurrence is recorded as ``outside_active_hours`` and the job moves on.
 
+A job's spec is a ``JobSpec`` (``actors.scheduling.spec``), decoded once when the job is
+indexed; a job whose stored spec does not decode is logged and left alone, not fired, so one
+damaged row cannot stop the others.
+
 An occurrence is a misfire when it is more than ``misfire_grace_seconds`` (default 60) late.
 Overdue jobs found at start-up are spread over time (``restart_rate`` per second) so 10,000 of
 them do not stampede the sessions. ``max_runs`` completes a job after that many deliveries;
@@ -36,12 +40,25 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import trio
+from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.scheduling.spec import (
+    ActiveHours,
+    JobSpec,
+    JobSpecError,
+    MisfirePolicy,
+    RecallSpec,
+    Schedule,
+    first_occurrence,
+    in_active_hours,
+    job_spec,
+    next_occurrence,
+)
 from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
@@ -65,7 +82,7 @@ __all__ = [
 
 log = logging.getLogger("turnstile.scheduler")
 
-MISFIRE_POLICIES = ("coalesce", "skip", "catch_up")
+MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("coalesce", "skip", "catch_up")
 #: At most this many missed occurrences are delivered by ``catch_up``.
 MAX_CATCH_UP = 10
 #: At most this many missed occurrences are recorded one by one (the rest as a count).
@@ -91,18 +108,19 @@ class SchedulerLimits:
     restart_rate: float = 500.0
 
 
-class Schedule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """When a job fires: once at ``run_at``, every ``interval_seconds``, or by ``cron``."""
-
-    type: Literal["once", "interval", "cron"]
-    run_at: datetime | None = None
-    interval_seconds: float | None = None
-    cron: str | None = None
-    timezone: str = "UTC"
-
-
 class AddJob(Message, tag="add_job", kw_only=True):
-    """Create a job and index it. Answers the stored ``Job``."""
+    """Create a job and index it. Answers the stored ``Job``.
+
+    Every ``JobSpec`` field is a field here too, under the same name, with the same meaning
+    (see ``JobSpec``); the stored spec is built from them. The others say where and how:
+
+    Attributes:
+        session_id: the session its turns go to.
+        kind: what sort of job (``"once"``, ``"cron"``, ``"recall"``…); the scheduler runs
+            every kind alike.
+        job_id: the job's id; default a random one.
+        immediate: fire at once (the first occurrence is now), whatever the schedule says.
+    """
 
     session_id: str
     kind: str
@@ -115,7 +133,20 @@ class AddJob(Message, tag="add_job", kw_only=True):
     jitter_seconds: float = 0.0
     job_id: str | None = None
     immediate: bool = False
-    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    instructions: str | UnsetType = UNSET
+    heartbeat_of: str | UnsetType = UNSET
+    active_hours: ActiveHours | None | UnsetType = UNSET
+    recall: RecallSpec | UnsetType = UNSET
+    understood: str | UnsetType = UNSET
+    reference: str | UnsetType = UNSET
+    prompt_name: str | UnsetType = UNSET
+    prompt_version: int | UnsetType = UNSET
+    prompt_sha256: str | UnsetType = UNSET
+    prompt_text: str | UnsetType = UNSET
+
+    def spec(self) -> JobSpec:
+        """The spec to store: this message's ``JobSpec`` fields."""
+        return JobSpec(**{name: getattr(self, name) for name in JobSpec.__struct_fields__})
 
 
 class RescheduleJob(Message, tag="reschedule_job", kw_only=True):
@@ -133,68 +164,18 @@ class CancelJob(Message, tag="cancel_job", kw_only=True):
     session_id: str | None = None
 
 
-def next_occurrence(
-    schedule: Schedule, after: datetime, cron: CronSchedule | None = None
-) -> datetime | None:
-    """The first occurrence strictly after ``after``, or None when there is none.
-
-    Pass the job's own ``CronSchedule`` as ``cron``: it caches its croniter iterator, which
-    makes the next-after-previous question (the one a job asks) nearly free.
-    """
-    if schedule.type == "once":
-        return None
-    if schedule.type == "interval":
-        return after + timedelta(seconds=schedule.interval_seconds)
-    if cron is None:
-        cron = CronSchedule(schedule.cron, schedule.timezone)
-    return cron.next_fire(after)
-
-
-def first_occurrence(schedule: Schedule, now: datetime, cron: CronSchedule | None = None):
-    """When a new job first fires."""
-    if schedule.type == "once":
-        return utc(schedule.run_at)
-    found = next_occurrence(schedule, now, cron)
-    assert found is not None
-    return found
-
-
-def _content(job: Job, deliver: dict[str, Any]) -> str:
+def _content(job_id: str, spec: JobSpec) -> str:
     """What the session's turn is given when the job fires."""
-    action = deliver.get("action_type", "llm_prompt")
-    prompt = deliver.get("prompt", "")
-    label = job.spec.get("label", "")
-    head = f"job_id={job.id}" + (f" label={label}" if label else "")
+    action = spec.action_type or "llm_prompt"
+    prompt = spec.prompt
+    head = f"job_id={job_id}" + (f" label={spec.label}" if spec.label else "")
     if action == "notification":
         return f"[SCHEDULED NOTIFICATION] {head}\n{prompt}"
     if action == "tool_call":
-        return f"[SCHEDULED TOOL CALL] {head} tool={deliver.get('tool_name')}"
+        return f"[SCHEDULED TOOL CALL] {head} tool={spec.tool_name}"
     if action == "heartbeat":
-        return f"[HEARTBEAT] job_id={job.id}\n{prompt}"
+        return f"[HEARTBEAT] job_id={job_id}\n{prompt}"
     return prompt
-
-
-def in_active_hours(window: dict[str, Any], now: datetime) -> bool:
-    """Whether ``now`` falls in ``{"start": "HH:MM", "end": "HH:MM", "timezone": …}``.
-
-    The window is read on the local wall clock of its timezone; ``end`` before ``start``
-    wraps past midnight (22:00–06:00). ``start == end`` means all day.
-    """
-    from turnstile.actors.scheduling.cronexpr import resolve_timezone
-
-    local = now.astimezone(resolve_timezone(window.get("timezone") or "UTC"))
-    minutes = local.hour * 60 + local.minute
-    start, end = _minutes(window["start"]), _minutes(window["end"])
-    if start == end:
-        return True
-    if start < end:
-        return start <= minutes < end
-    return minutes >= start or minutes < end
-
-
-def _minutes(hhmm: str) -> int:
-    hours, _, minutes = hhmm.partition(":")
-    return int(hours) * 60 + int(minutes or 0)
 
 
 def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
@@ -205,13 +186,19 @@ def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
 
 
 class _Entry:
-    __slots__ = ("job", "schedule", "_cron", "handle")
+    """An indexed job: the latest ``Job`` row, its spec decoded once, its timer."""
 
-    def __init__(self, job: Job, schedule: Schedule) -> None:
+    __slots__ = ("job", "spec", "_cron", "handle")
+
+    def __init__(self, job: Job, spec: JobSpec) -> None:
         self.job = job
-        self.schedule = schedule
+        self.spec = spec
         self._cron: CronSchedule | None = None
         self.handle: TimerHandle | None = None
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.spec.schedule
 
     @property
     def cron(self) -> CronSchedule | None:
@@ -271,7 +258,9 @@ class SchedulerActor(Actor):
         for job in jobs:
             if job.next_fire_at is None:
                 continue
-            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
+            entry = self._entry(job)
+            if entry is None:
+                continue
             self.entries[job.id] = entry
             at = self._due_at(entry)
             if at <= now:
@@ -295,7 +284,8 @@ class SchedulerActor(Actor):
     # -- adding and cancelling --
 
     async def _add(self, msg: AddJob) -> Job:
-        self._validate(msg)
+        spec = msg.spec()
+        self._validate(spec)
         active = await self.store.list_jobs(session_id=msg.session_id, states=["active", "paused"])
         if len(active) >= self.limits.max_jobs_per_session:
             raise LimitExceeded(
@@ -303,56 +293,45 @@ class SchedulerActor(Actor):
                 f"(limit {self.limits.max_jobs_per_session})"
             )
         now = self.clock.now()
+        schedule = spec.schedule
         entry_cron = (
-            CronSchedule(msg.schedule.cron, msg.schedule.timezone)
-            if msg.schedule.type == "cron"
-            else None
+            CronSchedule(schedule.cron, schedule.timezone) if schedule.type == "cron" else None
         )
-        first = now if msg.immediate else first_occurrence(msg.schedule, now, entry_cron)
-        if msg.schedule.type == "once" and first <= now and not msg.immediate:
+        first = now if msg.immediate else first_occurrence(schedule, now, entry_cron)
+        if schedule.type == "once" and first <= now and not msg.immediate:
             raise InvalidArgument(
                 f"{first.isoformat()} is in the past (now is {now.isoformat()})", field="when"
             )
-        spec = {
-            "schedule": msgspec.to_builtins(msg.schedule),
-            "deliver": msg.deliver,
-            "label": msg.label,
-            "misfire": msg.misfire,
-            "misfire_grace_seconds": msg.misfire_grace_seconds,
-            "max_runs": msg.max_runs,
-            "jitter_seconds": msg.jitter_seconds,
-            **msg.extra,
-        }
         job = await self.store.create_job(
             msg.job_id or uuid.uuid4().hex[:12],
             kind=msg.kind,
-            spec=spec,
+            spec=msgspec.to_builtins(spec),
             session_id=msg.session_id,
             next_fire_at=first,
         )
-        entry = _Entry(job, msg.schedule)
+        entry = _Entry(job, spec)
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
-        await self._job_update(job, "scheduled")
+        await self._job_update(job, "scheduled", spec.label)
         return job
 
-    def _validate(self, msg: AddJob) -> None:
-        schedule = msg.schedule
-        if msg.misfire not in MISFIRE_POLICIES:
+    def _validate(self, spec: JobSpec) -> None:
+        """The bounds of ``JobSpec`` (which only decoding checks) and the limits."""
+        schedule = spec.schedule
+        if spec.misfire not in MISFIRE_POLICIES:
             raise InvalidArgument(
-                f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {msg.misfire!r}",
+                f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {spec.misfire!r}",
                 field="misfire",
             )
-        if msg.max_runs < 0:
+        if spec.max_runs < 0:
             raise InvalidArgument("max_runs must be >= 0", field="max_runs")
-        if not 0 <= msg.jitter_seconds <= 3600:
+        if not 0 <= spec.jitter_seconds <= 3600:
             raise InvalidArgument("jitter_seconds must be from 0 to 3600", field="jitter_seconds")
-        if not 0 <= msg.misfire_grace_seconds <= 86400:
+        if not 0 <= spec.misfire_grace_seconds <= 86400:
             raise InvalidArgument(
                 "misfire_grace_seconds must be from 0 to 86400", field="misfire_grace_seconds"
             )
-        prompt = msg.deliver.get("prompt") or ""
-        if len(prompt) > self.limits.max_prompt_chars:
+        if len(spec.prompt) > self.limits.max_prompt_chars:
             raise InvalidArgument(
                 f"prompt is longer than {self.limits.max_prompt_chars} characters", field="prompt"
             )
@@ -383,7 +362,7 @@ class SchedulerActor(Actor):
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state in ("active", "paused"):
             job = await self.store.update_job(job.id, state="cancelled", next_fire_at=None)
-            await self._job_update(job, "cancelled")
+            await self._job_update(job, "cancelled", _label(job, self.entries.get(job.id)))
         entry = self.entries.pop(job.id, None)
         if entry is not None and entry.handle is not None:
             self.wheel.cancel(entry.handle)
@@ -395,15 +374,12 @@ class SchedulerActor(Actor):
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state != "active":
             raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
+        entry = self.entries.get(job.id) or _Entry(job, job_spec(job))  # JobSpecError
         job = await self.store.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
-        entry = self.entries.get(job.id)
-        if entry is None:
-            entry = self.entries[job.id] = _Entry(
-                job, msgspec.convert(job.spec["schedule"], Schedule)
-            )
         entry.job = job
+        self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
-        await self._job_update(job, "rescheduled")
+        await self._job_update(job, "rescheduled", entry.spec.label)
         return job
 
     # -- the wheel --
@@ -411,7 +387,7 @@ class SchedulerActor(Actor):
     def _due_at(self, entry: _Entry) -> datetime:
         job = entry.job
         return job.next_fire_at + timedelta(
-            seconds=_jitter(job.id, job.next_fire_at, float(job.spec.get("jitter_seconds", 0)))
+            seconds=_jitter(job.id, job.next_fire_at, entry.spec.jitter_seconds)
         )
 
     def _index(self, entry: _Entry, at: datetime) -> None:
@@ -451,11 +427,11 @@ class SchedulerActor(Actor):
 
     async def _fire(self, entry: _Entry) -> None:
         job = entry.job
-        spec = job.spec
-        schedule = entry.schedule
+        spec = entry.spec
+        schedule = spec.schedule
         now = self.clock.now()
         expected = job.next_fire_at
-        grace = timedelta(seconds=float(spec.get("misfire_grace_seconds", 60)))
+        grace = timedelta(seconds=spec.misfire_grace_seconds)
         # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
         due = [expected]
         cron = entry.cron
@@ -466,11 +442,10 @@ class SchedulerActor(Actor):
         if following is not None and following <= now:  # beyond what we record one by one
             following = next_occurrence(schedule, now, cron)
         misfired = now - expected > grace or len(due) > 1
-        policy = spec.get("misfire", "coalesce") if misfired else "on_time"
-        window = spec.get("active_hours")
+        policy = spec.misfire if misfired else "on_time"
+        window = spec.active_hours
         if window and not in_active_hours(window, now):
             policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
-        max_runs = int(spec.get("max_runs", 0))
 
         if policy == "catch_up":
             deliver, rest = due[:MAX_CATCH_UP], due[MAX_CATCH_UP:]
@@ -479,7 +454,7 @@ class SchedulerActor(Actor):
                 last = i == len(deliver) - 1
                 new_next = following if last else deliver[i + 1]
                 extra = [(o, "missed", None) for o in rest] if last else []
-                result = await self._fire_one(job, occurrence, new_next, now, extra, max_runs)
+                result = await self._fire_one(job, spec, occurrence, new_next, now, extra)
                 if result is None:
                     return self._forget_or_reload(job.id)
                 job = result.job
@@ -498,10 +473,10 @@ class SchedulerActor(Actor):
             )
             if result is None:
                 return self._forget_or_reload(job.id)
-            await self._job_update(result.job, state)
+            await self._job_update(result.job, state, spec.label)
         else:  # on time, or coalesce: deliver once
             extra = [(o, "coalesced", None) for o in due[1:]]
-            result = await self._fire_one(job, expected, following, now, extra, max_runs)
+            result = await self._fire_one(job, spec, expected, following, now, extra)
             if result is None:
                 return self._forget_or_reload(job.id)
         job = result.job
@@ -511,24 +486,23 @@ class SchedulerActor(Actor):
         else:
             self.entries.pop(job.id, None)
 
-    async def _fire_one(self, job, occurrence, new_next, now, extra, max_runs):
+    async def _fire_one(self, job: Job, spec: JobSpec, occurrence, new_next, now, extra):
         """Deliver one occurrence: CAS, run record and inbox input in one transaction."""
-        if max_runs and job.run_count + 1 >= max_runs:
+        if spec.max_runs and job.run_count + 1 >= spec.max_runs:
             new_next = None  # this is the last delivery
-        deliver = job.spec.get("deliver", {})
         late = (now - occurrence).total_seconds()
         payload = {
-            **deliver,
-            "content": _content(job, deliver),
+            **spec.deliver,
+            "content": _content(job.id, spec),
             "job_id": job.id,
             "kind": job.kind,
-            "label": job.spec.get("label", ""),
+            "label": spec.label,
             "scheduled_for": occurrence.isoformat(),
         }
         payload.pop("prompt", None)
-        detail = {"prompt": deliver.get("prompt", ""), "late_seconds": round(late, 6)}
-        if deliver.get("instruction"):  # a recall's self-instruction, for the run record
-            detail["instruction"] = deliver["instruction"]
+        detail = {"prompt": spec.prompt, "late_seconds": round(late, 6)}
+        if spec.instruction:  # a recall's self-instruction, for the run record
+            detail["instruction"] = spec.instruction
         if extra:
             detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
         result = await self.store.fire_job(
@@ -536,7 +510,7 @@ class SchedulerActor(Actor):
             occurrence,
             new_next,
             run_state="queued",
-            input=(deliver.get("source", job.kind), payload),
+            input=(spec.source or job.kind, payload),
             detail=detail,
             extra_runs=extra,
         )
@@ -545,7 +519,7 @@ class SchedulerActor(Actor):
             self.metrics.inc("turnstile_scheduler_fires_total")
             self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
             self.lateness.append(committed)
-            update = self._update_payload(result.job, "fired", run_id=result.run.id)
+            update = self._update_payload(result.job, "fired", spec.label, run_id=result.run.id)
             events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
             await self._tell(
                 job.session_id,
@@ -569,13 +543,23 @@ class SchedulerActor(Actor):
         except NotFound:
             return
         if job.state == "active" and job.next_fire_at is not None and job_id not in self.entries:
-            entry = _Entry(job, msgspec.convert(job.spec["schedule"], Schedule))
-            self.entries[job_id] = entry
-            self._index(entry, self._due_at(entry))
+            entry = self._entry(job)
+            if entry is not None:
+                self.entries[job_id] = entry
+                self._index(entry, self._due_at(entry))
 
-    async def _job_update(self, job: Job, what: str, **extra: Any) -> None:
+    def _entry(self, job: Job) -> _Entry | None:
+        """An entry for a stored job, or None (logged) when its spec does not decode."""
+        try:
+            return _Entry(job, job_spec(job))
+        except JobSpecError as exc:
+            log.error("not scheduling job %s: %s", job.id, exc)
+            self.metrics.inc("turnstile_scheduler_bad_specs_total")
+            return None
+
+    async def _job_update(self, job: Job, what: str, label: str) -> None:
         if job.session_id is not None:
-            update = self._update_payload(job, what, **extra)
+            update = self._update_payload(job, what, label)
             await self._tell(job.session_id, Publish(event="job_update", payload=update))
 
     async def _tell(self, session_id: str, message: Any) -> None:
@@ -585,14 +569,25 @@ class SchedulerActor(Actor):
             log.warning("could not tell session %s about job", session_id, exc_info=True)
 
     @staticmethod
-    def _update_payload(job: Job, what: str, **extra: Any) -> dict[str, Any]:
+    def _update_payload(job: Job, what: str, label: str, **extra: Any) -> dict[str, Any]:
         return {
             "job_id": job.id,
             "kind": job.kind,
             "event": what,
             "state": job.state,
-            "label": job.spec.get("label", ""),
+            "label": label,
             "next_fire_at": job.next_fire_at.isoformat() if job.next_fire_at else None,
             "run_count": job.run_count,
             **extra,
         }
+
+
+def _label(job: Job, entry: _Entry | None) -> str:
+    """The job's label for a ``job_update``: from its entry, else from its spec. A spec that
+    does not decode gives ``""``: it must not stop the job from being cancelled."""
+    if entry is not None:
+        return entry.spec.label
+    try:
+        return job_spec(job).label
+    except JobSpecError:
+        return ""

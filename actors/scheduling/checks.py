@@ -39,9 +39,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import msgspec
+from msgspec import UNSET
 
-from turnstile.actors.scheduling.actor import AddJob, CancelJob, Schedule
+from turnstile.actors.scheduling.actor import AddJob, CancelJob
 from turnstile.actors.scheduling.cron import PENDING_STATES, require_session
+from turnstile.actors.scheduling.spec import Schedule, job_spec
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound
@@ -129,11 +131,10 @@ def render_check(
 
 
 def _item_view(job: Job) -> dict[str, Any]:
-    spec = job.spec
-    deliver = spec.get("deliver", {})
-    text = spec.get("instructions") or spec.get("prompt_text") or deliver.get("prompt") or ""
-    if not text and deliver.get("tool_name"):
-        text = f"tool {deliver['tool_name']}"
+    spec = job_spec(job)
+    text = spec.instructions or spec.prompt_text or spec.prompt
+    if not text and spec.tool_name:
+        text = f"tool {spec.tool_name}"
     view: dict[str, Any] = {
         "scheduled_id": job.id,
         "type": job.kind,
@@ -142,15 +143,15 @@ def _item_view(job: Job) -> dict[str, Any]:
         "run_at": _iso(job.next_fire_at),
         "instructions": text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "…",
     }
-    schedule = spec.get("schedule", {})
-    if schedule.get("type") == "cron":
-        view["recurrence"] = f"{schedule.get('cron')} ({schedule.get('timezone', 'UTC')})"
-    elif schedule.get("type") == "interval":
-        view["recurrence"] = f"every {schedule.get('interval_seconds', 0):g}s"
-    if spec.get("reference"):
-        view["reference"] = spec["reference"]
-    if spec.get("label"):
-        view["label"] = spec["label"]
+    schedule = spec.schedule
+    if schedule.type == "cron":
+        view["recurrence"] = f"{schedule.cron} ({schedule.timezone})"
+    elif schedule.type == "interval":
+        view["recurrence"] = f"every {schedule.interval_seconds or 0:g}s"
+    if spec.reference:
+        view["reference"] = spec.reference
+    if spec.label:
+        view["label"] = spec.label
     return view
 
 
@@ -193,9 +194,8 @@ def register_check_tools(
             "instructions": instructions,
             "requested_at": _iso(now),
         }
-        extra: dict[str, Any] = {"instructions": instructions, "understood": understood}
         if reference:
-            deliver["reference"] = extra["reference"] = reference
+            deliver["reference"] = reference
         job = await scheduler.ask(
             AddJob(
                 session_id=session.id,
@@ -204,7 +204,9 @@ def register_check_tools(
                 deliver=deliver,
                 label=instructions.split("\n", 1)[0][:80],
                 job_id=check_id,
-                extra=extra,
+                instructions=instructions,
+                understood=understood,
+                reference=reference or UNSET,
             )
         )
         out: dict[str, Any] = {

@@ -59,7 +59,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.scheduling.actor import AddJob, CancelJob, Schedule
+from turnstile.actors.scheduling.actor import AddJob, CancelJob
+from turnstile.actors.scheduling.spec import JobSpec, Schedule, job_spec
 from turnstile.actors.scheduling.timeexpr import When, parse_when
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
@@ -158,23 +159,21 @@ async def require_session(store: Store, call: ToolCall, what: str) -> Session:
     return session
 
 
-def _schedule_text(job: Job) -> str:
-    schedule = job.spec.get("schedule", {})
-    kind = schedule.get("type")
-    if kind == "cron":
-        return f"cron {schedule.get('cron')} ({schedule.get('timezone', 'UTC')})"
-    if kind == "interval":
-        return f"every {schedule.get('interval_seconds', 0):g}s"
+def _schedule_text(job: Job, spec: JobSpec) -> str:
+    schedule = spec.schedule
+    if schedule.type == "cron":
+        return f"cron {schedule.cron} ({schedule.timezone})"
+    if schedule.type == "interval":
+        return f"every {schedule.interval_seconds or 0:g}s"
     return f"once at {_iso(job.next_fire_at)}" if job.next_fire_at else "once"
 
 
-def _job_name(job: Job) -> str:
-    spec = job.spec
-    name = spec.get("prompt_name") or spec.get("label")
+def _job_name(job: Job, spec: JobSpec) -> str:
+    name = spec.prompt_name or spec.label
     if not name:
-        text = spec.get("instructions") or spec.get("deliver", {}).get("prompt") or job.kind
-        name = str(text).split("\n", 1)[0][:80]
-    return str(name)
+        text = spec.instructions or spec.prompt or job.kind
+        name = text.split("\n", 1)[0][:80]
+    return name
 
 
 def _soonest_first(view: dict[str, Any]) -> tuple[bool, str, str]:
@@ -187,14 +186,18 @@ def automation_view(job: Job) -> dict[str, Any]:
 
     ``id``, ``name`` and ``enabled`` are the reference's field names; ``kind``, ``state``,
     ``schedule`` and ``next_run_at`` say what it is and when it fires next.
+
+    Raises:
+        JobSpecError: the job's stored spec does not decode.
     """
+    spec = job_spec(job)
     return {
         "id": job.id,
         "kind": job.kind,
-        "name": _job_name(job),
+        "name": _job_name(job, spec),
         "enabled": job.state == "active",
         "state": job.state,
-        "schedule": _schedule_text(job),
+        "schedule": _schedule_text(job, spec),
         "next_run_at": _iso(job.next_fire_at),
     }
 
@@ -235,34 +238,31 @@ async def cancel_bound_automations(
     return cancelled
 
 
-def _prompt_ref(job: Job) -> str | None:
-    spec = job.spec
-    if not spec.get("prompt_name"):
-        return None
-    return f"{spec['prompt_name']}@v{spec.get('prompt_version', 1)}"
+def _prompt_version(spec: JobSpec) -> int:
+    """The version of the job's prompt; 1 when the spec does not say (not a ``cron`` one)."""
+    return spec.prompt_version or 1
 
 
 def _cron_view(job: Job) -> dict[str, Any]:
-    spec = job.spec
-    schedule = spec.get("schedule", {})
-    prompt = spec.get("prompt_text") or spec.get("deliver", {}).get("prompt", "")
+    spec = job_spec(job)
+    schedule = spec.schedule
+    prompt = spec.prompt_text or spec.prompt
     view: dict[str, Any] = {
         "job_id": job.id,
-        "name": _job_name(job),
+        "name": _job_name(job, spec),
         "session_id": job.session_id,
         "status": job.state,
-        "cron": schedule.get("cron"),
-        "timezone": schedule.get("timezone", "UTC"),
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
         "next_run_at": _iso(job.next_fire_at),
         "run_count": job.run_count,
     }
-    ref = _prompt_ref(job)
-    if ref is not None:
-        view["prompt_ref"] = ref
-        view["prompt_sha256"] = spec.get("prompt_sha256")
+    if spec.prompt_name:
+        view["prompt_ref"] = f"{spec.prompt_name}@v{_prompt_version(spec)}"
+        view["prompt_sha256"] = spec.prompt_sha256 or None
     view["prompt"] = prompt if len(prompt) <= SNIPPET_CHARS else prompt[:SNIPPET_CHARS] + "…"
-    if spec.get("understood"):
-        view["understood"] = spec["understood"]
+    if spec.understood:
+        view["understood"] = spec.understood
     return view
 
 
@@ -284,23 +284,24 @@ def register_cron_tool(
 
     async def version_for(session_id: str, name: str, sha: str) -> int:
         """The prompt version of ``name`` with this text; refuses a live job with that name."""
-        latest: Job | None = None
+        latest: JobSpec | None = None
         for job in await store.list_jobs(session_id=session_id):
-            if job.kind != "cron" or job.spec.get("prompt_name") != name:
+            if job.kind != "cron":
+                continue
+            spec = job_spec(job)
+            if spec.prompt_name != name:
                 continue
             if job.state in PENDING_STATES:
                 raise AlreadyExists(
                     f"cron job {name!r} already exists in this session (job_id={job.id}): "
                     "remove it first, or choose another name"
                 )
-            if latest is None or job.spec.get("prompt_version", 1) > latest.spec.get(
-                "prompt_version", 1
-            ):
-                latest = job
+            if latest is None or _prompt_version(spec) > _prompt_version(latest):
+                latest = spec
         if latest is None:
             return 1
-        version = int(latest.spec.get("prompt_version", 1))
-        return version if latest.spec.get("prompt_sha256") == sha else version + 1
+        version = _prompt_version(latest)
+        return version if latest.prompt_sha256 == sha else version + 1
 
     async def add(session: Session, args: CronArgs) -> dict[str, Any]:
         if not args.schedule or not args.schedule.strip():
@@ -340,13 +341,11 @@ def register_cron_tool(
                     },
                     label=name,
                     job_id=job_id,
-                    extra={
-                        "understood": when.description,
-                        "prompt_name": name,
-                        "prompt_version": version,
-                        "prompt_sha256": sha,
-                        "prompt_text": args.prompt,
-                    },
+                    understood=when.description,
+                    prompt_name=name,
+                    prompt_version=version,
+                    prompt_sha256=sha,
+                    prompt_text=args.prompt,
                 )
             )
         except InvalidArgument as exc:
@@ -366,7 +365,7 @@ def register_cron_tool(
         if args.name is not None:
             jobs = await store.list_jobs(session_id=session.id, states=list(PENDING_STATES))
             for job in jobs:
-                if job.kind == "cron" and _job_name(job) == args.name:
+                if job.kind == "cron" and _job_name(job, job_spec(job)) == args.name:
                     return job
             raise NotFound(f"no cron job named {args.name!r} in this session")
         raise InvalidArgument("cron remove needs job_id or name", field="job_id")
@@ -376,7 +375,7 @@ def register_cron_tool(
         if job.state not in PENDING_STATES:
             raise InvalidArgument(f"cron job {job.id!r} is already {job.state}", field="job_id")
         job = await scheduler.ask(CancelJob(job_id=job.id, session_id=session.id))
-        return {"job_id": job.id, "name": _job_name(job), "status": job.state}
+        return {"job_id": job.id, "name": _job_name(job, job_spec(job)), "status": job.state}
 
     async def list_(session: Session) -> dict[str, Any]:
         jobs = await store.list_jobs(session_id=session.id, states=list(PENDING_STATES))

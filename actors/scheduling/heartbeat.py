@@ -42,8 +42,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.scheduling.actor import AddJob, CancelJob, Schedule
+from turnstile.actors.scheduling.actor import AddJob, CancelJob
 from turnstile.actors.scheduling.cronexpr import resolve_timezone
+from turnstile.actors.scheduling.spec import HHMM, ActiveHours, Schedule, job_spec
 from turnstile.actors.sessions.ids import derived_key, is_derived, public_id
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
@@ -102,8 +103,6 @@ HEARTBEAT_PROFILES: dict[str, frozenset[str] | None] = {
     },
     "full": None,
 }
-
-HHMM = Annotated[str, msgspec.Meta(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
 
 
 class SetHeartbeat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -209,7 +208,7 @@ async def _jobs_of(store: Store, session_key: str, states: list[str] | None) -> 
         pass  # too long a name for a dedicated session: only the main one can hold it
     for target in targets:
         for job in await store.list_jobs(session_id=target, states=states):
-            if job.kind == "heartbeat" and job.spec.get("heartbeat_of") == session_key:
+            if job.kind == "heartbeat" and job_spec(job).heartbeat_of == session_key:
                 found.append(job)
     return found
 
@@ -222,12 +221,13 @@ async def disable_heartbeat(store: Store, scheduler: ActorRef, job_id: str) -> s
         job = await store.get_job(job_id)
     except NotFound:
         return None
-    owner_key = job.spec.get("heartbeat_of")
-    if isinstance(owner_key, str):
-        kept = await store.kv_get(KV_NAMESPACE, owner_key)
-        if kept is not None:
-            await store.kv_put(KV_NAMESPACE, [(owner_key, {**kept, "enabled": False}, None)])
-    return owner_key if isinstance(owner_key, str) else None
+    owner_key = job_spec(job).heartbeat_of
+    if not owner_key:
+        return None
+    kept = await store.kv_get(KV_NAMESPACE, owner_key)
+    if kept is not None:
+        await store.kv_put(KV_NAMESPACE, [(owner_key, {**kept, "enabled": False}, None)])
+    return owner_key
 
 
 async def heartbeat_view(store: Store, session_key: str, runs: int = 50) -> dict[str, Any]:
@@ -291,7 +291,7 @@ def register_heartbeat_tools(
         kept = await store.kv_get(KV_NAMESPACE, call.session_id)
         base = {**effective_defaults, **((kept or {}).get("settings") or {})}
         settings = resolve_settings(args, base)
-        window = None
+        window: ActiveHours | None = None
         if (settings.active_hours_start is None) != (settings.active_hours_end is None):
             raise InvalidArgument(
                 "give both active_hours_start and active_hours_end, or neither",
@@ -307,11 +307,9 @@ def register_heartbeat_tools(
             except InvalidArgument as exc:
                 raise InvalidArgument(str(exc), field="alert_channel") from None
         if settings.active_hours_start is not None:
-            window = {
-                "start": settings.active_hours_start,
-                "end": settings.active_hours_end,
-                "timezone": tz,
-            }
+            window = ActiveHours(
+                start=settings.active_hours_start, end=settings.active_hours_end, timezone=tz
+            )
         for job in await _jobs_of(store, call.session_id, ["active", "paused"]):
             await scheduler.ask(CancelJob(job_id=job.id))
         kept_settings = _settings_of(settings)
@@ -341,7 +339,7 @@ def register_heartbeat_tools(
         }
         understood = f"every {settings.interval_minutes} minutes"
         if window:
-            understood += f", {window['start']}–{window['end']} {tz}"
+            understood += f", {window.start}–{window.end} {tz}"
         job = await scheduler.ask(
             AddJob(
                 session_id=target,
@@ -355,11 +353,9 @@ def register_heartbeat_tools(
                 },
                 label="heartbeat",
                 misfire="skip",  # a heartbeat that is late is simply the next one
-                extra={
-                    "heartbeat_of": call.session_id,
-                    "active_hours": window,
-                    "understood": understood,
-                },
+                heartbeat_of=call.session_id,
+                active_hours=window,
+                understood=understood,
             )
         )
         return {
@@ -368,7 +364,7 @@ def register_heartbeat_tools(
             "session_id": public_id(target),
             "interval_minutes": settings.interval_minutes,
             "next_run_at": job.next_fire_at.isoformat().replace("+00:00", "Z"),
-            "active_hours": window,
+            "active_hours": None if window is None else msgspec.to_builtins(window),
             "understood": understood,
             **{k: v for k, v in config.items() if k not in ("checklist", "heartbeat_of")},
         }

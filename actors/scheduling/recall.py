@@ -75,13 +75,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.scheduling.actor import (
-    AddJob,
-    CancelJob,
-    RescheduleJob,
-    Schedule,
-    SchedulerLimits,
-)
+from turnstile.actors.scheduling.actor import AddJob, CancelJob, RescheduleJob, SchedulerLimits
+from turnstile.actors.scheduling.spec import RecallSpec, Schedule, job_spec
 from turnstile.actors.scheduling.timeexpr import parse_when
 from turnstile.actors.sessions.actor import Publish
 from turnstile.actors.sessions.ids import public_id
@@ -178,17 +173,30 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat().replace("+00:00", "Z")
 
 
+def _recall_of(job: Job) -> RecallSpec | None:
+    """The recall settings in the job's spec; None if it has none (not written as a recall).
+
+    Raises:
+        JobSpecError: the job's stored spec does not decode.
+    """
+    return job_spec(job).recall or None
+
+
 def recall_view(job: Job) -> dict[str, Any]:
-    """A recall job as the tools, the events and the HTTP API show it."""
-    recall = job.spec.get("recall", {})
+    """A recall job as the tools, the events and the HTTP API show it.
+
+    Raises:
+        JobSpecError: the job's stored spec does not decode.
+    """
+    recall = _recall_of(job)
     return {
         "recall_id": job.id,
-        "call_type": recall.get("call_type"),
+        "call_type": recall.call_type if recall else None,
         "status": _STATUS.get(job.state, job.state),
         "trigger_at": _iso(job.next_fire_at),
-        "interval_seconds": recall.get("interval_seconds"),
-        "internal_comment": recall.get("internal_comment", ""),
-        "additional_context_message": recall.get("additional_context_message", ""),
+        "interval_seconds": recall.interval_seconds if recall else None,
+        "internal_comment": recall.internal_comment if recall else "",
+        "additional_context_message": recall.additional_context_message if recall else "",
         "fired_count": job.run_count,
         "created_at": _iso(job.created_at),
         "updated_at": _iso(job.updated_at),
@@ -299,16 +307,16 @@ async def skip_recall(
         InvalidArgument: the pending recall is not recurring (or is paused).
     """
     job = await _require_pending(store, session_id)
-    recall = job.spec.get("recall", {})
-    call_type = recall.get("call_type")
-    if call_type != "recurring":
+    recall = _recall_of(job)
+    call_type = recall.call_type if recall else None
+    if recall is None or recall.call_type != "recurring" or recall.interval_seconds is None:
         raise InvalidArgument(
             f"skip only applies to recurring recalls; recall {job.id} is {call_type}: "
             "cancel it instead"
         )
     now = clock.now()
     base = now if job.next_fire_at is None else max(job.next_fire_at, now)
-    target = base + timedelta(seconds=recall["interval_seconds"])
+    target = base + timedelta(seconds=recall.interval_seconds)
     moved = await scheduler.ask(
         RescheduleJob(job_id=job.id, next_fire_at=target, session_id=session_id)
     )
@@ -397,12 +405,6 @@ def register_recall_tools(
             "recall_id": recall_id,
             "is_recall": True,
         }
-        meta = {
-            "call_type": call_type,
-            "interval_seconds": interval,
-            "internal_comment": args.internal_comment,
-            "additional_context_message": text,
-        }
         add = AddJob(
             session_id=call.session_id,
             kind=RECALL_KIND,
@@ -411,7 +413,12 @@ def register_recall_tools(
             label=args.internal_comment,
             job_id=recall_id,
             immediate=call_type == "immediate",
-            extra={"recall": meta},
+            recall=RecallSpec(
+                call_type=call_type,
+                interval_seconds=interval,
+                internal_comment=args.internal_comment,
+                additional_context_message=text,
+            ),
         )
         for attempt in (1, 2):
             try:

@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.scheduling.actor import AddJob, CancelJob, Schedule
+from turnstile.actors.scheduling.actor import AddJob, CancelJob
+from turnstile.actors.scheduling.spec import JobSpec, MisfirePolicy, Schedule, job_spec
 from turnstile.actors.scheduling.timeexpr import When, parse_when
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
@@ -41,7 +42,6 @@ OUTPUT_CHANNELS = ("llm_notification",)
 Text = Annotated[str, msgspec.Meta(max_length=200)]
 Prompt = Annotated[str, msgspec.Meta(max_length=8000)]
 ActionType = Literal["notification", "llm_prompt", "tool_call"]
-Misfire = Literal["coalesce", "skip", "catch_up"]
 
 
 class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -54,7 +54,7 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output_config: dict[str, Any] = msgspec.field(default_factory=dict)
     timezone: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     timezone_offset: Annotated[str, msgspec.Meta(max_length=6)] | None = None
-    misfire: Misfire = "coalesce"
+    misfire: MisfirePolicy = "coalesce"
     jitter_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
 
 
@@ -124,28 +124,28 @@ def _deliver(args: _Common, source: str, check_channel=None) -> dict[str, Any]:
     return deliver
 
 
-def _job_view(job: Job) -> dict[str, Any]:
-    spec = job.spec
-    schedule = spec.get("schedule", {})
-    deliver = spec.get("deliver", {})
+def _job_view(job: Job, spec: JobSpec | None = None) -> dict[str, Any]:
+    """A job as the scheduling tools show it (``spec``: the job's, if already decoded)."""
+    spec = spec or job_spec(job)
+    schedule = spec.schedule
     view: dict[str, Any] = {
         "job_id": job.id,
-        "schedule_type": schedule.get("type", job.kind),
-        "label": spec.get("label", ""),
+        "schedule_type": schedule.type,
+        "label": spec.label,
         "status": job.state,
         "run_count": job.run_count,
-        "action_type": deliver.get("action_type"),
-        "output_channel": deliver.get("output_channel", "llm_notification"),
+        "action_type": spec.action_type,
+        "output_channel": spec.output_channel,
     }
-    if schedule.get("type") == "cron":
-        view["cron"] = schedule.get("cron")
-        view["timezone"] = schedule.get("timezone", "UTC")
+    if schedule.type == "cron":
+        view["cron"] = schedule.cron
+        view["timezone"] = schedule.timezone
     if job.next_fire_at is not None:
         view["next_run_at"] = _iso(job.next_fire_at)
-    if deliver.get("tool_name"):
-        view["tool_name"] = deliver["tool_name"]
-    if spec.get("understood"):
-        view["understood"] = spec["understood"]
+    if spec.tool_name:
+        view["tool_name"] = spec.tool_name
+    if spec.understood:
+        view["understood"] = spec.understood
     return view
 
 
@@ -199,7 +199,7 @@ def register_scheduling_tools(
                 misfire=args.misfire,
                 max_runs=max_runs,
                 jitter_seconds=args.jitter_seconds,
-                extra={"understood": when.description},
+                understood=when.description,
             )
         )
 
@@ -246,12 +246,13 @@ def register_scheduling_tools(
     async def schedule_status(call: ToolCall, args: JobRef) -> dict[str, Any]:
         job = await owned_job(call, args.job_id)
         runs = await store.list_runs(job.id, limit=20)
-        view = _job_view(job)
-        view["max_runs"] = job.spec.get("max_runs", 0)
-        view["misfire"] = job.spec.get("misfire", "coalesce")
+        spec = job_spec(job)
+        view = _job_view(job, spec)
+        view["max_runs"] = spec.max_runs
+        view["misfire"] = spec.misfire
         view["created_at"] = _iso(job.created_at)
-        if job.spec.get("deliver", {}).get("prompt"):
-            view["prompt"] = job.spec["deliver"]["prompt"]
+        if spec.prompt:
+            view["prompt"] = spec.prompt
         view["recent_runs"] = [
             {
                 "run_id": run.id,
