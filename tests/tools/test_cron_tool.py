@@ -18,6 +18,7 @@ from turnstile.actors.scheduling.cron import (
     cancel_bound_automations,
     register_cron_tool,
 )
+from turnstile.actors.scheduling.spec import job_spec
 from turnstile.actors.sessions.actor import SetPolicy, Submit, history_from_events
 from turnstile.tools.registry import ToolRegistry
 
@@ -165,8 +166,9 @@ async def test_the_prompt_version_names_one_exact_text(autojump_clock):
         changed = (await add("report B")).data  # a new text is a new version
         assert (changed["prompt_ref"], changed["prompt_sha256"]) == ("r@v2", sha("report B"))
         job = await n.store.get_job(changed["job_id"])
-        assert job.spec["deliver"]["prompt"] == f"[CRON] job={job.id} prompt=r@v2\nreport B"
-        assert (job.spec["prompt_version"], job.spec["prompt_text"]) == (2, "report B")
+        spec = job_spec(job)
+        assert spec.prompt == f"[CRON] job={job.id} prompt=r@v2\nreport B"
+        assert (spec.prompt_version, spec.prompt_text) == (2, "report B")
 
 
 @pytest.mark.guard(2 * DAY)
