@@ -145,7 +145,7 @@ class Node:
         store: its store.
         tools: its tool registry (every feature's tools).
         directory: the sessions, as the gateway reaches them (names, not keys; owner checks).
-        app: the HTTP/WebSocket ASGI app.
+        app: the HTTP/WebSocket ASGI app (None when the node neither serves nor has tokens).
         metrics: its metrics (``/metrics``).
         features: the features it runs, by name.
         urls: the addresses the gateway listens on (empty with ``serve=False``).
@@ -155,7 +155,7 @@ class Node:
     store: Store
     tools: ToolRegistry
     directory: SessionDirectory
-    app: Starlette
+    app: Starlette | None
     metrics: Metrics
     context: NodeContext
     features: dict[str, Feature] = field(default_factory=dict)
@@ -188,8 +188,9 @@ async def open_node(
         clock: overrides the system clock (tests).
         features: the features to run (``default_features(agent)`` when None); the sessions
             feature must be among them, last.
-        serve: open the gateway on ``config.host:config.port`` (``False``: the app is built but
-            nothing listens; in-process use and benchmarks).
+        serve: open the gateway on ``config.host:config.port`` (``False``: nothing listens,
+            for in-process use and benchmarks; the app is still built when there are tokens,
+            e.g. to drive it through an ASGI transport).
     """
     clock = clock or SystemClock()
     agent = agent or make_agent(config)
@@ -253,21 +254,23 @@ async def open_node(
                         connections[0] += delta
 
                     metrics.gauge("turnstile_websocket_connections", lambda: connections[0])
-                    app = build_app(
-                        backend=context.directory,
-                        auth=Auth(tokens, config.allowed_origins),
-                        routes=[route for f in chosen for route in f.routes(context)],
-                        limits=ConnectionLimits(
-                            max_frame_bytes=limits.max_frame_bytes,
-                            outbox_frames=limits.outbox_frames,
-                            max_attached=limits.max_attached_per_connection,
-                        ),
-                        version=package_version(),
-                        on_connection=on_connection,
-                        on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
-                        ws_send_many=WS_SEND_MANY,
-                        body_timeout=limits.body_timeout_seconds,
-                    )
+                    app = None
+                    if tokens or serve:  # serving without a token is refused by Auth
+                        app = build_app(
+                            backend=context.directory,
+                            auth=Auth(tokens, config.allowed_origins),
+                            routes=[route for f in chosen for route in f.routes(context)],
+                            limits=ConnectionLimits(
+                                max_frame_bytes=limits.max_frame_bytes,
+                                outbox_frames=limits.outbox_frames,
+                                max_attached=limits.max_attached_per_connection,
+                            ),
+                            version=package_version(),
+                            on_connection=on_connection,
+                            on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
+                            ws_send_many=WS_SEND_MANY,
+                            body_timeout=limits.body_timeout_seconds,
+                        )
                     node = Node(
                         config=config,
                         store=store,
@@ -278,7 +281,7 @@ async def open_node(
                         context=context,
                         features={f.name: f for f in chosen},
                     )
-                    if serve:
+                    if serve and app is not None:
                         node.urls = await tasks.start(
                             lambda task_status: serve_app(
                                 app,
