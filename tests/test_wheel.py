@@ -47,6 +47,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_readme_example import EXPECTED_OUTPUT, readme_example
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -251,3 +253,10 @@ def test_every_installed_module_imports_from_the_installed_environment(installed
                 expected.add(".".join((package, *parts)))
     missing = sorted(expected - set(report["files"]))
     assert not missing, f"modules of the source tree not importable from the wheel: {missing}"
+
+
+def test_the_readme_example_runs_from_the_installed_environment(installed):
+    # From the decoys directory: the example imports nothing but ``turnstile`` and its
+    # dependencies, all from the new venv (it leaves its SQLite file and workspace there).
+    output = run_in_installed(installed.venv, readme_example(), cwd=installed.decoys, timeout=60)
+    assert output == EXPECTED_OUTPUT
