@@ -5,8 +5,9 @@
 * ``sessions`` — list your sessions.
 * ``bench`` — run benchmark scenarios.
 
-The CLI is the program's entry point, so it is the one module of ``runtime`` that reaches up to
-the composition root (``tools.node``) — lazily, inside ``serve``.
+The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
+module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
+inside ``serve``, so ``attach`` and ``sessions`` start without loading the features.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Sending every tool's full JSON schema with every model call costs about 27,000 characters (some
 7,000 tokens) per call before the conversation even starts. So the tool set of a turn is a
-choice, made here from ``[execution]`` (``runtime.config.ExecutionConfig``) and, per session,
-``metadata.execution``:
+choice, made here from ``[execution]`` (``actors.execution.settings.ExecutionConfig``) and, per
+session, ``metadata.execution``:
 
 * **groups**, as in the execution-primitives reference: the primitives (``run_parallel``,
   ``background_*``) are always in the turn; ``watchers`` adds the ``watch_*`` tools,
@@ -14,17 +14,18 @@ choice, made here from ``[execution]`` (``runtime.config.ExecutionConfig``) and,
   which answers with full schemas on demand; ``tool_run`` runs a tool by name (as do
   ``run_parallel`` and ``background_run``). ``direct`` mode carries every tool's schema
   instead, the old behaviour;
-* **tool profiles** (``tool_profile``; the heartbeat profiles of ``tools.heartbeat``): a
-  restricted profile is a short list, so its tools' schemas are carried directly, and every
-  other tool — the discovery tools included — is refused in that turn.
+* **tool profiles** (``tool_profile``; the heartbeat profiles ``actors.scheduling.heartbeat``
+  adds to ``SessionHooks.tool_profiles``): a restricted profile is a short list, so its tools'
+  schemas are carried directly, and every other tool — the discovery tools included — is
+  refused in that turn.
 
 Every registered tool stays reachable in every mode: either its schema is in the turn or its
 name is in ``tool_search``'s index (``ToolSelection.indexed``); the unit tests check both
 against the node's full registry.
 
 ``TurnShaper`` puts it together for the session actor: the tools, the default system prompt
-(``runtime.agents.prompt``) with the session's time zone and the clock's time, and the history
-fitted into ``max_context_tokens`` (``runtime.agents.context``).
+(``actors.sessions.agents.prompt``) with the session's time zone and the clock's time, and the
+history fitted into ``max_context_tokens`` (``actors.sessions.agents.context``).
 """
 
 from __future__ import annotations
@@ -320,7 +321,8 @@ class TurnShaper:
         registry: every tool.
         clock: the runtime's clock (the prompt's current time).
         config: the node's ``[execution]`` settings.
-        profiles: tool profiles by name (``tools.heartbeat.HEARTBEAT_PROFILES``).
+        profiles: tool profiles by name (``SessionHooks.tool_profiles``: ``full`` and the
+            scheduling feature's ``HEARTBEAT_PROFILES``).
 
     Raises:
         InvalidArgument: the config names an unknown profile or tool (``field`` says which).

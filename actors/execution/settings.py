@@ -31,7 +31,7 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
         timezone: the time zone the prompt gives for a session without ``metadata.timezone``.
         max_context_tokens: the estimated tokens a model call may take (system prompt, tool
             schemas, history and input; four characters a token); the oldest history goes
-            first (see ``runtime.agents.context``).
+            first (see ``actors.sessions.agents.context``).
     """
 
     tool_mode: Literal["compact", "direct"] = "compact"

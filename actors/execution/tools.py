@@ -6,9 +6,9 @@ the others), results come back in input order, and every call goes through the r
 policy (an ``APPROVE`` action waits for its approval; ``BLOCK`` is refused) and its module's
 concurrency limit apply exactly as for a direct call. Total time is about the slowest action.
 
-The ``background_*`` tools drive the background actor (``actors/background.py``): start a tool
-and get a ``task_id`` at once, then status, result, cancel, list, or wait (timeout default 60 s,
-at most 3,600 s). The session is notified automatically when a task ends.
+The ``background_*`` tools drive the background actor (``actors.execution.background``): start
+a tool and get a ``task_id`` at once, then status, result, cancel, list, or wait (timeout
+default 60 s, at most 3,600 s). The session is notified automatically when a task ends.
 """
 
 from __future__ import annotations

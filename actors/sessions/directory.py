@@ -1,7 +1,7 @@
 """The session directory: the gateway's ``SessionBackend``, on top of session actors.
 
 Clients name sessions; the directory turns each name into the session's key in the caller's own
-namespace (``actors.session_ids``), so another user's session is not merely refused but simply
+namespace (``actors.sessions.ids``), so another user's session is not merely refused but simply
 not there: it answers exactly like a name nobody uses, and creating a name another user also
 uses is an ordinary create. Every answer carries names, never keys. The directory enforces the
 per-user and per-session limits, turns each request into a message to the session's virtual

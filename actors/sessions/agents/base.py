@@ -56,7 +56,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
         payload: everything else the sender attached.
         system_prompt: the runtime's default system prompt for this turn (the execution
             primitives, the session's time zone and the current time; see
-            ``runtime.agents.prompt``). An agent puts it first, then its own configured
+            ``actors.sessions.agents.prompt``). An agent puts it first, then its own configured
             system prompt, then ``system_segment``. None when the node gives none.
         system_segment: text to append to the agent's system prompt for this turn only
             (heartbeats say "this is a scheduled check" and give the checklist).
