@@ -17,7 +17,7 @@ Adding a feature is adding a package with a ``Feature`` and naming it in ``defau
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from turnstile.actors.sessions.hooks import SessionHooks
@@ -69,7 +69,6 @@ class NodeContext:
     check_channel: Callable[[str], None] | None = None
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     async def tell_session(self, key: str, message: Any) -> None:
         """Send ``message`` to the session actor with key ``key`` (activating it)."""
@@ -85,6 +84,10 @@ class Feature(Protocol):
 
     #: the feature's name (``scheduling``); also its config section's, where it has one.
     name: str
+
+    # Optional: ``migrations: Sequence[MigrationSet]``, the feature's own tables. ``open_node``
+    # applies them after the store's own set, each recorded under its set's name, so adding a
+    # feature (or a step to one) never touches the kernel's schema.
 
     async def start(self, node: NodeContext) -> None:
         """Spawn the feature's actors, register its tools, fill the hooks it serves."""

@@ -202,7 +202,9 @@ async def open_node(
     limits = config.limits
     metrics = Metrics()
     try:
-        async with open_store(config.store, clock=clock) as store:
+        # each feature's own tables: the kernel's set first, then the features' in start order
+        migrations = [m for feature in chosen for m in getattr(feature, "migrations", ())]
+        async with open_store(config.store, clock=clock, migrations=migrations) as store:
             waiting = await recover(store)
             async with open_supervisor("root") as root:
                 sessions = await root.spawn_supervisor(

@@ -1,0 +1,126 @@
+"""The feature interface, from the outside: a feature package of one's own plugs into a node
+through ``open_node(features=...)`` and gets what the built-in ones get: its tables (migration
+sets recorded under its name), its tools, its routes behind the gateway's front door, and the
+sessions' hooks (what ends with a session)."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import httpx
+import msgspec
+import pytest
+
+from turnstile.actors.config import Config
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.node import default_features, open_node
+from turnstile.actors.sessions.agents import ScriptedAgent
+from turnstile.runtime.gateway import HttpRoute
+from turnstile.runtime.store.migrations import Migration, MigrationSet
+from turnstile.tools.registry import ToolCall
+
+ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
+GREETINGS_V1 = Migration(
+    1,
+    "greetings table",
+    statements=("CREATE TABLE greetings (session_id TEXT PRIMARY KEY, n INTEGER NOT NULL)",),
+)
+GREETINGS_V2 = Migration(
+    2, "greetings index", statements=("CREATE INDEX greetings_n ON greetings (n)",)
+)
+
+
+class NoParams(msgspec.Struct, forbid_unknown_fields=True):
+    """``greet.hello`` takes nothing."""
+
+
+class Greetings:
+    """A feature of one's own: a tool that counts, an endpoint that reads the count, a table,
+    and a hook that forgets a deleted session's count."""
+
+    name = "greetings"
+
+    def __init__(self, *migrations: Migration) -> None:
+        self.migrations = [MigrationSet("greetings", migrations or (GREETINGS_V1,))]
+        self.counts: dict[str, int] = {}
+        self.ended: list[str] = []
+
+    async def start(self, node: NodeContext) -> None:
+        async def hello(call: ToolCall, params: NoParams) -> dict[str, int]:
+            self.counts[call.session_id] = self.counts.get(call.session_id, 0) + 1
+            return {"count": self.counts[call.session_id]}
+
+        node.tools.register("greet.hello", NoParams, hello, "Say hello; count the hellos.")
+        node.hooks.on_session_end.append(self.end)
+
+    async def end(self, key: str) -> None:
+        self.ended.append(key)
+        self.counts.pop(key, None)
+
+    def routes(self, node: NodeContext) -> list[HttpRoute]:
+        async def count(request) -> dict[str, int]:
+            key = await node.directory.owned_key(request.user, request.path["id"])
+            return {"count": self.counts.get(key, 0)}
+
+        return [HttpRoute("GET", "/sessions/{id}/greetings", count)]
+
+
+@asynccontextmanager
+async def node_with(tmp_path, feature: Greetings):
+    agent = ScriptedAgent(token_delay=0)
+    *others, sessions = default_features(agent)
+    config = Config(store=f"sqlite:///{tmp_path}/node.db")
+    async with open_node(
+        config,
+        tokens={ADA: "ada", BOB: "bob"},
+        agent=agent,
+        features=[*others, feature, sessions],
+        serve=False,
+    ) as node:
+        transport = httpx.ASGITransport(app=node.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            yield node, http
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_a_feature_of_ones_own_gets_tables_tools_routes_and_hooks(tmp_path):
+    greetings = Greetings()
+    async with node_with(tmp_path, greetings) as (node, http):
+        assert (
+            await http.post("/sessions", json={"id": "s1"}, headers=auth(ADA))
+        ).status_code == 201
+        for expected in (1, 2):
+            result = await node.directory.call_tool("ada", "s1", "greet.hello", {})
+            assert result.ok and result.data == {"count": expected}
+        answer = await http.get("/sessions/s1/greetings", headers=auth(ADA))
+        assert answer.status_code == 200 and answer.json() == {"count": 2}
+        # behind the same front door as every route: no token, someone else's, a bad id
+        assert (await http.get("/sessions/s1/greetings")).status_code == 401
+        assert (await http.get("/sessions/s1/greetings", headers=auth(BOB))).status_code == 404
+        bad = await http.get("/sessions/s%201/greetings", headers=auth(ADA))
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "id"
+        applied = [(m.set_name, m.version) for m in await node.store.migrations()]
+        assert ("greetings", 1) in applied
+        assert (await http.delete("/sessions/s1", headers=auth(ADA))).status_code == 204
+        assert greetings.ended == ["ada/s1"] and greetings.counts == {}
+
+
+async def test_a_features_new_step_runs_alone_on_the_next_start(tmp_path):
+    async with node_with(tmp_path, Greetings(GREETINGS_V1)):
+        pass
+    # step 1 again would fail (the table exists): only step 2 may run
+    async with node_with(tmp_path, Greetings(GREETINGS_V1, GREETINGS_V2)) as (node, _):
+        mine = [m.version for m in await node.store.migrations() if m.set_name == "greetings"]
+        assert mine == [1, 2]
+
+
+async def test_the_sessions_feature_must_come_last(tmp_path):
+    agent = ScriptedAgent(token_delay=0)
+    features = default_features(agent)
+    config = Config(store=f"sqlite:///{tmp_path}/node.db")
+    with pytest.raises(ValueError, match="sessions feature must be the last"):
+        async with open_node(config, agent=agent, features=features[::-1], serve=False):
+            pass
