@@ -1,7 +1,7 @@
 """``send_notification``: notify the user through an output channel (as in the
 execution-primitives reference), and the SSRF-guarded POST the notifier's webhooks use.
 
-The channels are those the notifier was configured with (``actors/notifier.py``);
+The channels are those the notifier was configured with (``actors/notifications/actor.py``);
 ``llm_notification`` is always one of them. An unknown channel is an ``unknown_channel`` error
 that lists the configured ones. A channel that fails falls back to ``llm_notification`` and the
 result says so (``fallback: true``, ``fallback_reason``).

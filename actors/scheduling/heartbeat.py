@@ -267,7 +267,7 @@ async def heartbeat_view(store: Store, session_key: str, runs: int = 50) -> dict
 SUFFIX = ".heartbeat"
 
 #: ``async (parent key, suffix) -> derived key``: creates the derived session if need be
-#: (``actors.directory.create_derived_session``, which applies the owner's session limit).
+#: (``actors.sessions.directory.create_derived_session``, which applies the owner's session limit).
 DeriveSession = Callable[[str, str], Awaitable[str]]
 
 

@@ -38,7 +38,7 @@ How it is built — and where it does better than the reference design:
   immediate recall is an error that says to cancel it instead (the reference leaves it
   undefined).
 * **Recurring recalls may start later** than one interval from now: ``when`` gives the first
-  trigger. ``when`` is parsed by :func:`runtime.timeexpr.parse_when` (relative delays,
+  trigger. ``when`` is parsed by :func:`actors.scheduling.timeexpr.parse_when` (relative delays,
   "tomorrow at 9am", ISO 8601; English and French) and echoed back as ``understood``; a
   repeating expression ("every 5 minutes") is refused for ``when`` rather than guessed.
   ``timezone`` (IANA) is accepted as well as ``timezone_offset``; with neither, the session's

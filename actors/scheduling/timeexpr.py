@@ -60,7 +60,7 @@ from -12:00 to +14:00, named ``"UTC+02:00"``), never both; neither means UTC. Wa
 times of day, ISO without an offset, cron fields) are read in that zone; an ISO offset or ``Z``
 wins over it. A wall time that does not exist (spring forward) means the first instant after
 the gap, and one that happens twice (autumn back) its first occurrence: the rules of
-fixed-time cron jobs, which ``runtime.cronexpr`` documents with the rest of cron's DST
+fixed-time cron jobs, which ``actors.scheduling.cronexpr`` documents with the rest of cron's DST
 behaviour.
 
 ``dateparser`` is only a fallback for dates written with a day number and a month name, which

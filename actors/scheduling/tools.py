@@ -3,7 +3,7 @@ schedule_status and remember (names, parameters and responses as in the executio
 reference).
 
 Every tool works for the calling session only: a job of another session is "not found". Time
-expressions are parsed deterministically (``runtime.timeexpr``) in the call's ``timezone`` /
+expressions are parsed deterministically (``timeexpr``) in the call's ``timezone`` /
 ``timezone_offset``, else the session's (``metadata.timezone``), else UTC; every response says
 how the expression was understood (``understood``).
 

@@ -2,7 +2,7 @@
 ``watch_status``, ``watch_list``, ``watch_history`` (execution-primitives reference,
 "Watchers") — and the same operations as plain functions for the HTTP API.
 
-The tools drive the watcher actor (``actors/watcher.py``) and are scoped to the calling session:
+The tools drive the watcher actor (``actor.py``) and are scoped to the calling session:
 another session's watcher is "not found". The HTTP functions are scoped to the owner (another
 user's watcher is "not found", so ids cannot be probed). Both go through the same functions
 below, so validation and responses are identical.

@@ -11,7 +11,7 @@ differ only in their ``metadata.execution``:
 * compact with the ``watchers`` and ``scheduler`` groups opted in, for scale.
 
 Measured: the characters the turn's tools take in a chat-completions request's ``tools`` array
-(``tools.selection.schema_chars``: compact JSON, as agents send it) — what every model call of
+(``selection.schema_chars``: compact JSON, as agents send it) — what every model call of
 that turn carries — and the tool count; the default system prompt's length for reference. Same
 run, same registry, so the ratio compares like with like. Target: at most 6,000 characters for
 a plain chat turn with every tool still reachable (the reachability is checked here too: every

@@ -12,7 +12,7 @@ One trio run, on the real clock (``SystemClock``), in one process:
   tool error — a 5xx would be a *result* for ``http.get``, not an error). The server records,
   per item, when it was asked and what it answered.
 * **The watchers.** N watchers (10,000; quick 1,000) at 5 s, 20 per session (the default
-  ``max_watchers_per_session``: N/20 sessions), started with ``tools.watchers.start_watcher``
+  ``max_watchers_per_session``: N/20 sessions), started with ``actors.watchers.tools.start_watcher``
   — the same validation and ``StartWatcher`` as ``POST /sessions/{id}/watchers`` — on the
   real ``WatcherActor`` (SQLite store in a temp dir, write-through at start, write-behind
   every second). Each watches ``http.get`` of its own item through the real ``ToolRegistry``,

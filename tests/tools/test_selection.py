@@ -1,4 +1,4 @@
-"""What the model sees per turn (``tools.selection``): the default selection's size, every tool
+"""What the model sees per turn (``execution.selection``): the default selection's size, every tool
 reachable, groups, modes, profiles, the discovery tools, and the node wiring them into turns."""
 
 from __future__ import annotations

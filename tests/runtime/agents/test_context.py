@@ -1,4 +1,4 @@
-"""History within a budget (``runtime.agents.context``): one test per rule."""
+"""History within a budget (``actors.sessions.agents.context``): one test per rule."""
 
 from __future__ import annotations
 

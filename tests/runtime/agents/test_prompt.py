@@ -1,4 +1,4 @@
-"""The runtime's default system prompt (``runtime.agents.prompt``)."""
+"""The runtime's default system prompt (``actors.sessions.agents.prompt``)."""
 
 from __future__ import annotations
 

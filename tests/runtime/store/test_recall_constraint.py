@@ -4,7 +4,7 @@
 ``kind = 'recall' AND state IN ('active', 'paused')``. These tests go through the store and
 behind its back (raw SQL), on SQLite and PostgreSQL alike.
 
-What the store raises today on the violation (``tools.recall`` maps every one of them to a
+What the store raises today on the violation (``scheduling/recall.py`` maps every one of them to a
 ``ConflictError`` naming the pending recall):
 
 * SQLite, insert or update: ``StoreError("sqlite: UNIQUE constraint failed: jobs.session_id")``;
