@@ -9,34 +9,12 @@ tests/test_wheel.py runs the same block again inside the installed wheel.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-MARKER = "<!-- embed-example -->"
-#: What the example prints when the turn came back: its status and the agent's answer.
-EXPECTED_OUTPUT = "completed HELLO\n"
-
-_BLOCK = re.compile(r"\A\s*```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-
-
-def readme_example(readme: Path = README) -> str:
-    """The code of the fenced ``python`` block that follows ``MARKER`` in ``readme``.
-
-    Raises:
-        ValueError: the marker is missing or twice there, or no ``python`` block follows it.
-    """
-    text = readme.read_text(encoding="utf-8")
-    if text.count(MARKER) != 1:
-        raise ValueError(f"{readme.name} must hold {MARKER!r} exactly once")
-    found = _BLOCK.match(text.split(MARKER, 1)[1])
-    if found is None:
-        raise ValueError(f"no ```python block right after {MARKER!r} in {readme.name}")
-    return found.group(1)
+from tests.support.readme import EXPECTED_OUTPUT, readme_example
 
 
 def test_the_marker_is_followed_by_the_example():

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readme_example import EXPECTED_OUTPUT, readme_example
+from tests.support.readme import EXPECTED_OUTPUT, readme_example
 
 pytestmark = pytest.mark.slow
 

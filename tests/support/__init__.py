@@ -9,6 +9,7 @@ fixtures and import their helpers from here.
 - ``mock_node``: ``node()``, sessions and a scheduler wired by hand on trio's MockClock.
 - ``node``: ``running_node()``, a real node on loopback, and its WebSocket ``Client``.
 - ``notifier``: ``make_notifier``, ``events``, ``NoSockets``.
+- ``readme``: README.md's embedding example (``readme_example``, ``EXPECTED_OUTPUT``).
 - ``sessions``: ``NoTools`` and ``Recorder``, what a session actor talks to.
 - ``watchers``: ``Probe`` and ``watching()``.
 """
