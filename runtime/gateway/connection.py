@@ -346,6 +346,8 @@ class Connection:
                 if not page:
                     break
                 for event in page:
+                    if self.subscriptions.get(session_id) is not sub:
+                        break  # dropped mid-page: its lagged frame named the last seq sent
                     await self._put(encode_event(session_id, event))
                     sub.last_sent = event.seq
                 after = page[-1].seq

@@ -434,11 +434,6 @@ async def test_events_held_during_a_replay_are_bounded_by_outbox_frames(autojump
         assert ws.count("session_sync") == 0  # it never went live
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Connection._attach sends the rest of the replay page it is on after the client "
-    "was dropped, so the lagged frame's last_seq is not the last seq it was sent",
-)
 async def test_a_client_dropped_mid_replay_is_sent_nothing_more_of_that_session(autojump_clock):
     sessions = FakeSessions()
     held_beyond_the_bound(sessions, [])
