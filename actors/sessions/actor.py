@@ -20,11 +20,17 @@ Every turn that starts ends with a visible closure: a ``stream_end`` event whose
 ``completed``, ``empty``, ``failed`` (with a short message; the traceback goes to the inbox
 row's detail, not the transcript), ``stopped`` or ``interrupted``.
 
+A turn decodes its inbox row's payload once, by source (``inputs.decode_input``: a
+``UserMessage``, a ``CronTrigger``, a ``HeartbeatRun``…), and branches on the decoded type. A
+payload that does not decode fails its turn like any other failure (``UNREADABLE_INPUT`` on
+the stream and in history, the decoder's message in the inbox row's and the run's detail); the
+inputs behind it run as usual. The agent still gets the payload as stored.
+
 Events are appended to the session's log in the store, then offered to every attached
 subscriber (``events.EventLog``); the transcript (``history``) is derived from the same log
 (``history``). The rest lives beside this module: the messages (``messages``), what the node
-hands every session (``services``), the turn's context for the agent (``turn``), and what a
-turn started by a job does besides (``scheduled``).
+hands every session (``services``), the turn's context for the agent (``turn``), the typed
+turn inputs (``inputs``), and what a turn started by a job does besides (``scheduled``).
 
 This module is over 400 lines because the actor's mailbox, inbox and turn runner share its
 state (the running turn, the queue count, the runner flags); it re-exports the names other
@@ -45,6 +51,16 @@ from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, Turn
 from turnstile.actors.sessions.events import MAX_UNSTORED_EVENTS, EventLog
 from turnstile.actors.sessions.history import history_from_events, input_entry, load_history
 from turnstile.actors.sessions.ids import public_id
+from turnstile.actors.sessions.inputs import (
+    IN_SESSION,
+    HeartbeatRun,
+    InboxInput,
+    InputPayloadError,
+    ScheduledAction,
+    UserMessage,
+    decode_input,
+    decode_payload,
+)
 from turnstile.actors.sessions.messages import (
     POLICIES,
     Attach,
@@ -122,6 +138,10 @@ log = logging.getLogger("turnstile.session")
 #: closure given up leaves the input ``running`` until the next start-up's recovery.
 CLOSE_GRACE_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 300.0
+
+#: What a turn whose input's payload does not decode closes with (the stream and history see
+#: this; the decoder's message goes to the inbox row's and the run's detail).
+UNREADABLE_INPUT = "the input's payload could not be read"
 
 
 class SessionActor(Actor):
@@ -282,9 +302,13 @@ class SessionActor(Actor):
             raise InvalidArgument(
                 f"content is longer than {limits.max_content_chars} characters", field="content"
             )
+        # Decoded here only to be refused at the door: the inbox keeps what was sent.
+        from_user = isinstance(
+            decode_payload(msg.source, {**msg.payload, "content": msg.content}), UserMessage
+        )
         busy = self.turn is not None  # a turn is running right now (not merely queued)
         policy = self.session.policy
-        if busy and msg.source == "user":
+        if busy and from_user:
             if policy == "reject":
                 raise Busy("session is busy with a turn and its policy is reject")
             if policy == "inject" and self.turn is not None:
@@ -295,7 +319,7 @@ class SessionActor(Actor):
                 f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
             )
         item = await self._enqueue(msg.source, msg.content, msg.payload)
-        if busy and msg.source == "user" and policy == "interrupt" and self.turn is not None:
+        if busy and from_user and policy == "interrupt" and self.turn is not None:
             self.turn.cancel("interrupted")
         return Submitted(input_id=item.id)
 
@@ -395,53 +419,53 @@ class SessionActor(Actor):
         #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
         #: that attach during or after it may have missed its beginning.
         headless = not self.subscribers
-        payload = dict(item.payload)
-        content = str(payload.pop("content", ""))
+        # The agent gets the payload as stored (less ``content``), never the decoded Struct.
+        payload = {k: v for k, v in item.payload.items() if k != "content"}
         status, text, error, detail = "interrupted", "", None, None
         run = await job_run(self.services.store, item)
-        heartbeat = payload.get("heartbeat") if item.source == "heartbeat" else None
-        if not isinstance(heartbeat, dict):
-            heartbeat = None
+        received: InboxInput | None = None
+        unreadable: InputPayloadError | None = None
+        try:
+            received = decode_input(item)
+        except InputPayloadError as exc:
+            unreadable = exc
+        content = received.content if received is not None else _raw_content(item)
+        # A heartbeat with its settings (without them, it runs as an ordinary turn).
+        beat = received if isinstance(received, HeartbeatRun) and received.heartbeat else None
         history_mark = len(self.history)
-        turn_input = scheduled_input(
-            turn,
-            TurnInput(input_id=item.id, source=item.source, content=content, payload=payload),
-            heartbeat,
-            self.services.tool_profiles,
+        turn_input = TurnInput(
+            input_id=item.id, source=item.source, content=content, payload=payload
         )
+        if received is not None:
+            turn_input = scheduled_input(turn, turn_input, received, self.services.tool_profiles)
         try:
             start: dict[str, Any] = {
                 "input_id": item.id,
                 "source": item.source,
                 "content": content,
-                **start_fields(run, payload),
+                **start_fields(run, received),
             }
             await self._turn_emit(turn, "stream_start", start, durable=False)
             self._remember(input_entry(start))
             context = TurnContext(self, turn, turn_input)
-            if heartbeat is not None and heartbeat.get("dedicated", True):
+            if beat is not None and beat.heartbeat.dedicated:
                 context.history = []  # a dedicated heartbeat starts from a clean context
-            with turn.scope:
-                try:
-                    if payload.get("action_type") == "tool_call":
-                        context.input = await scheduled_tool_call(context, payload)
-                    channel = payload.get("output_channel") or "llm_notification"
-                    elsewhere = channel != "llm_notification" and self.services.notify
-                    if elsewhere and payload.get("action_type") in ("notification", "tool_call"):
-                        # output bound for another channel: no model turn, straight there
-                        text = await to_channel(self, channel, context.input.content, payload)
-                    else:
-                        self._shape(context, turn)
-                        text = await self.services.agent.run_turn(context)
-                        if elsewhere and text:
-                            await to_channel(self, channel, text, payload)
-                    status = "completed" if text else "empty"
-                except AgentError as exc:
-                    status, error = "failed", str(exc) or "the agent failed"
-                except Exception as exc:
-                    log.exception("turn %s of session %s failed", item.id, self.session_id)
-                    status, error = "failed", f"the agent failed ({type(exc).__name__})"
-                    detail = {"exception": "".join(traceback.format_exception(exc))}
+            if received is None:
+                # A visible failure like any other; the actor and the inputs behind go on.
+                log.warning("turn %s of session %s: %s", item.id, self.session_id, unreadable)
+                status, error = "failed", UNREADABLE_INPUT
+                detail = {"payload_error": str(unreadable)}
+            else:
+                with turn.scope:
+                    try:
+                        text = await self._respond(context, turn, received)
+                        status = "completed" if text else "empty"
+                    except AgentError as exc:
+                        status, error = "failed", str(exc) or "the agent failed"
+                    except Exception as exc:
+                        log.exception("turn %s of session %s failed", item.id, self.session_id)
+                        status, error = "failed", f"the agent failed ({type(exc).__name__})"
+                        detail = {"exception": "".join(traceback.format_exception(exc))}
             if turn.scope.cancelled_caught:
                 status = turn.cancel_status
         finally:
@@ -453,9 +477,9 @@ class SessionActor(Actor):
             cancelled = trio.current_effective_deadline() == -math.inf
             bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
             with trio.move_on_after(bound, shield=True) as closing:
-                if heartbeat is not None:
+                if beat is not None:
                     detail = await settle_heartbeat(
-                        self, turn, heartbeat, status, text, error, detail, history_mark
+                        self, turn, beat, status, text, error, detail, history_mark
                     )
                 await self._close_turn(turn, status, text, error, detail)
                 if run is not None:
@@ -480,6 +504,27 @@ class SessionActor(Actor):
                     self.session_id,
                     bound,
                 )
+
+    async def _respond(self, context: TurnContext, turn: Turn, received: InboxInput) -> str:
+        """Do the turn's work and return its text: run a scheduled tool first, then ask the
+        agent, or send a scheduled notification or tool result straight to another channel."""
+        match received:
+            case ScheduledAction(action_type="tool_call"):
+                context.input = await scheduled_tool_call(context, received)
+        elsewhere = (
+            isinstance(received, ScheduledAction)
+            and received.channel != IN_SESSION
+            and self.services.notify is not None
+        )
+        match received:
+            case ScheduledAction(action_type="notification" | "tool_call") if elsewhere:
+                # output bound for another channel: no model turn, straight there
+                return await to_channel(self, context.input.content, received)
+        self._shape(context, turn)
+        text = await self.services.agent.run_turn(context)
+        if elsewhere and text:
+            await to_channel(self, text, received)
+        return text
 
     async def _close_turn(
         self,
@@ -546,3 +591,9 @@ class SessionActor(Actor):
         overflow = len(self.history) - self.services.limits.history_entries
         if overflow > 0:
             del self.history[:overflow]
+
+
+def _raw_content(item: InboxItem) -> str:
+    """The text of an input whose payload does not decode, for its (failed) turn's record."""
+    content = item.payload.get("content")
+    return content if isinstance(content, str) else ""

@@ -35,7 +35,12 @@ Policy = Literal["enqueue", "reject", "interrupt", "inject"]
 
 
 class Submit(Message, tag="submit", kw_only=True):
-    """A turn input: store it, then run it (or fold it in, by policy)."""
+    """A turn input: store it, then run it (or fold it in, by policy).
+
+    ``payload`` (with ``content``) must decode as the input ``source`` names
+    (``inputs.decode_payload``); one that does not is refused with ``InputPayloadError``
+    before anything is stored. Only a ``user`` input follows the session's policy.
+    """
 
     source: str = "user"
     content: str

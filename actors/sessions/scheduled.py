@@ -6,6 +6,11 @@ record when it closes, and — by kind — gets a system segment (a recall's sel
 heartbeat's checklist), runs a tool before the agent does (``action_type: tool_call``), sends
 its output to another channel, or (a heartbeat) holds its events back until it is known
 whether anything worth forwarding happened.
+
+The functions here take the input decoded (``inputs``: ``RecallFiring``, ``HeartbeatRun``,
+``ScheduledAction``…), except ``job_run`` and ``is_scheduled``, which read the stored payload
+as it is: they run before the payload is decoded, and must work for one that does not decode
+(its run record still gets the failure).
 """
 
 from __future__ import annotations
@@ -18,6 +23,16 @@ import trio
 
 from turnstile.actors.sessions.agents.base import TurnInput
 from turnstile.actors.sessions.history import tool_result_text
+from turnstile.actors.sessions.inputs import (
+    IN_SESSION,
+    CronTrigger,
+    HeartbeatRun,
+    HeartbeatSettings,
+    InboxInput,
+    RecallFiring,
+    ScheduledAction,
+    ScheduledCheck,
+)
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.turn import Turn, TurnContext
 from turnstile.runtime.errors import NotFound
@@ -166,7 +181,7 @@ class TurnSlots:
 def scheduled_input(
     turn: Turn,
     turn_input: TurnInput,
-    heartbeat: dict[str, Any] | None,
+    received: InboxInput,
     tool_profiles: dict[str, frozenset[str] | None],
 ) -> TurnInput:
     """Fit a turn to the job that started it: a heartbeat's or a recall's system segment.
@@ -177,80 +192,86 @@ def scheduled_input(
     Args:
         turn: the turn, whose ``buffer`` and ``allowed`` a heartbeat sets.
         turn_input: the input as an ordinary turn would see it.
-        heartbeat: the payload's ``heartbeat`` settings, for a heartbeat input; else None.
+        received: the input, decoded.
         tool_profiles: the node's tool profiles by name.
 
     Returns:
         the turn input the agent gets.
     """
-    payload = turn_input.payload
-    if heartbeat is not None:
-        turn.buffer = []
-        turn.allowed = tool_profiles.get(heartbeat.get("tool_profile", "heartbeat"), frozenset())
-        turn_input = TurnInput(
-            input_id=turn_input.input_id,
-            source=turn_input.source,
-            content=turn_input.content,
-            payload=payload,
-            system_segment=HEARTBEAT_PROMPT.format(checklist=heartbeat.get("checklist", "")),
-            model=heartbeat.get("model_override"),
-            max_tokens=heartbeat.get("max_tokens"),
-        )
-    instruction = payload.get("instruction") if payload.get("is_recall") else None
-    if isinstance(instruction, str) and instruction:
-        # The self-instruction is the agent's own note to itself: a system message, not
-        # words put in the user's mouth. The user-role entry is the trigger line.
-        turn_input = msgspec.structs.replace(
-            turn_input, system_segment=RECALL_PROMPT.format(instruction=instruction)
-        )
+    match received:
+        case HeartbeatRun(heartbeat=HeartbeatSettings() as settings):
+            turn.buffer = []
+            turn.allowed = tool_profiles.get(settings.tool_profile, frozenset())
+            return msgspec.structs.replace(
+                turn_input,
+                system_segment=HEARTBEAT_PROMPT.format(checklist=settings.checklist),
+                model=settings.model_override,
+                max_tokens=settings.max_tokens,
+            )
+        case RecallFiring(instruction=instruction) if instruction:
+            # The self-instruction is the agent's own note to itself: a system message, not
+            # words put in the user's mouth. The user-role entry is the trigger line.
+            return msgspec.structs.replace(
+                turn_input, system_segment=RECALL_PROMPT.format(instruction=instruction)
+            )
     return turn_input
 
 
-def start_fields(run: JobRun | None, payload: dict[str, Any]) -> dict[str, Any]:
-    """What a turn's ``stream_start`` says about the job and run that started it, if any."""
+def start_fields(run: JobRun | None, received: InboxInput | None) -> dict[str, Any]:
+    """What a turn's ``stream_start`` says about the job and run that started it, if any.
+
+    Args:
+        run: the run record the input belongs to, if any.
+        received: the input, decoded; None when its payload does not decode (the run is
+            still named, so the failure can be traced to it).
+    """
     start: dict[str, Any] = {}
     if run is not None:  # a scheduled input: say which job and run it came from
         start["job_id"] = run.job_id
         start["run_id"] = run.id
-        for key in ("label", "kind", "prompt_ref", "reference"):
-            if payload.get(key):
-                start[key] = payload[key]
-    if payload.get("is_recall"):
+        if isinstance(received, ScheduledAction):
+            if received.label:
+                start["label"] = received.label
+            if received.kind:
+                start["kind"] = received.kind
+        match received:
+            case CronTrigger(prompt_ref=ref) if ref is not None:
+                start["prompt_ref"] = msgspec.to_builtins(ref)
+            case ScheduledCheck(reference=reference) if reference:
+                start["reference"] = reference
+    if isinstance(received, RecallFiring):
         start["is_recall"] = True
-        instruction = payload.get("instruction")
-        if isinstance(instruction, str) and instruction:
-            start["instruction"] = instruction
+        if received.instruction:
+            start["instruction"] = received.instruction
     return start
 
 
-async def scheduled_tool_call(context: TurnContext, payload: dict[str, Any]) -> TurnInput:
+async def scheduled_tool_call(context: TurnContext, action: ScheduledAction) -> TurnInput:
     """Run a scheduled job's tool, then hand the agent its result."""
-    name = str(payload.get("tool_name"))
-    params = payload.get("tool_params") or {}
-    result = await context.call_tool(name, params if isinstance(params, dict) else {})
+    name = action.tool_name or ""
+    result = await context.call_tool(name, action.tool_params)
     body = tool_result_text(result)
     if len(body) > TOOL_RESULT_CHARS:
         body = body[:TOOL_RESULT_CHARS] + f"… (truncated at {TOOL_RESULT_CHARS} chars)"
-    head = f"job_id={payload.get('job_id')} tool={name} ok={str(result.ok).lower()}"
+    head = f"job_id={action.job_id} tool={name} ok={str(result.ok).lower()}"
     return TurnInput(
         input_id=context.input.input_id,
         source=context.input.source,
         content=f"[SCHEDULED TOOL RESULT] {head}\n{body}",
-        payload=payload,
+        payload=context.input.payload,
     )
 
 
-async def to_channel(
-    session: SessionActor, channel: str, text: str, payload: dict[str, Any]
-) -> str:
-    """Deliver a scheduled job's output to ``channel``; returns what the turn closes with."""
+async def to_channel(session: SessionActor, text: str, action: ScheduledAction) -> str:
+    """Deliver a scheduled job's output to its channel; returns what the turn closes with."""
+    channel = action.channel
     result = await session.services.notify(
         session.session_id,
         session.session.owner,
         channel,
         text,
-        output_config=payload.get("output_config") or {},
-        title=payload.get("label") or "",
+        output_config=action.output_config,
+        title=action.label,
         source="schedule",
         truncate=True,
     )
@@ -275,7 +296,7 @@ async def finish_run(
 async def settle_heartbeat(
     session: SessionActor,
     turn: Turn,
-    heartbeat: dict[str, Any],
+    beat: HeartbeatRun,
     status: str,
     text: str,
     error: str | None,
@@ -284,10 +305,14 @@ async def settle_heartbeat(
 ) -> dict[str, Any]:
     """Suppress a short, action-free heartbeat, or forward it; apply ``on_error``.
 
+    Args:
+        beat: the heartbeat's input, decoded, with its settings (``beat.heartbeat``).
+
     Returns the inbox/run detail, with ``suppressed`` set when nothing was forwarded.
     """
+    settings = beat.heartbeat
     detail = dict(detail or {})
-    threshold = int(heartbeat.get("suppress_threshold", 300))
+    threshold = settings.suppress_threshold
     quiet = status in ("completed", "empty") and turn.tool_calls == 0 and len(text) < threshold
     buffered, turn.buffer = turn.buffer or [], None
     if quiet:
@@ -302,16 +327,15 @@ async def settle_heartbeat(
     detail["response"] = text[:HEARTBEAT_RESPONSE_CHARS]  # what it found, for the run list
     if status == "failed":
         services = session.services
-        policy = heartbeat.get("on_error", "skip")
-        if policy == "retry_once" and not turn.item.payload.get("retry"):
+        policy = settings.on_error
+        if policy == "retry_once" and not beat.retry:
+            # The stored payload is copied as it is (never re-encoded from ``beat``).
             retry = {k: v for k, v in turn.item.payload.items() if k != "content"}
-            await session._enqueue(
-                "heartbeat", turn.item.payload.get("content", ""), {**retry, "retry": True}
-            )
+            await session._enqueue("heartbeat", beat.content, {**retry, "retry": True})
             detail["on_error"] = "retried"
         elif policy == "disable" and services.disable_job is not None:
-            job_id = turn.item.payload.get("job_id")
-            if isinstance(job_id, str):
+            job_id = beat.job_id
+            if job_id is not None:
                 await services.disable_job(job_id)
                 await session._emit(
                     "heartbeat_disabled", {"job_id": job_id, "error": error or "failed"}
@@ -321,7 +345,7 @@ async def settle_heartbeat(
                     services,
                     session.session_id,
                     session.session.owner,
-                    heartbeat,
+                    settings,
                     job_id,
                     error or "failed",
                 )
@@ -332,7 +356,7 @@ async def _alert_heartbeat_disabled(
     services: SessionServices,
     session_id: str,
     owner: str,
-    heartbeat: dict[str, Any],
+    settings: HeartbeatSettings,
     job_id: str,
     error: str,
 ) -> None:
@@ -340,9 +364,8 @@ async def _alert_heartbeat_disabled(
     in the parent session) that it was switched off; a failed alert is logged, not fatal."""
     if services.notify is None:
         return
-    parent = heartbeat.get("heartbeat_of")
-    target = parent if isinstance(parent, str) else session_id
-    channel = str(heartbeat.get("alert_channel") or "llm_notification")
+    target = settings.heartbeat_of or session_id
+    channel = settings.alert_channel or IN_SESSION
     message = (
         f"The heartbeat {job_id} failed ({error}) and was disabled (on_error: disable). "
         "Its settings are kept: set_heartbeat(enabled=true) turns it back on."
