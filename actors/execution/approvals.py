@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from turnstile.actors.execution.events import ApprovalRequired, ApprovalResolved
 from turnstile.actors.sessions.actor import Publish
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound
@@ -90,13 +91,12 @@ class ApprovalDesk:
             await self.publish(
                 call.session_id,
                 Publish(
-                    event="approval_required",
-                    payload={
-                        "approval_id": pending.id,
-                        "tool": tool,
-                        "arguments": shown,
-                        "expires_at": expires.isoformat().replace("+00:00", "Z"),
-                    },
+                    event=ApprovalRequired(
+                        approval_id=pending.id,
+                        tool=tool,
+                        arguments=shown,
+                        expires_at=expires.isoformat().replace("+00:00", "Z"),
+                    )
                 ),
             )
             announced = True
@@ -117,12 +117,9 @@ class ApprovalDesk:
                     await self.publish(
                         call.session_id,
                         Publish(
-                            event="approval_resolved",
-                            payload={
-                                "approval_id": pending.id,
-                                "decision": decision,
-                                "by": pending.by,
-                            },
+                            event=ApprovalResolved(
+                                approval_id=pending.id, decision=decision, by=pending.by
+                            )
                         ),
                     )
 

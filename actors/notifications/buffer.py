@@ -30,14 +30,20 @@ other channel falls back to it. The mixin uses the notifier's ``ask_session``, `
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import trio
+from msgspec import UNSET
 
 from turnstile.actors.notifications.config import LLM, ChannelConfig, _Notification
+from turnstile.actors.notifications.events import Notification, NotificationsDropped
 from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
+
+log = logging.getLogger("turnstile.notifications")
 
 #: Shielded clean-up after a cancelled buffer delivery is bounded by this.
 CLEANUP_GRACE_SECONDS = 5.0
@@ -81,21 +87,20 @@ class SessionBufferMixin:
     async def _deliver_llm(
         self, note: _Notification, failed: tuple[ChannelConfig, str] | None = None
     ) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "notification_id": note.id,
-            "channel": LLM,
-            "title": note.title,
-            "message": note.message,
-            "priority": note.priority,
-            "tags": list(note.tags),
-            "structured_data": note.structured_data,
-            "source": note.source,
-            "created_at": note.created_at,
-            "fallback": failed is not None,
-        }
-        if failed is not None:
-            event["requested_channel"] = failed[0].name
-            event["fallback_reason"] = failed[1]
+        event = Notification(
+            notification_id=note.id,
+            channel=LLM,
+            title=note.title,
+            message=note.message,
+            priority=note.priority,
+            tags=list(note.tags),
+            structured_data=note.structured_data,
+            source=note.source,
+            created_at=note.created_at,
+            fallback=failed is not None,
+            requested_channel=UNSET if failed is None else failed[0].name,
+            fallback_reason=UNSET if failed is None else failed[1],
+        )
         text = notification_text(
             message=note.message,
             title=note.title,
@@ -112,7 +117,7 @@ class SessionBufferMixin:
                 await self._buffer(session_id, event)
             else:
                 await self._flush(session_id)  # anything older goes first
-                await self.ask_session(session_id, Publish(event="notification", payload=event))
+                await self.ask_session(session_id, Publish(event=event))
             await self.ask_session(
                 session_id,
                 Inject(source="notification", content=text, payload={"notification_id": note.id}),
@@ -141,15 +146,16 @@ class SessionBufferMixin:
                 return items
             after = page[-1][0]
 
-    async def _buffer(self, session_id: str, event: dict[str, Any]) -> None:
-        """Keep ``event`` for the next attach; drop the oldest beyond ``max_buffered``."""
+    async def _buffer(self, session_id: str, event: Notification) -> None:
+        """Keep ``event`` for the next attach (its stored payload: ``_flush`` converts it
+        back); drop the oldest beyond ``max_buffered``."""
         namespace, meta = self._namespaces(session_id)
         items = await self._buffered(session_id)
         # Expired items are older than every live one (one TTL for all), so numbering on from
         # the newest live key keeps key order = arrival order.
         seq = int(items[-1][0]) + 1 if items else 0
         expires = self.clock.now() + timedelta(seconds=self.config.buffer_ttl_seconds)
-        await self.store.kv_put(namespace, [(f"{seq:012d}", event, expires)])
+        await self.store.kv_put(namespace, [(f"{seq:012d}", event.stored()[1], expires)])
         overflow = len(items) + 1 - self.config.max_buffered
         if overflow > 0:
             await self.store.kv_delete(namespace, [key for key, _ in items[:overflow]])
@@ -167,24 +173,22 @@ class SessionBufferMixin:
             await self.ask_session(
                 session_id,
                 Publish(
-                    event="notifications_dropped",
-                    payload={
-                        "dropped": dropped,
-                        "max_buffered": self.config.max_buffered,
-                        "message": f"{dropped} dropped: more than "
+                    event=NotificationsDropped(
+                        dropped=dropped,
+                        max_buffered=self.config.max_buffered,
+                        message=f"{dropped} dropped: more than "
                         f"{self.config.max_buffered} notifications arrived while no client "
                         "was attached; the oldest were dropped",
-                    },
+                    )
                 ),
             )
             await self.store.kv_delete(meta, ["dropped"])
         delivered = 0
         try:
-            for _key, event in items:
-                await self.ask_session(
-                    session_id,
-                    Publish(event="notification", payload={**event, "buffered": True}),
-                )
+            for key, stored in items:
+                event = _from_buffer(session_id, key, stored)
+                if event is not None:
+                    await self.ask_session(session_id, Publish(event=event))
                 delivered += 1
         finally:
             if delivered:
@@ -217,3 +221,14 @@ class SessionBufferMixin:
             items = await self._buffered(session_id)
             await self.store.kv_delete(meta, ["dropped"])
             return await self.store.kv_delete(namespace, [key for key, _ in items])
+
+
+def _from_buffer(session_id: str, key: str, stored: dict[str, Any]) -> Notification | None:
+    """A buffered notification as it is published on attach (``buffered: true``); None
+    (logged) for a row that is not one (damaged, or written by hand): it is dropped."""
+    try:
+        event = msgspec.convert(stored, Notification)
+    except msgspec.ValidationError as exc:
+        log.warning("dropped buffered notification %s of session %s: %s", key, session_id, exc)
+        return None
+    return msgspec.structs.replace(event, buffered=True)

@@ -47,6 +47,7 @@ import trio
 from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.scheduling.events import JobUpdate
 from turnstile.actors.scheduling.spec import (
     ActiveHours,
     JobSpec,
@@ -60,6 +61,7 @@ from turnstile.actors.scheduling.spec import (
     next_occurrence,
 )
 from turnstile.actors.sessions.actor import Delivered, Publish
+from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.codec import Message
@@ -219,7 +221,7 @@ class SchedulerActor(Actor):
             fire, ``Publish`` for other job updates).
         limits: scheduling limits.
         metrics: lateness and fire counts.
-        fired_events: ``(job, run) -> [(type, payload), …]``: events a feature adds to the
+        fired_events: ``(job, run) -> [event, …]``: events a feature adds to the
             session's log when one of its jobs delivers a turn (recalls: ``recall_update``);
             the scheduler itself knows no job kind.
     """
@@ -234,7 +236,7 @@ class SchedulerActor(Actor):
         publish,
         limits: SchedulerLimits | None = None,
         metrics: Metrics | None = None,
-        fired_events: Callable[[Job, JobRun], list[tuple[str, dict[str, Any]]]] | None = None,
+        fired_events: Callable[[Job, JobRun], list[SessionEvent]] | None = None,
     ) -> None:
         self.store = store
         self.fired_events = fired_events
@@ -519,7 +521,7 @@ class SchedulerActor(Actor):
             self.metrics.inc("turnstile_scheduler_fires_total")
             self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
             self.lateness.append(committed)
-            update = self._update_payload(result.job, "fired", spec.label, run_id=result.run.id)
+            update = _job_update(result.job, "fired", spec.label, run_id=result.run.id)
             events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
             await self._tell(
                 job.session_id,
@@ -559,8 +561,8 @@ class SchedulerActor(Actor):
 
     async def _job_update(self, job: Job, what: str, label: str) -> None:
         if job.session_id is not None:
-            update = self._update_payload(job, what, label)
-            await self._tell(job.session_id, Publish(event="job_update", payload=update))
+            update = _job_update(job, what, label)
+            await self._tell(job.session_id, Publish(event=update))
 
     async def _tell(self, session_id: str, message: Any) -> None:
         try:
@@ -568,18 +570,19 @@ class SchedulerActor(Actor):
         except Exception:  # the session is gone or broken; the store already has the truth
             log.warning("could not tell session %s about job", session_id, exc_info=True)
 
-    @staticmethod
-    def _update_payload(job: Job, what: str, label: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "job_id": job.id,
-            "kind": job.kind,
-            "event": what,
-            "state": job.state,
-            "label": label,
-            "next_fire_at": job.next_fire_at.isoformat() if job.next_fire_at else None,
-            "run_count": job.run_count,
-            **extra,
-        }
+
+def _job_update(job: Job, what: str, label: str, run_id: int | None = None) -> JobUpdate:
+    """The ``job_update`` event saying ``what`` happened to ``job`` (``run_id``: a fire's)."""
+    return JobUpdate(
+        job_id=job.id,
+        kind=job.kind,
+        event=what,
+        state=job.state,
+        label=label,
+        next_fire_at=job.next_fire_at.isoformat() if job.next_fire_at else None,
+        run_count=job.run_count,
+        run_id=msgspec.UNSET if run_id is None else run_id,
+    )
 
 
 def _label(job: Job, entry: _Entry | None) -> str:

@@ -76,9 +76,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from turnstile.actors.scheduling.actor import AddJob, CancelJob, RescheduleJob, SchedulerLimits
+from turnstile.actors.scheduling.events import RecallUpdate
 from turnstile.actors.scheduling.spec import RecallSpec, Schedule, job_spec
 from turnstile.actors.scheduling.timeexpr import parse_when
 from turnstile.actors.sessions.actor import Publish
+from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.actors.sessions.ids import public_id
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
@@ -218,7 +220,7 @@ def _trigger(recall_id: str, call_type: str, interval: int | None, note: str) ->
     return head
 
 
-def recall_fired_events(job: Job, run: JobRun) -> list[tuple[str, dict[str, Any]]]:
+def recall_fired_events(job: Job, run: JobRun) -> list[SessionEvent]:
     """The events a recall's firing adds to its session's log (the scheduler's hook).
 
     A ``recall_update`` with ``action`` ``"fired"`` (a once or immediate recall: it is done)
@@ -228,13 +230,10 @@ def recall_fired_events(job: Job, run: JobRun) -> list[tuple[str, dict[str, Any]
     if job.kind != RECALL_KIND:
         return []
     action = "rescheduled" if job.state == "active" else "fired"
-    update = {
-        **recall_view(job),
-        "action": action,
-        "fired_at": _iso(run.scheduled_for),
-        "run_id": run.id,
-    }
-    return [("recall_update", update)]
+    update = RecallUpdate(
+        **recall_view(job), action=action, fired_at=_iso(run.scheduled_for), run_id=run.id
+    )
+    return [update]
 
 
 async def _pending_job(store: Store, session_id: str) -> Job | None:
@@ -254,11 +253,16 @@ async def _require_pending(store: Store, session_id: str) -> Job:
 async def _announce(
     publish: Publisher | None, session_id: str, view: dict[str, Any], action: str, **extra: Any
 ) -> dict[str, Any]:
-    """Append a ``recall_update`` event to the session's log; the store has the truth anyway."""
-    update = {**view, "action": action, **extra}
+    """Append a ``recall_update`` event to the session's log; the store has the truth anyway.
+
+    Returns:
+        the event's payload (what the tool and the HTTP route answer with).
+    """
+    event = RecallUpdate(**view, action=action, **extra)
+    update = event.stored()[1]
     if publish is not None:
         try:
-            await publish(session_id, Publish(event="recall_update", payload=update))
+            await publish(session_id, Publish(event=event))
         except Exception:  # the session is gone or broken: not the caller's failure
             log.warning("could not tell session %s about its recall", session_id, exc_info=True)
     return update

@@ -48,6 +48,15 @@ import msgspec
 import trio
 
 from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, TurnInput
+from turnstile.actors.sessions.event_types import (
+    InjectedMessage,
+    SessionEvent,
+    SessionSync,
+    StreamEnd,
+    StreamStart,
+    TokenUsage,
+    TurnQueued,
+)
 from turnstile.actors.sessions.events import MAX_UNSTORED_EVENTS, EventLog
 from turnstile.actors.sessions.history import history_from_events, input_entry, load_history
 from turnstile.actors.sessions.ids import public_id
@@ -233,18 +242,17 @@ class SessionActor(Actor):
                 return None
             case Delivered():
                 self.queued += 1
-                await self._emit("job_update", message.job_update)
-                for type_, payload in message.events:
-                    await self._emit(type_, payload)
+                await self._emit(message.job_update)
+                for event in message.events:
+                    await self._emit(event)
                 ahead = self.queued - 1 + (1 if self.turn is not None else 0)
                 await self._emit(
-                    "turn_queued",
-                    {"input_id": message.input_id, "source": message.source, "ahead": ahead},
+                    TurnQueued(input_id=message.input_id, source=message.source, ahead=ahead)
                 )
                 self._ensure_runner()
                 return None
             case Publish():
-                await self._emit(message.event, message.payload)
+                await self._emit(message.event)
                 return None
             case DeleteSession():
                 return await self._delete()
@@ -329,7 +337,7 @@ class SessionActor(Actor):
         )
         self.queued += 1
         ahead = self.queued - 1 + (1 if self.runner_active else 0)
-        await self._emit("turn_queued", {"input_id": item.id, "source": source, "ahead": ahead})
+        await self._emit(TurnQueued(input_id=item.id, source=source, ahead=ahead))
         self._ensure_runner()
         return item
 
@@ -344,10 +352,7 @@ class SessionActor(Actor):
         self, turn: Turn, source: str, content: str, payload: dict[str, Any]
     ) -> None:
         """Record an input as part of the running turn; the agent takes it before its next call."""
-        await self._emit(
-            "user_message",
-            {"source": source, "content": content, "injected_into": turn.item.id, **payload},
-        )
+        await self._emit(InjectedMessage.of(source, content, turn.item.id, payload))
         entry = HistoryEntry(role="user", content=content, source=source)
         turn.injections.append(entry)
         self._remember(entry)
@@ -439,14 +444,14 @@ class SessionActor(Actor):
         if received is not None:
             turn_input = scheduled_input(turn, turn_input, received, self.services.tool_profiles)
         try:
-            start: dict[str, Any] = {
-                "input_id": item.id,
-                "source": item.source,
-                "content": content,
+            start = StreamStart(
+                input_id=item.id,
+                source=item.source,
+                content=content,
                 **start_fields(run, received),
-            }
-            await self._turn_emit(turn, "stream_start", start, durable=False)
-            self._remember(input_entry(start))
+            )
+            stored = await self._turn_emit(turn, start, durable=False)
+            self._remember(input_entry(stored))
             context = TurnContext(self, turn, turn_input)
             if beat is not None and beat.heartbeat.dedicated:
                 context.history = []  # a dedicated heartbeat starts from a clean context
@@ -488,14 +493,14 @@ class SessionActor(Actor):
                     # recall.md's finally: a run nobody started watching ends with a
                     # session_sync, so late observers re-read history and state at once.
                     # Same fields as the attach-time frame, plus which turn just ended.
-                    sync = {
-                        "busy": False,
-                        "policy": self.session.policy,
-                        "queued": self.queued,
-                        "input_id": item.id,
-                        "status": status,
-                    }
-                    await self._emit("session_sync", sync)
+                    sync = SessionSync(
+                        busy=False,
+                        policy=self.session.policy,
+                        queued=self.queued,
+                        input_id=item.id,
+                        status=status,
+                    )
+                    await self._emit(sync)
             if closing.cancelled_caught:
                 log.error(
                     "closing turn %s of session %s took over %g s and was given up; the input "
@@ -535,19 +540,24 @@ class SessionActor(Actor):
         detail: dict[str, Any] | None,
     ) -> None:
         """Close the turn visibly (stream and history) and settle its inbox row."""
-        end: dict[str, Any] = {"input_id": turn.item.id, "status": status, "text": text}
-        if error is not None:
-            end["error"] = error
+        usage = msgspec.UNSET
         if turn.usage is not None:
             prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
-            end["usage"] = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
+            usage = TokenUsage(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                total_tokens=prompt + completion,
+            )
+        end = StreamEnd(
+            input_id=turn.item.id,
+            status=status,
+            text=text,
+            error=msgspec.UNSET if error is None else error,
+            usage=usage,
+        )
         suppressed = turn.buffer is not None and (detail or {}).get("suppressed")
         if not suppressed:
-            await self._turn_emit(turn, "stream_end", end)
+            await self._turn_emit(turn, end)
             self._remember(
                 HistoryEntry(
                     role="assistant", content=text if text else (error or ""), status=status
@@ -564,13 +574,25 @@ class SessionActor(Actor):
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
 
     async def _turn_emit(
+        self, turn: Turn, event: SessionEvent, *, durable: bool = True
+    ) -> dict[str, Any]:
+        """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats).
+
+        Returns:
+            the event's payload as stored.
+        """
+        type_, payload = event.stored()
+        await self._turn_emit_stored(turn, type_, payload, durable=durable)
+        return payload
+
+    async def _turn_emit_stored(
         self, turn: Turn, type_: str, payload: dict[str, Any], *, durable: bool = True
     ) -> None:
-        """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats)."""
+        """``_turn_emit`` for an event already as stored (the per-token deltas' fast path)."""
         if turn.buffer is not None:
             turn.buffer.append((type_, payload))
         else:
-            await self._emit(type_, payload, durable=durable)
+            await self.events.emit(type_, payload, durable=durable)
 
     def _shape(self, context: TurnContext, turn: Turn) -> None:
         """Give the turn the tools, default prompt and history the shaper chose."""
@@ -582,9 +604,10 @@ class SessionActor(Actor):
         context.tools, context.history = shaped.tools, shaped.history
         context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
 
-    async def _emit(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
-        """Append an event to the session's log (see ``EventLog.emit``)."""
-        await self.events.emit(type_, payload, durable=durable)
+    async def _emit(self, event: SessionEvent, *, durable: bool = True) -> None:
+        """Append an event to the session's log (see ``EventLog.emit``), as the store keeps
+        it: ``(type, payload)``, made once here (``SessionEvent.stored``)."""
+        await self.events.emit(*event.stored(), durable=durable)
 
     def _remember(self, entry: HistoryEntry) -> None:
         self.history.append(entry)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.codec import Message
 
 __all__ = [
@@ -103,22 +104,25 @@ class Delivered(Message, tag="delivered", kw_only=True):
     Attributes:
         input_id: the inbox row.
         source: its source (``cron``, ``recall``, …).
-        job_update: the ``job_update`` event's payload.
-        events: more ``(type, payload)`` events about the fire, emitted after ``job_update``
-            and before ``turn_queued`` (a recall's ``recall_update``).
+        job_update: the scheduler's ``job_update`` event about the fire.
+        events: more events about the fire, emitted after ``job_update`` and before
+            ``turn_queued`` (a recall's ``recall_update``).
     """
 
     input_id: int
     source: str
-    job_update: dict[str, Any]
-    events: list[tuple[str, dict[str, Any]]] = msgspec.field(default_factory=list)
+    job_update: SessionEvent
+    events: list[SessionEvent] = msgspec.field(default_factory=list)
 
 
 class Publish(Message, tag="publish", kw_only=True):
-    """Append an event to the session's log and offer it to attached clients."""
+    """Append an event to the session's log and offer it to attached clients.
 
-    event: str
-    payload: dict[str, Any]
+    Attributes:
+        event: the event; its feature defines its Struct (``event_types.SessionEvent``).
+    """
+
+    event: SessionEvent
 
 
 class DeleteSession(Message, tag="delete_session"):

@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 from turnstile.actors.sessions.agents.base import TurnInput
+from turnstile.actors.sessions.event_types import HeartbeatDisabled, HeartbeatSuppressed
 from turnstile.actors.sessions.history import tool_result_text
 from turnstile.actors.sessions.inputs import (
     IN_SESSION,
@@ -218,7 +219,8 @@ def scheduled_input(
 
 
 def start_fields(run: JobRun | None, received: InboxInput | None) -> dict[str, Any]:
-    """What a turn's ``stream_start`` says about the job and run that started it, if any.
+    """What a turn's ``stream_start`` says about the job and run that started it, if any:
+    ``StreamStart``'s optional fields, by name.
 
     Args:
         run: the run record the input belongs to, if any.
@@ -320,10 +322,10 @@ async def settle_heartbeat(
         del session.history[history_mark:]
         detail.update(suppressed=True, response=text)
         log.info("heartbeat %s of session %s suppressed", turn.item.id, session.session_id)
-        await session._emit("heartbeat_suppressed", {"input_id": turn.item.id, "chars": len(text)})
+        await session._emit(HeartbeatSuppressed(input_id=turn.item.id, chars=len(text)))
         return detail
-    for type_, payload in buffered:
-        await session._emit(type_, payload)
+    for type_, payload in buffered:  # already as stored (``SessionActor._turn_emit``)
+        await session.events.emit(type_, payload)
     detail["response"] = text[:HEARTBEAT_RESPONSE_CHARS]  # what it found, for the run list
     if status == "failed":
         services = session.services
@@ -337,9 +339,7 @@ async def settle_heartbeat(
             job_id = beat.job_id
             if job_id is not None:
                 await services.disable_job(job_id)
-                await session._emit(
-                    "heartbeat_disabled", {"job_id": job_id, "error": error or "failed"}
-                )
+                await session._emit(HeartbeatDisabled(job_id=job_id, error=error or "failed"))
                 detail["on_error"] = "disabled"
                 await _alert_heartbeat_disabled(
                     services,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult, TurnInput, Usage
+from turnstile.actors.sessions.event_types import ToolCalled, ToolStarted
 from turnstile.actors.sessions.history import tool_result_text
 from turnstile.actors.sessions.ids import public_result
 from turnstile.runtime.errors import InvalidArgument
@@ -74,20 +76,22 @@ class TurnContext:
     async def emit(self, type: str, text: str) -> None:
         if type not in ("stream_delta", "thinking_delta"):
             raise InvalidArgument(f"agents emit stream_delta or thinking_delta, not {type!r}")
-        await self._session._turn_emit(
-            self._turn, type, {"input_id": self.input.input_id, "text": text}, durable=False
-        )
+        # Per token, so built as stored directly: what ``StreamDelta(...).stored()`` (or
+        # ``ThinkingDelta``'s) gives, without a Struct and ``to_builtins`` per token (a test
+        # pins the two to the same payload).
+        payload = {"input_id": self.input.input_id, "text": text}
+        await self._session._turn_emit_stored(self._turn, type, payload, durable=False)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], call_id: str | None = None
     ) -> ToolResult:
         session = self._session
-        common: dict[str, Any] = {"input_id": self.input.input_id, "tool": name}
-        if call_id is not None:
-            common["call_id"] = call_id
+        input_id = self.input.input_id
+        named = msgspec.UNSET if call_id is None else call_id
         turn = self._turn
         turn.tool_calls += 1
-        await session._turn_emit(turn, "tool_started", {**common, "arguments": arguments})
+        started = ToolStarted(input_id=input_id, tool=name, call_id=named, arguments=arguments)
+        await session._turn_emit(turn, started)
         if turn.allowed is not None and name not in turn.allowed:
             result = ToolResult(
                 ok=False,
@@ -102,12 +106,16 @@ class TurnContext:
                     session.session_id, session.session.owner, name, arguments
                 )
             )
-        outcome = {"ok": result.ok}
-        if result.ok:
-            outcome["result"] = result.data
-        else:
-            outcome["error"] = result.error
-        await session._turn_emit(turn, "tool_call", {**common, "arguments": arguments, **outcome})
+        called = ToolCalled(
+            input_id=input_id,
+            tool=name,
+            call_id=named,
+            arguments=arguments,
+            ok=result.ok,
+            result=result.data if result.ok else msgspec.UNSET,
+            error=msgspec.UNSET if result.ok else result.error,
+        )
+        await session._turn_emit(turn, called)
         session._remember(
             HistoryEntry(
                 role="tool",

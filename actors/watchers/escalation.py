@@ -55,9 +55,11 @@ from typing import Any
 
 import msgspec
 import trio
+from msgspec import UNSET
 
 from turnstile.actors.sessions.actor import Inject, Publish
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.spec import DEFAULT_BATCH_SIZE, _num
 from turnstile.actors.watchers.state import Watcher
 
@@ -124,7 +126,7 @@ class _Outbox:
     __slots__ = ("events", "texts", "ids")
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.events: list[WatcherUpdate] = []
         self.texts: list[str] = []
         self.ids: list[str] = []
 
@@ -263,17 +265,18 @@ class EscalationMixin:
             ]
             w.suppressed_since = 0
         self.stats["escalations"] += 1
-        event = {
-            "watcher_id": w.id,
-            "what": "escalated",
-            "label": w.label,
-            "tool_name": w.tool,
-            "notify_when": w.notify_when,
-            "check": check,
-            "notification_count": w.notification_count,
-            "ok": ok,
-            ("result" if ok else "error"): short,
-        }
+        event = WatcherUpdate(
+            watcher_id=w.id,
+            what="escalated",
+            label=w.label,
+            tool_name=w.tool,
+            notify_when=w.notify_when,
+            check=check,
+            notification_count=w.notification_count,
+            ok=ok,
+            result=short if ok else UNSET,
+            error=UNSET if ok else short,
+        )
         text = notification_text(w, check, body, extra)
         channel = w.notify_config.get("output_channel")
         if channel and self.notify is not None:  # escalations go to a channel, not the session
@@ -296,21 +299,21 @@ class EscalationMixin:
 
     # -- delivery --
 
-    def _lifecycle(self, w: Watcher, what: str) -> dict[str, Any]:
-        return {
-            "watcher_id": w.id,
-            "what": what,
-            "status": w.state,
-            "label": w.label,
-            "tool_name": w.tool,
-            "notify_when": w.notify_when,
-            "interval": _num(w.interval),
-        }
+    def _lifecycle(self, w: Watcher, what: str) -> WatcherUpdate:
+        return WatcherUpdate(
+            watcher_id=w.id,
+            what=what,
+            status=w.state,
+            label=w.label,
+            tool_name=w.tool,
+            notify_when=w.notify_when,
+            interval=_num(w.interval),
+        )
 
     def _post(
         self,
         session_id: str,
-        event: dict[str, Any],
+        event: WatcherUpdate,
         text: str | None = None,
         watcher_id: str | None = None,
     ) -> None:
@@ -334,7 +337,7 @@ class EscalationMixin:
     async def _send(self, session_id: str, box: _Outbox) -> None:
         try:
             for event in box.events:
-                await self.publish(session_id, Publish(event="watcher_update", payload=event))
+                await self.publish(session_id, Publish(event=event))
             if box.texts:
                 await self.publish(
                     session_id,

@@ -19,7 +19,7 @@ async def test_a_cancelled_caller_withdraws_its_approval(autojump_clock):
 
     async def publish(session_id, message):
         await trio.lowlevel.checkpoint()  # a real publish waits: the withdrawal is shielded
-        events.append((session_id, message.event, message.payload))
+        events.append((session_id, *message.event.stored()))
 
     desk = ApprovalDesk(publish, MockWallClock(datetime(2026, 11, 21, tzinfo=UTC)), timeout=300)
     with trio.fail_after(60):

@@ -18,7 +18,7 @@ async def test_an_unanswered_approval_times_out_as_denied(autojump_clock):
     events = []
 
     async def publish(session_id, message):
-        events.append((session_id, message.event, message.payload))
+        events.append((session_id, *message.event.stored()))
 
     desk = ApprovalDesk(publish, MockWallClock(datetime(2026, 11, 21, tzinfo=UTC)), timeout=30)
     start = trio.current_time()
