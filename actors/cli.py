@@ -140,8 +140,20 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from bench.harness import main as bench_main
-
+    """Run the benchmark scenarios, which live in the repository's ``bench/`` folder: it is not
+    installed with the package, so this runs from the root of a checkout."""
+    checkout = os.getcwd()
+    if os.path.isfile(os.path.join(checkout, "bench", "harness.py")) and checkout not in sys.path:
+        sys.path.insert(0, checkout)
+    try:
+        from bench.harness import main as bench_main
+    except ImportError:
+        print(
+            "turnstile bench: the benchmarks are not installed with the package; run it from "
+            "the root of a checkout of the repository",
+            file=sys.stderr,
+        )
+        return 2
     return bench_main(args.rest)
 
 
@@ -179,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
 
-    args = parser.parse_args(argv)
+    # ``bench`` hands everything after it to the bench's own parser (``--quick`` included,
+    # which REMAINDER alone would refuse as an option of ``turnstile``).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command != "bench":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.rest = [*unknown, *args.rest]
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

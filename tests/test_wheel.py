@@ -207,6 +207,21 @@ def test_the_console_script_runs_from_the_installed_environment(installed):
     assert "--port" in result.stdout, result.stdout
 
 
+def test_bench_says_it_needs_a_checkout_when_installed(installed):
+    """bench/ is not in the wheel: ``turnstile bench`` says so instead of a traceback."""
+    result = subprocess.run(
+        [str(venv_bin(installed.venv, "turnstile")), "bench", "--quick"],
+        cwd=installed.decoys,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "not installed with the package" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_every_installed_module_imports_from_the_installed_environment(installed):
     report = json.loads(
         run_in_installed(

@@ -49,3 +49,15 @@ async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path)
             [*cli, "sessions", "--url", node.url, "--token", ALICE], capture_stdout=True
         )
         assert listed.stdout.decode().split("\t")[:2] == ["cli", "enqueue"]
+
+
+def test_bench_hands_its_options_to_the_bench_from_a_checkout(monkeypatch):
+    """``turnstile bench --quick …`` reaches the bench's own parser (argparse's REMAINDER alone
+    refused ``--quick`` as an option of ``turnstile``), from the root of a checkout."""
+    from pathlib import Path
+
+    from turnstile.actors.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    with pytest.raises(SystemExit, match="unknown scenario 'no-such-scenario'"):
+        main(["bench", "--quick", "no-such-scenario"])
