@@ -42,6 +42,7 @@ from turnstile.runtime.store.records import (
     MigrationRecord,
     Session,
 )
+from turnstile.runtime.store.tables import TableQuery
 
 __all__ = [
     "Store",
@@ -49,6 +50,7 @@ __all__ = [
     "open_store",
     "Migration",
     "MigrationSet",
+    "TableQuery",
     "UNSET",
     "UnsetType",
     "SCHEMA_VERSION",

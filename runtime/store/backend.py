@@ -88,6 +88,14 @@ class Backend(Protocol):
         """Run the operation ``op`` in a transaction; durable when this returns."""
         ...
 
+    async def run_read(self, fn: Any, /, **args: Any) -> Any:
+        """Run a feature's own read query (:mod:`runtime.store.tables`) on a connection."""
+        ...
+
+    async def run_write(self, fn: Any, /, **args: Any) -> Any:
+        """Run a feature's own write query, durable when this returns."""
+        ...
+
     async def aclose(self) -> None:
         """Finish what is in flight and close every connection; later calls are refused."""
         ...

@@ -39,6 +39,7 @@ from turnstile.runtime.store.records import (
     MigrationRecord,
     Session,
 )
+from turnstile.runtime.store.tables import TableQuery
 
 __all__ = ["Store", "UNSET", "UnsetType"]
 
@@ -62,6 +63,19 @@ class Store(Protocol):
 
         Used by ``/healthz``.
         """
+        ...
+
+    def db_time(self, value: datetime) -> Any:
+        """An aware datetime as this backend stores it (ISO text on SQLite, ``datetime`` on
+        PostgreSQL), for arguments of a feature's own queries."""
+        ...
+
+    async def run_read(self, query: TableQuery, /, **args: Any) -> Any:
+        """Run a feature's own read query (``runtime.store.tables``) for this backend."""
+        ...
+
+    async def run_write(self, query: TableQuery, /, **args: Any) -> Any:
+        """Run a feature's own write query in one transaction; durable when this returns."""
         ...
 
     async def migrations(self) -> list[MigrationRecord]:

@@ -27,6 +27,7 @@ from turnstile.runtime.store.records import (
     MigrationRecord,
     Session,
 )
+from turnstile.runtime.store.tables import TableQuery
 
 __all__ = ["StoreFront"]
 
@@ -158,6 +159,25 @@ class StoreFront:
 
     def _optional_time(self, value: object, what: str) -> Any:
         return None if value is None else self._time(value, what)
+
+    def db_time(self, value: datetime) -> Any:
+        """An aware datetime as this backend stores it (for a feature's own queries)."""
+        return self.engine.db_time(u.check_time(value, "time"))
+
+    # ---- a feature's own tables (runtime.store.tables) ----
+
+    async def run_read(self, query: TableQuery, /, **args: Any) -> Any:
+        """Run ``query``'s read for this backend; its answer is returned as it is."""
+        return await self.engine.run_read(self._dialect_fn(query), **args)
+
+    async def run_write(self, query: TableQuery, /, **args: Any) -> Any:
+        """Run ``query``'s write for this backend in one transaction; durable on return."""
+        return await self.engine.run_write(self._dialect_fn(query), **args)
+
+    def _dialect_fn(self, query: TableQuery) -> Any:
+        if not isinstance(query, TableQuery):
+            raise TypeError(f"expected a TableQuery, got {type(query).__name__}")
+        return query.sqlite if self.backend == "sqlite" else query.postgres
 
     # ---- schema ----
 

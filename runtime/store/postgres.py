@@ -145,6 +145,12 @@ class PostgresBackend:
 
     write = read  # every operation manages its own transaction where it needs one
 
+    async def run_read(self, fn: Callable[..., Awaitable[T]], /, **args: Any) -> T:
+        """Run a feature's ``await fn(conn, **args)`` (see :mod:`runtime.store.tables`)."""
+        return await self._call(fn, **args)
+
+    run_write = run_read  # the query opens its own transaction where it needs one
+
     def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         return trio_asyncio.aio_as_trio(fn, loop=self._loop)
 

@@ -184,6 +184,14 @@ class SQLiteBackend:
     async def write(self, op: str, /, **args: Any) -> Any:
         return await self._write(getattr(queries, op), **args)
 
+    async def run_read(self, fn: Callable[..., T], /, **args: Any) -> T:
+        """Run a feature's read ``fn(conn, **args)`` (see :mod:`runtime.store.tables`)."""
+        return await self._read(fn, **args)
+
+    async def run_write(self, fn: Callable[..., T], /, **args: Any) -> T:
+        """Run a feature's write ``fn(conn, **args)`` in the next group commit."""
+        return await self._write(fn, **args)
+
     async def _write(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
         """Run ``fn(conn, **kwargs)`` in the writer thread, in the next group commit."""
         if self._closed or self._writer is None:

@@ -16,7 +16,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.node import default_features, open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.runtime.gateway import HttpRoute
-from turnstile.runtime.store.migrations import Migration, MigrationSet
+from turnstile.runtime.store import Migration, MigrationSet, TableQuery
 from turnstile.tools.registry import ToolCall
 
 ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
@@ -34,33 +34,73 @@ class NoParams(msgspec.Struct, forbid_unknown_fields=True):
     """``greet.hello`` takes nothing."""
 
 
+def _hello_sqlite(conn, key):
+    conn.execute(
+        "INSERT INTO greetings VALUES (?, 1) ON CONFLICT (session_id) DO UPDATE SET n = n + 1",
+        (key,),
+    )
+    return conn.execute("SELECT n FROM greetings WHERE session_id = ?", (key,)).fetchone()[0]
+
+
+async def _hello_postgres(conn, key):
+    return await conn.fetchval(
+        "INSERT INTO greetings VALUES ($1, 1) ON CONFLICT (session_id)"
+        " DO UPDATE SET n = greetings.n + 1 RETURNING n",
+        key,
+    )
+
+
+def _count_sqlite(conn, key):
+    row = conn.execute("SELECT n FROM greetings WHERE session_id = ?", (key,)).fetchone()
+    return 0 if row is None else row[0]
+
+
+async def _count_postgres(conn, key):
+    return await conn.fetchval("SELECT n FROM greetings WHERE session_id = $1", key) or 0
+
+
+def _forget_sqlite(conn, key):
+    conn.execute("DELETE FROM greetings WHERE session_id = ?", (key,))
+
+
+async def _forget_postgres(conn, key):
+    await conn.execute("DELETE FROM greetings WHERE session_id = $1", key)
+
+
+HELLO = TableQuery("greetings.hello", sqlite=_hello_sqlite, postgres=_hello_postgres)
+COUNT = TableQuery("greetings.count", sqlite=_count_sqlite, postgres=_count_postgres)
+FORGET = TableQuery("greetings.forget", sqlite=_forget_sqlite, postgres=_forget_postgres)
+
+
 class Greetings:
-    """A feature of one's own: a tool that counts, an endpoint that reads the count, a table,
-    and a hook that forgets a deleted session's count."""
+    """A feature of one's own: a table of its own (a migration set and its queries), a tool
+    that counts hellos in it, an endpoint that reads the count, and a hook that forgets a
+    deleted session's count."""
 
     name = "greetings"
 
     def __init__(self, *migrations: Migration) -> None:
         self.migrations = [MigrationSet("greetings", migrations or (GREETINGS_V1,))]
-        self.counts: dict[str, int] = {}
         self.ended: list[str] = []
+        self.store = None
 
     async def start(self, node: NodeContext) -> None:
+        self.store = store = node.store
+
         async def hello(call: ToolCall, params: NoParams) -> dict[str, int]:
-            self.counts[call.session_id] = self.counts.get(call.session_id, 0) + 1
-            return {"count": self.counts[call.session_id]}
+            return {"count": await store.run_write(HELLO, key=call.session_id)}
 
         node.tools.register("greet.hello", NoParams, hello, "Say hello; count the hellos.")
         node.hooks.on_session_end.append(self.end)
 
     async def end(self, key: str) -> None:
         self.ended.append(key)
-        self.counts.pop(key, None)
+        await self.store.run_write(FORGET, key=key)
 
     def routes(self, node: NodeContext) -> list[HttpRoute]:
         async def count(request) -> dict[str, int]:
             key = await node.directory.owned_key(request.user, request.path["id"])
-            return {"count": self.counts.get(key, 0)}
+            return {"count": await node.store.run_read(COUNT, key=key)}
 
         return [HttpRoute("GET", "/sessions/{id}/greetings", count)]
 
@@ -105,16 +145,20 @@ async def test_a_feature_of_ones_own_gets_tables_tools_routes_and_hooks(tmp_path
         applied = [(m.set_name, m.version) for m in await node.store.migrations()]
         assert ("greetings", 1) in applied
         assert (await http.delete("/sessions/s1", headers=auth(ADA))).status_code == 204
-        assert greetings.ended == ["ada/s1"] and greetings.counts == {}
+        assert greetings.ended == ["ada/s1"]
+        assert await node.store.run_read(COUNT, key="ada/s1") == 0
 
 
-async def test_a_features_new_step_runs_alone_on_the_next_start(tmp_path):
-    async with node_with(tmp_path, Greetings(GREETINGS_V1)):
-        pass
+async def test_a_features_rows_outlive_the_node_and_a_new_step_runs_alone(tmp_path):
+    async with node_with(tmp_path, Greetings(GREETINGS_V1)) as (node, http):
+        await http.post("/sessions", json={"id": "s1"}, headers=auth(ADA))
+        await node.directory.call_tool("ada", "s1", "greet.hello", {})
     # step 1 again would fail (the table exists): only step 2 may run
-    async with node_with(tmp_path, Greetings(GREETINGS_V1, GREETINGS_V2)) as (node, _):
+    async with node_with(tmp_path, Greetings(GREETINGS_V1, GREETINGS_V2)) as (node, http):
         mine = [m.version for m in await node.store.migrations() if m.set_name == "greetings"]
         assert mine == [1, 2]
+        answer = await http.get("/sessions/s1/greetings", headers=auth(ADA))
+        assert answer.json() == {"count": 1}
 
 
 async def test_the_sessions_feature_must_come_last(tmp_path):
