@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from turnstile.actors.execution.settings import ExecutionConfig
+from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.scheduling.settings import HeartbeatDefaults
 from turnstile.runtime.errors import DecodeError
@@ -51,6 +52,7 @@ __all__ = [
     "ExecutionConfig",
     "HeartbeatDefaults",
     "Limits",
+    "MemoryConfig",
     "NotificationsConfig",
     "ScriptedConfig",
     "UserConfig",
@@ -183,6 +185,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     notifications: NotificationsConfig = msgspec.field(default_factory=NotificationsConfig)
     heartbeat: HeartbeatDefaults = msgspec.field(default_factory=HeartbeatDefaults)
     execution: ExecutionConfig = msgspec.field(default_factory=ExecutionConfig)
+    memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -32,6 +32,7 @@ from starlette.applications import Starlette
 from turnstile.actors.config import Config
 from turnstile.actors.execution.feature import ExecutionFeature
 from turnstile.actors.feature import Feature, NodeContext
+from turnstile.actors.memory.feature import MemoryFeature
 from turnstile.actors.notifications.feature import NotificationsFeature
 from turnstile.actors.scheduling.feature import SchedulingFeature
 from turnstile.actors.sessions.actor import Wake, job_run
@@ -132,6 +133,7 @@ def default_features(agent: Agent) -> list[Feature]:
         SchedulingFeature(),
         ExecutionFeature(),
         WatchersFeature(),  # after the sessions supervisor and the rest: it stops first
+        MemoryFeature(),
         SessionsFeature(agent),
     ]
 

@@ -1,0 +1,49 @@
+"""The memory feature: long-term facts about each user, a summary per user, and the
+extraction state of sessions (``docs/memory.md``).
+
+It owns its tables (the ``memory`` migration set, ``schema.py``), registers the ``memory.*``
+tools and the ``/memory`` routes when ``[memory] enabled`` (the tables exist either way), and
+forgets a deleted session's extraction state. At start-up it decides, once, how search runs on
+this backend and logs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.routes import memory_routes
+from turnstile.actors.memory.schema import MEMORY
+from turnstile.actors.memory.service import Memory
+from turnstile.actors.memory.tools import register_memory_tools
+from turnstile.runtime.gateway.routes import HttpRoute
+
+__all__ = ["MemoryFeature"]
+
+
+class MemoryFeature:
+    """``[memory]``; uses nothing from the other features.
+
+    Attributes:
+        memory: the service, once started (None before, or when disabled).
+    """
+
+    name = "memory"
+    migrations = [MEMORY]
+
+    def __init__(self) -> None:
+        self.memory: Memory | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        config = node.config.memory
+        if not config.enabled:
+            return
+        self.memory = memory = Memory(node.store, node.clock, config)
+        await memory.start()
+        register_memory_tools(node.tools, memory)
+        node.hooks.on_session_end.append(memory.end_session)
+
+    def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
+        if self.memory is None:
+            return []
+        return memory_routes(node, self.memory)

@@ -1,0 +1,591 @@
+"""The memory feature's queries: ``TableQuery`` objects, one function per backend.
+
+Every query takes the owner (the user the facts belong to) and filters on it; none takes a
+fact's id, so no id can reach another user's fact. Times are passed in as the store stores
+them (``store.db_time``); ``now`` is always an argument, so expiry follows the node's clock.
+
+Search is lexical here, one function per backend:
+
+* SQLite: the FTS5 index (``schema``), the query's words as prefix terms joined by ``OR``,
+  ranked with ``bm25`` (key weighs double).
+* PostgreSQL: each word must start a word of category, key or value, case-insensitively
+  (``~* '\\mword'``: the reference's ILIKE, made word-aware so that both backends find the
+  same facts and ``it`` does not match ``with``; the GIN trigram indexes serve these matches
+  as they serve ILIKE), plus, with pg_trgm, a fuzzy match (``<%``, word similarity, so a typo
+  still finds) and ranking by ``word_similarity``; ranked by the number of words matched
+  first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from turnstile.actors.memory.schema import ENSURE_TRIGRAM, TRIGRAM_INDEXES
+from turnstile.runtime.errors import LimitExceeded
+from turnstile.runtime.store import TableQuery
+
+__all__ = [
+    "DELETE_USER",
+    "DETECT",
+    "EXTRACTED_AT",
+    "FORGET",
+    "GET_SUMMARY",
+    "LIST",
+    "MARK_EXTRACTED",
+    "SAVE",
+    "SEARCH",
+    "SET_SUMMARY",
+    "SORT_KEYS",
+    "Fact",
+    "SearchPath",
+    "Summary",
+    "search_terms",
+]
+
+SORT_KEYS = ("category", "key", "value", "source", "confidence", "created_at", "updated_at")
+MAX_TERMS = 16
+
+Source = Literal["conversation", "tool_call", "auto_discovery", "user_explicit"]
+
+
+class Fact(msgspec.Struct, frozen=True):
+    """One stored fact."""
+
+    #: the user it belongs to.
+    owner: str
+    category: str
+    key: str
+    value: str
+    #: how it was learnt: conversation, tool_call, auto_discovery or user_explicit.
+    source: str
+    #: 0–100.
+    confidence: int
+    created_at: datetime
+    updated_at: datetime
+    #: when it was last stated or confirmed (every save sets it).
+    last_verified_at: datetime | None = None
+    #: after this it is never returned (None: never expires).
+    expires_at: datetime | None = None
+    #: where it came from, in a few words (a quote, a tool name).
+    source_context: str | None = None
+
+
+class Summary(msgspec.Struct, frozen=True):
+    """A user's narrative summary."""
+
+    content: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPath:
+    """How this node searches, decided once at start-up (``DETECT``).
+
+    Attributes:
+        kind: ``fts5`` (SQLite), ``trigram`` (PostgreSQL with pg_trgm) or ``ilike``.
+        trgm_schema: the schema pg_trgm lives in (``trigram`` only).
+        indexed: the trigram GIN indexes exist (``trigram`` only).
+    """
+
+    kind: Literal["fts5", "trigram", "ilike"]
+    trgm_schema: str | None = None
+    indexed: bool = False
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        if self.kind == "fts5":
+            return "SQLite FTS5 ranked with bm25"
+        if self.kind == "trigram":
+            how = "with GIN trigram indexes" if self.indexed else "without trigram indexes"
+            return (
+                f"PostgreSQL pg_trgm (schema {self.trgm_schema}) {how}: word match and similarity"
+            )
+        return "PostgreSQL plain ILIKE-style word match (no pg_trgm: no index, slower when large)"
+
+
+_WORD = re.compile(r"\w+")
+_COLUMNS = (
+    "owner, category, key, value, source, confidence, created_at, updated_at,"
+    " last_verified_at, expires_at, source_context"
+)
+
+
+def search_terms(query: str) -> list[str]:
+    """The query's words, lower-cased, first occurrences only, at most ``MAX_TERMS``."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(query.lower()):
+        seen.setdefault(word, None)
+        if len(seen) == MAX_TERMS:
+            break
+    return list(seen)
+
+
+def _like(text: str) -> str:
+    """``%text%`` with LIKE's wildcards escaped (``ESCAPE '\\'``)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _sqlite_time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _fact_sqlite(row: Any) -> Fact:
+    return Fact(
+        owner=row[0],
+        category=row[1],
+        key=row[2],
+        value=row[3],
+        source=row[4],
+        confidence=row[5],
+        created_at=_sqlite_time(row[6]),
+        updated_at=_sqlite_time(row[7]),
+        last_verified_at=_sqlite_time(row[8]),
+        expires_at=_sqlite_time(row[9]),
+        source_context=row[10],
+    )
+
+
+def _fact_postgres(row: Any) -> Fact:
+    return Fact(*tuple(row)[:11])
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# ---- start-up: which search path -----------------------------------------------------------
+
+
+def _detect_sqlite(conn: Any) -> SearchPath:
+    return SearchPath("fts5")
+
+
+async def _detect_postgres(conn: Any) -> SearchPath:
+    await conn.execute(ENSURE_TRIGRAM)
+    schema = await conn.fetchval(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_trgm'"
+    )
+    if schema is None:
+        return SearchPath("ilike")
+    present = await conn.fetchval(
+        "SELECT count(*) FROM unnest($1::text[]) AS i(name) WHERE to_regclass(i.name) IS NOT NULL",
+        list(TRIGRAM_INDEXES.values()),
+    )
+    return SearchPath("trigram", schema, present == len(TRIGRAM_INDEXES))
+
+
+#: ``() -> SearchPath``; on PostgreSQL it first creates what it can (``schema.ENSURE_TRIGRAM``).
+DETECT = TableQuery("memory.detect", sqlite=_detect_sqlite, postgres=_detect_postgres)
+
+
+# ---- save -----------------------------------------------------------------------------------
+
+
+def _save_sqlite(conn: Any, *, owner: str, fact: dict[str, Any], now: str, max_facts: int) -> Fact:
+    conn.execute(
+        "DELETE FROM memory_facts WHERE owner = ? AND expires_at IS NOT NULL AND expires_at <= ?",
+        (owner, now),
+    )
+    exists = conn.execute(
+        "SELECT 1 FROM memory_facts WHERE owner = ? AND category = ? AND key = ?",
+        (owner, fact["category"], fact["key"]),
+    ).fetchone()
+    if exists is None:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM memory_facts WHERE owner = ?", (owner,)
+        ).fetchone()
+        if count >= max_facts:
+            raise _full(max_facts)
+    row = conn.execute(
+        "INSERT INTO memory_facts (owner, category, key, value, source, confidence, expires_at,"
+        " last_verified_at, source_context, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (owner, category, key) DO UPDATE SET value = excluded.value,"
+        " source = excluded.source, confidence = excluded.confidence,"
+        " expires_at = excluded.expires_at, last_verified_at = excluded.last_verified_at,"
+        " source_context = excluded.source_context, updated_at = excluded.updated_at"
+        f" RETURNING {_COLUMNS}",
+        (
+            owner,
+            fact["category"],
+            fact["key"],
+            fact["value"],
+            fact["source"],
+            fact["confidence"],
+            fact["expires_at"],
+            now,
+            fact["source_context"],
+            now,
+            now,
+        ),
+    ).fetchone()
+    return _fact_sqlite(row)
+
+
+async def _save_postgres(
+    conn: Any, *, owner: str, fact: dict[str, Any], now: datetime, max_facts: int
+) -> Fact:
+    async with conn.transaction():
+        # one writer per owner at a time, so two new keys cannot both pass the count
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memory:' || $1))", owner)
+        await conn.execute(
+            "DELETE FROM memory_facts WHERE owner = $1 AND expires_at <= $2", owner, now
+        )
+        exists = await conn.fetchval(
+            "SELECT 1 FROM memory_facts WHERE owner = $1 AND category = $2 AND key = $3",
+            owner,
+            fact["category"],
+            fact["key"],
+        )
+        if exists is None:
+            count = await conn.fetchval("SELECT count(*) FROM memory_facts WHERE owner = $1", owner)
+            if count >= max_facts:
+                raise _full(max_facts)
+        row = await conn.fetchrow(
+            "INSERT INTO memory_facts (owner, category, key, value, source, confidence,"
+            " expires_at, last_verified_at, source_context, created_at, updated_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8, $8)"
+            " ON CONFLICT (owner, category, key) DO UPDATE SET value = excluded.value,"
+            " source = excluded.source, confidence = excluded.confidence,"
+            " expires_at = excluded.expires_at, last_verified_at = excluded.last_verified_at,"
+            " source_context = excluded.source_context, updated_at = excluded.updated_at"
+            f" RETURNING {_COLUMNS}",
+            owner,
+            fact["category"],
+            fact["key"],
+            fact["value"],
+            fact["source"],
+            fact["confidence"],
+            fact["expires_at"],
+            now,
+            fact["source_context"],
+        )
+        return _fact_postgres(row)
+
+
+def _full(max_facts: int) -> LimitExceeded:
+    return LimitExceeded(f"memory holds at most {max_facts} facts per user", field="key")
+
+
+#: ``(owner, fact={category, key, value, source, confidence, expires_at, source_context}, now,
+#: max_facts) -> Fact``: insert, or replace the value and metadata of, ``(owner, category,
+#: key)``; the owner's expired facts go first; a new key beyond ``max_facts`` is refused.
+SAVE = TableQuery("memory.save", sqlite=_save_sqlite, postgres=_save_postgres)
+
+
+# ---- search ---------------------------------------------------------------------------------
+
+
+def _search_sqlite(
+    conn: Any, *, owner: str, query: str, now: str, limit: int, path: SearchPath
+) -> list[Fact]:
+    terms = search_terms(query)
+    if not terms:
+        return []
+    match = " OR ".join('"' + t.replace('"', '""') + '"*' for t in terms)
+    cols = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
+    rows = conn.execute(
+        f"SELECT {cols} FROM memory_facts_fts JOIN memory_facts f ON f.id = memory_facts_fts.rowid"
+        " WHERE memory_facts_fts MATCH ? AND f.owner = ?"
+        " AND (f.expires_at IS NULL OR f.expires_at > ?)"
+        " ORDER BY bm25(memory_facts_fts, 1.0, 2.0, 1.0), f.updated_at DESC, f.id LIMIT ?",
+        (match, owner, now, limit),
+    ).fetchall()
+    return [_fact_sqlite(r) for r in rows]
+
+
+async def _search_postgres(
+    conn: Any, *, owner: str, query: str, now: datetime, limit: int, path: SearchPath
+) -> list[Fact]:
+    terms = search_terms(query)
+    if not terms:
+        return []
+    args: list[Any] = [owner, now, limit]
+    hits, matches = [], []
+    for term in terms:
+        # a word's start, as FTS5's prefix terms; terms are \w+, so nothing needs escaping
+        args.append(rf"\m{term}")
+        n = len(args)
+        one = f"(f.category ~* ${n} OR f.key ~* ${n} OR f.value ~* ${n})"
+        matches.append(one)
+        hits.append(f"(CASE WHEN {one} THEN 1 ELSE 0 END)")
+    rank = "0"
+    if path.kind == "trigram" and path.trgm_schema:
+        s = _quote_ident(path.trgm_schema)
+        args.append(" ".join(terms))
+        n = len(args)
+        matches += [f"${n} OPERATOR({s}.<%) f.{c}" for c in ("category", "key", "value")]
+        rank = f"{s}.word_similarity(${n}, f.category || ' ' || f.key || ' ' || f.value)"
+    cols = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
+    rows = await conn.fetch(
+        f"SELECT {cols}, {' + '.join(hits)} AS hits, {rank} AS sim FROM memory_facts f"
+        " WHERE f.owner = $1 AND (f.expires_at IS NULL OR f.expires_at > $2)"
+        f" AND ({' OR '.join(matches)})"
+        " ORDER BY hits DESC, sim DESC, f.updated_at DESC, f.id LIMIT $3",
+        *args,
+    )
+    return [_fact_postgres(r) for r in rows]
+
+
+#: ``(owner, query, now, limit, path) -> [Fact]``, best first, expired facts never.
+SEARCH = TableQuery("memory.search", sqlite=_search_sqlite, postgres=_search_postgres)
+
+
+# ---- forget ---------------------------------------------------------------------------------
+
+
+def _forget_sqlite(conn: Any, *, owner: str, key: str, category: str | None) -> int:
+    if category is None:
+        cur = conn.execute("DELETE FROM memory_facts WHERE owner = ? AND key = ?", (owner, key))
+    else:
+        cur = conn.execute(
+            "DELETE FROM memory_facts WHERE owner = ? AND key = ? AND category = ?",
+            (owner, key, category),
+        )
+    return cur.rowcount
+
+
+async def _forget_postgres(conn: Any, *, owner: str, key: str, category: str | None) -> int:
+    status = await conn.execute(
+        "DELETE FROM memory_facts WHERE owner = $1 AND key = $2"
+        " AND ($3::text IS NULL OR category = $3)",
+        owner,
+        key,
+        category,
+    )
+    return int(status.split()[-1])
+
+
+#: ``(owner, key, category=None) -> deleted``: the owner's facts with that key (in that
+#: category, if given).
+FORGET = TableQuery("memory.forget", sqlite=_forget_sqlite, postgres=_forget_postgres)
+
+
+# ---- list -----------------------------------------------------------------------------------
+
+
+def _list_where(owner: str | None, search: str | None, sigil: str) -> tuple[str, list[Any]]:
+    """The WHERE clause of a list and its arguments after ``now`` (always the first).
+
+    Placeholders are numbered on both backends (``?2`` on SQLite, ``$2`` on PostgreSQL), so
+    the search pattern is passed once for its three columns.
+    """
+    clauses, args = [f"(expires_at IS NULL OR expires_at > {sigil}1)"], []
+    if owner is not None:
+        args.append(owner)
+        clauses.append(f"owner = {sigil}{1 + len(args)}")
+    if search:
+        args.append(_like(search))
+        m = f"{sigil}{1 + len(args)}"
+        like = "LIKE" if sigil == "?" else "ILIKE"  # SQLite's LIKE ignores ASCII case
+        clauses.append(
+            "("
+            + " OR ".join(f"{c} {like} {m} ESCAPE '\\'" for c in ("category", "key", "value"))
+            + ")"
+        )
+    return " AND ".join(clauses), args
+
+
+def _order(sort_by: str, sort_order: str) -> str:
+    if sort_by not in SORT_KEYS or sort_order not in ("asc", "desc"):
+        raise ValueError(f"cannot sort by {sort_by!r} {sort_order!r}")
+    return f"{sort_by} {sort_order.upper()}, owner, category, key"
+
+
+def _list_sqlite(
+    conn: Any,
+    *,
+    owner: str | None,
+    now: str,
+    limit: int,
+    offset: int,
+    search: str | None,
+    sort_by: str,
+    sort_order: str,
+) -> tuple[list[Fact], int]:
+    where, args = _list_where(owner, search, "?")
+    n = 2 + len(args)
+    (total,) = conn.execute(
+        f"SELECT count(*) FROM memory_facts WHERE {where}", (now, *args)
+    ).fetchone()
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM memory_facts WHERE {where}"
+        f" ORDER BY {_order(sort_by, sort_order)} LIMIT ?{n} OFFSET ?{n + 1}",
+        (now, *args, limit, offset),
+    ).fetchall()
+    return [_fact_sqlite(r) for r in rows], total
+
+
+async def _list_postgres(
+    conn: Any,
+    *,
+    owner: str | None,
+    now: datetime,
+    limit: int,
+    offset: int,
+    search: str | None,
+    sort_by: str,
+    sort_order: str,
+) -> tuple[list[Fact], int]:
+    where, args = _list_where(owner, search, "$")
+    n = 2 + len(args)
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        total = await conn.fetchval(f"SELECT count(*) FROM memory_facts WHERE {where}", now, *args)
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM memory_facts WHERE {where}"
+            f" ORDER BY {_order(sort_by, sort_order)} LIMIT ${n} OFFSET ${n + 1}",
+            now,
+            *args,
+            limit,
+            offset,
+        )
+    return [_fact_postgres(r) for r in rows], total
+
+
+#: ``(owner | None, now, limit, offset, search, sort_by, sort_order) -> ([Fact], total)``;
+#: ``owner=None`` is every user's (admins only: the caller checks). ``search`` is a
+#: case-insensitive substring of category, key or value.
+LIST = TableQuery("memory.list", sqlite=_list_sqlite, postgres=_list_postgres)
+
+
+# ---- summary --------------------------------------------------------------------------------
+
+
+def _get_summary_sqlite(conn: Any, *, owner: str) -> Summary | None:
+    row = conn.execute(
+        "SELECT content, updated_at FROM memory_summary WHERE owner = ?", (owner,)
+    ).fetchone()
+    return None if row is None else Summary(row[0], _sqlite_time(row[1]))
+
+
+async def _get_summary_postgres(conn: Any, *, owner: str) -> Summary | None:
+    row = await conn.fetchrow(
+        "SELECT content, updated_at FROM memory_summary WHERE owner = $1", owner
+    )
+    return None if row is None else Summary(row[0], row[1])
+
+
+def _set_summary_sqlite(conn: Any, *, owner: str, content: str, now: str) -> Summary:
+    conn.execute(
+        "INSERT INTO memory_summary (owner, content, updated_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (owner) DO UPDATE SET content = excluded.content,"
+        " updated_at = excluded.updated_at",
+        (owner, content, now),
+    )
+    return Summary(content, _sqlite_time(now))
+
+
+async def _set_summary_postgres(conn: Any, *, owner: str, content: str, now: datetime) -> Summary:
+    await conn.execute(
+        "INSERT INTO memory_summary (owner, content, updated_at) VALUES ($1, $2, $3)"
+        " ON CONFLICT (owner) DO UPDATE SET content = excluded.content,"
+        " updated_at = excluded.updated_at",
+        owner,
+        content,
+        now,
+    )
+    return Summary(content, now)
+
+
+#: ``(owner) -> Summary | None``.
+GET_SUMMARY = TableQuery(
+    "memory.get_summary", sqlite=_get_summary_sqlite, postgres=_get_summary_postgres
+)
+#: ``(owner, content, now) -> Summary``: replaces the owner's summary.
+SET_SUMMARY = TableQuery(
+    "memory.set_summary", sqlite=_set_summary_sqlite, postgres=_set_summary_postgres
+)
+
+
+# ---- extraction state -----------------------------------------------------------------------
+
+
+def _mark_sqlite(conn: Any, *, session_key: str, at: str) -> None:
+    conn.execute(
+        "INSERT INTO memory_session_state (session_key, extracted_at) VALUES (?, ?)"
+        " ON CONFLICT (session_key) DO UPDATE SET extracted_at = excluded.extracted_at",
+        (session_key, at),
+    )
+
+
+async def _mark_postgres(conn: Any, *, session_key: str, at: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO memory_session_state (session_key, extracted_at) VALUES ($1, $2)"
+        " ON CONFLICT (session_key) DO UPDATE SET extracted_at = excluded.extracted_at",
+        session_key,
+        at,
+    )
+
+
+def _extracted_sqlite(conn: Any, *, session_key: str) -> datetime | None:
+    row = conn.execute(
+        "SELECT extracted_at FROM memory_session_state WHERE session_key = ?", (session_key,)
+    ).fetchone()
+    return None if row is None else _sqlite_time(row[0])
+
+
+async def _extracted_postgres(conn: Any, *, session_key: str) -> datetime | None:
+    return await conn.fetchval(
+        "SELECT extracted_at FROM memory_session_state WHERE session_key = $1", session_key
+    )
+
+
+def _end_session_sqlite(conn: Any, *, session_key: str) -> None:
+    conn.execute("DELETE FROM memory_session_state WHERE session_key = ?", (session_key,))
+
+
+async def _end_session_postgres(conn: Any, *, session_key: str) -> None:
+    await conn.execute("DELETE FROM memory_session_state WHERE session_key = $1", session_key)
+
+
+#: ``(session_key, at)``: the session was processed by extraction at ``at``.
+MARK_EXTRACTED = TableQuery("memory.mark_extracted", sqlite=_mark_sqlite, postgres=_mark_postgres)
+#: ``(session_key) -> datetime | None``.
+EXTRACTED_AT = TableQuery(
+    "memory.extracted_at", sqlite=_extracted_sqlite, postgres=_extracted_postgres
+)
+#: ``(session_key)``: forget a deleted session's extraction state.
+END_SESSION = TableQuery(
+    "memory.end_session", sqlite=_end_session_sqlite, postgres=_end_session_postgres
+)
+
+
+# ---- a user's data --------------------------------------------------------------------------
+
+
+def _delete_user_sqlite(conn: Any, *, owner: str) -> dict[str, int]:
+    facts = conn.execute("DELETE FROM memory_facts WHERE owner = ?", (owner,)).rowcount
+    summary = conn.execute("DELETE FROM memory_summary WHERE owner = ?", (owner,)).rowcount
+    sessions = conn.execute(
+        "DELETE FROM memory_session_state WHERE substr(session_key, 1, ?) = ?",
+        (len(owner) + 1, owner + "/"),
+    ).rowcount
+    return {"facts": facts, "summary": summary, "sessions": sessions}
+
+
+async def _delete_user_postgres(conn: Any, *, owner: str) -> dict[str, int]:
+    async with conn.transaction():
+        counts = [
+            await conn.execute("DELETE FROM memory_facts WHERE owner = $1", owner),
+            await conn.execute("DELETE FROM memory_summary WHERE owner = $1", owner),
+            await conn.execute(
+                "DELETE FROM memory_session_state WHERE starts_with(session_key, $1 || '/')",
+                owner,
+            ),
+        ]
+    facts, summary, sessions = (int(s.split()[-1]) for s in counts)
+    return {"facts": facts, "summary": summary, "sessions": sessions}
+
+
+#: ``(owner) -> {"facts", "summary", "sessions"}`` rows deleted: everything memory holds about
+#: a user, in one transaction (their sessions' keys are ``<owner>/<name>``).
+DELETE_USER = TableQuery(
+    "memory.delete_user", sqlite=_delete_user_sqlite, postgres=_delete_user_postgres
+)

@@ -1,0 +1,156 @@
+"""The memory feature's tables: its own migration set, ``"memory"``.
+
+=========================  ==============================================================
+``memory_facts``           one fact of one user: ``(owner, category, key)`` is unique
+``memory_summary``         one narrative summary per user
+``memory_session_state``   when a session was last processed by extraction (``extracted_at``)
+=========================  ==============================================================
+
+Lexical search needs an index of its own on each backend:
+
+* **SQLite**: ``memory_facts_fts``, an FTS5 table over category, key and value (external
+  content: it stores only the index), kept in step by three triggers; ranked with ``bm25``.
+* **PostgreSQL**: GIN trigram indexes on category, key and value when the ``pg_trgm``
+  extension exists or can be created; otherwise none, and search is plain ``ILIKE``. The
+  reference says pg_trgm "may require superuser privileges", so the migration must not fail
+  without it: :data:`ENSURE_TRIGRAM` is one ``DO`` block that creates the extension only if
+  the server offers it, inside a sub-block whose ``EXCEPTION`` clause turns "not allowed" into
+  a notice (the sub-block is a savepoint, so the migration's transaction survives), and then
+  creates each missing index, schema-qualifying the operator class with the extension's own
+  schema (it need not be on the ``search_path``). The feature runs the same block again at
+  start-up, so an extension a DBA installs later gets its indexes at the next start, and then
+  decides the search path from what exists (``queries.DETECT``).
+
+Facts have no foreign key to a users table: users live in the config file. Deleting a user's
+data is ``queries.DELETE_USER``.
+"""
+
+from __future__ import annotations
+
+from turnstile.runtime.store import Migration, MigrationSet
+
+__all__ = ["ENSURE_TRIGRAM", "MEMORY", "TRIGRAM_INDEXES"]
+
+#: The trigram indexes, by column.
+TRIGRAM_INDEXES = {
+    "category": "memory_facts_category_trgm",
+    "key": "memory_facts_key_trgm",
+    "value": "memory_facts_value_trgm",
+}
+
+_CREATE_INDEXES = "\n".join(
+    f"""      IF to_regclass('{index}') IS NULL THEN
+        EXECUTE format('CREATE INDEX {index} ON memory_facts USING gin ({column} %I.gin_trgm_ops)',
+                       ext_schema);
+      END IF;"""
+    for column, index in TRIGRAM_INDEXES.items()
+)
+
+#: Creates pg_trgm if the server offers it and this role may, then the missing GIN indexes;
+#: never fails for want of either (notices say why).
+ENSURE_TRIGRAM = f"""DO $memory$
+DECLARE
+  ext_schema text;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm')
+     AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm') THEN
+    BEGIN
+      CREATE EXTENSION IF NOT EXISTS pg_trgm;
+    EXCEPTION WHEN OTHERS THEN
+      RAISE NOTICE 'memory: cannot create pg_trgm (%), search uses plain ILIKE', SQLERRM;
+    END;
+  END IF;
+  SELECT n.nspname INTO ext_schema
+    FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+   WHERE e.extname = 'pg_trgm';
+  IF ext_schema IS NOT NULL THEN
+    BEGIN
+{_CREATE_INDEXES}
+    EXCEPTION WHEN OTHERS THEN
+      RAISE NOTICE 'memory: cannot create trigram indexes (%)', SQLERRM;
+    END;
+  END IF;
+END
+$memory$"""
+
+_SQLITE_V1 = (
+    """CREATE TABLE memory_facts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        owner TEXT NOT NULL,
+        category TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        source TEXT NOT NULL,
+        confidence INTEGER NOT NULL CHECK (confidence BETWEEN 0 AND 100),
+        expires_at TEXT,
+        last_verified_at TEXT,
+        source_context TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (owner, category, key)
+    )""",
+    "CREATE INDEX memory_facts_expires ON memory_facts (expires_at) WHERE expires_at IS NOT NULL",
+    """CREATE VIRTUAL TABLE memory_facts_fts USING fts5(
+        category, key, value,
+        content='memory_facts', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER memory_facts_fts_insert AFTER INSERT ON memory_facts BEGIN
+        INSERT INTO memory_facts_fts (rowid, category, key, value)
+        VALUES (new.id, new.category, new.key, new.value);
+    END""",
+    """CREATE TRIGGER memory_facts_fts_delete AFTER DELETE ON memory_facts BEGIN
+        INSERT INTO memory_facts_fts (memory_facts_fts, rowid, category, key, value)
+        VALUES ('delete', old.id, old.category, old.key, old.value);
+    END""",
+    """CREATE TRIGGER memory_facts_fts_update AFTER UPDATE OF category, key, value
+    ON memory_facts BEGIN
+        INSERT INTO memory_facts_fts (memory_facts_fts, rowid, category, key, value)
+        VALUES ('delete', old.id, old.category, old.key, old.value);
+        INSERT INTO memory_facts_fts (rowid, category, key, value)
+        VALUES (new.id, new.category, new.key, new.value);
+    END""",
+    """CREATE TABLE memory_summary (
+        owner TEXT PRIMARY KEY,
+        content TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE memory_session_state (
+        session_key TEXT PRIMARY KEY,
+        extracted_at TEXT NOT NULL
+    )""",
+)
+
+_POSTGRES_V1 = (
+    """CREATE TABLE memory_facts (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        owner TEXT NOT NULL,
+        category TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        source TEXT NOT NULL,
+        confidence SMALLINT NOT NULL CHECK (confidence BETWEEN 0 AND 100),
+        expires_at TIMESTAMPTZ,
+        last_verified_at TIMESTAMPTZ,
+        source_context TEXT,
+        created_at TIMESTAMPTZ NOT NULL,
+        updated_at TIMESTAMPTZ NOT NULL,
+        UNIQUE (owner, category, key)
+    )""",
+    "CREATE INDEX memory_facts_expires ON memory_facts (expires_at) WHERE expires_at IS NOT NULL",
+    ENSURE_TRIGRAM,
+    """CREATE TABLE memory_summary (
+        owner TEXT PRIMARY KEY,
+        content TEXT NOT NULL,
+        updated_at TIMESTAMPTZ NOT NULL
+    )""",
+    """CREATE TABLE memory_session_state (
+        session_key TEXT PRIMARY KEY,
+        extracted_at TIMESTAMPTZ NOT NULL
+    )""",
+)
+
+#: The feature's migration set.
+MEMORY = MigrationSet(
+    "memory",
+    (Migration(1, "facts, summary, session state", sqlite=_SQLITE_V1, postgres=_POSTGRES_V1),),
+)

@@ -1,0 +1,280 @@
+"""``Memory``: what the tools and routes call, over the feature's queries.
+
+It applies the rules the queries do not know: the config's limits, the reference's confidence
+defaults, expiry as days from now, the search order (stages merged without duplicates), and
+who may read whose facts.
+
+Confidence (``../shared/reference/memory.md``). A save without a confidence gets the one the
+reference's extractor gives its source: ``tool_call`` and ``auto_discovery`` 95,
+``user_explicit`` 90, anything else (``conversation``) 70. The tool's guidance gives the model
+the reference's scale for choosing one itself: tool output 95, user statement 80, web 50,
+guess 30. On a second save of the same ``(category, key)`` the reference's ``upsert_fact``
+simply updates: the new value, source, confidence, expiry and context replace the old ones
+(``created_at`` stays; ``updated_at`` and ``last_verified_at`` move). There is no "keep the
+higher confidence" rule in the reference, so there is none here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from turnstile.actors.memory.queries import (
+    DELETE_USER,
+    DETECT,
+    END_SESSION,
+    EXTRACTED_AT,
+    FORGET,
+    GET_SUMMARY,
+    LIST,
+    MARK_EXTRACTED,
+    SAVE,
+    SEARCH,
+    SET_SUMMARY,
+    SORT_KEYS,
+    Fact,
+    SearchPath,
+    Summary,
+)
+from turnstile.actors.memory.settings import MemoryConfig
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.store import Store
+
+__all__ = ["DEFAULT_CONFIDENCE", "SOURCES", "Memory"]
+
+log = logging.getLogger("turnstile.memory")
+
+SOURCES = ("conversation", "tool_call", "auto_discovery", "user_explicit")
+
+#: The reference extractor's confidence by source; ``conversation`` gets its default, 70.
+DEFAULT_CONFIDENCE = {"tool_call": 95, "auto_discovery": 95, "user_explicit": 90}
+_OTHER_CONFIDENCE = 70
+
+
+def default_confidence(source: str) -> int:
+    """The confidence a fact from ``source`` gets when the caller names none."""
+    return DEFAULT_CONFIDENCE.get(source, _OTHER_CONFIDENCE)
+
+
+def merge(stages: Iterable[list[Fact]], limit: int) -> list[Fact]:
+    """Results of the search stages in order (earlier stages first), each fact once, at most
+    ``limit``. Today there is one stage (lexical); the vector stage goes before it."""
+    seen: set[tuple[str, str, str]] = set()
+    merged: list[Fact] = []
+    for stage in stages:
+        for fact in stage:
+            ident = (fact.owner, fact.category, fact.key)
+            if ident not in seen:
+                seen.add(ident)
+                merged.append(fact)
+                if len(merged) == limit:
+                    return merged
+    return merged
+
+
+class Memory:
+    """Long-term facts about users, their summaries and the extraction state of sessions.
+
+    Args:
+        store: the node's store (the ``memory`` migration set applied).
+        clock: its wall time dates rows and decides expiry.
+        config: ``[memory]``.
+    """
+
+    def __init__(self, store: Store, clock: Clock, config: MemoryConfig) -> None:
+        self.store = store
+        self.clock = clock
+        self.config = config
+        #: decided by ``start``; ``fts5`` until then on SQLite, ``ilike`` on PostgreSQL.
+        self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
+
+    async def start(self) -> SearchPath:
+        """Decide the search path (creating pg_trgm and its indexes if possible) and log it
+        once."""
+        self.search_path = await self.store.run_write(DETECT)
+        log.info("memory search: %s", self.search_path.describe())
+        return self.search_path
+
+    def _now(self) -> datetime:
+        return self.clock.now()
+
+    def is_admin(self, user: str) -> bool:
+        """Whether ``user`` holds ``memory.read_all``."""
+        return user in self.config.admins
+
+    # ---- facts ----
+
+    async def save(
+        self,
+        owner: str,
+        *,
+        category: str,
+        key: str,
+        value: str,
+        source: str = "conversation",
+        confidence: int | None = None,
+        expires_days: int | None = None,
+        source_context: str | None = None,
+    ) -> Fact:
+        """Insert or update ``owner``'s fact ``(category, key)``.
+
+        Raises:
+            InvalidArgument: empty category or key, a value over ``max_value_chars``, an
+                unknown source, a confidence outside 0–100 (``field`` names it).
+            LimitExceeded: a new key beyond ``max_facts_per_user``.
+        """
+        category, key, value = category.strip(), key.strip(), value.strip()
+        for name, text in (("category", category), ("key", key), ("value", value)):
+            if not text:
+                raise InvalidArgument(f"{name} must not be empty", field=name)
+        if len(value) > self.config.max_value_chars:
+            raise InvalidArgument(
+                f"value must be at most {self.config.max_value_chars} characters", field="value"
+            )
+        if source not in SOURCES:
+            raise InvalidArgument(f"source must be one of {', '.join(SOURCES)}", field="source")
+        if confidence is None:
+            confidence = default_confidence(source)
+        elif not 0 <= confidence <= 100:
+            raise InvalidArgument("confidence must be 0-100", field="confidence")
+        now = self._now()
+        expires_at = None
+        if expires_days is not None:
+            if expires_days < 1:
+                raise InvalidArgument("expires_days must be >= 1", field="expires_days")
+            expires_at = self.store.db_time(now + timedelta(days=expires_days))
+        fact: dict[str, Any] = {
+            "category": category,
+            "key": key,
+            "value": value,
+            "source": source,
+            "confidence": confidence,
+            "expires_at": expires_at,
+            "source_context": source_context or None,
+        }
+        return await self.store.run_write(
+            SAVE,
+            owner=owner,
+            fact=fact,
+            now=self.store.db_time(now),
+            max_facts=self.config.max_facts_per_user,
+        )
+
+    def check_limit(self, limit: int | None, *, default: int | None = None) -> int:
+        """``limit`` or the default, checked against ``max_search_limit``.
+
+        Raises:
+            InvalidArgument: below 1 or above the maximum (``field="limit"``).
+        """
+        if limit is None:
+            return default if default is not None else self.config.search_limit
+        if not 1 <= limit <= self.config.max_search_limit:
+            raise InvalidArgument(f"limit must be 1-{self.config.max_search_limit}", field="limit")
+        return limit
+
+    async def search(self, owner: str, query: str, limit: int | None = None) -> list[Fact]:
+        """``owner``'s facts matching ``query``, best first, never expired, each once.
+
+        The stages run in the reference's order; today only the lexical one exists (FTS5
+        bm25 on SQLite, trigram/ILIKE on PostgreSQL). A vector stage goes first when
+        embeddings exist, and ``merge`` keeps the first occurrence of each fact.
+
+        Raises:
+            InvalidArgument: a limit outside 1–``max_search_limit``.
+        """
+        limit = self.check_limit(limit)
+        lexical = await self.store.run_read(
+            SEARCH,
+            owner=owner,
+            query=query,
+            now=self.store.db_time(self._now()),
+            limit=limit,
+            path=self.search_path,
+        )
+        return merge([lexical], limit)
+
+    async def forget(self, owner: str, key: str, category: str | None = None) -> int:
+        """Delete ``owner``'s facts with ``key`` (in ``category`` if given); how many went."""
+        category = None if category is None else category.strip()
+        return await self.store.run_write(FORGET, owner=owner, key=key.strip(), category=category)
+
+    async def list_facts(
+        self,
+        owner: str | None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        search: str | None = None,
+        sort_by: str = "category",
+        sort_order: str = "desc",
+    ) -> tuple[list[Fact], int]:
+        """A page of facts (``owner=None``: every user's; the caller checks ``is_admin``)
+        and how many match in all. Sorted as the reference's ``get_all_facts``: by category,
+        descending, unless told otherwise.
+
+        Raises:
+            InvalidArgument: a bad limit, offset, sort key or order (``field`` names it).
+        """
+        limit = self.check_limit(limit, default=self.config.max_search_limit)
+        if offset < 0:
+            raise InvalidArgument("offset must be >= 0", field="offset")
+        if sort_by not in SORT_KEYS:
+            raise InvalidArgument(f"sort_by must be one of {', '.join(SORT_KEYS)}", "sort_by")
+        if sort_order not in ("asc", "desc"):
+            raise InvalidArgument("sort_order must be asc or desc", field="sort_order")
+        return await self.store.run_read(
+            LIST,
+            owner=owner,
+            now=self.store.db_time(self._now()),
+            limit=limit,
+            offset=offset,
+            search=search or None,
+            sort_by=sort_by,
+            sort_order=sort_order,
+        )
+
+    # ---- summary ----
+
+    async def get_summary(self, owner: str) -> Summary | None:
+        """``owner``'s summary, if one was set."""
+        return await self.store.run_read(GET_SUMMARY, owner=owner)
+
+    async def set_summary(self, owner: str, content: str) -> Summary:
+        """Replace ``owner``'s summary.
+
+        Raises:
+            InvalidArgument: longer than ``max_summary_chars``.
+        """
+        if len(content) > self.config.max_summary_chars:
+            raise InvalidArgument(
+                f"content must be at most {self.config.max_summary_chars} characters",
+                field="content",
+            )
+        return await self.store.run_write(
+            SET_SUMMARY, owner=owner, content=content, now=self.store.db_time(self._now())
+        )
+
+    # ---- extraction state ----
+
+    async def mark_extracted(self, session_key: str, at: datetime | None = None) -> None:
+        """Record that ``session_key`` was processed by extraction (at ``at``, default now)."""
+        when = self.store.db_time(at if at is not None else self._now())
+        await self.store.run_write(MARK_EXTRACTED, session_key=session_key, at=when)
+
+    async def extracted_at(self, session_key: str) -> datetime | None:
+        """When ``session_key`` was last processed, or None."""
+        return await self.store.run_read(EXTRACTED_AT, session_key=session_key)
+
+    async def end_session(self, session_key: str) -> None:
+        """Forget a deleted session's extraction state (a ``hooks.on_session_end``)."""
+        await self.store.run_write(END_SESSION, session_key=session_key)
+
+    # ---- a user's data ----
+
+    async def delete_user(self, owner: str) -> dict[str, int]:
+        """Delete everything memory holds about ``owner``: facts, summary, their sessions'
+        extraction state. Returns the rows deleted by kind."""
+        return await self.store.run_write(DELETE_USER, owner=owner)
