@@ -10,6 +10,8 @@
                                               404 when nothing matched
 ``GET /memory/summary``                       the caller's summary (``null`` when none)
 ``PUT /memory/summary``                       replace it: ``{"content": "…"}``
+``DELETE /memory``                            everything memory holds about the caller:
+                                              facts, summary, their sessions' extraction state
 ============================================  =================================================
 
 Delete takes the key and category as query parameters, not path segments: path parameters
@@ -170,7 +172,11 @@ def memory_routes(node: NodeContext, memory: Memory) -> list[HttpRoute]:
         summary = await memory.set_summary(request.user, body.content)
         return {"summary": summary.content, "updated_at": summary.updated_at}
 
+    async def delete_all(request: ApiRequest) -> Any:
+        return {"deleted": await memory.delete_user(request.user)}
+
     return [
+        HttpRoute("DELETE", "/memory", delete_all),
         HttpRoute("GET", "/memory/facts", list_facts),
         HttpRoute("PUT", "/memory/facts", put_fact),
         HttpRoute("DELETE", "/memory/facts", delete_fact),

@@ -1,6 +1,6 @@
 """The memory feature in a node: the ``memory.*`` tools through the session directory (facts
 belong to the session's owner, shared by all their sessions), and the ``/memory`` routes
-through the gateway's front door (auth, bad input, per-user data, admins)."""
+through the gateway's front door (auth, bad input, per-user data, admins); on both backends."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def auth(token: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def node_with(tmp_path, **memory):
-    config = Config(store=f"sqlite:///{tmp_path}/node.db", memory=MemoryConfig(**memory))
+async def node_with(store_url, **memory):
+    config = Config(store=store_url, memory=MemoryConfig(**memory))
     agent = ScriptedAgent(token_delay=0)
     async with open_node(config, tokens={ADA: "ada", BOB: "bob"}, agent=agent, serve=False) as node:
         transport = httpx.ASGITransport(app=node.app)
@@ -36,8 +36,8 @@ async def node_with(tmp_path, **memory):
             yield node, http
 
 
-async def test_the_tools_keep_facts_per_user_across_their_sessions(tmp_path):
-    async with node_with(tmp_path) as (node, http):
+async def test_the_tools_keep_facts_per_user_across_their_sessions(store_url):
+    async with node_with(store_url) as (node, http):
         call = node.directory.call_tool
         saved = await call(
             "ada",
@@ -59,8 +59,8 @@ async def test_the_tools_keep_facts_per_user_across_their_sessions(tmp_path):
             await call("bob", "s2", "memory.search", {"query": "roast"})
 
 
-async def test_tool_arguments_are_typed_and_bounded(tmp_path):
-    async with node_with(tmp_path) as (node, _):
+async def test_tool_arguments_are_typed_and_bounded(store_url):
+    async with node_with(store_url) as (node, _):
         call = node.directory.call_tool
         cases = [
             ({"category": "c", "key": "k", "value": "v", "confidence": 101}, "$.confidence"),
@@ -83,8 +83,8 @@ async def test_tool_arguments_are_typed_and_bounded(tmp_path):
         assert too_many.error["field"] == "limit"
 
 
-async def test_policies_and_guidance(tmp_path):
-    async with node_with(tmp_path) as (node, _):
+async def test_policies_and_guidance(store_url):
+    async with node_with(store_url) as (node, _):
         tools = node.tools
         assert {n for n in tools.names() if n.startswith("memory.")} == {
             "memory.save",
@@ -102,8 +102,8 @@ async def test_policies_and_guidance(tmp_path):
         assert "tool output 95, user statement 80, web 50, guess 30" in specs["memory.save"]
 
 
-async def test_forget_asks_a_person_first(tmp_path):
-    async with node_with(tmp_path) as (node, http):
+async def test_forget_asks_a_person_first(store_url):
+    async with node_with(store_url) as (node, http):
         call = node.directory.call_tool
         args = {"category": "home", "key": "city", "value": "Porto"}
         assert (await call("ada", "s1", "memory.save", args)).ok
@@ -126,8 +126,8 @@ async def test_forget_asks_a_person_first(tmp_path):
         assert (await call("ada", "s2", "memory.search", {"query": "porto"})).data["facts"] == []
 
 
-async def test_a_deleted_session_takes_its_extraction_state_not_the_users_facts(tmp_path):
-    async with node_with(tmp_path) as (node, http):
+async def test_a_deleted_session_takes_its_extraction_state_not_the_users_facts(store_url):
+    async with node_with(store_url) as (node, http):
         memory = node.features["memory"].memory
         await memory.mark_extracted("ada/s1")
         args = {"category": "home", "key": "city", "value": "Porto"}
@@ -137,8 +137,8 @@ async def test_a_deleted_session_takes_its_extraction_state_not_the_users_facts(
         assert len((await memory.list_facts("ada"))[0]) == 1
 
 
-async def test_routes_upsert_list_delete_and_summary(tmp_path):
-    async with node_with(tmp_path) as (_, http):
+async def test_routes_upsert_list_delete_and_summary(store_url):
+    async with node_with(store_url) as (_, http):
         fact = {"category": "my prefs", "key": "drink/hot", "value": "coffee, dark roast"}
         put = await http.put("/memory/facts", json=fact, headers=auth(ADA))
         assert put.status_code == 200
@@ -178,8 +178,8 @@ async def test_routes_upsert_list_delete_and_summary(tmp_path):
         assert (await http.get("/memory/summary", headers=auth(BOB))).json()["summary"] is None
 
 
-async def test_routes_refuse_bad_input_naming_the_field(tmp_path):
-    async with node_with(tmp_path) as (_, http):
+async def test_routes_refuse_bad_input_naming_the_field(store_url):
+    async with node_with(store_url) as (_, http):
         for path in ("/memory/facts", "/memory/summary"):
             assert (await http.get(path)).status_code == 401
         assert (await http.put("/memory/facts", json={})).status_code == 401
@@ -213,8 +213,8 @@ async def test_routes_refuse_bad_input_naming_the_field(tmp_path):
         assert long.status_code == 400 and long.json()["error"]["field"] == "content"
 
 
-async def test_only_admins_list_every_users_facts(tmp_path):
-    async with node_with(tmp_path, admins=["ada"]) as (_, http):
+async def test_only_admins_list_every_users_facts(store_url):
+    async with node_with(store_url, admins=["ada"]) as (_, http):
         for token, value in ((ADA, "tea"), (BOB, "coffee")):
             body = {"category": "drinks", "key": "favourite", "value": value}
             assert (await http.put("/memory/facts", json=body, headers=auth(token))).is_success
@@ -235,7 +235,25 @@ async def test_only_admins_list_every_users_facts(tmp_path):
         assert [f["value"] for f in own] == ["tea"]
 
 
-async def test_disabled_memory_has_no_tools_and_no_routes(tmp_path):
-    async with node_with(tmp_path, enabled=False) as (node, http):
+async def test_disabled_memory_has_no_tools_and_no_routes(store_url):
+    async with node_with(store_url, enabled=False) as (node, http):
         assert not [n for n in node.tools.names() if n.startswith("memory.")]
         assert (await http.get("/memory/facts", headers=auth(ADA))).status_code == 404
+
+
+async def test_a_user_deletes_everything_memory_holds_about_them(store_url):
+    async with node_with(store_url) as (node, http):
+        memory = node.features["memory"].memory
+        for token in (ADA, BOB):
+            body = {"category": "c", "key": "k", "value": "v"}
+            assert (await http.put("/memory/facts", json=body, headers=auth(token))).is_success
+            summary = {"content": "about them"}
+            assert (await http.put("/memory/summary", json=summary, headers=auth(token))).is_success
+        await memory.mark_extracted("ada/s1")
+        assert (await http.delete("/memory")).status_code == 401
+        gone = await http.delete("/memory", headers=auth(ADA))
+        assert gone.status_code == 200
+        assert gone.json() == {"deleted": {"facts": 1, "summary": 1, "sessions": 1}}
+        assert (await http.get("/memory/facts", headers=auth(ADA))).json()["total"] == 0
+        assert (await http.get("/memory/summary", headers=auth(ADA))).json()["summary"] is None
+        assert (await http.get("/memory/facts", headers=auth(BOB))).json()["total"] == 1
