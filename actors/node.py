@@ -1,7 +1,7 @@
 """The composition root: ``open_node(config)`` assembles a node from its features.
 
 A node is a store, a root supervisor, the registry of session actors, a tool registry, the
-features (sessions, scheduling, watchers, notifications, execution by default) and, unless
+features (sessions, scheduling, watchers, notifications, execution, memory by default) and, unless
 told otherwise, the HTTP/WebSocket gateway on ``config.host:config.port``. ``turnstile serve``,
 the bench scenarios and the tests all build their node here; so can an application that embeds
 Turnstile::
