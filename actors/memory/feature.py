@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.injection import SummaryCache
 from turnstile.actors.memory.routes import memory_routes
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
@@ -26,6 +27,7 @@ class MemoryFeature:
 
     Attributes:
         memory: the service, once started (None before, or when disabled).
+        summaries: the cached summaries injected into every turn (``injection``).
     """
 
     name = "memory"
@@ -33,6 +35,7 @@ class MemoryFeature:
 
     def __init__(self) -> None:
         self.memory: Memory | None = None
+        self.summaries: SummaryCache | None = None
 
     async def start(self, node: NodeContext) -> None:
         config = node.config.memory
@@ -42,6 +45,9 @@ class MemoryFeature:
         await memory.start()
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)
+        self.summaries = summaries = SummaryCache(memory)
+        summaries.watch(memory)
+        node.hooks.turn_context.append(summaries.turn_context)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.memory is None:

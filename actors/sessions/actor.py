@@ -526,6 +526,7 @@ class SessionActor(Actor):
                 # output bound for another channel: no model turn, straight there
                 return await to_channel(self, context.input.content, received)
         self._shape(context, turn)
+        await self._add_context(context)
         text = await self.services.agent.run_turn(context)
         if elsewhere and text:
             await to_channel(self, text, received)
@@ -603,6 +604,26 @@ class SessionActor(Actor):
         turn.allowed = shaped.allowed
         context.tools, context.history = shaped.tools, shaped.history
         context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
+
+    async def _add_context(self, context: TurnContext) -> None:
+        """Give the turn the system messages the features add (``hooks.turn_context``).
+
+        A hook that fails is logged and left out: a feature's trouble costs the turn that
+        message, never the turn itself.
+        """
+        messages: list[str] = []
+        for hook in self.services.turn_context:
+            try:
+                message = await hook(self.session.owner, self.session_id)
+            except Exception:
+                log.exception("turn context for session %s failed", self.session_id)
+                continue
+            if message:
+                messages.append(message)
+        if messages:
+            context.input = msgspec.structs.replace(
+                context.input, system_messages=(*context.input.system_messages, *messages)
+            )
 
     async def _emit(self, event: SessionEvent, *, durable: bool = True) -> None:
         """Append an event to the session's log (see ``EventLog.emit``), as the store keeps

@@ -58,6 +58,7 @@ class SessionsFeature:
             disable_job=hooks.disable_job,
             notify=node.notify,
             scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
+            turn_context=hooks.turn_context,
         )
         node.sessions.register("session", lambda key: SessionActor(key, services))
         metrics.gauge("turnstile_sessions_active", lambda: node.sessions.statistics().active)

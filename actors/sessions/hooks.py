@@ -32,6 +32,10 @@ class SessionHooks:
         tool_profiles: tool profiles by name that a turn input may ask for (None allows all).
         shaper: chooses each turn's tools, default prompt and history budget.
         disable_job: ``async (job_id)``: stops a job whose turn asked to be disabled.
+        turn_context: ``async (owner, session_key) -> str | None``, each called as a turn
+            starts: a system message for the turn (``TurnInput.system_messages``, in this
+            order), or None for nothing. Called on every turn start, so each must be cheap
+            when nothing changed (cache); one that raises is logged and left out of the turn.
     """
 
     on_session_end: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
@@ -43,3 +47,4 @@ class SessionHooks:
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
     shaper: Any = None
     disable_job: Callable[[str], Awaitable[None]] | None = None
+    turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)

@@ -112,3 +112,6 @@ class SessionServices:
     #: Node-wide slots for turns started by a job (``[limits] max_concurrent_scheduled_turns``);
     #: None runs them without a bound. User turns never take a slot.
     scheduled_turns: trio.CapacityLimiter | None = None
+    #: ``async (owner, session_key) -> str | None``: system messages for each turn
+    #: (``SessionHooks.turn_context``).
+    turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)

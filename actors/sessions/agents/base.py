@@ -9,6 +9,12 @@ messages). It returns the final response text; an empty string closes the turn w
 explicit status ``empty``. Raising closes the turn as ``failed`` with a short message on the
 stream; the full exception goes to the internal run record, not the transcript.
 
+System messages, in the order an agent sends them: one system message made of
+``TurnInput.system_prompt`` (the runtime's default), the agent's own configured prompt and
+``TurnInput.system_segment``, in that order; then each of ``TurnInput.system_messages`` as a
+system message of its own (what the node's features add for this turn, such as the memory
+feature's ``## What I remember about the user``); then the history; then the input.
+
 Cancellation (``stop``, ``interrupt``) arrives as ``trio.Cancelled`` at the agent's next
 checkpoint; agents must let it propagate.
 
@@ -60,6 +66,9 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
             system prompt, then ``system_segment``. None when the node gives none.
         system_segment: text to append to the agent's system prompt for this turn only
             (heartbeats say "this is a scheduled check" and give the checklist).
+        system_messages: system messages the node's features add for this turn (the memory
+            feature's summary of the user); an agent sends each as a system message of its
+            own, after its system prompt and before the history. Empty when none.
         model: a model to use for this turn instead of the agent's default.
         max_tokens: a cap on the answer's length for this turn.
     """
@@ -70,6 +79,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     system_prompt: str | None = None
     system_segment: str | None = None
+    system_messages: tuple[str, ...] = ()
     model: str | None = None
     max_tokens: int | None = None
 

@@ -198,6 +198,8 @@ class OpenAIAgent:
         system = "\n\n".join(p for p in parts if p)
         if system:
             messages.append({"role": "system", "content": system})
+        # What the node's features add for this turn (memory's summary), each on its own.
+        messages.extend({"role": "system", "content": m} for m in turn.input.system_messages)
         for entry in turn.history:
             messages.extend(_history_messages(entry))
         messages.append(_user_message(turn.input.source, turn.input.content))

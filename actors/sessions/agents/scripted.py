@@ -6,6 +6,9 @@
 * ``/think <text>``: streams ``text`` as thinking, then replies.
 * ``/fail <text>``: raises ``AgentError(text)`` (for trying out failure closure).
 * ``/sleep <seconds>``: waits, then replies (for trying out stop and interrupt).
+* ``/context``: replies with the system messages the node's features added to the turn
+  (``TurnInput.system_messages``, such as what memory remembers about the user), or says there
+  are none. Other turns ignore them, as they ignore the system prompt.
 * Injected inputs that arrive mid-turn are acknowledged in the reply.
 
 ``token_delay`` (seconds per streamed word) simulates model latency for benchmarks.
@@ -62,6 +65,9 @@ class ScriptedAgent:
             seconds = _number(text.removeprefix("/sleep").strip())
             await trio.sleep(min(seconds, MAX_SLEEP_SECONDS))
             reply = f"Slept {seconds:g}s."
+        elif text == "/context":
+            extra = turn.input.system_messages
+            reply = "\n\n".join(extra) if extra else "No system messages for this turn."
         elif not text:
             return ""
         else:

@@ -1,0 +1,192 @@
+"""Summary injection: each turn of a user's sessions gets ``## What I remember about the user``
+as a system message of its own (``TurnInput.system_messages``), read once and cached until the
+summary changes; on both backends, through a node."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import httpx
+import trio
+
+from tests.support.agents import FakeTurn
+from turnstile.actors.config import Config, MemoryConfig
+from turnstile.actors.memory.injection import HEADING, SummaryCache, memory_message
+from turnstile.actors.node import open_node
+from turnstile.actors.sessions.agents import ScriptedAgent
+from turnstile.actors.sessions.agents.base import TurnInput
+
+ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+class RecordingAgent:
+    """Keeps each turn's input and history; ``turns(n)`` waits until ``n`` turns ran."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.inputs: list[TurnInput] = []
+        self.histories: list[list] = []
+        self._ran = trio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn) -> str:
+        self.inputs.append(turn.input)
+        self.histories.append(list(turn.history))
+        self._ran.set()
+        return f"reply:{turn.input.content}"
+
+    async def turns(self, n: int) -> list[TurnInput]:
+        while len(self.inputs) < n:
+            self._ran = trio.Event()
+            await self._ran.wait()
+        return self.inputs
+
+
+@asynccontextmanager
+async def node_with(store_url, agent):
+    config = Config(store=store_url, memory=MemoryConfig())
+    async with open_node(config, tokens={ADA: "ada", BOB: "bob"}, agent=agent, serve=False) as node:
+        transport = httpx.ASGITransport(app=node.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            for token, name in ((ADA, "s1"), (ADA, "s2"), (BOB, "s1")):
+                created = await http.post("/sessions", json={"id": name}, headers=auth(token))
+                assert created.status_code == 201
+            yield node, http
+
+
+async def say(http, token: str, session: str, content: str) -> None:
+    sent = await http.post(
+        f"/sessions/{session}/messages", json={"content": content}, headers=auth(token)
+    )
+    assert sent.status_code == 202, sent.text
+
+
+class CountingReads:
+    """Wraps a store's ``run_read`` to count the memory summary reads."""
+
+    def __init__(self, store) -> None:
+        self.summary_reads = 0
+        self._read = store.run_read
+        store.run_read = self.run_read
+
+    async def run_read(self, query, /, **args):
+        if query.name == "memory.get_summary":
+            self.summary_reads += 1
+        return await self._read(query, **args)
+
+
+async def test_every_turn_of_the_users_sessions_gets_the_summary_cached(store_url):
+    agent = RecordingAgent()
+    async with node_with(store_url, agent) as (node, http):
+        reads = CountingReads(node.store)
+        cache = node.features["memory"].summaries
+        await say(http, ADA, "s1", "before")
+        (first,) = await agent.turns(1)
+        assert first.system_messages == ()  # no summary yet: nothing injected
+        assert reads.summary_reads == 1
+        put = await http.put(
+            "/memory/summary", json={"content": "Ada likes dark roast."}, headers=auth(ADA)
+        )
+        assert put.status_code == 200
+        await say(http, ADA, "s2", "in another session")
+        second = (await agent.turns(2))[1]
+        message = "## What I remember about the user\n\nAda likes dark roast."
+        assert second.system_messages == (message,)
+        assert reads.summary_reads == 2  # the write invalidated the cached "none"
+        # the next turns of ada, in any session, pay no query
+        await say(http, ADA, "s1", "again")
+        await say(http, ADA, "s2", "and again")
+        third, fourth = (await agent.turns(4))[2:]
+        assert third.system_messages == fourth.system_messages == (message,)
+        assert reads.summary_reads == 2
+        assert cache.statistics().hits == 2
+        # the history the agent got is the transcript only: the memory is not part of it
+        assert all(entry.content != message for entry in agent.histories[2])
+        assert [e.content for e in agent.histories[2]] == ["before", "reply:before"]
+        # bob has no summary; ada's is never his
+        await say(http, BOB, "s1", "bob here")
+        assert (await agent.turns(5))[4].system_messages == ()
+        # ada deletes her memory: the next turn has nothing to inject
+        assert (await http.delete("/memory", headers=auth(ADA))).status_code == 200
+        await say(http, ADA, "s1", "forgotten?")
+        assert (await agent.turns(6))[5].system_messages == ()
+        assert (await http.get("/memory/summary", headers=auth(ADA))).json()["summary"] is None
+
+
+async def test_an_emptied_summary_injects_nothing(store_url):
+    agent = RecordingAgent()
+    async with node_with(store_url, agent) as (node, http):
+        await http.put("/memory/summary", json={"content": "x"}, headers=auth(ADA))
+        await say(http, ADA, "s1", "one")
+        assert (await agent.turns(1))[0].system_messages == (f"{HEADING}\n\nx",)
+        await http.put("/memory/summary", json={"content": "  "}, headers=auth(ADA))
+        await say(http, ADA, "s1", "two")
+        assert (await agent.turns(2))[1].system_messages == ()
+
+
+async def test_a_failing_context_hook_costs_the_message_not_the_turn(store_url):
+    agent = RecordingAgent()
+    async with node_with(store_url, agent) as (node, http):
+
+        async def broken(owner, session_key):
+            raise RuntimeError("boom")
+
+        node.features["sessions"].services.turn_context.insert(0, broken)
+        await http.put("/memory/summary", json={"content": "still here"}, headers=auth(ADA))
+        await say(http, ADA, "s1", "hello")
+        (seen,) = await agent.turns(1)
+        assert seen.system_messages == (f"{HEADING}\n\nstill here",)
+
+
+async def test_a_read_racing_a_write_does_not_cache_the_old_summary():
+    class SlowMemory:
+        def __init__(self) -> None:
+            self.content = "old"
+            self.reading = trio.Event()
+            self.release = trio.Event()
+
+        async def get_summary(self, owner):
+            content = self.content
+            self.reading.set()
+            await self.release.wait()
+            return type("S", (), {"content": content})()
+
+        async def set_summary(self, owner, content):
+            self.content = content
+
+        async def delete_user(self, owner):
+            return {}
+
+    memory = SlowMemory()
+    cache = SummaryCache(memory)
+    cache.watch(memory)
+    async with trio.open_nursery() as nursery:
+        results = []
+
+        async def read():
+            results.append(await cache.message("ada"))
+
+        nursery.start_soon(read)
+        await memory.reading.wait()
+        await memory.set_summary("ada", "new")  # while the read holds "old"
+        memory.release.set()
+    assert results == [memory_message("old")]  # that read answers what it read …
+    memory.release = trio.Event()
+    memory.release.set()
+    assert await cache.message("ada") == memory_message("new")  # … but did not cache it
+
+
+async def test_the_scripted_agent_shows_the_turns_system_messages():
+    agent = ScriptedAgent()
+    turn = FakeTurn("/context")
+    assert await agent.run_turn(turn) == "No system messages for this turn."
+    turn = FakeTurn("/context")
+    turn.input = TurnInput(input_id=1, source="user", content="/context", system_messages=("a",))
+    assert await agent.run_turn(turn) == "a"
