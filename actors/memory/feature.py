@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.extraction import Extractor, start_extraction
 from turnstile.actors.memory.injection import SummaryCache
 from turnstile.actors.memory.routes import memory_routes
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.tools import register_memory_tools
+from turnstile.actors.sessions.agents import Agent
 from turnstile.runtime.gateway.routes import HttpRoute
 
 __all__ = ["MemoryFeature"]
@@ -28,6 +30,8 @@ class MemoryFeature:
     Attributes:
         memory: the service, once started (None before, or when disabled).
         summaries: the cached summaries injected into every turn (``injection``).
+        extraction_model: the agent extraction asks (tests); None uses ``[openai]``.
+        extractor: the running extraction sweep (None when extraction is off).
     """
 
     name = "memory"
@@ -36,6 +40,8 @@ class MemoryFeature:
     def __init__(self) -> None:
         self.memory: Memory | None = None
         self.summaries: SummaryCache | None = None
+        self.extraction_model: Agent | None = None
+        self.extractor: Extractor | None = None
 
     async def start(self, node: NodeContext) -> None:
         config = node.config.memory
@@ -48,6 +54,7 @@ class MemoryFeature:
         self.summaries = summaries = SummaryCache(memory)
         summaries.watch(memory)
         node.hooks.turn_context.append(summaries.turn_context)
+        self.extractor = start_extraction(node, memory, self.extraction_model)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.memory is None:

@@ -10,6 +10,9 @@ Example::
     max_value_chars = 2000
     max_summary_chars = 8000
     admins = ["ada"]           # users with memory.read_all: may list every user's facts
+    extraction = true          # learn facts from idle sessions (needs a model server)
+    stale_after_minutes = 30   # a session idle this long is extracted
+    extraction_interval_seconds = 300  # how often idle sessions are looked for
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
         max_summary_chars: the longest per-user summary.
         admins: user names holding ``memory.read_all``: they may list every user's facts
             (``GET /memory/facts?all_users=true``). Nobody else ever sees another's facts.
+        extraction: extract facts from sessions idle for ``stale_after_minutes``
+            (``extraction.py``); off anyway without a model server.
+        stale_after_minutes: how long a session must be idle before it is extracted.
+        extraction_interval_seconds: seconds between two looks for idle sessions.
     """
 
     enabled: bool = True
@@ -54,6 +61,9 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_value_chars: Annotated[int, msgspec.Meta(ge=1, le=HARD_MAX_VALUE_CHARS)] = 2000
     max_summary_chars: Annotated[int, msgspec.Meta(ge=1, le=HARD_MAX_SUMMARY_CHARS)] = 8000
     admins: list[str] = msgspec.field(default_factory=list)
+    extraction: bool = True
+    stale_after_minutes: Annotated[int, msgspec.Meta(ge=1, le=10_080)] = 30
+    extraction_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300.0
 
     def __post_init__(self) -> None:
         if self.search_limit > self.max_search_limit:

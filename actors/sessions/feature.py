@@ -60,6 +60,7 @@ class SessionsFeature:
             scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
             turn_context=hooks.turn_context,
         )
+        hooks.scheduled_turns = services.scheduled_turns
         node.sessions.register("session", lambda key: SessionActor(key, services))
         metrics.gauge("turnstile_sessions_active", lambda: node.sessions.statistics().active)
         metrics.gauge("turnstile_mailbox_depth", node.sessions.mailbox_depth)

@@ -36,6 +36,10 @@ class SessionHooks:
             starts: a system message for the turn (``TurnInput.system_messages``, in this
             order), or None for nothing. Called on every turn start, so each must be cheap
             when nothing changed (cache); one that raises is logged and left out of the turn.
+        scheduled_turns: the node's scheduled-turn slots (``[limits]
+            max_concurrent_scheduled_turns``), set by the sessions feature when it is ready;
+            background model work (memory extraction) takes one too, so it never competes
+            with user turns, which take none.
     """
 
     on_session_end: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
@@ -48,3 +52,4 @@ class SessionHooks:
     shaper: Any = None
     disable_job: Callable[[str], Awaitable[None]] | None = None
     turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)
+    scheduled_turns: Any = None
