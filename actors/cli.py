@@ -4,6 +4,7 @@
 * ``attach SESSION`` — a terminal client: type messages, watch turns stream.
 * ``sessions`` — list your sessions.
 * ``bench`` — run benchmark scenarios.
+* ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
 
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
 module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
@@ -157,6 +158,54 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args.rest)
 
 
+def _memory_backfill(args: argparse.Namespace) -> int:
+    """Open the node's store with the memory tables and embed the facts that have no
+    embedding, in batches; running it again finds nothing to do."""
+    from turnstile.actors.memory.embeddings import EmbeddingError, resolve_embedder
+    from turnstile.actors.memory.schema import MEMORY
+    from turnstile.actors.memory.service import Memory
+    from turnstile.runtime.clock import SystemClock
+    from turnstile.runtime.store import open_store
+
+    try:
+        config = load_config(args.config)
+    except (DecodeError, OSError) as exc:
+        print(f"turnstile: bad config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    if args.batch_size is not None and args.batch_size < 1:
+        print("turnstile memory backfill: --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    store_url = args.store or config.store
+    embedder = resolve_embedder(config.memory.embeddings, config.openai.get("base_url"))
+    if embedder is None:
+        print(
+            "turnstile memory backfill: no embedder configured ([memory.embeddings] model)",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def run() -> int:
+        async with open_store(store_url, migrations=[MEMORY]) as store:
+            memory = Memory(store, SystemClock(), config.memory, embedder)
+            await memory.start()
+            if memory.vector_path.kind == "none":
+                reason = memory.vector_path.describe()
+                print(f"turnstile memory backfill: no vector search: {reason}", file=sys.stderr)
+                return 2
+            try:
+                counts = await memory.backfill(args.batch_size)
+            except EmbeddingError as exc:
+                print(f"turnstile memory backfill: {exc}", file=sys.stderr)
+                return 1
+        print(
+            f"embedded {counts['embedded']} facts; {counts['remaining']} without an embedding",
+            flush=True,
+        )
+        return 0
+
+    return trio.run(run)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the chosen subcommand."""
     parser = argparse.ArgumentParser(prog="turnstile", description="An actor runtime for agents.")
@@ -186,6 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     sessions.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
     sessions.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
     sessions.set_defaults(func=_sessions)
+
+    memory = sub.add_parser("memory", help="long-term memory maintenance")
+    memory_sub = memory.add_subparsers(dest="memory_command", required=True)
+    backfill = memory_sub.add_parser("backfill", help="embed the facts that have no embedding")
+    backfill.add_argument("--config", help="the node's TOML config file")
+    backfill.add_argument("--store", help="the store URL (default: the config's)")
+    backfill.add_argument("--batch-size", type=int, help="facts per embedding request")
+    backfill.set_defaults(func=_memory_backfill)
 
     bench = sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)

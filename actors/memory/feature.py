@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.embeddings import resolve_embedder
 from turnstile.actors.memory.extraction import Extractor, start_extraction
 from turnstile.actors.memory.injection import SummaryCache
 from turnstile.actors.memory.routes import memory_routes
@@ -47,7 +48,9 @@ class MemoryFeature:
         config = node.config.memory
         if not config.enabled:
             return
-        self.memory = memory = Memory(node.store, node.clock, config)
+        chat_url = node.config.openai.get("base_url")  # the reference's fallback address
+        embedder = resolve_embedder(config.embeddings, chat_url)
+        self.memory = memory = Memory(node.store, node.clock, config, embedder)
         await memory.start()
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)

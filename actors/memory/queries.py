@@ -14,6 +14,13 @@ Search is lexical here, one function per backend:
   as they serve ILIKE), plus, with pg_trgm, a fuzzy match (``<%``, word similarity, so a typo
   still finds) and ranking by ``word_similarity``; ranked by the number of words matched
   first.
+
+The vector stage (``VECTOR_SEARCH``) compares the query's embedding with the facts' ones:
+cosine in numpy over the owner's embedded facts on SQLite (every one is read: fine for the
+thousands of facts a user has, linear in them), pgvector's ``<=>`` on PostgreSQL (an HNSW
+index; pgvector 0.6 filters the owner after the index scan, so with very many users a search
+may see fewer than ``limit`` of one user's facts: ``hnsw.ef_search`` bounds the candidates).
+Embeddings are passed in as float32 numpy vectors, already L2-normalised.
 """
 
 from __future__ import annotations
@@ -24,8 +31,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 
-from turnstile.actors.memory.schema import ENSURE_TRIGRAM, TRIGRAM_INDEXES
+from turnstile.actors.memory.schema import (
+    ENSURE_TRIGRAM,
+    ENSURE_VECTOR,
+    TRIGRAM_INDEXES,
+    VECTOR_INDEX,
+)
 from turnstile.runtime.errors import LimitExceeded
 from turnstile.runtime.store import TableQuery
 
@@ -35,6 +48,11 @@ __all__ = [
     "EXTRACTED_AT",
     "FORGET",
     "GET_SUMMARY",
+    "MISSING_EMBEDDINGS",
+    "SET_EMBEDDINGS",
+    "VECTOR_SEARCH",
+    "VECTOR_SETUP",
+    "VectorPath",
     "LIST",
     "MARK_EXTRACTED",
     "SAVE",
@@ -106,6 +124,38 @@ class SearchPath:
                 f"PostgreSQL pg_trgm (schema {self.trgm_schema}) {how}: word match and similarity"
             )
         return "PostgreSQL plain ILIKE-style word match (no pg_trgm: no index, slower when large)"
+
+
+@dataclass(frozen=True, slots=True)
+class VectorPath:
+    """How this node stores and searches embeddings, decided once at start-up.
+
+    Attributes:
+        kind: ``numpy`` (SQLite), ``pgvector`` (PostgreSQL with the extension), ``none``.
+        dimensions: the embedder's vector size (None: no embedder).
+        schema: the schema pgvector lives in, whenever the ``embedding`` column exists
+            (PostgreSQL; a save then always sets the column, NULL without a vector).
+        indexed: the HNSW cosine index exists (``pgvector``).
+        reset: the column was replaced at this start (the dimension changed): every
+            embedding is gone until a backfill.
+        why: for ``none``, the reason, for the log.
+    """
+
+    kind: Literal["numpy", "pgvector", "none"]
+    dimensions: int | None = None
+    schema: str | None = None
+    indexed: bool = False
+    reset: bool = False
+    why: str = ""
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        if self.kind == "numpy":
+            return f"SQLite, cosine in numpy over the user's facts ({self.dimensions} dims)"
+        if self.kind == "pgvector":
+            how = "with an HNSW cosine index" if self.indexed else "without an index"
+            return f"PostgreSQL pgvector (schema {self.schema}) {how}, vector({self.dimensions})"
+        return f"none ({self.why}): lexical only"
 
 
 _WORD = re.compile(r"\w+")
@@ -188,7 +238,24 @@ DETECT = TableQuery("memory.detect", sqlite=_detect_sqlite, postgres=_detect_pos
 # ---- save -----------------------------------------------------------------------------------
 
 
-def _save_sqlite(conn: Any, *, owner: str, fact: dict[str, Any], now: str, max_facts: int) -> Fact:
+def _blob(vector: np.ndarray | None) -> bytes | None:
+    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+
+
+def _pg_vector(vector: np.ndarray | None) -> str | None:
+    """pgvector's text form, ``[0.1,0.2,…]`` (passed as text and cast: asyncpg has no codec)."""
+    return None if vector is None else "[" + ",".join(map(repr, vector.tolist())) + "]"
+
+
+def _save_sqlite(
+    conn: Any,
+    *,
+    owner: str,
+    fact: dict[str, Any],
+    now: str,
+    max_facts: int,
+    vector: VectorPath,
+) -> Fact:
     conn.execute(
         "DELETE FROM memory_facts WHERE owner = ? AND expires_at IS NOT NULL AND expires_at <= ?",
         (owner, now),
@@ -205,12 +272,13 @@ def _save_sqlite(conn: Any, *, owner: str, fact: dict[str, Any], now: str, max_f
             raise _full(max_facts)
     row = conn.execute(
         "INSERT INTO memory_facts (owner, category, key, value, source, confidence, expires_at,"
-        " last_verified_at, source_context, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " last_verified_at, source_context, created_at, updated_at, embedding)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (owner, category, key) DO UPDATE SET value = excluded.value,"
         " source = excluded.source, confidence = excluded.confidence,"
         " expires_at = excluded.expires_at, last_verified_at = excluded.last_verified_at,"
-        " source_context = excluded.source_context, updated_at = excluded.updated_at"
+        " source_context = excluded.source_context, updated_at = excluded.updated_at,"
+        " embedding = excluded.embedding"
         f" RETURNING {_COLUMNS}",
         (
             owner,
@@ -224,14 +292,27 @@ def _save_sqlite(conn: Any, *, owner: str, fact: dict[str, Any], now: str, max_f
             fact["source_context"],
             now,
             now,
+            _blob(fact.get("embedding")),
         ),
     ).fetchone()
     return _fact_sqlite(row)
 
 
 async def _save_postgres(
-    conn: Any, *, owner: str, fact: dict[str, Any], now: datetime, max_facts: int
+    conn: Any,
+    *,
+    owner: str,
+    fact: dict[str, Any],
+    now: datetime,
+    max_facts: int,
+    vector: VectorPath,
 ) -> Fact:
+    # the column exists only with pgvector; when it does, a save always sets it (NULL when
+    # the embedder failed or is not configured), so a changed value never keeps a stale vector
+    embed_col, embed_val, extra = "", "", []
+    if vector.schema is not None:
+        embed_col, embed_val = ", embedding", f", $10::text::{_quote_ident(vector.schema)}.vector"
+        extra = [_pg_vector(fact.get("embedding"))]
     async with conn.transaction():
         # one writer per owner at a time, so two new keys cannot both pass the count
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memory:' || $1))", owner)
@@ -250,13 +331,14 @@ async def _save_postgres(
                 raise _full(max_facts)
         row = await conn.fetchrow(
             "INSERT INTO memory_facts (owner, category, key, value, source, confidence,"
-            " expires_at, last_verified_at, source_context, created_at, updated_at)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8, $8)"
+            f" expires_at, last_verified_at, source_context, created_at, updated_at{embed_col})"
+            f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8, $8{embed_val})"
             " ON CONFLICT (owner, category, key) DO UPDATE SET value = excluded.value,"
             " source = excluded.source, confidence = excluded.confidence,"
             " expires_at = excluded.expires_at, last_verified_at = excluded.last_verified_at,"
             " source_context = excluded.source_context, updated_at = excluded.updated_at"
-            f" RETURNING {_COLUMNS}",
+            + (", embedding = excluded.embedding" if embed_col else "")
+            + f" RETURNING {_COLUMNS}",
             owner,
             fact["category"],
             fact["key"],
@@ -266,6 +348,7 @@ async def _save_postgres(
             fact["expires_at"],
             now,
             fact["source_context"],
+            *extra,
         )
         return _fact_postgres(row)
 
@@ -274,9 +357,10 @@ def _full(max_facts: int) -> LimitExceeded:
     return LimitExceeded(f"memory holds at most {max_facts} facts per user", field="key")
 
 
-#: ``(owner, fact={category, key, value, source, confidence, expires_at, source_context}, now,
-#: max_facts) -> Fact``: insert, or replace the value and metadata of, ``(owner, category,
-#: key)``; the owner's expired facts go first; a new key beyond ``max_facts`` is refused.
+#: ``(owner, fact={category, key, value, source, confidence, expires_at, source_context,
+#: embedding}, now, max_facts, vector) -> Fact``: insert, or replace the value and metadata
+#: of, ``(owner, category, key)``; the owner's expired facts go first; a new key beyond
+#: ``max_facts`` is refused.
 SAVE = TableQuery("memory.save", sqlite=_save_sqlite, postgres=_save_postgres)
 
 
@@ -336,6 +420,194 @@ async def _search_postgres(
 
 #: ``(owner, query, now, limit, path) -> [Fact]``, best first, expired facts never.
 SEARCH = TableQuery("memory.search", sqlite=_search_sqlite, postgres=_search_postgres)
+
+
+# ---- embeddings -----------------------------------------------------------------------------
+
+
+def _vector_setup_sqlite(conn: Any, *, dimensions: int | None) -> VectorPath:
+    if dimensions is None:
+        return VectorPath("none", why="no embedder configured")
+    return VectorPath("numpy", dimensions)
+
+
+async def _vector_setup_postgres(conn: Any, *, dimensions: int | None) -> VectorPath:
+    await conn.execute(ENSURE_VECTOR)
+    schema = await conn.fetchval(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'vector'"
+    )
+    current = await conn.fetchval(
+        "SELECT atttypmod FROM pg_attribute WHERE attrelid = 'memory_facts'::regclass"
+        " AND attname = 'embedding' AND NOT attisdropped"
+    )
+    if schema is None:
+        return VectorPath("none", why="no pgvector on this server")
+    if dimensions is None:
+        # the column (from an earlier run) stays; saves clear it so no vector goes stale
+        return VectorPath(
+            "none", schema=schema if current is not None else None, why="no embedder configured"
+        )
+    s = _quote_ident(schema)
+    reset = False
+    async with conn.transaction():
+        if current is not None and current != dimensions:
+            # another model: its vectors mean nothing to the new one; backfill re-embeds
+            await conn.execute("ALTER TABLE memory_facts DROP COLUMN embedding")
+            current, reset = None, True
+        if current is None:
+            await conn.execute(
+                f"ALTER TABLE memory_facts ADD COLUMN embedding {s}.vector({dimensions})"
+            )
+        indexed = dimensions <= 2000  # pgvector's HNSW limit for vector
+        if indexed:
+            await conn.execute(
+                f"CREATE INDEX IF NOT EXISTS {VECTOR_INDEX} ON memory_facts"
+                f" USING hnsw (embedding {s}.vector_cosine_ops)"
+            )
+    return VectorPath("pgvector", dimensions, schema, indexed, reset)
+
+
+#: ``(dimensions | None) -> VectorPath``: on PostgreSQL, creates pgvector if it can, then the
+#: ``vector(dimensions)`` column and its HNSW index (replacing a column of another dimension).
+VECTOR_SETUP = TableQuery(
+    "memory.vector_setup", sqlite=_vector_setup_sqlite, postgres=_vector_setup_postgres
+)
+
+
+def _vector_search_sqlite(
+    conn: Any,
+    *,
+    owner: str,
+    vector: np.ndarray,
+    now: str,
+    limit: int,
+    max_distance: float,
+    path: VectorPath,
+) -> list[Fact]:
+    rows = conn.execute(
+        f"SELECT {_COLUMNS}, embedding FROM memory_facts WHERE owner = ?"
+        " AND length(embedding) = ? AND (expires_at IS NULL OR expires_at > ?)",
+        (owner, 4 * len(vector), now),
+    ).fetchall()
+    if not rows:
+        return []
+    matrix = np.frombuffer(b"".join(r[11] for r in rows), dtype="<f4").reshape(len(rows), -1)
+    distance = 1.0 - matrix @ np.asarray(vector, dtype=np.float32)
+    found = []
+    for i in np.argsort(distance, kind="stable")[:limit]:
+        if distance[i] > max_distance:
+            break
+        found.append(_fact_sqlite(rows[i]))
+    return found
+
+
+async def _vector_search_postgres(
+    conn: Any,
+    *,
+    owner: str,
+    vector: np.ndarray,
+    now: datetime,
+    limit: int,
+    max_distance: float,
+    path: VectorPath,
+) -> list[Fact]:
+    s = _quote_ident(path.schema or "public")
+    cols = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
+    rows = await conn.fetch(
+        f"SELECT {cols}, f.embedding OPERATOR({s}.<=>) $2::text::{s}.vector AS distance"
+        " FROM memory_facts f WHERE f.owner = $1 AND f.embedding IS NOT NULL"
+        " AND (f.expires_at IS NULL OR f.expires_at > $3)"
+        " ORDER BY distance LIMIT $4",
+        owner,
+        _pg_vector(vector),
+        now,
+        limit,
+    )
+    return [_fact_postgres(r) for r in rows if r["distance"] <= max_distance]
+
+
+#: ``(owner, vector, now, limit, max_distance, path) -> [Fact]``: the owner's facts within
+#: ``max_distance`` (cosine) of ``vector``, nearest first, expired never.
+VECTOR_SEARCH = TableQuery(
+    "memory.vector_search", sqlite=_vector_search_sqlite, postgres=_vector_search_postgres
+)
+
+
+def _missing_sqlite(
+    conn: Any, *, after: int, limit: int, dimensions: int, now: str, count: bool = False
+) -> Any:
+    where = (
+        "(embedding IS NULL OR length(embedding) != ?) AND (expires_at IS NULL OR expires_at > ?)"
+    )
+    if count:
+        return conn.execute(
+            f"SELECT count(*) FROM memory_facts WHERE {where}", (4 * dimensions, now)
+        ).fetchone()[0]
+    rows = conn.execute(
+        f"SELECT id, category, key, value FROM memory_facts WHERE {where} AND id > ?"
+        " ORDER BY id LIMIT ?",
+        (4 * dimensions, now, after, limit),
+    ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+async def _missing_postgres(
+    conn: Any, *, after: int, limit: int, dimensions: int, now: datetime, count: bool = False
+) -> Any:
+    where = "embedding IS NULL AND (expires_at IS NULL OR expires_at > $1)"
+    if count:
+        return await conn.fetchval(f"SELECT count(*) FROM memory_facts WHERE {where}", now)
+    rows = await conn.fetch(
+        f"SELECT id, category, key, value FROM memory_facts WHERE {where} AND id > $2"
+        " ORDER BY id LIMIT $3",
+        now,
+        after,
+        limit,
+    )
+    return [tuple(r) for r in rows]
+
+
+#: ``(after, limit, dimensions, now, count=False) -> [(id, category, key, value)]`` of every
+#: user's unexpired facts without an embedding (of this dimension), by id after ``after``;
+#: with ``count=True``, how many there are.
+MISSING_EMBEDDINGS = TableQuery(
+    "memory.missing_embeddings", sqlite=_missing_sqlite, postgres=_missing_postgres
+)
+
+
+def _set_embeddings_sqlite(
+    conn: Any, *, rows: list[tuple[int, str, np.ndarray]], path: VectorPath
+) -> int:
+    done = 0
+    for fact_id, value, vector in rows:
+        done += conn.execute(
+            "UPDATE memory_facts SET embedding = ? WHERE id = ? AND value = ?",
+            (_blob(vector), fact_id, value),
+        ).rowcount
+    return done
+
+
+async def _set_embeddings_postgres(
+    conn: Any, *, rows: list[tuple[int, str, np.ndarray]], path: VectorPath
+) -> int:
+    s = _quote_ident(path.schema or "public")
+    status = await conn.execute(
+        f"UPDATE memory_facts f SET embedding = v.e::{s}.vector"
+        " FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, value, e)"
+        " WHERE f.id = v.id AND f.value = v.value",
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [_pg_vector(r[2]) for r in rows],
+    )
+    return int(status.split()[-1])
+
+
+#: ``(rows=[(id, value, vector)], path) -> updated``: store embeddings computed for facts, unless a
+#: fact's value changed meanwhile (a save then stored its own).
+SET_EMBEDDINGS = TableQuery(
+    "memory.set_embeddings", sqlite=_set_embeddings_sqlite, postgres=_set_embeddings_postgres
+)
 
 
 # ---- forget ---------------------------------------------------------------------------------

@@ -21,6 +21,16 @@ Lexical search needs an index of its own on each backend:
   start-up, so an extension a DBA installs later gets its indexes at the next start, and then
   decides the search path from what exists (``queries.DETECT``).
 
+Embeddings (migration 2, ``docs/memory.md``):
+
+* **SQLite**: an ``embedding`` BLOB column (float32, little-endian, L2-normalised); the vector
+  stage compares in numpy (``queries.VECTOR_SEARCH``).
+* **PostgreSQL**: :data:`ENSURE_VECTOR` creates the ``vector`` extension if the server offers it
+  and this role may, as ``ENSURE_TRIGRAM`` does for pg_trgm (never failing without it). The
+  ``embedding vector(N)`` column and its HNSW cosine index are not created here: ``N`` is the
+  embedder's dimension, known only at start-up, so ``queries.VECTOR_SETUP`` adds them then (and
+  replaces the column when the dimension changed).
+
 Facts have no foreign key to a users table: users live in the config file. Deleting a user's
 data is ``queries.DELETE_USER``.
 """
@@ -29,7 +39,24 @@ from __future__ import annotations
 
 from turnstile.runtime.store import Migration, MigrationSet
 
-__all__ = ["ENSURE_TRIGRAM", "MEMORY", "TRIGRAM_INDEXES"]
+__all__ = ["ENSURE_TRIGRAM", "ENSURE_VECTOR", "MEMORY", "TRIGRAM_INDEXES", "VECTOR_INDEX"]
+
+#: The HNSW cosine index on ``memory_facts.embedding`` (PostgreSQL with pgvector).
+VECTOR_INDEX = "memory_facts_embedding_hnsw"
+
+#: Creates pgvector if the server offers it and this role may; never fails for want of it.
+ENSURE_VECTOR = """DO $memory$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')
+     AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector') THEN
+    BEGIN
+      CREATE EXTENSION IF NOT EXISTS vector;
+    EXCEPTION WHEN OTHERS THEN
+      RAISE NOTICE 'memory: cannot create vector (%), search is lexical only', SQLERRM;
+    END;
+  END IF;
+END
+$memory$"""
 
 #: The trigram indexes, by column.
 TRIGRAM_INDEXES = {
@@ -152,5 +179,13 @@ _POSTGRES_V1 = (
 #: The feature's migration set.
 MEMORY = MigrationSet(
     "memory",
-    (Migration(1, "facts, summary, session state", sqlite=_SQLITE_V1, postgres=_POSTGRES_V1),),
+    (
+        Migration(1, "facts, summary, session state", sqlite=_SQLITE_V1, postgres=_POSTGRES_V1),
+        Migration(
+            2,
+            "embeddings",
+            sqlite=("ALTER TABLE memory_facts ADD COLUMN embedding BLOB",),
+            postgres=(ENSURE_VECTOR,),
+        ),
+    ),
 )

@@ -12,6 +12,12 @@ guess 30. On a second save of the same ``(category, key)`` the reference's ``ups
 simply updates: the new value, source, confidence, expiry and context replace the old ones
 (``created_at`` stays; ``updated_at`` and ``last_verified_at`` move). There is no "keep the
 higher confidence" rule in the reference, so there is none here.
+
+Embeddings. With an embedder (``[memory.embeddings]``), a save embeds ``"category / key:
+value"`` before writing and stores the vector with the fact; a search embeds the query and runs
+the vector stage (facts within ``max_distance``, nearest first) before the lexical one. The
+embedder failing never fails either: the fact is saved without a vector (``backfill`` embeds it
+later) and the search is lexical only; each failure is logged as a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
 from turnstile.actors.memory.queries import (
     DELETE_USER,
     DETECT,
@@ -30,13 +37,18 @@ from turnstile.actors.memory.queries import (
     GET_SUMMARY,
     LIST,
     MARK_EXTRACTED,
+    MISSING_EMBEDDINGS,
     SAVE,
     SEARCH,
+    SET_EMBEDDINGS,
     SET_SUMMARY,
     SORT_KEYS,
+    VECTOR_SEARCH,
+    VECTOR_SETUP,
     Fact,
     SearchPath,
     Summary,
+    VectorPath,
 )
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.runtime.clock import Clock
@@ -61,7 +73,7 @@ def default_confidence(source: str) -> int:
 
 def merge(stages: Iterable[list[Fact]], limit: int) -> list[Fact]:
     """Results of the search stages in order (earlier stages first), each fact once, at most
-    ``limit``. Today there is one stage (lexical); the vector stage goes before it."""
+    ``limit``: the vector stage, then the lexical one."""
     seen: set[tuple[str, str, str]] = set()
     merged: list[Fact] = []
     for stage in stages:
@@ -82,21 +94,73 @@ class Memory:
         store: the node's store (the ``memory`` migration set applied).
         clock: its wall time dates rows and decides expiry.
         config: ``[memory]``.
+        embedder: the embedding client (``embeddings.resolve_embedder``); None: lexical only.
     """
 
-    def __init__(self, store: Store, clock: Clock, config: MemoryConfig) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        config: MemoryConfig,
+        embedder: Embedder | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
         self.config = config
+        self.embedder = embedder
         #: decided by ``start``; ``fts5`` until then on SQLite, ``ilike`` on PostgreSQL.
         self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
+        #: decided by ``start``: how embeddings are stored and searched (``none`` until then).
+        self.vector_path = VectorPath("none", why="not started")
 
     async def start(self) -> SearchPath:
-        """Decide the search path (creating pg_trgm and its indexes if possible) and log it
-        once."""
+        """Decide the lexical and the vector search paths (creating pg_trgm, pgvector, the
+        vector column and the indexes where possible) and log each once."""
         self.search_path = await self.store.run_write(DETECT)
         log.info("memory search: %s", self.search_path.describe())
+        dimensions = None
+        if self.embedder is None:
+            log.info("memory embeddings: no embedder configured: lexical search only")
+        else:
+            dimensions = self.embedder.dimensions
+            if dimensions is None:
+                try:
+                    dimensions = (await self.embedder.embed(["dimension probe"])).shape[1]
+                except EmbeddingError as exc:
+                    log.warning(
+                        "memory embeddings: cannot ask the embedder its dimension (%s); set"
+                        " [memory.embeddings] dimensions: lexical search only until restart",
+                        exc,
+                    )
+                    self.embedder = None
+        self.vector_path = path = await self.store.run_write(VECTOR_SETUP, dimensions=dimensions)
+        if self.embedder is not None:
+            cutoff = f", max distance {self.config.embeddings.max_distance}"
+            log.info(
+                "memory embeddings: %s; vector search: %s%s",
+                self.embedder.describe(),
+                path.describe(),
+                cutoff if path.kind != "none" else "",
+            )
+        if path.kind == "none":
+            self.embedder = None
+        if path.reset:
+            log.warning(
+                "memory embeddings: the dimension changed to %s: every stored embedding was"
+                " dropped; run `turnstile memory backfill`",
+                path.dimensions,
+            )
         return self.search_path
+
+    async def _embed(self, texts: list[str], what: str) -> Any:
+        """The texts' vectors, or None when there is no embedder or it failed (logged)."""
+        if self.embedder is None:
+            return None
+        try:
+            return await self.embedder.embed(texts)
+        except EmbeddingError as exc:
+            log.warning("memory embeddings: %s without a vector: %s", what, exc)
+            return None
 
     def _now(self) -> datetime:
         return self.clock.now()
@@ -154,13 +218,18 @@ class Memory:
             "confidence": confidence,
             "expires_at": expires_at,
             "source_context": source_context or None,
+            "embedding": None,
         }
+        vectors = await self._embed([fact_text(category, key, value)], "fact saved")
+        if vectors is not None:
+            fact["embedding"] = vectors[0]
         return await self.store.run_write(
             SAVE,
             owner=owner,
             fact=fact,
             now=self.store.db_time(now),
             max_facts=self.config.max_facts_per_user,
+            vector=self.vector_path,
         )
 
     def check_limit(self, limit: int | None, *, default: int | None = None) -> int:
@@ -178,14 +247,29 @@ class Memory:
     async def search(self, owner: str, query: str, limit: int | None = None) -> list[Fact]:
         """``owner``'s facts matching ``query``, best first, never expired, each once.
 
-        The stages run in the reference's order; today only the lexical one exists (FTS5
-        bm25 on SQLite, trigram/ILIKE on PostgreSQL). A vector stage goes first when
-        embeddings exist, and ``merge`` keeps the first occurrence of each fact.
+        The stages run in the reference's order: the vector stage (with an embedder: facts
+        within ``max_distance`` of the query, nearest first), then the lexical one (FTS5 bm25
+        on SQLite, trigram/ILIKE on PostgreSQL); ``merge`` keeps the first occurrence of each
+        fact. An embedder that fails leaves the lexical stage alone.
 
         Raises:
             InvalidArgument: a limit outside 1–``max_search_limit``.
         """
         limit = self.check_limit(limit)
+        stages = []
+        vectors = await self._embed([query], "search") if query.strip() else None
+        if vectors is not None:
+            stages.append(
+                await self.store.run_read(
+                    VECTOR_SEARCH,
+                    owner=owner,
+                    vector=vectors[0],
+                    now=self.store.db_time(self._now()),
+                    limit=limit,
+                    max_distance=self.config.embeddings.max_distance,
+                    path=self.vector_path,
+                )
+            )
         lexical = await self.store.run_read(
             SEARCH,
             owner=owner,
@@ -194,7 +278,8 @@ class Memory:
             limit=limit,
             path=self.search_path,
         )
-        return merge([lexical], limit)
+        stages.append(lexical)
+        return merge(stages, limit)
 
     async def forget(self, owner: str, key: str, category: str | None = None) -> int:
         """Delete ``owner``'s facts with ``key`` (in ``category`` if given); how many went."""
@@ -271,6 +356,52 @@ class Memory:
     async def end_session(self, session_key: str) -> None:
         """Forget a deleted session's extraction state (a ``hooks.on_session_end``)."""
         await self.store.run_write(END_SESSION, session_key=session_key)
+
+    # ---- embeddings ----
+
+    async def backfill(self, batch_size: int | None = None) -> dict[str, int]:
+        """Embed every user's unexpired facts that have no embedding (or one of another
+        dimension), ``batch_size`` at a time; safe to run again (it finds nothing to do).
+
+        Returns:
+            ``{"embedded": n, "remaining": m}``: facts given a vector, and facts still
+            without one (a value changed meanwhile; a fact saved during the run).
+
+        Raises:
+            EmbeddingError: the embedder failed (what was embedded before stays).
+            RuntimeError: no embedder, or no vector storage on this backend.
+        """
+        if self.embedder is None or self.vector_path.kind == "none":
+            raise RuntimeError(f"no vector search on this node: {self.vector_path.describe()}")
+        batch_size = batch_size or self.config.embeddings.batch_size
+        dimensions = self.vector_path.dimensions
+        embedded, after = 0, 0
+        while True:
+            rows = await self.store.run_read(
+                MISSING_EMBEDDINGS,
+                after=after,
+                limit=batch_size,
+                dimensions=dimensions,
+                now=self.store.db_time(self._now()),
+            )
+            if not rows:
+                break
+            vectors = await self.embedder.embed([fact_text(c, k, v) for _, c, k, v in rows])
+            embedded += await self.store.run_write(
+                SET_EMBEDDINGS,
+                rows=[(r[0], r[3], vec) for r, vec in zip(rows, vectors, strict=True)],
+                path=self.vector_path,
+            )
+            after = rows[-1][0]
+        remaining = await self.store.run_read(
+            MISSING_EMBEDDINGS,
+            after=0,
+            limit=0,
+            dimensions=dimensions,
+            now=self.store.db_time(self._now()),
+            count=True,
+        )
+        return {"embedded": embedded, "remaining": remaining}
 
     # ---- a user's data ----
 

@@ -13,11 +13,21 @@ Example::
     extraction = true          # learn facts from idle sessions (needs a model server)
     stale_after_minutes = 30   # a session idle this long is extracted
     extraction_interval_seconds = 300  # how often idle sessions are looked for
+
+    [memory.embeddings]
+    kind = "ollama"            # or "openai" (any OpenAI-compatible /v1/embeddings)
+    base_url = "http://127.0.0.1:11434"   # empty: the chat server's ([openai] base_url)
+    model = "nomic-embed-text"  # empty: no embedder, lexical search only
+    api_key = ""
+    dimensions = 768           # empty: asked of the embedder at start-up
+    max_distance = 0.3         # cosine distance cutoff of the vector stage
+    timeout = 30.0
+    batch_size = 32
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -25,6 +35,7 @@ __all__ = [
     "HARD_MAX_LIMIT",
     "HARD_MAX_SUMMARY_CHARS",
     "HARD_MAX_VALUE_CHARS",
+    "EmbeddingsConfig",
     "MemoryConfig",
 ]
 
@@ -32,6 +43,33 @@ __all__ = [
 HARD_MAX_LIMIT = 500
 HARD_MAX_VALUE_CHARS = 8000
 HARD_MAX_SUMMARY_CHARS = 64_000
+
+
+class EmbeddingsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """``[memory.embeddings]``: the embedding server, separate from the chat model.
+
+    Attributes:
+        kind: ``openai`` (``POST {base_url}/embeddings``) or ``ollama``
+            (``POST {base_url}/api/embed``).
+        base_url: the server; empty falls back to ``[openai] base_url`` (the reference's rule).
+        model: the embedding model; empty means no embedder: lexical search only.
+        api_key: sent as a bearer token; never logged.
+        dimensions: the model's vector size; unset, it is asked of the embedder at start-up
+            (one request). PostgreSQL's ``vector(N)`` column takes it.
+        max_distance: the vector stage returns only facts within this cosine distance of the
+            query (the reference's 0.3, set for nomic-embed-text; smaller models need more).
+        timeout: seconds per request.
+        batch_size: texts per request (backfill).
+    """
+
+    kind: Literal["openai", "ollama"] = "openai"
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+    dimensions: Annotated[int, msgspec.Meta(ge=1, le=16000)] | None = None
+    max_distance: Annotated[float, msgspec.Meta(gt=0, le=2)] = 0.3
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=600)] = 30.0
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=2048)] = 32
 
 
 class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -52,6 +90,7 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
             (``extraction.py``); off anyway without a model server.
         stale_after_minutes: how long a session must be idle before it is extracted.
         extraction_interval_seconds: seconds between two looks for idle sessions.
+        embeddings: ``[memory.embeddings]``, the embedder of the vector search stage.
     """
 
     enabled: bool = True
@@ -64,6 +103,7 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
     extraction: bool = True
     stale_after_minutes: Annotated[int, msgspec.Meta(ge=1, le=10_080)] = 30
     extraction_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300.0
+    embeddings: EmbeddingsConfig = msgspec.field(default_factory=EmbeddingsConfig)
 
     def __post_init__(self) -> None:
         if self.search_limit > self.max_search_limit:
