@@ -374,3 +374,40 @@ def test_the_embedder_falls_back_to_the_chat_servers_address():
     assert ollama.url == "http://chat:11434/api/embed"
     own = resolve_embedder(EmbeddingsConfig(model="m", base_url="http://emb:8080/v1/"), chat)
     assert own.url == "http://emb:8080/v1/embeddings"
+
+
+# ---- in a node --------------------------------------------------------------------------------
+
+
+async def test_a_node_embeds_through_the_chat_servers_address(url, server, caplog):
+    """``[memory.embeddings]`` names only the model: the embedder is found at ``[openai]
+    base_url``, and the ``memory.*`` tools search by meaning."""
+    from turnstile.actors.config import Config
+    from turnstile.actors.node import open_node
+    from turnstile.actors.sessions.agents import ScriptedAgent
+
+    caplog.set_level("INFO", logger="turnstile.memory")
+    config = Config(
+        store=url,
+        openai={"base_url": f"{server.base_url}/v1"},
+        memory=MemoryConfig(
+            embeddings=EmbeddingsConfig(model=MODEL, dimensions=384, max_distance=CUTOFF)
+        ),
+    )
+    agent = ScriptedAgent(token_delay=0)
+    async with open_node(config, tokens={"t" * 20: "ada"}, agent=agent, serve=False) as node:
+        transport = httpx.ASGITransport(app=node.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            created = await http.post(
+                "/sessions", json={"id": "s1"}, headers={"Authorization": "Bearer " + "t" * 20}
+            )
+            assert created.status_code == 201
+        call = node.directory.call_tool
+        for category, key, value in FACTS:
+            saved = await call(
+                "ada", "s1", "memory.save", {"category": category, "key": key, "value": value}
+            )
+            assert saved.ok, saved.error
+        found = await call("ada", "s1", "memory.search", {"query": QUERY})
+        assert found.data["facts"][0]["key"] == "coffee"
+    assert f"openai model '{MODEL}' at {server.base_url}/v1, 384 dimensions" in caplog.text
