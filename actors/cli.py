@@ -193,7 +193,7 @@ def _memory_backfill(args: argparse.Namespace) -> int:
                 print(f"turnstile memory backfill: no vector search: {reason}", file=sys.stderr)
                 return 2
             try:
-                counts = await memory.backfill(args.batch_size)
+                counts = await memory.backfill(args.batch_size, everything=args.all)
             except EmbeddingError as exc:
                 print(f"turnstile memory backfill: {exc}", file=sys.stderr)
                 return 1
@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     backfill.add_argument("--config", help="the node's TOML config file")
     backfill.add_argument("--store", help="the store URL (default: the config's)")
     backfill.add_argument("--batch-size", type=int, help="facts per embedding request")
+    backfill.add_argument(
+        "--all",
+        action="store_true",
+        help="embed every fact anew (after changing to a model of the same dimension)",
+    )
     backfill.set_defaults(func=_memory_backfill)
 
     bench = sub.add_parser("bench", help="run benchmark scenarios", add_help=False)

@@ -535,27 +535,44 @@ VECTOR_SEARCH = TableQuery(
 
 
 def _missing_sqlite(
-    conn: Any, *, after: int, limit: int, dimensions: int, now: str, count: bool = False
+    conn: Any,
+    *,
+    after: int,
+    limit: int,
+    dimensions: int,
+    now: str,
+    count: bool = False,
+    everything: bool = False,
 ) -> Any:
     where = (
-        "(embedding IS NULL OR length(embedding) != ?) AND (expires_at IS NULL OR expires_at > ?)"
+        "(embedding IS NULL OR length(embedding) != ? OR ?)"
+        " AND (expires_at IS NULL OR expires_at > ?)"
     )
     if count:
         return conn.execute(
-            f"SELECT count(*) FROM memory_facts WHERE {where}", (4 * dimensions, now)
+            f"SELECT count(*) FROM memory_facts WHERE {where}", (4 * dimensions, everything, now)
         ).fetchone()[0]
     rows = conn.execute(
         f"SELECT id, category, key, value FROM memory_facts WHERE {where} AND id > ?"
         " ORDER BY id LIMIT ?",
-        (4 * dimensions, now, after, limit),
+        (4 * dimensions, everything, now, after, limit),
     ).fetchall()
     return [tuple(r) for r in rows]
 
 
 async def _missing_postgres(
-    conn: Any, *, after: int, limit: int, dimensions: int, now: datetime, count: bool = False
+    conn: Any,
+    *,
+    after: int,
+    limit: int,
+    dimensions: int,
+    now: datetime,
+    count: bool = False,
+    everything: bool = False,
 ) -> Any:
-    where = "embedding IS NULL AND (expires_at IS NULL OR expires_at > $1)"
+    where = "(embedding IS NULL OR {all}) AND (expires_at IS NULL OR expires_at > $1)".format(
+        all="TRUE" if everything else "FALSE"
+    )
     if count:
         return await conn.fetchval(f"SELECT count(*) FROM memory_facts WHERE {where}", now)
     rows = await conn.fetch(
@@ -568,9 +585,9 @@ async def _missing_postgres(
     return [tuple(r) for r in rows]
 
 
-#: ``(after, limit, dimensions, now, count=False) -> [(id, category, key, value)]`` of every
-#: user's unexpired facts without an embedding (of this dimension), by id after ``after``;
-#: with ``count=True``, how many there are.
+#: ``(after, limit, dimensions, now, count=False, everything=False) -> [(id, category, key,
+#: value)]`` of every user's unexpired facts without an embedding (of this dimension; with
+#: ``everything``, all of them), by id after ``after``; with ``count=True``, how many.
 MISSING_EMBEDDINGS = TableQuery(
     "memory.missing_embeddings", sqlite=_missing_sqlite, postgres=_missing_postgres
 )

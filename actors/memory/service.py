@@ -112,6 +112,7 @@ class Memory:
         self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
         #: decided by ``start``: how embeddings are stored and searched (``none`` until then).
         self.vector_path = VectorPath("none", why="not started")
+        self._embedder_failing = False
 
     async def start(self) -> SearchPath:
         """Decide the lexical and the vector search paths (creating pg_trgm, pgvector, the
@@ -157,10 +158,17 @@ class Memory:
         if self.embedder is None:
             return None
         try:
-            return await self.embedder.embed(texts)
+            vectors = await self.embedder.embed(texts)
         except EmbeddingError as exc:
-            log.warning("memory embeddings: %s without a vector: %s", what, exc)
+            # a warning when it starts failing, then quietly: an outage must not flood the log
+            level = logging.DEBUG if self._embedder_failing else logging.WARNING
+            self._embedder_failing = True
+            log.log(level, "memory embeddings: %s without a vector: %s", what, exc)
             return None
+        if self._embedder_failing:
+            self._embedder_failing = False
+            log.info("memory embeddings: the embedder answers again")
+        return vectors
 
     def _now(self) -> datetime:
         return self.clock.now()
@@ -359,9 +367,13 @@ class Memory:
 
     # ---- embeddings ----
 
-    async def backfill(self, batch_size: int | None = None) -> dict[str, int]:
+    async def backfill(
+        self, batch_size: int | None = None, *, everything: bool = False
+    ) -> dict[str, int]:
         """Embed every user's unexpired facts that have no embedding (or one of another
         dimension), ``batch_size`` at a time; safe to run again (it finds nothing to do).
+        ``everything=True`` embeds every unexpired fact anew (after changing to a model of
+        the same dimension, whose old vectors cannot be told apart).
 
         Returns:
             ``{"embedded": n, "remaining": m}``: facts given a vector, and facts still
@@ -383,6 +395,7 @@ class Memory:
                 limit=batch_size,
                 dimensions=dimensions,
                 now=self.store.db_time(self._now()),
+                everything=everything,
             )
             if not rows:
                 break

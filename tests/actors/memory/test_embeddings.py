@@ -162,6 +162,7 @@ async def test_expired_facts_are_never_found_by_vector(url, server):
 
 
 async def test_a_down_embedder_fails_neither_save_nor_search(url, server, caplog):
+    caplog.set_level("INFO", logger="turnstile.memory")
     async with open_memory(url, config_for(server)) as memory:
         server.down = True
         saved = await memory.save("ada", category="preferences", key="coffee", value="dark roast")
@@ -169,11 +170,15 @@ async def test_a_down_embedder_fails_neither_save_nor_search(url, server, caplog
         # search falls back to the lexical stage
         assert [f.key for f in await memory.search("ada", "roast")] == ["coffee"]
         assert await memory.search("ada", QUERY) == []
-        assert "without a vector" in caplog.text
+        # one warning when it starts failing, not one per call; one line when it is back
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1
+        assert warnings[0].startswith("memory embeddings: fact saved without a vector")
         # the fact waits for a backfill; once the embedder is back, meaning finds it
         server.down = False
         assert await memory.backfill() == {"embedded": 1, "remaining": 0}
         assert [f.key for f in await memory.search("ada", QUERY)] == ["coffee"]
+        assert "the embedder answers again" in caplog.text
 
 
 async def test_an_unreachable_embedder_at_start_leaves_lexical_search(url, caplog):
@@ -211,6 +216,9 @@ async def test_backfill_embeds_what_has_none_and_is_safe_twice(url, server):
         assert await memory.backfill() == {"embedded": 0, "remaining": 0}
         assert len(server.requests) == 3
         assert (await vector_stage(memory, QUERY))[0] == "coffee"
+        # everything anew (a model of the same dimension): every fact, once more
+        assert await memory.backfill(everything=True) == {"embedded": 5, "remaining": 0}
+        assert [len(r["input"]) for r in server.requests[4:]] == [2, 2, 1]
 
 
 async def test_a_changed_value_replaces_its_embedding(url, server):
@@ -243,6 +251,8 @@ async def test_the_cli_backfills(tmp_path, server, capsys):
     assert "embedded 5 facts; 0 without an embedding" in capsys.readouterr().out
     assert await trio.to_thread.run_sync(main, argv) == 0
     assert "embedded 0 facts; 0 without an embedding" in capsys.readouterr().out
+    assert await trio.to_thread.run_sync(main, [*argv, "--all"]) == 0
+    assert "embedded 5 facts; 0 without an embedding" in capsys.readouterr().out
     # no embedder configured: a clear refusal
     config.write_text(f'store = "{db}"\n')
     assert await trio.to_thread.run_sync(main, ["memory", "backfill", "--config", str(config)]) == 2
