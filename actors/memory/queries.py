@@ -442,6 +442,12 @@ async def _vector_setup_postgres(conn: Any, *, dimensions: int | None) -> Vector
         " AND attname = 'embedding' AND NOT attisdropped"
     )
     if schema is None:
+        offered = await conn.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+        if offered:
+            why = (
+                "pgvector is on the server but this role cannot create it: CREATE EXTENSION vector"
+            )
+            return VectorPath("none", why=why)
         return VectorPath("none", why="no pgvector on this server")
     if dimensions is None:
         # the column (from an earlier run) stays; saves clear it so no vector goes stale

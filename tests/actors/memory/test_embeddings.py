@@ -421,3 +421,23 @@ async def test_a_node_embeds_through_the_chat_servers_address(url, server, caplo
         found = await call("ada", "s1", "memory.search", {"query": QUERY})
         assert found.data["facts"][0]["key"] == "coffee"
     assert f"openai model '{MODEL}' at {server.base_url}/v1, 384 dimensions" in caplog.text
+
+
+async def test_pgvector_a_role_that_may_not_create_it_gets_lexical_search(pgvector, server, caplog):
+    """pgvector is on the server but not trusted: a database owner without superuser cannot
+    create it; the migration goes through (a notice) and search is lexical, saying why."""
+    role, database = f"r_{secrets.token_hex(4)}", f"d_{secrets.token_hex(4)}"
+    await pg_run(pgvector.admin_url, f"CREATE ROLE {role} LOGIN")
+    await pg_run(pgvector.admin_url, f"CREATE DATABASE {database} OWNER {role}")
+    url = pgvector.url(database).replace("postgres:@", f"{role}:@", 1)
+    caplog.set_level("INFO", logger="turnstile.memory")
+    try:
+        async with open_memory(url, config_for(server, dimensions=384)) as memory:
+            assert memory.vector_path.kind == "none" and memory.embedder is None
+            await memory.save("ada", category="preferences", key="coffee", value="dark roast")
+            assert [f.key for f in await memory.search("ada", "roast")] == ["coffee"]
+        assert "this role cannot create it: CREATE EXTENSION vector" in caplog.text
+    finally:
+        with trio.CancelScope(shield=True):
+            await pg_run(pgvector.admin_url, f"DROP DATABASE {database} WITH (FORCE)")
+            await pg_run(pgvector.admin_url, f"DROP ROLE {role}")
