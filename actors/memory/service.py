@@ -17,7 +17,8 @@ Embeddings. With an embedder (``[memory.embeddings]``), a save embeds ``"categor
 value"`` before writing and stores the vector with the fact; a search embeds the query and runs
 the vector stage (facts within ``max_distance``, nearest first) before the lexical one. The
 embedder failing never fails either: the fact is saved without a vector (``backfill`` embeds it
-later) and the search is lexical only; each failure is logged as a warning.
+later) and the search is lexical only. After a failure, saves and searches leave the embedder
+alone for ``RETRY_AFTER`` seconds; the first failure is a warning, the rest are debug lines.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
+
+import trio
 
 from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
 from turnstile.actors.memory.queries import (
@@ -55,7 +58,7 @@ from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import Store
 
-__all__ = ["DEFAULT_CONFIDENCE", "SOURCES", "Memory"]
+__all__ = ["DEFAULT_CONFIDENCE", "RETRY_AFTER", "SOURCES", "Memory"]
 
 log = logging.getLogger("turnstile.memory")
 
@@ -64,6 +67,11 @@ SOURCES = ("conversation", "tool_call", "auto_discovery", "user_explicit")
 #: The reference extractor's confidence by source; ``conversation`` gets its default, 70.
 DEFAULT_CONFIDENCE = {"tool_call": 95, "auto_discovery": 95, "user_explicit": 90}
 _OTHER_CONFIDENCE = 70
+
+#: Seconds during which saves and searches skip an embedder that just failed (they store
+#: without a vector and search lexically), so an unresponsive one costs one timeout, not one
+#: per call; a backfill always tries, and its success ends the pause.
+RETRY_AFTER = 30.0
 
 
 def default_confidence(source: str) -> int:
@@ -112,7 +120,10 @@ class Memory:
         self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
         #: decided by ``start``: how embeddings are stored and searched (``none`` until then).
         self.vector_path = VectorPath("none", why="not started")
-        self._embedder_failing = False
+        #: when the embedder started failing (``trio.current_time()``), and when saves and
+        #: searches try it again
+        self._failing_since: float | None = None
+        self._retry_at = 0.0
 
     async def start(self) -> SearchPath:
         """Decide the lexical and the vector search paths (creating pg_trgm, pgvector, the
@@ -157,18 +168,24 @@ class Memory:
         """The texts' vectors, or None when there is no embedder or it failed (logged)."""
         if self.embedder is None:
             return None
+        if self._failing_since is not None and trio.current_time() < self._retry_at:
+            return None  # it failed a moment ago: do not make every call wait for it
         try:
             vectors = await self.embedder.embed(texts)
         except EmbeddingError as exc:
             # a warning when it starts failing, then quietly: an outage must not flood the log
-            level = logging.DEBUG if self._embedder_failing else logging.WARNING
-            self._embedder_failing = True
+            level = logging.DEBUG if self._failing_since is not None else logging.WARNING
+            self._failing_since = self._failing_since or trio.current_time()
+            self._retry_at = trio.current_time() + RETRY_AFTER
             log.log(level, "memory embeddings: %s without a vector: %s", what, exc)
             return None
-        if self._embedder_failing:
-            self._embedder_failing = False
-            log.info("memory embeddings: the embedder answers again")
+        self._answered()
         return vectors
+
+    def _answered(self) -> None:
+        if self._failing_since is not None:
+            self._failing_since = None
+            log.info("memory embeddings: the embedder answers again")
 
     def _now(self) -> datetime:
         return self.clock.now()
@@ -400,6 +417,7 @@ class Memory:
             if not rows:
                 break
             vectors = await self.embedder.embed([fact_text(c, k, v) for _, c, k, v in rows])
+            self._answered()
             embedded += await self.store.run_write(
                 SET_EMBEDDINGS,
                 rows=[(r[0], r[3], vec) for r, vec in zip(rows, vectors, strict=True)],

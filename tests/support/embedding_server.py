@@ -13,7 +13,8 @@ onnxruntime on the CPU; no torch.
 Both enforce the real request rules: a JSON object; ``model`` a non-empty string (400), the
 served model's name (404 otherwise, as both servers answer an unknown model); ``input`` a
 non-empty string or a non-empty list of non-empty strings (400). A request that passes is
-recorded in ``requests``; ``down = True`` answers every request 503.
+recorded in ``requests``; ``down = True`` answers every request 503; ``hits`` counts every
+request, answered or not.
 
 The encoder pools the token vectors with the attention mask (padding must not count) and
 L2-normalises, as sentence-transformers does for this model.
@@ -121,6 +122,7 @@ class EmbeddingStandIn:
 
     requests: list[dict[str, Any]] = field(default_factory=list)
     down: bool = False
+    hits: int = 0
     base_url: str = ""
 
     @property
@@ -133,6 +135,7 @@ class EmbeddingStandIn:
         )
 
     async def _openai(self, request: Request) -> Response:
+        self.hits += 1
         if self.down:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         try:
@@ -160,6 +163,7 @@ class EmbeddingStandIn:
         )
 
     async def _ollama(self, request: Request) -> Response:
+        self.hits += 1
         if self.down:
             return JSONResponse({"error": "server busy"}, status_code=503)
         try:

@@ -165,11 +165,14 @@ async def test_a_down_embedder_fails_neither_save_nor_search(url, server, caplog
     caplog.set_level("INFO", logger="turnstile.memory")
     async with open_memory(url, config_for(server)) as memory:
         server.down = True
+        hits = server.hits
         saved = await memory.save("ada", category="preferences", key="coffee", value="dark roast")
         assert saved.value == "dark roast"
         # search falls back to the lexical stage
         assert [f.key for f in await memory.search("ada", "roast")] == ["coffee"]
         assert await memory.search("ada", QUERY) == []
+        # after the failure, saves and searches leave the embedder alone for a while
+        assert server.hits == hits + 1
         # one warning when it starts failing, not one per call; one line when it is back
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1
@@ -441,3 +444,17 @@ async def test_pgvector_a_role_that_may_not_create_it_gets_lexical_search(pgvect
         with trio.CancelScope(shield=True):
             await pg_run(pgvector.admin_url, f"DROP DATABASE {database} WITH (FORCE)")
             await pg_run(pgvector.admin_url, f"DROP ROLE {role}")
+
+
+async def test_the_embedder_is_tried_again_after_the_pause(server, tmp_path, monkeypatch, caplog):
+    from turnstile.actors.memory import service
+
+    monkeypatch.setattr(service, "RETRY_AFTER", 0.0)
+    caplog.set_level("INFO", logger="turnstile.memory")
+    async with open_memory(f"sqlite:///{tmp_path}/m.db", config_for(server)) as memory:
+        server.down = True
+        await memory.save("ada", category="preferences", key="tea", value="green")
+        server.down = False
+        await memory.save("ada", category="preferences", key="coffee", value="dark roast")
+        assert await vector_stage(memory, QUERY) == ["coffee"]  # tea waits for a backfill
+        assert "the embedder answers again" in caplog.text
