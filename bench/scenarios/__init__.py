@@ -9,4 +9,5 @@ SCENARIOS: dict[str, str] = {
     "watchers": "bench.scenarios.watchers",
     "parallel": "bench.scenarios.parallel",
     "schemas": "bench.scenarios.schemas",
+    "memory": "bench.scenarios.memory",
 }
