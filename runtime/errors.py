@@ -9,6 +9,7 @@ The hierarchy::
     │   ├── ActorCrashed           the actor crashed and was given up on
     │   └── SupervisorEscalation   a supervisor exceeded its restart intensity
     ├── DecodeError                a malformed or unknown message; ``field`` names the culprit
+    │   └── PayloadTooLarge        a request body over its route's limit (HTTP 413)
     ├── InvalidArgument            a well-formed request with a value out of bounds (``field``)
     ├── LimitExceeded              a configured limit was reached (sessions per user, queue depth)
     ├── Busy                       the target refuses work now (a session with policy reject)
@@ -104,6 +105,12 @@ class DecodeError(TurnstileError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class PayloadTooLarge(DecodeError):
+    """A request body is (or says it is) larger than its route allows; answered 413."""
+
+    code = "payload_too_large"
 
 
 class InvalidArgument(TurnstileError, ValueError):

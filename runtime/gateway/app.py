@@ -1,9 +1,11 @@
 """The HTTP and WebSocket surface of a node (Starlette, served by hypercorn's trio worker).
 
-Every route but ``/healthz`` and ``/metrics`` needs a bearer token. Errors are JSON
+Every route but ``/healthz``, ``/metrics`` and the routes a feature deliberately declares
+``auth="signature"`` (webhook receivers, which verify a signature over the raw body instead:
+``routes.HttpRoute``) needs a bearer token. Errors are JSON
 ``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
-token, 404 unknown (including someone else's session: ids do not leak), 409 busy or conflict,
-429 a limit reached.
+token (or signature), 404 unknown (including someone else's session: ids do not leak), 409 busy
+or conflict, 413 a body over its route's limit, 429 a limit reached.
 
 Hostile input is a clean 4xx, never a 500: bodies are bounded (``max_frame_bytes``), nested at
 most ``MAX_JSON_DEPTH`` levels and valid UTF-8; ids in the path (``{id}``, ``{task_id}``) and
@@ -39,6 +41,7 @@ from turnstile.runtime.errors import (
     DecodeError,
     LimitExceeded,
     NotFound,
+    PayloadTooLarge,
     RequestTimeout,
     TurnstileError,
     Unauthorized,
@@ -67,6 +70,7 @@ _STATUS = {
     ConflictError: 409,
     LimitExceeded: 429,
     RequestTimeout: 408,
+    PayloadTooLarge: 413,
 }
 
 
@@ -83,11 +87,12 @@ class _Json(Response):
 class _Request:
     """``ApiRequest`` over a Starlette request."""
 
-    __slots__ = ("_request", "_body", "user", "path", "query", "headers")
+    __slots__ = ("_request", "_body", "_raw", "user", "path", "query", "headers")
 
-    def __init__(self, request: Request, user: str, body) -> None:
+    def __init__(self, request: Request, user: str, body, raw) -> None:
         self._request = request
         self._body = body
+        self._raw = raw
         self.user = user
         self.path = request.path_params
         self.query = request.query_params
@@ -95,6 +100,9 @@ class _Request:
 
     async def body(self, codec: Codec) -> Any:
         return await self._body(self._request, codec)
+
+    async def raw_body(self, max_bytes: int | None = None) -> bytes:
+        return await self._raw(self._request, max_bytes)
 
 
 def _error_response(exc: BaseException, request: Request | None = None) -> Response:
@@ -159,15 +167,18 @@ def build_app(
     """
 
     def mount(route: HttpRoute) -> Route:
-        """A feature's route behind the front door: token, id rule, bounded body, errors."""
+        """A feature's route behind the front door: token (unless the route is signed), id
+        rule, bounded body, errors."""
+        signed = route.auth == "signature"
 
         async def endpoint(request: Request) -> Response:
             try:
-                user = auth.user_for(request.headers, request.query_params)
+                # A signed route's handler authenticates the raw body itself; no user.
+                user = "" if signed else auth.user_for(request.headers, request.query_params)
                 for name, value in request.path_params.items():
                     if not is_valid_id(value):
                         raise DecodeError(f"{name} must be {ID_RULE}", field=name)
-                answer = await route.handler(_Request(request, user, body))
+                answer = await route.handler(_Request(request, user, body, raw_body))
             except Exception as exc:
                 return _error_response(exc, request)
             if isinstance(answer, Response):
@@ -185,23 +196,39 @@ def build_app(
         """
         return codec.decode_json(await read_body(request) or b"{}")
 
-    async def read_body(request: Request) -> bytes:
-        """The whole body, read as it arrives, never more than ``max_frame_bytes`` of it.
+    async def raw_body(request: Request, max_bytes: int | None) -> bytes:
+        """The body as sent, at most ``max_bytes`` (``max_frame_bytes`` when None).
 
         Raises:
-            DecodeError: the body is (or says it is) larger than ``max_frame_bytes``.
+            PayloadTooLarge: the body is (or says it is) larger than that.
             RequestTimeout: it did not arrive within ``body_timeout`` seconds.
         """
-        too_large = DecodeError(f"body is larger than {limits.max_frame_bytes} bytes")
+        limit = limits.max_frame_bytes if max_bytes is None else max_bytes
+        return await read_body(
+            request, PayloadTooLarge(f"body is larger than {limit} bytes"), limit
+        )
+
+    async def read_body(
+        request: Request, too_large: DecodeError | None = None, limit: int | None = None
+    ) -> bytes:
+        """The whole body, read as it arrives, never more than ``limit`` bytes of it
+        (``max_frame_bytes`` when None).
+
+        Raises:
+            DecodeError: the body is (or says it is) larger than the limit (``too_large``).
+            RequestTimeout: it did not arrive within ``body_timeout`` seconds.
+        """
+        limit = limits.max_frame_bytes if limit is None else limit
+        too_large = too_large or DecodeError(f"body is larger than {limit} bytes")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_frame_bytes:
+        if declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(body_timeout) as deadline:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limits.max_frame_bytes:
+                if size > limit:
                     raise too_large
                 chunks.append(chunk)
         if deadline.cancelled_caught:

@@ -7,23 +7,34 @@ through a ``Codec`` (size, depth, UTF-8) and typed errors become JSON answers wi
 A handler gets an ``ApiRequest`` and returns what to answer: any msgspec-encodable value (sent
 as JSON with the route's ``status``) or a Starlette ``Response`` for anything else (a 204, raw
 bytes).
+
+The one deliberate exception to the token is a route declared ``auth="signature"``: a webhook
+receiver, whose sender cannot hold a user's token and proves itself by signing the raw body
+instead (HMAC over the bytes as sent, which is why ``raw_body`` exists). The gateway checks no
+token for it, ``request.user`` is empty, and the handler must verify the signature before it
+trusts a byte of the body. Every other route, whatever it is, stays token-protected: ``auth``
+defaults to ``"bearer"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from turnstile.runtime.codec import Codec
 
-__all__ = ["ApiRequest", "HttpRoute", "RouteHandler"]
+__all__ = ["ApiRequest", "HttpRoute", "RouteAuth", "RouteHandler"]
+
+#: How a route authenticates: ``bearer`` (the user's token, checked by the gateway) or
+#: ``signature`` (no token; the handler verifies a signature over ``raw_body``).
+RouteAuth = Literal["bearer", "signature"]
 
 
 class ApiRequest(Protocol):
     """An authenticated HTTP request, as a feature's handler sees it."""
 
-    #: the user the bearer token belongs to.
+    #: the user the bearer token belongs to (empty on an ``auth="signature"`` route).
     user: str
     #: path parameters, already checked against the id rule.
     path: Mapping[str, str]
@@ -37,6 +48,18 @@ class ApiRequest(Protocol):
 
         Raises:
             DecodeError: too large, malformed or not what ``codec`` expects.
+            RequestTimeout: the body did not arrive in time.
+        """
+        ...
+
+    async def raw_body(self, max_bytes: int | None = None) -> bytes:
+        """The body exactly as sent, for a signature over its bytes; read at most once.
+
+        Args:
+            max_bytes: refuse a larger body (None: the gateway's ``max_frame_bytes``).
+
+        Raises:
+            PayloadTooLarge: the body is (or says it is) larger than ``max_bytes``.
             RequestTimeout: the body did not arrive in time.
         """
         ...
@@ -55,9 +78,18 @@ class HttpRoute:
             rule (``1-128 characters of A-Z a-z 0-9 _ . : -``).
         handler: ``async (request) -> answer``.
         status: the status of a successful answer that is not a ``Response``.
+        auth: ``bearer`` (default): the gateway refuses a request without a user's token.
+            ``signature``: the gateway checks no token and the handler authenticates the
+            request itself from its ``raw_body`` (webhook receivers); say it only for such a
+            handler.
     """
 
     method: str
     path: str
     handler: RouteHandler
     status: int = 200
+    auth: RouteAuth = "bearer"
+
+    def __post_init__(self) -> None:
+        if self.auth not in ("bearer", "signature"):
+            raise ValueError(f"route auth must be 'bearer' or 'signature', got {self.auth!r}")
