@@ -13,6 +13,11 @@ registered one), approval (``APPROVE``), the handler. The precheck validates wha
 cannot (a path outside the workspace, content that is not valid base64) and raises the same
 typed error the handler would, so a person is never asked to approve a call that would be
 refused anyway.
+
+After a call succeeds, the registry's *observers* see it (``ToolRegistry.observers``): a feature
+that reacts to what a tool did, without the tool knowing the feature (the webhooks feature binds
+a session to the pull request an ``http.post`` to GitHub's API opened). Observers run before the
+result is returned, in order; one that raises is logged and the result stands.
 """
 
 from __future__ import annotations
@@ -30,7 +35,15 @@ from turnstile.runtime.errors import DecodeError, TurnstileError
 from turnstile.tools.policy import Policy, PolicyTable
 from turnstile.tools.spec import FUNCTION_NAME, ToolResult, ToolSpec, function_name, tool_name
 
-__all__ = ["Approver", "Precheck", "ToolCall", "ToolRegistry", "Tool", "parameters_schema"]
+__all__ = [
+    "Approver",
+    "Observer",
+    "Precheck",
+    "ToolCall",
+    "ToolRegistry",
+    "Tool",
+    "parameters_schema",
+]
 
 log = logging.getLogger("turnstile.tools")
 
@@ -77,6 +90,9 @@ Approver = Callable[[ToolCall, str, dict[str, Any]], Awaitable[bool]]
 #: raising a ``TurnstileError`` (with ``field``) to refuse the call.
 Precheck = Callable[[ToolCall, Any], Awaitable[None]]
 
+#: Sees a call that succeeded: ``(call, tool name, arguments, result data) -> None``.
+Observer = Callable[[ToolCall, str, dict[str, Any], Any], Awaitable[None]]
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -111,6 +127,8 @@ class ToolRegistry:
         #: features that register them add their names, and a tool that composes others
         #: refuses to nest or watch one of these.
         self.composite: set[str] = set()
+        #: Called after every call that succeeded (see the module docstring).
+        self.observers: list[Observer] = []
 
     def register(
         self,
@@ -259,7 +277,13 @@ class ToolRegistry:
                 ok=False,
                 error={"code": "tool_failed", "message": f"{name} failed ({type(exc).__name__})"},
             )
-        return ToolResult(ok=True, data=msgspec.to_builtins(data))
+        result = ToolResult(ok=True, data=msgspec.to_builtins(data))
+        for observe in self.observers:
+            try:
+                await observe(call, name, arguments, result.data)
+            except Exception:
+                log.exception("an observer of tool %s failed", name)
+        return result
 
 
 def _error(exc: TurnstileError) -> dict[str, Any]:

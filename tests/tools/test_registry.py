@@ -102,3 +102,24 @@ def test_unknown_policy_values_are_refused():
         InvalidArgument, match="policy for 'fs.read' must be AUTO, APPROVE or BLOCK"
     ):
         PolicyTable({"fs.read": "SOMETIMES"})
+
+
+async def test_observers_see_each_successful_call_and_cannot_break_it(caplog):
+    registry, _ = make()
+    seen: list = []
+
+    async def observe(call, name, arguments, data):
+        seen.append((call.session_id, call.owner, name, arguments, data))
+
+    async def broken(call, name, arguments, data):
+        raise RuntimeError("observer bug")
+
+    registry.observers += [broken, observe]
+    result = await registry.call("ada/s", "ada", "fs.read", {"path": "a"})
+    assert result.ok and result.data == {"done": "a"}  # the broken observer changed nothing
+    assert seen == [("ada/s", "ada", "fs.read", {"path": "a"}, {"done": "a"})]
+    assert "an observer of tool fs.read failed" in caplog.text
+    # refused calls never reach the observers
+    assert not (await registry.call("ada/s", "ada", "shell.run", {"path": "a"})).ok
+    assert not (await registry.call("ada/s", "ada", "fs.read", {"path": "a" * 11})).ok
+    assert len(seen) == 1
