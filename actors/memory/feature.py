@@ -62,4 +62,4 @@ class MemoryFeature:
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.memory is None:
             return []
-        return memory_routes(node, self.memory)
+        return memory_routes(node, self.memory, self.extractor)

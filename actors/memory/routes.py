@@ -2,14 +2,20 @@
 
 ============================================  =================================================
 ``GET /memory/facts``                         a page: ``limit``, ``offset``, ``search``,
-                                              ``sort_by``, ``sort_order``; ``all_users=true``
-                                              for holders of ``memory.read_all`` (else 403)
+                                              ``category``, ``sort_by``, ``sort_order``;
+                                              ``all_users=true`` for holders of
+                                              ``memory.read_all`` (else 403)
+``GET /memory/search?query=…&limit=…``        the caller's facts best first, as
+                                              ``memory.search`` (by meaning, then by words)
 ``PUT /memory/facts``                         upsert one fact (JSON body, as ``memory.save``;
                                               ``source`` defaults to ``user_explicit``)
 ``DELETE /memory/facts?key=…&category=…``     forget by key (optionally in one category);
                                               404 when nothing matched
 ``GET /memory/summary``                       the caller's summary (``null`` when none)
 ``PUT /memory/summary``                       replace it: ``{"content": "…"}``
+``GET /memory/extraction``                    the caller's sessions with their extraction
+                                              state (``due`` or not), by name: ``limit``,
+                                              ``after``, ``due``; ``all_users=true`` as above
 ``DELETE /memory``                            everything memory holds about the caller:
                                               facts, summary, their sessions' extraction state
 ============================================  =================================================
@@ -22,32 +28,41 @@ something many clients and proxies drop.
 There is no error type for "forbidden" in ``runtime/errors.py`` (the gateway maps its errors
 to 400, 401, 404, 408, 409 and 429), so the 403 for ``all_users`` without the permission is
 answered here, in the same ``{"error": {...}}`` shape.
+
+Search over HTTP is the owner's own only: the vector and lexical stages take one owner, and
+what an admin needs across users is the list (``all_users=true`` with ``search``).
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
 from starlette.responses import Response
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.extraction import Extractor
 from turnstile.actors.memory.service import Memory
+from turnstile.actors.memory.state_queries import SessionState
 from turnstile.actors.memory.tools import (
     Category,
     Confidence,
     ExpiresDays,
     FactKey,
     Limit,
+    Query,
     SortKey,
     Source,
     SourceContext,
     Value,
     fact_view,
 )
+from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import DecodeError, NotFound
+from turnstile.runtime.gateway.frames import SESSION_ID_PATTERN
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
 
 __all__ = ["memory_routes"]
@@ -77,8 +92,30 @@ class FactsQuery(msgspec.Struct, forbid_unknown_fields=True):
     limit: Limit | None = None
     offset: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 0
     search: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+    category: Category | None = None
     sort_by: SortKey = "category"
     sort_order: Literal["asc", "desc"] = "desc"
+    all_users: bool = False
+
+
+class SearchQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /memory/search``'s query string."""
+
+    query: Query
+    limit: Limit | None = None
+
+
+#: A session key as a cursor: ``<owner>/<name>`` (users' names hold no ``/``).
+_KEY_PATTERN = r"\A[^/\x00-\x1f\x7f]{1,128}/" + SESSION_ID_PATTERN.removeprefix(r"\A")
+
+
+class ExtractionQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /memory/extraction``'s query string. ``after`` is a session name, or with
+    ``all_users`` a session key (``owner/name``, as ``next_after`` gives it)."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
+    after: Annotated[str, msgspec.Meta(min_length=1, max_length=260)] | None = None
+    due: bool | None = None
     all_users: bool = False
 
 
@@ -121,8 +158,73 @@ def _forbidden(message: str, field: str) -> Response:
     return Response(msgspec.json.encode(body), 403, media_type="application/json")
 
 
-def memory_routes(node: NodeContext, memory: Memory) -> list[HttpRoute]:
-    """The endpoints over ``memory``; every one acts on the caller's (``request.user``) data."""
+def _cursor(q: ExtractionQuery, user: str) -> str | None:
+    """``after`` as a session key: the caller's name turned into their key, or (all users)
+    a key as given.
+
+    Raises:
+        DecodeError: not a session name (a key, with ``all_users``); ``field="after"``.
+    """
+    if q.after is None:
+        return None
+    if q.all_users:
+        if re.search(_KEY_PATTERN, q.after) is None:
+            raise DecodeError("after must be a session key, owner/name", field="after")
+        return q.after
+    if re.search(SESSION_ID_PATTERN, q.after) is None:
+        raise DecodeError("after must be 1-128 characters of A-Z a-z 0-9 _ . : -", "after")
+    return session_key(user, q.after)
+
+
+def _session_state(
+    state: SessionState, memory: Memory, cutoff: datetime, *, owner: bool
+) -> dict[str, Any]:
+    """One session's extraction state as the route shows it: ``extracted`` (nothing new
+    since), ``due`` (the next sweep takes it) or ``waiting`` (active lately; due at
+    ``due_at``). ``cutoff`` is what the query judged ``due`` against."""
+    extracted = state.extracted_at is not None and state.extracted_at >= state.updated_at
+    due_at = None if extracted else state.updated_at + memory.stale_after
+    due = not extracted and state.updated_at < cutoff
+    view: dict[str, Any] = {"id": public_id(state.key)}
+    if owner:
+        view["owner"] = state.owner
+    view.update(
+        updated_at=state.updated_at,
+        extracted_at=state.extracted_at,
+        state="extracted" if extracted else "due" if due else "waiting",
+        due=due,
+        due_at=due_at,
+    )
+    return view
+
+
+def _extraction_info(node: NodeContext, extractor: Extractor | None) -> dict[str, Any]:
+    """Whether extraction runs on this node, and with what timing (or why not)."""
+    config = node.config.memory
+    info: dict[str, Any] = {
+        "enabled": extractor is not None,
+        "stale_after_minutes": config.stale_after_minutes,
+        "interval_seconds": config.extraction_interval_seconds,
+    }
+    if extractor is None:
+        info["reason"] = (
+            "[memory] extraction = false"
+            if not config.extraction
+            else "no model server (the scripted agent and no [openai] base_url)"
+        )
+    return info
+
+
+def memory_routes(
+    node: NodeContext, memory: Memory, extractor: Extractor | None = None
+) -> list[HttpRoute]:
+    """The endpoints over ``memory``; every one acts on the caller's (``request.user``) data.
+
+    Args:
+        node: the node (its config says how extraction is set up).
+        memory: the feature's service.
+        extractor: the running extraction sweep, None when extraction is off.
+    """
 
     async def list_facts(request: ApiRequest) -> Any:
         q = _query(request, FactsQuery)
@@ -135,9 +237,35 @@ def memory_routes(node: NodeContext, memory: Memory) -> list[HttpRoute]:
             search=q.search,
             sort_by=q.sort_by,
             sort_order=q.sort_order,
+            category=q.category,
         )
         views = [msgspec.to_builtins(f) if q.all_users else fact_view(f) for f in facts]
         return {"facts": views, "total": total, "offset": q.offset}
+
+    async def search_facts(request: ApiRequest) -> Any:
+        q = _query(request, SearchQuery)
+        facts = await memory.search(request.user, q.query, q.limit)
+        return {"facts": [fact_view(f) for f in facts]}
+
+    async def extraction_state(request: ApiRequest) -> Any:
+        q = _query(request, ExtractionQuery)
+        if q.all_users and not memory.is_admin(request.user):
+            return _forbidden("all_users needs the memory.read_all permission", "all_users")
+        sessions, cutoff = await memory.extraction_state(
+            None if q.all_users else request.user,
+            after=_cursor(q, request.user),
+            limit=q.limit,
+            due=q.due,
+        )
+        next_after = None
+        if len(sessions) == q.limit:  # perhaps more: the cursor of the next page
+            last = sessions[-1].key
+            next_after = last if q.all_users else public_id(last)
+        return {
+            "sessions": [_session_state(s, memory, cutoff, owner=q.all_users) for s in sessions],
+            "next_after": next_after,
+            "extraction": _extraction_info(node, extractor),
+        }
 
     async def put_fact(request: ApiRequest) -> Any:
         body = await request.body(_FACT)
@@ -178,6 +306,8 @@ def memory_routes(node: NodeContext, memory: Memory) -> list[HttpRoute]:
     return [
         HttpRoute("DELETE", "/memory", delete_all),
         HttpRoute("GET", "/memory/facts", list_facts),
+        HttpRoute("GET", "/memory/search", search_facts),
+        HttpRoute("GET", "/memory/extraction", extraction_state),
         HttpRoute("PUT", "/memory/facts", put_fact),
         HttpRoute("DELETE", "/memory/facts", delete_fact),
         HttpRoute("GET", "/memory/summary", get_summary),

@@ -54,6 +54,11 @@ from turnstile.actors.memory.queries import (
     VectorPath,
 )
 from turnstile.actors.memory.settings import MemoryConfig
+from turnstile.actors.memory.state_queries import (
+    EXTRACTION_STATE,
+    FACTS_IN_CATEGORY,
+    SessionState,
+)
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import Store
@@ -320,10 +325,12 @@ class Memory:
         search: str | None = None,
         sort_by: str = "category",
         sort_order: str = "desc",
+        category: str | None = None,
     ) -> tuple[list[Fact], int]:
         """A page of facts (``owner=None``: every user's; the caller checks ``is_admin``)
         and how many match in all. Sorted as the reference's ``get_all_facts``: by category,
-        descending, unless told otherwise.
+        descending, unless told otherwise. ``category`` keeps only that category's facts
+        (exactly, as saved: surrounding spaces are stripped).
 
         Raises:
             InvalidArgument: a bad limit, offset, sort key or order (``field`` names it).
@@ -335,6 +342,18 @@ class Memory:
             raise InvalidArgument(f"sort_by must be one of {', '.join(SORT_KEYS)}", "sort_by")
         if sort_order not in ("asc", "desc"):
             raise InvalidArgument("sort_order must be asc or desc", field="sort_order")
+        if category is not None:
+            return await self.store.run_read(
+                FACTS_IN_CATEGORY,
+                owner=owner,
+                category=category.strip(),
+                now=self.store.db_time(self._now()),
+                limit=limit,
+                offset=offset,
+                search=search or None,
+                sort_by=sort_by,
+                sort_order=sort_order,
+            )
         return await self.store.run_read(
             LIST,
             owner=owner,
@@ -377,6 +396,39 @@ class Memory:
     async def extracted_at(self, session_key: str) -> datetime | None:
         """When ``session_key`` was last processed, or None."""
         return await self.store.run_read(EXTRACTED_AT, session_key=session_key)
+
+    @property
+    def stale_after(self) -> timedelta:
+        """How long a session must be idle before extraction takes it."""
+        return timedelta(minutes=self.config.stale_after_minutes)
+
+    async def extraction_state(
+        self,
+        owner: str | None,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        due: bool | None = None,
+    ) -> tuple[list[SessionState], datetime]:
+        """Sessions by key after ``after``, with their last activity and extraction time
+        (``owner=None``: every user's; the caller checks ``is_admin``); ``due`` keeps only
+        the sessions the sweep would (True) or would not (False) take now.
+
+        Returns:
+            the sessions and the cut-off they were judged against (``now - stale_after``):
+            a session is due when its ``updated_at`` is before it and it was not extracted
+            since.
+        """
+        cutoff = self._now() - self.stale_after
+        sessions = await self.store.run_read(
+            EXTRACTION_STATE,
+            owner=owner,
+            cutoff=self.store.db_time(cutoff),
+            after=after,
+            due=due,
+            limit=limit,
+        )
+        return sessions, cutoff
 
     async def end_session(self, session_key: str) -> None:
         """Forget a deleted session's extraction state (a ``hooks.on_session_end``)."""
