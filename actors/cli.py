@@ -4,6 +4,8 @@
 * ``attach SESSION`` — a terminal client: type messages, watch turns stream.
 * ``sessions`` — list your sessions.
 * ``bench`` — run benchmark scenarios.
+* ``memory list | search | put | forget | summary | extraction | delete-all`` — a user's
+  long-term memory, over HTTP from a running node (``actors/memory/client.py``).
 * ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
 
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
@@ -206,6 +208,79 @@ def _memory_backfill(args: argparse.Namespace) -> int:
     return trio.run(run)
 
 
+def _memory(args: argparse.Namespace) -> int:
+    """A ``turnstile memory`` command other than ``backfill``: one request to the node."""
+    from turnstile.actors.memory.client import run
+
+    token = args.token or os.environ.get("TURNSTILE_TOKEN") or os.environ.get("TURNSTILE_DEV_TOKEN")
+    if not token:
+        print("turnstile memory: give --token or set TURNSTILE_TOKEN", file=sys.stderr)
+        return 2
+    if not args.verbose:  # a line per request would bury the answer
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    return run(args, token)
+
+
+def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
+    """``turnstile memory list | search | put | forget | summary | extraction | delete-all``."""
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
+    client.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
+    client.add_argument("--json", action="store_true", help="print the node's JSON answer")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        parser = memory_sub.add_parser(name, help=help, parents=[client])
+        parser.set_defaults(func=_memory)
+        return parser
+
+    sort_keys = ["category", "key", "value", "source", "confidence", "created_at", "updated_at"]
+    listing = command("list", "list your facts, a page at a time")
+    listing.add_argument("--search", help="only facts whose category, key or value holds this")
+    listing.add_argument("--category", help="only this category")
+    listing.add_argument("--sort", choices=sort_keys, help="sort by (default category)")
+    listing.add_argument("--order", choices=["asc", "desc"], help="default desc")
+    listing.add_argument("--limit", type=int, help="facts per page (default: the node's most)")
+    listing.add_argument("--offset", type=int, help="skip this many (the next page's start)")
+    listing.add_argument(
+        "--all-users", action="store_true", help="every user's facts (memory.read_all only)"
+    )
+
+    search = command("search", "search your facts by meaning and by words, best first")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, help="at most this many (default 15)")
+
+    put = command("put", "save a fact (replacing the one with the same category and key)")
+    put.add_argument("category")
+    put.add_argument("key")
+    put.add_argument("value")
+    put.add_argument(
+        "--source",
+        choices=["user_explicit", "conversation", "tool_call", "auto_discovery"],
+        help="how it was learnt (default user_explicit)",
+    )
+    put.add_argument("--confidence", type=int, help="0-100 (default: by source)")
+    put.add_argument("--expires-days", type=int, help="forget it after this many days")
+    put.add_argument("--context", help="where it came from, in a few words")
+
+    forget = command("forget", "forget a fact by key (in every category, or in one)")
+    forget.add_argument("key")
+    forget.add_argument("--category", help="only in this category")
+
+    summary = command("summary", "show your summary, or replace it with --set")
+    summary.add_argument("--set", metavar="TEXT", help="the new summary ('-' reads stdin)")
+
+    extraction = command("extraction", "your sessions' extraction state: which are due")
+    extraction.add_argument("--due", action="store_true", help="only the due sessions")
+    extraction.add_argument("--limit", type=int, help="sessions per page (default 100)")
+    extraction.add_argument("--after", help="the page after this session (next page)")
+    extraction.add_argument(
+        "--all-users", action="store_true", help="every user's sessions (memory.read_all only)"
+    )
+
+    delete_all = command("delete-all", "delete everything memory holds about you")
+    delete_all.add_argument("--yes", action="store_true", help="yes, delete it")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the chosen subcommand."""
     parser = argparse.ArgumentParser(prog="turnstile", description="An actor runtime for agents.")
@@ -236,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     sessions.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
     sessions.set_defaults(func=_sessions)
 
-    memory = sub.add_parser("memory", help="long-term memory maintenance")
+    memory = sub.add_parser("memory", help="your long-term memory; backfill of embeddings")
     memory_sub = memory.add_subparsers(dest="memory_command", required=True)
+    _add_memory_commands(memory_sub)
     backfill = memory_sub.add_parser("backfill", help="embed the facts that have no embedding")
     backfill.add_argument("--config", help="the node's TOML config file")
     backfill.add_argument("--store", help="the store URL (default: the config's)")

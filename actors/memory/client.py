@@ -1,0 +1,352 @@
+"""``turnstile memory``: an HTTP client of a running node's ``/memory`` routes.
+
+Each command is one request (``list`` and ``extraction`` one page) made with the caller's
+bearer token, so it sees and changes exactly what the token's user could over HTTP; an admin's
+``--all-users`` is the server's ``all_users=true``. Output is a readable table, or with
+``--json`` the server's answer as it is, for scripts.
+
+Exit status: 0 done; 2 the node refused the request (a 4xx: bad token, nothing to forget, a bad
+value; the server's own message is printed, with the field it names) or the command line is
+wrong; 1 the node could not be reached or failed (5xx). Messages go to stderr.
+
+``turnstile memory backfill`` is not here: it opens the store itself (``actors/cli.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+import httpx
+
+__all__ = ["MemoryClient", "NodeError", "run"]
+
+#: Longest value shown in a table cell; ``--json`` shows everything.
+MAX_CELL = 60
+
+
+class NodeError(Exception):
+    """A request that did not succeed, with the exit status it means.
+
+    Attributes:
+        status: the exit status (2: refused by the node; 1: unreachable or failed).
+    """
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class MemoryClient:
+    """The ``/memory`` routes of one node, for one token.
+
+    Args:
+        url: the node's base URL (``http://127.0.0.1:8765``).
+        token: the user's bearer token.
+        transport: an httpx transport (tests); None talks to ``url`` over the network.
+    """
+
+    def __init__(self, url: str, token: str, transport: httpx.BaseTransport | None = None):
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+            timeout=30.0,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
+        """The JSON answer of ``method path``.
+
+        Raises:
+            NodeError: no connection, or an error answer (its code, message and field).
+        """
+        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, params=query, json=body)
+        except httpx.ConnectError as exc:
+            raise NodeError(f"cannot reach the node at {self.url}: {_reason(exc)}", 1) from None
+        except httpx.TimeoutException:
+            raise NodeError(f"the node at {self.url} did not answer in time", 1) from None
+        except httpx.HTTPError as exc:
+            raise NodeError(f"request to {self.url} failed: {exc}", 1) from None
+        if response.is_success:
+            return response.json()
+        raise NodeError(_error_text(response), 2 if response.status_code < 500 else 1)
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    return "connection refused" if "refused" in text.lower() else text or type(exc).__name__
+
+
+def _error_text(response: httpx.Response) -> str:
+    """``<status> <code>: <message> (field <field>)`` from the gateway's error body."""
+    try:
+        error = response.json()["error"]
+        text = f"{error['code']}: {error['message']}"
+        if error.get("field"):
+            text += f" (field {error['field']})"
+    except (ValueError, KeyError, TypeError):
+        text = response.text.strip()[:200] or response.reason_phrase
+    return f"{response.status_code} {text}"
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+
+def _when(value: str | None) -> str:
+    """An ISO time from the node as ``YYYY-MM-DD HH:MM`` (UTC); ``-`` for none."""
+    if not value:
+        return "-"
+    try:
+        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return value
+
+
+def _cell(value: Any) -> str:
+    text = " ".join(str(value).split())  # one line: no newlines or tabs in a table
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Collection[int] = ()
+) -> list[str]:
+    """Lines of a plain text table; columns in ``right`` are right-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if i in right else v.ljust(widths[i]) for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), *(line(r) for r in cells)]
+
+
+def _fact_rows(facts: list[dict[str, Any]], owners: bool) -> list[str]:
+    headers = ["CATEGORY", "KEY", "VALUE", "CONF", "SOURCE", "UPDATED"]
+    rows = [
+        [f["category"], f["key"], f["value"], f["confidence"], f["source"], _when(f["updated_at"])]
+        for f in facts
+    ]
+    if owners:
+        headers.insert(0, "OWNER")
+        rows = [[f.get("owner", ""), *row] for f, row in zip(facts, rows, strict=True)]
+    return table(headers, rows, right={headers.index("CONF")})
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+
+def _list(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    body = client.request(
+        "GET",
+        "/memory/facts",
+        params={
+            "search": args.search,
+            "category": args.category,
+            "sort_by": args.sort,
+            "sort_order": args.order,
+            "limit": args.limit,
+            "offset": args.offset,
+            "all_users": args.all_users or None,
+        },
+    )
+    if args.json:
+        return body
+    facts, total, offset = body["facts"], body["total"], body["offset"]
+    if not facts:
+        print(
+            "no facts" if total == 0 else f"no facts at offset {offset} ({total} in all)", file=out
+        )
+        return None
+    for line in _fact_rows(facts, args.all_users):
+        print(line, file=out)
+    end = offset + len(facts)
+    footer = f"facts {offset + 1}-{end} of {total}"
+    if end < total:
+        footer += f"; next page: --offset {end}"
+    print(footer, file=out)
+    return None
+
+
+def _search(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    body = client.request(
+        "GET", "/memory/search", params={"query": args.query, "limit": args.limit}
+    )
+    if args.json:
+        return body
+    if not body["facts"]:
+        print("no facts found", file=out)
+        return None
+    for line in _fact_rows(body["facts"], False):
+        print(line, file=out)
+    return None
+
+
+def _put(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    fact = {"category": args.category, "key": args.key, "value": args.value}
+    optional = {
+        "source": args.source,
+        "confidence": args.confidence,
+        "expires_days": args.expires_days,
+        "source_context": args.context,
+    }
+    fact.update({k: v for k, v in optional.items() if v is not None})
+    body = client.request("PUT", "/memory/facts", body=fact)
+    if args.json:
+        return body
+    saved = body["fact"]
+    expiry = f", expires {_when(saved['expires_at'])}" if saved.get("expires_at") else ""
+    print(
+        f"saved {saved['category']} / {saved['key']}: {saved['value']}"
+        f" (confidence {saved['confidence']}, {saved['source']}{expiry})",
+        file=out,
+    )
+    return None
+
+
+def _forget(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    body = client.request(
+        "DELETE", "/memory/facts", params={"key": args.key, "category": args.category}
+    )
+    if args.json:
+        return body
+    count = body["deleted"]
+    print(f"forgot {count} fact{'s' if count != 1 else ''}", file=out)
+    return None
+
+
+def _summary(client: MemoryClient, args: Any, out: TextIO, stdin: TextIO) -> Any:
+    if args.set is not None:
+        content = stdin.read() if args.set == "-" else args.set
+        body = client.request("PUT", "/memory/summary", body={"content": content})
+        if not args.json:
+            print(f"summary saved ({len(body['summary'])} characters)", file=out)
+            return None
+        return body
+    body = client.request("GET", "/memory/summary")
+    if args.json:
+        return body
+    if body["summary"] is None:
+        print("no summary", file=out)
+    else:
+        print(body["summary"], file=out)
+    return None
+
+
+def _extraction(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    body = client.request(
+        "GET",
+        "/memory/extraction",
+        params={
+            "due": True if args.due else None,
+            "limit": args.limit,
+            "after": args.after,
+            "all_users": args.all_users or None,
+        },
+    )
+    if args.json:
+        return body
+    info = body["extraction"]
+    if info["enabled"]:
+        print(
+            f"extraction on: sessions idle {info['stale_after_minutes']} min,"
+            f" swept every {info['interval_seconds']:g} s",
+            file=out,
+        )
+    else:
+        print(f"extraction off: {info.get('reason', 'not running')}", file=out)
+    sessions = body["sessions"]
+    if not sessions:
+        print("no sessions", file=out)
+        return None
+    headers = ["SESSION", "STATE", "LAST ACTIVITY", "EXTRACTED", "DUE AT"]
+    rows = [
+        [s["id"], s["state"], _when(s["updated_at"]), _when(s["extracted_at"]), _when(s["due_at"])]
+        for s in sessions
+    ]
+    if args.all_users:
+        headers.insert(0, "OWNER")
+        rows = [[s["owner"], *row] for s, row in zip(sessions, rows, strict=True)]
+    for line in table(headers, rows):
+        print(line, file=out)
+    if body["next_after"] is not None:
+        print(f"next page: --after {body['next_after']}", file=out)
+    return None
+
+
+def _delete_all(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    if not args.yes:
+        raise NodeError(
+            "delete-all deletes every fact, the summary and the extraction state memory holds"
+            " about you; add --yes to do it",
+            2,
+        )
+    body = client.request("DELETE", "/memory")
+    if args.json:
+        return body
+    deleted = body["deleted"]
+    print(
+        f"deleted {deleted['facts']} facts, {deleted['summary']} summary,"
+        f" {deleted['sessions']} session extraction states",
+        file=out,
+    )
+    return None
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "list": _list,
+    "search": _search,
+    "put": _put,
+    "forget": _forget,
+    "summary": _summary,
+    "extraction": _extraction,
+    "delete-all": _delete_all,
+}
+
+
+def run(
+    args: Any,
+    token: str,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    stdin: TextIO | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> int:
+    """Run the ``turnstile memory`` command ``args.memory_command``; its exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    command = COMMANDS[args.memory_command]
+    client = MemoryClient(args.url, token, transport)
+    try:
+        if command is _summary:
+            answer = command(client, args, out, stdin or sys.stdin)
+        else:
+            answer = command(client, args, out)
+    except NodeError as exc:
+        print(f"turnstile memory {args.memory_command}: {exc}", file=err)
+        return exc.status
+    finally:
+        client.close()
+    if answer is not None:
+        print(json.dumps(answer, indent=2, ensure_ascii=False), file=out)
+    return 0

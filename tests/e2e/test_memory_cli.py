@@ -1,0 +1,195 @@
+"""``turnstile memory`` against a live node: the CLI's ``main()`` (in a worker thread: it is a
+blocking HTTP client) talks to a real gateway on loopback with a user's token, and prints
+tables, or the node's JSON with ``--json``; refusals exit 2 with the node's own message."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+
+import pytest
+import trio
+
+from tests.support.node import ALICE, BOB, new_session, running_node
+from turnstile.actors.cli import main
+from turnstile.actors.config import MemoryConfig
+
+
+class Cli:
+    """Runs ``turnstile memory …`` as a user of ``url``; keeps what it printed."""
+
+    def __init__(self, url: str, capsys: pytest.CaptureFixture) -> None:
+        self.url = url
+        self.capsys = capsys
+
+    async def __call__(
+        self, *argv: str, token: str | None = ALICE, stdin: str | None = None
+    ) -> tuple[int, str, str]:
+        args = ["memory", *argv, "--url", self.url]
+        if token is not None:
+            args += ["--token", token]
+
+        def run() -> int:
+            if stdin is not None:
+                import sys
+
+                sys.stdin = io.StringIO(stdin)
+            return main(args)
+
+        self.capsys.readouterr()
+        code = await trio.to_thread.run_sync(run)
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+
+async def test_put_list_search_forget_and_summary(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TURNSTILE_TOKEN", raising=False)
+    async with running_node(tmp_path) as node:
+        cli = Cli(node.url, capsys)
+        code, out, _ = await cli("put", "preferences", "coffee", "dark roast, no sugar")
+        assert code == 0
+        assert out == (
+            "saved preferences / coffee: dark roast, no sugar (confidence 90, user_explicit)\n"
+        )
+        code, out, _ = await cli(
+            "put", "home", "city", "Porto", "--confidence", "60", "--source", "conversation"
+        )
+        assert code == 0 and "(confidence 60, conversation)" in out
+        code, out, _ = await cli("put", "home", "trip", "Lisbon", "--expires-days", "3", "--json")
+        saved = json.loads(out)["fact"]
+        assert (saved["key"], saved["value"], saved["source"]) == (
+            "trip",
+            "Lisbon",
+            "user_explicit",
+        )
+        assert saved["expires_at"] is not None
+
+        code, out, _ = await cli("list", "--sort", "key", "--order", "asc")
+        lines = out.splitlines()
+        assert code == 0
+        assert lines[0].split() == ["CATEGORY", "KEY", "VALUE", "CONF", "SOURCE", "UPDATED"]
+        assert [line.split()[1] for line in lines[1:-1]] == ["city", "coffee", "trip"]
+        assert "dark roast, no sugar" in lines[2] and " 90 " in lines[2]
+        assert lines[-1] == "facts 1-3 of 3"
+        code, out, _ = await cli("list", "--category", "home", "--limit", "1", "--sort", "key")
+        assert out.splitlines()[1].split()[:3] == ["home", "trip", "Lisbon"]
+        assert out.splitlines()[-1] == "facts 1-1 of 2; next page: --offset 1"
+        code, out, _ = await cli("list", "--search", "ROAST", "--json")
+        page = json.loads(out)
+        assert page["total"] == 1 and page["facts"][0]["key"] == "coffee"
+
+        code, out, _ = await cli("search", "roast")
+        assert code == 0 and out.splitlines()[1].split()[:2] == ["preferences", "coffee"]
+        code, out, _ = await cli("search", "nothing like it")
+        assert (code, out) == (0, "no facts found\n")
+        # bob's memory is his own
+        code, out, _ = await cli("list", token=BOB)
+        assert (code, out) == (0, "no facts\n")
+
+        code, out, _ = await cli("forget", "city", "--category", "home")
+        assert (code, out) == (0, "forgot 1 fact\n")
+        code, out, _ = await cli("list", "--category", "home", "--json")
+        assert [f["key"] for f in json.loads(out)["facts"]] == ["trip"]
+
+        code, out, _ = await cli("summary")
+        assert (code, out) == (0, "no summary\n")
+        code, out, _ = await cli("summary", "--set", "Likes dark roast.")
+        assert (code, out) == (0, "summary saved (17 characters)\n")
+        code, out, _ = await cli("summary", "--set", "-", stdin="Line one.\nLine two.\n")
+        assert code == 0
+        code, out, _ = await cli("summary")
+        assert out == "Line one.\nLine two.\n\n"
+        code, out, _ = await cli("summary", "--json")
+        assert json.loads(out)["summary"] == "Line one.\nLine two.\n"
+        code, out, _ = await cli("summary", token=BOB)
+        assert out == "no summary\n"
+
+        code, _, err = await cli("delete-all")
+        assert code == 2 and "add --yes" in err
+        code, out, _ = await cli("delete-all", "--yes")
+        assert (code, out) == (0, "deleted 2 facts, 1 summary, 0 session extraction states\n")
+        assert await cli("list") == (0, "no facts\n", "")
+
+
+async def test_refusals_exit_2_with_the_nodes_message(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TURNSTILE_TOKEN", raising=False)
+    monkeypatch.delenv("TURNSTILE_DEV_TOKEN", raising=False)
+    async with running_node(tmp_path) as node:
+        cli = Cli(node.url, capsys)
+        code, out, err = await cli("list", token="not-a-token-of-anyone")
+        assert (code, out) == (2, "")
+        assert err == "turnstile memory list: 401 unauthorized: invalid token\n"
+        code, _, err = await cli("forget", "nothing")
+        assert code == 2
+        assert err == "turnstile memory forget: 404 not_found: no fact with key 'nothing'\n"
+        code, _, err = await cli("put", "c", "k", "v", "--confidence", "101")
+        assert code == 2 and err.startswith("turnstile memory put: 400 bad_message: ")
+        assert err.endswith("(field $.confidence)\n")
+        code, _, err = await cli("list", "--all-users")
+        assert code == 2 and err == (
+            "turnstile memory list: 403 forbidden: all_users needs the memory.read_all"
+            " permission (field all_users)\n"
+        )
+        code, _, err = await cli("list", "--limit", "0")
+        assert code == 2 and "(field limit)" in err
+        code, _, err = await cli("list", token=None)
+        assert (code, err) == (2, "turnstile memory: give --token or set TURNSTILE_TOKEN\n")
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, out, err = await Cli(f"http://127.0.0.1:{port}", capsys)("list")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"turnstile memory list: cannot reach the node at http://127.0.0.1:{port}:"
+        " connection refused\n"
+    )
+
+
+async def test_extraction_and_admins_across_users(tmp_path, capsys):
+    async with running_node(tmp_path, memory=MemoryConfig(admins=["alice"])) as node:
+        cli = Cli(node.url, capsys)
+        await new_session(node, "one")
+        await new_session(node, "two")
+        await new_session(node, "main", token=BOB)
+        code, out, _ = await cli("extraction")
+        lines = out.splitlines()
+        assert code == 0
+        assert lines[0] == (
+            "extraction off: no model server (the scripted agent and no [openai] base_url)"
+        )
+        assert lines[1].split() == [
+            "SESSION",
+            "STATE",
+            "LAST",
+            "ACTIVITY",
+            "EXTRACTED",
+            "DUE",
+            "AT",
+        ]
+        assert [line.split()[:2] for line in lines[2:]] == [["one", "waiting"], ["two", "waiting"]]
+        code, out, _ = await cli("extraction", "--limit", "1")
+        assert out.splitlines()[-1] == "next page: --after one"
+        code, out, _ = await cli("extraction", "--after", "one", "--json")
+        assert [s["id"] for s in json.loads(out)["sessions"]] == ["two"]
+        code, out, _ = await cli("extraction", "--due")
+        assert out.splitlines()[-1] == "no sessions"
+        code, out, _ = await cli("extraction", "--all-users")
+        assert [line.split()[:2] for line in out.splitlines()[2:]] == [
+            ["alice", "one"],
+            ["alice", "two"],
+            ["bob", "main"],
+        ]
+        code, _, err = await cli("extraction", "--all-users", token=BOB)
+        assert code == 2 and "403 forbidden" in err
+
+        assert (await cli("put", "drinks", "coffee", "black", token=BOB))[0] == 0
+        assert (await cli("put", "drinks", "tea", "green"))[0] == 0
+        code, out, _ = await cli("list", "--all-users", "--sort", "value")
+        lines = out.splitlines()
+        assert lines[0].split()[:2] == ["OWNER", "CATEGORY"]
+        assert [line.split()[:3] for line in lines[1:-1]] == [
+            ["alice", "drinks", "tea"],
+            ["bob", "drinks", "coffee"],
+        ]
