@@ -20,7 +20,8 @@ The hierarchy::
         ├── NotFound (also LookupError)   no row with that id
         ├── AlreadyExists                 a row with that id exists
         ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
-        │   └── BlockedByAutomations      a session still has scheduled jobs bound to it
+        │   ├── BlockedByAutomations      a session still has scheduled jobs bound to it
+        │   └── IdempotencyKeyReused      an idempotency key already names a different input
         └── MigrationError                the schema could not be brought up to date
 
 Each error carries a stable ``code`` so that it can cross the wire unchanged.
@@ -197,6 +198,25 @@ class BlockedByAutomations(ConflictError):
     def __init__(self, message: str, automations: list) -> None:
         super().__init__(message)
         self.automations = automations
+
+
+class IdempotencyKeyReused(ConflictError):
+    """An idempotency key was sent again with a different input than the one it names.
+
+    The first input under a key is the one kept; a retry must repeat it exactly. Answered
+    ``422`` over HTTP (as the IETF Idempotency-Key draft says for a reused key), ``error`` with
+    this code over the WebSocket.
+
+    Attributes:
+        field: the field that carried the key (``idempotency_key``, ``client_msg_id``,
+            ``Idempotency-Key``).
+    """
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, message: str, field: str | None = "idempotency_key") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class MigrationError(StoreError):

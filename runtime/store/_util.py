@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import msgspec
 
 from turnstile.runtime.clock import utc
-from turnstile.runtime.errors import ConflictError, NotFound
+from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound
 from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
 
 _json_encoder = msgspec.json.Encoder()
@@ -24,6 +25,27 @@ def check_text(value: object, what: str) -> str:
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{what} must not be empty")
+    return value
+
+
+#: The longest idempotency key the inbox stores.
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+#: Visible ASCII only (``!`` to ``~``): no spaces, control characters or line breaks, so that a
+#: key is safe in a log line and in an HTTP header, and compares byte for byte on both backends.
+_IDEMPOTENCY_KEY = re.compile(r"[!-~]+")
+
+
+def check_idempotency_key(value: object, field: str = "idempotency_key") -> str:
+    """``value`` if it is a well-formed idempotency key, else ``InvalidArgument`` naming
+    ``field``: 1 to :data:`MAX_IDEMPOTENCY_KEY_CHARS` visible ASCII characters."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be a string, not {type(value).__name__}", field=field)
+    if not 1 <= len(value) <= MAX_IDEMPOTENCY_KEY_CHARS or not _IDEMPOTENCY_KEY.fullmatch(value):
+        raise InvalidArgument(
+            f"{field} must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters"
+            " (no spaces or control characters)",
+            field=field,
+        )
     return value
 
 

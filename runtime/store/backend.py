@@ -31,6 +31,7 @@ READS: dict[str, str] = {
     "list_sessions": "(owner, limit, after_id) -> rows",
     "list_inputs": "(session_id, states) -> rows by id; NotFound for no session",
     "input_state": "(input_id) -> str | None",
+    "keyed_input": "(session_id, key) -> row | None",
     "sessions_with_queued_inputs": "() -> rows of (session_id,), sorted",
     "read_events": "(session_id, after_seq, limit) -> rows; NotFound for no session",
     "last_seq": "(session_id) -> int | None",
@@ -49,6 +50,8 @@ WRITES: dict[str, str] = {
     "update_session": "(id, sets, now) -> row | None",
     "delete_session": "(id) -> bool (whether it existed)",
     "enqueue_input": "(session_id, source, payload, now) -> row | None for no session",
+    "enqueue_keyed": "(session_id, source, payload, key, state, detail, now) -> (row, created)"
+    " | None for no session; the row already under (session_id, key) when one is",
     "claim_next_input": "(session_id, now) -> row | None; NotFound for no session",
     "finish_input": "(input_id, state, detail, now) -> row | None unless it was running",
     "interrupt_running": "(now) -> rows",

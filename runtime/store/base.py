@@ -31,6 +31,7 @@ from msgspec import UNSET, UnsetType
 
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.store.records import (
+    Enqueued,
     EventRecord,
     FireResult,
     InboxItem,
@@ -178,6 +179,55 @@ class Store(Protocol):
 
         Raises:
             NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def enqueue_keyed(
+        self,
+        session_id: str,
+        source: str,
+        payload: dict[str, Any],
+        idempotency_key: str,
+        *,
+        state: str = "queued",
+        detail: dict[str, Any] | None = None,
+    ) -> Enqueued:
+        """Enqueue an input under an idempotency key, at most once per session and key.
+
+        The key is unique per session in the database itself (a unique index): the insert does
+        nothing when the key is taken, and the row that holds it is read back. So any number
+        of concurrent calls with one key, on any number of nodes sharing a PostgreSQL, store
+        one row; every call answers that row. The key lives as long as the row, which goes
+        only with its session.
+
+        Args:
+            session_id, source, payload: as ``enqueue_input``.
+            idempotency_key: 1 to 255 visible ASCII characters (``!`` to ``~``). Callers
+                namespace their keys by where the input came from (``client:<id>``,
+                ``github:<delivery id>``), since the space is shared per session.
+            state: ``queued`` (to run), or ``done`` for an input that will not run as a turn
+                of its own (one folded into the running turn) but whose key must be kept.
+            detail: stored with the row (``done`` rows say why).
+
+        Returns:
+            The row under the key, and whether this call stored it.
+
+        Raises:
+            InvalidArgument: the key is malformed (``field`` is ``idempotency_key``).
+            IdempotencyKeyReused: the key already names an input with another source or
+                payload; nothing is written.
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
+    async def keyed_input(
+        self, session_id: str, idempotency_key: str, *, source: str, payload: dict[str, Any]
+    ) -> InboxItem | None:
+        """The input enqueued under ``idempotency_key`` in the session, if any (a read only).
+
+        Raises:
+            InvalidArgument: the key is malformed.
+            IdempotencyKeyReused: there is one, but with another source or payload.
         """
         ...
 

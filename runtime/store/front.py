@@ -15,10 +15,11 @@ from typing import Any
 from msgspec import UNSET, UnsetType
 
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.errors import AlreadyExists
+from turnstile.runtime.errors import AlreadyExists, IdempotencyKeyReused
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store.backend import Backend
 from turnstile.runtime.store.records import (
+    Enqueued,
     EventRecord,
     FireResult,
     InboxItem,
@@ -65,7 +66,22 @@ def _input(row: Any) -> InboxItem:
         created_at=_ts(row["created_at"]),
         updated_at=_ts(row["updated_at"]),
         detail=u.decode_optional_json(row["detail"]),
+        idempotency_key=row["idempotency_key"],
     )
+
+
+#: The states ``enqueue_keyed`` may store an input in: to run, or already settled (an input
+#: folded into a running turn keeps its key in a row that never runs).
+_KEYED_STATES = ("queued", "done")
+
+
+def _same_input(item: InboxItem, source: str, payload: str) -> None:
+    """Raise ``IdempotencyKeyReused`` unless ``item`` is the input ``(source, payload)``."""
+    if item.source != source or item.payload != u.decode_json(payload):
+        raise IdempotencyKeyReused(
+            f"idempotency key {item.idempotency_key!r} already names another input of this"
+            f" session (input {item.id}); a retry must send the same input"
+        )
 
 
 def _event(row: Any) -> EventRecord:
@@ -257,6 +273,51 @@ class StoreFront:
         if row is None:
             raise u.no_session(session_id)
         return _input(row)
+
+    async def enqueue_keyed(
+        self,
+        session_id: str,
+        source: str,
+        payload: dict[str, Any],
+        idempotency_key: str,
+        *,
+        state: str = "queued",
+        detail: dict[str, Any] | None = None,
+    ) -> Enqueued:
+        u.check_text(session_id, "session_id")
+        u.check_text(source, "source")
+        key = u.check_idempotency_key(idempotency_key)
+        if state not in _KEYED_STATES:
+            raise ValueError(f"a keyed input is stored queued or done, not {state!r}")
+        data = u.encode_json(payload)
+        found = await self.engine.write(
+            "enqueue_keyed",
+            session_id=session_id,
+            source=source,
+            payload=data,
+            key=key,
+            state=state,
+            detail=u.encode_optional_json(detail),
+            now=self._now(),
+        )
+        if found is None:
+            raise u.no_session(session_id)
+        row, created = found
+        item = _input(row)
+        if not created:
+            _same_input(item, source, data)
+        return Enqueued(item=item, created=created)
+
+    async def keyed_input(
+        self, session_id: str, idempotency_key: str, *, source: str, payload: dict[str, Any]
+    ) -> InboxItem | None:
+        key = u.check_idempotency_key(idempotency_key)
+        row = await self.engine.read("keyed_input", session_id=session_id, key=key)
+        if row is None:
+            return None
+        item = _input(row)
+        _same_input(item, source, u.encode_json(payload))
+        return item
 
     async def claim_next_input(self, session_id: str) -> InboxItem | None:
         row = await self.engine.write("claim_next_input", session_id=session_id, now=self._now())

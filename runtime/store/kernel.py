@@ -1,7 +1,8 @@
 """The kernel's migration set: the store's own tables, as they stand today.
 
-Sessions, inbox, events, jobs and runs (v1), the one-pending-recall index (v2) and the
-key-value table (v3). Each backend has its own DDL where the types differ:
+Sessions, inbox, events, jobs and runs (v1), the one-pending-recall index (v2), the
+key-value table (v3) and the inbox's idempotency keys (v4). Each backend has its own DDL where
+the types differ:
 
 * SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
   JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
@@ -192,12 +193,30 @@ _POSTGRES_KV = (
     "CREATE INDEX kv_expires_idx ON kv (expires_at) WHERE expires_at IS NOT NULL",
 )
 
+# v4: an input may carry an idempotency key, unique per session, so that an input sent twice
+# (a client resending after a reconnect, a webhook redelivered) is stored once. The database
+# enforces it: concurrent duplicates insert ``ON CONFLICT DO NOTHING`` and read the row that won.
+# The key lives as long as its inbox row (rows go only with their session). Partial, so that
+# the inputs without a key (most of them) cost the index nothing.
+_INBOX_KEY_INDEX_SQL = """
+CREATE UNIQUE INDEX inbox_idempotency_idx ON inbox (session_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+"""
+_SQLITE_INBOX_KEYS = ("ALTER TABLE inbox ADD COLUMN idempotency_key TEXT", _INBOX_KEY_INDEX_SQL)
+_POSTGRES_INBOX_KEYS = (
+    'ALTER TABLE inbox ADD COLUMN idempotency_key text COLLATE "C"',
+    _INBOX_KEY_INDEX_SQL,
+)
+
 KERNEL = MigrationSet(
     KERNEL_SET,
     (
         Migration(1, "initial", sqlite=_SQLITE_INITIAL, postgres=_POSTGRES_INITIAL),
         Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
         Migration(3, "kv", sqlite=_SQLITE_KV, postgres=_POSTGRES_KV),
+        Migration(
+            4, "inbox_idempotency_key", sqlite=_SQLITE_INBOX_KEYS, postgres=_POSTGRES_INBOX_KEYS
+        ),
     ),
 )
 

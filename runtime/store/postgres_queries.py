@@ -119,6 +119,44 @@ async def enqueue_input(
         return None
 
 
+async def enqueue_keyed(
+    conn: Conn,
+    session_id: str,
+    source: str,
+    payload: str,
+    key: str,
+    state: str,
+    detail: str | None,
+    now: datetime,
+) -> tuple[Row, bool] | None:
+    # Two statements, each its own snapshot (READ COMMITTED): a concurrent insert of the same
+    # key makes the first wait for it and do nothing; the second then sees its committed row.
+    try:
+        row = await conn.fetchrow(
+            "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at,"
+            " detail, idempotency_key) VALUES ($1, $2, $3::jsonb, $4, $5, $5, $6::jsonb, $7)"
+            " ON CONFLICT DO NOTHING RETURNING *",
+            session_id,
+            source,
+            payload,
+            state,
+            now,
+            detail,
+            key,
+        )
+    except asyncpg.ForeignKeyViolationError:
+        return None
+    if row is not None:
+        return row, True
+    return await keyed_input(conn, session_id, key), False
+
+
+async def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
+    return await conn.fetchrow(
+        "SELECT * FROM inbox WHERE session_id = $1 AND idempotency_key = $2", session_id, key
+    )
+
+
 async def claim_next_input(conn: Conn, session_id: str, now: datetime) -> Row | None:
     row = await conn.fetchrow(
         "UPDATE inbox SET state = 'running', updated_at = $2"

@@ -17,6 +17,7 @@ __all__ = [
     "RUN_STATES",
     "Session",
     "InboxItem",
+    "Enqueued",
     "EventRecord",
     "Job",
     "JobRun",
@@ -68,6 +69,8 @@ class InboxItem(msgspec.Struct, frozen=True, kw_only=True):
         created_at: when it was enqueued.
         updated_at: when its state last changed.
         detail: what ``finish_input`` recorded (an error, a summary), or None.
+        idempotency_key: the key it was enqueued under (``enqueue_keyed``), unique in its
+            session, or None.
     """
 
     id: int
@@ -78,6 +81,15 @@ class InboxItem(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     detail: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+
+
+class Enqueued(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``enqueue_keyed`` answers: the input stored under the key, and whether this call
+    stored it (False: an earlier call with the same key did, and nothing was written)."""
+
+    item: InboxItem
+    created: bool
 
 
 class EventRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -123,6 +123,42 @@ def enqueue_input(conn: Conn, session_id: str, source: str, payload: str, now: s
     return _insert_input(conn, session_id, source, payload, now)
 
 
+def enqueue_keyed(
+    conn: Conn,
+    session_id: str,
+    source: str,
+    payload: str,
+    key: str,
+    state: str,
+    detail: str | None,
+    now: str,
+) -> tuple[Row, bool] | None:
+    if get_session(conn, session_id) is None:
+        return None
+    row = _one(
+        conn,
+        "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at, detail,"
+        " idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING *",
+        session_id,
+        source,
+        payload,
+        state,
+        now,
+        now,
+        detail,
+        key,
+    )
+    if row is not None:
+        return row, True
+    return keyed_input(conn, session_id, key), False
+
+
+def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
+    return _one(
+        conn, "SELECT * FROM inbox WHERE session_id = ? AND idempotency_key = ?", session_id, key
+    )
+
+
 def claim_next_input(conn: Conn, session_id: str, now: str) -> Row | None:
     row = _one(
         conn,
