@@ -17,12 +17,13 @@ Adding a feature is adding a package with a ``Feature`` and naming it in ``defau
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.gateway.topics import UserTopics
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import Store
@@ -54,6 +55,8 @@ class NodeContext:
         start_background: runs a tool call as a background task (execution; None without it).
         directory: the sessions feature's directory, set once sessions started (routes use it to
             turn a user's session name into its key).
+        topics: the gateway's user topics: a feature registers the log of a per-user event
+            stream there and publishes to it (``runtime.gateway.topics``; memory's changes).
     """
 
     config: Config
@@ -69,6 +72,7 @@ class NodeContext:
     check_channel: Callable[[str], None] | None = None
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
+    topics: UserTopics = field(default_factory=UserTopics)
 
     async def tell_session(self, key: str, message: Any) -> None:
         """Send ``message`` to the session actor with key ``key`` (activating it)."""

@@ -274,6 +274,7 @@ async def open_node(
                             on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
                             ws_send_many=WS_SEND_MANY,
                             body_timeout=limits.body_timeout_seconds,
+                            topics=context.topics,
                         )
                     node = Node(
                         config=config,

@@ -1,10 +1,11 @@
 """The memory feature: long-term facts about each user, a summary per user, and the
 extraction state of sessions (``docs/memory.md``).
 
-It owns its tables (the ``memory`` migration set, ``schema.py``), registers the ``memory.*``
-tools and the ``/memory`` routes when ``[memory] enabled`` (the tables exist either way), and
-forgets a deleted session's extraction state. At start-up it decides, once, how search runs on
-this backend and logs it.
+It owns its tables (the ``memory`` migration set, ``schema.py``, and the change log's,
+``changes.py``), registers the ``memory.*`` tools and the ``/memory`` routes when ``[memory]
+enabled`` (the tables exist either way), offers the ``memory`` topic on the gateway (every
+change to a user's memory, pushed to that user's WebSockets), and forgets a deleted session's
+extraction state. At start-up it decides, once, how search runs on this backend and logs it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.changes import CHANGES, TOPIC, ChangeLog
 from turnstile.actors.memory.embeddings import resolve_embedder
 from turnstile.actors.memory.extraction import Extractor, start_extraction
 from turnstile.actors.memory.injection import SummaryCache
@@ -36,7 +38,7 @@ class MemoryFeature:
     """
 
     name = "memory"
-    migrations = [MEMORY]
+    migrations = [MEMORY, CHANGES]
 
     def __init__(self) -> None:
         self.memory: Memory | None = None
@@ -50,7 +52,14 @@ class MemoryFeature:
             return
         chat_url = node.config.openai.get("base_url")  # the reference's fallback address
         embedder = resolve_embedder(config.embeddings, chat_url)
-        self.memory = memory = Memory(node.store, node.clock, config, embedder)
+        topics = node.topics
+        changes = ChangeLog(
+            node.store,
+            config.changes_kept,
+            lambda owner, events: topics.publish(owner, TOPIC, events),
+        )
+        topics.register(TOPIC, changes)
+        self.memory = memory = Memory(node.store, node.clock, config, embedder, changes)
         await memory.start()
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)

@@ -16,6 +16,9 @@
 ``GET /memory/extraction``                    the caller's sessions with their extraction
                                               state (``due`` or not), by name: ``limit``,
                                               ``after``, ``due``; ``all_users=true`` as above
+``GET /memory/changes?after_seq=…``          the caller's change log after ``after_seq``
+                                              (the ``memory`` topic's events, as WebSocket
+                                              frames), ``reset`` when it no longer holds them
 ``DELETE /memory``                            everything memory holds about the caller:
                                               facts, summary, their sessions' extraction state
 ============================================  =================================================
@@ -43,6 +46,7 @@ import msgspec
 from starlette.responses import Response
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.memory.changes import TOPIC
 from turnstile.actors.memory.extraction import Extractor
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.state_queries import SessionState
@@ -62,7 +66,7 @@ from turnstile.actors.memory.tools import (
 from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import DecodeError, NotFound
-from turnstile.runtime.gateway.frames import SESSION_ID_PATTERN
+from turnstile.runtime.gateway.frames import MAX_SEQ, SESSION_ID_PATTERN, encode_topic_event
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
 
 __all__ = ["memory_routes"]
@@ -117,6 +121,13 @@ class ExtractionQuery(msgspec.Struct, forbid_unknown_fields=True):
     after: Annotated[str, msgspec.Meta(min_length=1, max_length=260)] | None = None
     due: bool | None = None
     all_users: bool = False
+
+
+class ChangesQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /memory/changes``'s query string."""
+
+    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 500
 
 
 class ForgetQuery(msgspec.Struct, forbid_unknown_fields=True):
@@ -300,6 +311,21 @@ def memory_routes(
         summary = await memory.set_summary(request.user, body.content)
         return {"summary": summary.content, "updated_at": summary.updated_at}
 
+    async def changes(request: ApiRequest) -> Any:
+        q = _query(request, ChangesQuery)
+        if memory.changes is None:
+            raise NotFound("this node keeps no memory change log")
+        head, events = await memory.changes.page(request.user, q.after_seq, q.limit)
+        # a client that saw less than what was pruned, or more than there is: reload
+        reset = not head.pruned_seq <= q.after_seq <= head.last_seq
+        frames = [] if reset else [msgspec.Raw(encode_topic_event(TOPIC, e)) for e in events]
+        return {
+            "changes": frames,
+            "last_seq": head.last_seq,
+            "pruned_seq": head.pruned_seq,
+            "reset": reset,
+        }
+
     async def delete_all(request: ApiRequest) -> Any:
         return {"deleted": await memory.delete_user(request.user)}
 
@@ -308,6 +334,7 @@ def memory_routes(
         HttpRoute("GET", "/memory/facts", list_facts),
         HttpRoute("GET", "/memory/search", search_facts),
         HttpRoute("GET", "/memory/extraction", extraction_state),
+        HttpRoute("GET", "/memory/changes", changes),
         HttpRoute("PUT", "/memory/facts", put_fact),
         HttpRoute("DELETE", "/memory/facts", delete_fact),
         HttpRoute("GET", "/memory/summary", get_summary),

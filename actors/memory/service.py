@@ -19,6 +19,11 @@ the vector stage (facts within ``max_distance``, nearest first) before the lexic
 embedder failing never fails either: the fact is saved without a vector (``backfill`` embeds it
 later) and the search is lexical only. After a failure, saves and searches leave the embedder
 alone for ``RETRY_AFTER`` seconds; the first failure is a warning, the rest are debug lines.
+
+Changes. With a change log (``changes.py``; the node's feature always gives one), every write
+(save, forget, summary, deleting a user) appends its events to the owner's log in the same
+transaction and publishes them on the ``memory`` topic once committed, one write per owner at a
+time so they are published in order.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ from typing import Any
 
 import trio
 
+from turnstile.actors.memory.changes import (
+    DELETE_USER_LOGGED,
+    FORGET_LOGGED,
+    SAVE_LOGGED,
+    SET_SUMMARY_LOGGED,
+    ChangeLog,
+)
 from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
 from turnstile.actors.memory.queries import (
     DELETE_USER,
@@ -108,6 +120,9 @@ class Memory:
         clock: its wall time dates rows and decides expiry.
         config: ``[memory]``.
         embedder: the embedding client (``embeddings.resolve_embedder``); None: lexical only.
+        changes: the change log (``changes.py``): every write then also appends its events and
+            publishes them once committed (the node's feature gives one; None: writes are not
+            logged, for a store opened with the ``memory`` set alone).
     """
 
     def __init__(
@@ -116,11 +131,13 @@ class Memory:
         clock: Clock,
         config: MemoryConfig,
         embedder: Embedder | None = None,
+        changes: ChangeLog | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.config = config
         self.embedder = embedder
+        self.changes = changes
         #: decided by ``start``; ``fts5`` until then on SQLite, ``ilike`` on PostgreSQL.
         self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
         #: decided by ``start``: how embeddings are stored and searched (``none`` until then).
@@ -253,14 +270,16 @@ class Memory:
         vectors = await self._embed([fact_text(category, key, value)], "fact saved")
         if vectors is not None:
             fact["embedding"] = vectors[0]
-        return await self.store.run_write(
-            SAVE,
-            owner=owner,
-            fact=fact,
-            now=self.store.db_time(now),
-            max_facts=self.config.max_facts_per_user,
-            vector=self.vector_path,
-        )
+        args = {
+            "owner": owner,
+            "fact": fact,
+            "now": self.store.db_time(now),
+            "max_facts": self.config.max_facts_per_user,
+            "vector": self.vector_path,
+        }
+        if self.changes is not None:
+            return await self.changes.write(SAVE_LOGGED, **args)
+        return await self.store.run_write(SAVE, **args)
 
     def check_limit(self, limit: int | None, *, default: int | None = None) -> int:
         """``limit`` or the default, checked against ``max_search_limit``.
@@ -314,6 +333,11 @@ class Memory:
     async def forget(self, owner: str, key: str, category: str | None = None) -> int:
         """Delete ``owner``'s facts with ``key`` (in ``category`` if given); how many went."""
         category = None if category is None else category.strip()
+        if self.changes is not None:
+            now = self.store.db_time(self._now())
+            return await self.changes.write(
+                FORGET_LOGGED, owner=owner, key=key.strip(), category=category, now=now
+            )
         return await self.store.run_write(FORGET, owner=owner, key=key.strip(), category=category)
 
     async def list_facts(
@@ -382,9 +406,12 @@ class Memory:
                 f"content must be at most {self.config.max_summary_chars} characters",
                 field="content",
             )
-        return await self.store.run_write(
-            SET_SUMMARY, owner=owner, content=content, now=self.store.db_time(self._now())
-        )
+        now = self.store.db_time(self._now())
+        if self.changes is not None:
+            return await self.changes.write(
+                SET_SUMMARY_LOGGED, owner=owner, content=content, now=now
+            )
+        return await self.store.run_write(SET_SUMMARY, owner=owner, content=content, now=now)
 
     # ---- extraction state ----
 
@@ -490,5 +517,9 @@ class Memory:
 
     async def delete_user(self, owner: str) -> dict[str, int]:
         """Delete everything memory holds about ``owner``: facts, summary, their sessions'
-        extraction state. Returns the rows deleted by kind."""
+        extraction state. Returns the rows deleted by kind. With a change log, the user's log
+        keeps only the ``memory_deleted`` event (counts, no content)."""
+        if self.changes is not None:
+            now = self.store.db_time(self._now())
+            return await self.changes.write(DELETE_USER_LOGGED, owner=owner, now=now)
         return await self.store.run_write(DELETE_USER, owner=owner)

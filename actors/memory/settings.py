@@ -13,6 +13,7 @@ Example::
     extraction = true          # learn facts from idle sessions (needs a model server)
     stale_after_minutes = 30   # a session idle this long is extracted
     extraction_interval_seconds = 300  # how often idle sessions are looked for
+    changes_kept = 20000       # change-log events kept per user (GET /memory/changes)
 
     [memory.embeddings]
     kind = "ollama"            # or "openai" (any OpenAI-compatible /v1/embeddings)
@@ -90,6 +91,8 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
             (``extraction.py``); off anyway without a model server.
         stale_after_minutes: how long a session must be idle before it is extracted.
         extraction_interval_seconds: seconds between two looks for idle sessions.
+        changes_kept: events the change log keeps per user (``changes.py``); beyond it the
+            oldest go, and a client that had not seen them must reload (``reset``).
         embeddings: ``[memory.embeddings]``, the embedder of the vector search stage.
     """
 
@@ -103,6 +106,7 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
     extraction: bool = True
     stale_after_minutes: Annotated[int, msgspec.Meta(ge=1, le=10_080)] = 30
     extraction_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300.0
+    changes_kept: Annotated[int, msgspec.Meta(ge=10, le=10_000_000)] = 20_000
     embeddings: EmbeddingsConfig = msgspec.field(default_factory=EmbeddingsConfig)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from turnstile.runtime.gateway.backend import Attached, SessionBackend, Submitte
 from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
 from turnstile.runtime.gateway.frames import PROTOCOL_VERSION
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
+from turnstile.runtime.gateway.topics import TopicEvent, TopicHead, TopicLog, UserTopics
 
 __all__ = [
     "build_app",
@@ -19,4 +20,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ApiRequest",
     "HttpRoute",
+    "TopicEvent",
+    "TopicHead",
+    "TopicLog",
+    "UserTopics",
 ]

@@ -55,6 +55,7 @@ from turnstile.runtime.gateway.frames import (
     is_valid_id,
 )
 from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.gateway.topics import UserTopics
 
 __all__ = ["ID_RULE", "build_app"]
 
@@ -148,6 +149,7 @@ def build_app(
     on_frames_sent: Callable[[int], None] | None = None,
     ws_send_many: str | None = None,
     body_timeout: float = 30.0,
+    topics: UserTopics | None = None,
 ) -> Starlette:
     """Build the ASGI app over a session backend.
 
@@ -164,6 +166,7 @@ def build_app(
             messages in one write (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None
             sends them one ``websocket.send`` at a time, which any ASGI server understands.
         body_timeout: seconds a request body may take to arrive, from the first read.
+        topics: the user topics a WebSocket client may subscribe to (None: none).
     """
 
     def mount(route: HttpRoute) -> Route:
@@ -283,7 +286,7 @@ def build_app(
             on_connection(1)
         try:
             await Connection(
-                websocket, user, backend, limits, on_frames_sent, send_many=send_many
+                websocket, user, backend, limits, on_frames_sent, send_many=send_many, topics=topics
             ).serve()
         finally:
             if on_connection is not None:

@@ -15,6 +15,11 @@ it can re-attach with ``after_seq`` to catch up from the store.
 Attaching with ``after_seq`` replays the persisted events after it, then goes live. Events that
 arrive during the replay are held (bounded) and delivered after it, skipping any ``seq`` already
 sent, so the client sees every event exactly once, in order.
+
+Subscribing to a user topic (``subscribe``, ``runtime.gateway.topics``) works the same way with
+the topic's log in place of the session's events: ``subscribed``, the replay when ``after_seq``
+was given (none when the log no longer holds what came after it: ``reset``), ``topic_sync``,
+then live events of this connection's user only, dropped with ``lagged`` when the outbox is full.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from typing import Any
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from turnstile.runtime.errors import DecodeError, InvalidArgument, LimitExceeded, TurnstileError
+from turnstile.runtime.errors import (
+    DecodeError,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    TurnstileError,
+)
 from turnstile.runtime.gateway.backend import SessionBackend
 from turnstile.runtime.gateway.frames import (
     CLIENT_FRAMES,
@@ -40,10 +51,14 @@ from turnstile.runtime.gateway.frames import (
     SendFrame,
     SetPolicyFrame,
     StopFrame,
+    SubscribeFrame,
+    UnsubscribeFrame,
     encode_event,
     encode_frame,
+    encode_topic_event,
     error_frame,
 )
+from turnstile.runtime.gateway.topics import UserTopics
 
 __all__ = ["Connection", "ConnectionLimits"]
 
@@ -98,12 +113,15 @@ class Connection:
         limits: ConnectionLimits,
         on_frames_sent: Callable[[int], None] | None = None,
         send_many: Callable[[list[str]], Awaitable[None]] | None = None,
+        topics: UserTopics | None = None,
     ) -> None:
         self.websocket = websocket
         self.user = user
         self.backend = backend
         self.limits = limits
         self.subscriptions: dict[str, _Subscription] = {}
+        self.topics = topics
+        self.topic_subscriptions: dict[str, _Subscription] = {}
         self._outbox: deque[bytes] = deque()
         self._ready = trio.Event()
         self._room = trio.Event()
@@ -152,6 +170,40 @@ class Connection:
         if sub is None or self._closed:
             return
         self._push(encode_frame("session_deleted", session_id=session_id, last_seq=sub.last_sent))
+
+    # -- the TopicSubscriber protocol (called by UserTopics.publish, never blocks) --
+
+    def offer_topic(self, topic: str, seq: int, frame: bytes) -> bool:
+        sub = self.topic_subscriptions.get(topic)
+        if sub is None or self._closed:
+            return False
+        if not sub.live:
+            if len(sub.pending) >= self.limits.outbox_frames:
+                return False
+            sub.pending.append((seq, frame))
+            return True
+        if seq <= sub.last_sent:
+            return True  # already sent during replay
+        if len(self._outbox) >= self.limits.outbox_frames:
+            return False
+        sub.last_sent = seq
+        self._push(frame)
+        return True
+
+    def topic_lagged(self, topic: str) -> None:
+        sub = self.topic_subscriptions.pop(topic, None)
+        if sub is None or self._closed:
+            return
+        self._push(
+            encode_frame(
+                "error",
+                code="lagged",
+                message=f"dropped from topic {topic!r}; subscribe again with "
+                f"after_seq={sub.last_sent} to catch up",
+                topic=topic,
+                last_seq=sub.last_sent,
+            )
+        )
 
     # -- outbox --
 
@@ -213,6 +265,8 @@ class Connection:
                     nursery.cancel_scope.cancel()
         finally:
             self._closed = True
+            for topic in list(self.topic_subscriptions):
+                self._unsubscribe(topic)
             with trio.move_on_after(5, shield=True):
                 for session_id in list(self.subscriptions):
                     await self._detach(session_id)
@@ -283,9 +337,15 @@ class Connection:
 
     async def _handle(self, frame: Any) -> None:
         """Answer a frame other than ``call``, before the next frame is read."""
-        session_id = frame.session_id
+        session_id = getattr(frame, "session_id", None)
+        topic = getattr(frame, "topic", None)
         try:
             match frame:
+                case SubscribeFrame():
+                    await self._subscribe(frame)
+                case UnsubscribeFrame():
+                    self._unsubscribe(frame.topic)
+                    await self._put(encode_frame("unsubscribed", topic=frame.topic))
                 case AttachFrame():
                     await self._attach(frame)
                 case DetachFrame():
@@ -316,10 +376,10 @@ class Connection:
                     )
                     await self._put(encode_frame("approval", **decided))
         except TurnstileError as exc:
-            await self._put(error_frame(exc, session_id=session_id))
+            await self._put(error_frame(exc, session_id=session_id, topic=topic))
         except Exception as exc:  # a bug must not take the connection down
             log.exception("handling %s frame failed", type(frame).__name__)
-            await self._put(error_frame(exc, session_id=session_id))
+            await self._put(error_frame(exc, session_id=session_id, topic=topic))
 
     async def _attach(self, frame: AttachFrame) -> None:
         session_id = frame.session_id
@@ -370,6 +430,52 @@ class Connection:
                 sub.last_sent = seq
         sub.pending = []
         sub.live = True
+
+    async def _subscribe(self, frame: SubscribeFrame) -> None:
+        """Subscribe to a user topic: ``subscribed``, the replay after ``after_seq`` (unless
+        the log no longer holds it all: ``reset``), ``topic_sync``, then live events."""
+        name = frame.topic
+        if self.topics is None:
+            raise NotFound(f"no topic {name!r} on this node")
+        self._unsubscribe(name)
+        sub = _Subscription(name, last_sent=frame.after_seq or 0)
+        self.topic_subscriptions[name] = sub
+        try:
+            log = self.topics.subscribe(self.user, name, self)
+            head = await log.head(self.user)
+        except BaseException:
+            self._unsubscribe(name)
+            raise
+        after = frame.after_seq
+        reset = after is not None and not head.pruned_seq <= after <= head.last_seq
+        if after is None or reset:
+            sub.last_sent = head.last_seq  # live from here on (nothing to replay)
+        await self._put(
+            encode_frame("subscribed", topic=name, last_seq=head.last_seq, reset=reset or None)
+        )
+        if after is not None and not reset:
+            while self.topic_subscriptions.get(name) is sub:
+                page = await log.read(self.user, sub.last_sent, 500)
+                if not page:
+                    break
+                for event in page:
+                    if self.topic_subscriptions.get(name) is not sub:
+                        break  # dropped mid-page: its lagged frame named the last seq sent
+                    await self._put(encode_topic_event(name, event))
+                    sub.last_sent = event.seq
+        if self.topic_subscriptions.get(name) is not sub:
+            return  # dropped while replaying (lagged, or unsubscribed)
+        await self._put(encode_frame("topic_sync", topic=name, seq=sub.last_sent))
+        for seq, event_frame in sub.pending:
+            if seq > sub.last_sent:
+                await self._put(event_frame)
+                sub.last_sent = seq
+        sub.pending = []
+        sub.live = True
+
+    def _unsubscribe(self, topic: str) -> None:
+        if self.topic_subscriptions.pop(topic, None) is not None and self.topics is not None:
+            self.topics.unsubscribe(self.user, topic, self)
 
     async def _detach(self, session_id: str) -> None:
         if self.subscriptions.pop(session_id, None) is None:

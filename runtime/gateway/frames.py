@@ -7,7 +7,7 @@ frames are built here too, so ``docs/protocol.md`` has one place to be checked a
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -15,12 +15,16 @@ from turnstile.runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
 from turnstile.runtime.errors import TurnstileError
 from turnstile.runtime.store import EventRecord
 
+if TYPE_CHECKING:
+    from turnstile.runtime.gateway.topics import TopicEvent
+
 __all__ = [
     "PROTOCOL_VERSION",
     "SessionId",
     "ClientMsgId",
     "MAX_SEQ",
     "SESSION_ID_PATTERN",
+    "TOPIC_PATTERN",
     "is_valid_id",
     "AttachFrame",
     "DetachFrame",
@@ -30,9 +34,12 @@ __all__ = [
     "SetPolicyFrame",
     "ApproveFrame",
     "DenyFrame",
+    "SubscribeFrame",
+    "UnsubscribeFrame",
     "ClientFrame",
     "CLIENT_FRAMES",
     "encode_event",
+    "encode_topic_event",
     "encode_frame",
     "error_frame",
 ]
@@ -50,6 +57,9 @@ MAX_SEQ = 2**63 - 1
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SESSION_ID_PATTERN)]
 ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
+#: A user topic's name (``runtime.gateway.topics``): a short lowercase word (``memory``).
+TOPIC_PATTERN = r"\A[a-z][a-z0-9_.-]{0,63}\Z"
+TopicName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=TOPIC_PATTERN)]
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
@@ -110,6 +120,20 @@ class DenyFrame(ClientMessage, tag="deny"):
     approval_id: ClientMsgId
 
 
+class SubscribeFrame(ClientMessage, tag="subscribe"):
+    """Receive the user's events of a topic (``runtime.gateway.topics``). With ``after_seq``,
+    first replay what the topic's log holds after it."""
+
+    topic: TopicName
+    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] | None = None
+
+
+class UnsubscribeFrame(ClientMessage, tag="unsubscribe"):
+    """Stop receiving a topic's events."""
+
+    topic: TopicName
+
+
 ClientFrame = (
     AttachFrame
     | DetachFrame
@@ -119,6 +143,8 @@ ClientFrame = (
     | SetPolicyFrame
     | ApproveFrame
     | DenyFrame
+    | SubscribeFrame
+    | UnsubscribeFrame
 )
 CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame, max_depth=MAX_JSON_DEPTH)
 
@@ -149,10 +175,22 @@ def encode_event(session_id: str, event: EventRecord) -> bytes:
     )
 
 
+def encode_topic_event(topic: str, event: TopicEvent) -> bytes:
+    """A user topic's event frame: its payload plus ``type``, ``topic``, ``seq``, ``ts``."""
+    return _encoder.encode(
+        {**event.payload, "type": event.type, "topic": topic, "seq": event.seq, "ts": event.ts}
+    )
+
+
 def error_frame(
-    error: BaseException, *, session_id: str | None = None, id: str | None = None
+    error: BaseException,
+    *,
+    session_id: str | None = None,
+    id: str | None = None,
+    topic: str | None = None,
 ) -> bytes:
-    """An ``error`` frame for ``error``: its stable code, message and offending field."""
+    """An ``error`` frame for ``error``: its stable code, message and offending field, and the
+    session, call or topic it concerns."""
     if isinstance(error, TurnstileError):
         code, message = error.code, str(error)
     else:
@@ -164,4 +202,5 @@ def error_frame(
         field=getattr(error, "field", None),
         session_id=session_id,
         id=id,
+        topic=topic,
     )

@@ -7,65 +7,13 @@ and every timestamp the store writes is known."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
-
 import httpx
-import openai._base_client as openai_base_client
 
+from tests.actors.memory._support import ADA, BOB, MINUTE, T0, auth, iso, model_for, node_with
 from tests.support.fake_openai import OpenAIStandIn, text_stream
 from tests.support.sessions import Recorder
-from turnstile.actors.config import Config, MemoryConfig
 from turnstile.actors.memory.extraction import Extractor
-from turnstile.actors.node import default_features, open_node
-from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
-from turnstile.runtime.clock import Clock
-
-ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
-T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-MINUTE = timedelta(minutes=1)
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def iso(when: datetime) -> str:
-    """A time as the routes answer it (msgspec's JSON: ``Z`` for UTC)."""
-    return when.isoformat().replace("+00:00", "Z")
-
-
-class SetClock(Clock):
-    """Wall time that moves only when the test moves it."""
-
-    def __init__(self, start: datetime) -> None:
-        self.at = start
-        super().__init__(lambda: self.at)
-
-
-@asynccontextmanager
-async def node_with(store_url, *, model=None, **memory):
-    """Ada's sessions s1 and s2 and Bob's s1, all created at ``T0``."""
-    clock = SetClock(T0)
-    config = Config(store=store_url, memory=MemoryConfig(**memory))
-    agent = ScriptedAgent(token_delay=0)
-    features = default_features(agent)
-    (feature,) = [f for f in features if f.name == "memory"]
-    feature.extraction_model = model
-    async with open_node(
-        config,
-        tokens={ADA: "ada", BOB: "bob"},
-        agent=agent,
-        clock=clock,
-        features=features,
-        serve=False,
-    ) as node:
-        transport = httpx.ASGITransport(app=node.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
-            for token, name in ((ADA, "s1"), (ADA, "s2"), (BOB, "s1")):
-                created = await http.post("/sessions", json={"id": name}, headers=auth(token))
-                assert created.status_code == 201
-            yield node, http, clock, feature
+from turnstile.actors.sessions.agents import ScriptedAgent
 
 
 def states(answer: httpx.Response) -> list[tuple]:
@@ -251,12 +199,3 @@ async def test_facts_list_by_category(store_url):
         ]
         bad = await http.get("/memory/facts", params={"category": "c" * 65}, headers=auth(ADA))
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "category"
-
-
-def model_for(standin: OpenAIStandIn) -> OpenAIAgent:
-    """The openai agent on the stand-in, in-process."""
-    agent = OpenAIAgent(
-        base_url="http://standin/v1", model="m", max_retries=0, transport=standin.transport()
-    )
-    agent._openai()._platform = openai_base_client.get_platform()
-    return agent
