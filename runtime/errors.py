@@ -203,8 +203,8 @@ class BlockedByAutomations(ConflictError):
 class IdempotencyKeyReused(ConflictError):
     """An idempotency key was sent again with a different input than the one it names.
 
-    The first input under a key is the one kept; a retry must repeat it exactly. Answered
-    ``422`` over HTTP (as the IETF Idempotency-Key draft says for a reused key), ``error`` with
+    The first input under a key is the one kept; a retry must repeat it exactly. A conflict
+    like any other over HTTP (``409``, with this code and the field), an ``error`` frame with
     this code over the WebSocket.
 
     Attributes:

@@ -314,48 +314,100 @@ class SessionActor(Actor):
         from_user = isinstance(
             decode_payload(msg.source, {**msg.payload, "content": msg.content}), UserMessage
         )
+        key = msg.idempotency_key
+        if key is not None:
+            # Sent before: answer as then, whatever the session's state now (a resend while
+            # the turn it started runs is not "busy"; one after the queue filled is not over
+            # the limit). The unique index in _enqueue/_fold_in is what decides; this read
+            # only spares the checks below.
+            earlier = await self.services.store.keyed_input(
+                self.session_id, key, source=msg.source, payload=_stored(msg)
+            )
+            if earlier is not None:
+                return _replayed(earlier)
         busy = self.turn is not None  # a turn is running right now (not merely queued)
         policy = self.session.policy
         if busy and from_user:
             if policy == "reject":
                 raise Busy("session is busy with a turn and its policy is reject")
             if policy == "inject" and self.turn is not None:
-                await self._fold_in(self.turn, msg.source, msg.content, msg.payload)
-                return Submitted(injected=True)
+                return await self._fold_in(self.turn, msg.source, msg.content, msg.payload, key)
         if self.queued >= limits.max_queued_inputs:
             raise LimitExceeded(
                 f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
             )
-        item = await self._enqueue(msg.source, msg.content, msg.payload)
+        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
+        if not created:
+            return _replayed(item)
         if busy and from_user and policy == "interrupt" and self.turn is not None:
             self.turn.cancel("interrupted")
         return Submitted(input_id=item.id)
 
-    async def _enqueue(self, source: str, content: str, payload: dict[str, Any]) -> InboxItem:
-        item = await self.services.store.enqueue_input(
-            self.session_id, source, {**payload, "content": content}
-        )
-        self.queued += 1
-        ahead = self.queued - 1 + (1 if self.runner_active else 0)
-        await self._emit(TurnQueued(input_id=item.id, source=source, ahead=ahead))
-        self._ensure_runner()
-        return item
+    async def _enqueue(
+        self, source: str, content: str, payload: dict[str, Any], key: str | None = None
+    ) -> tuple[InboxItem, bool]:
+        """Store an input to run as a turn; with ``key``, unless the key is taken.
+
+        Returns:
+            the row, and whether this call stored it (False: the key's row, left as it is).
+        """
+        store = self.services.store
+        stored = {**payload, "content": content}
+        if key is None:
+            item, created = await store.enqueue_input(self.session_id, source, stored), True
+        else:
+            enqueued = await store.enqueue_keyed(self.session_id, source, stored, key)
+            item, created = enqueued.item, enqueued.created
+        if created:
+            self.queued += 1
+            ahead = self.queued - 1 + (1 if self.runner_active else 0)
+            await self._emit(TurnQueued(input_id=item.id, source=source, ahead=ahead))
+            self._ensure_runner()
+        return item, created
 
     async def _inject(self, msg: Inject) -> Submitted:
+        key = msg.idempotency_key
+        if key is not None:
+            earlier = await self.services.store.keyed_input(
+                self.session_id, key, source=msg.source, payload=_stored(msg)
+            )
+            if earlier is not None:
+                return _replayed(earlier)
         if self.turn is not None:
-            await self._fold_in(self.turn, msg.source, msg.content, msg.payload)
-            return Submitted(injected=True)
-        item = await self._enqueue(msg.source, msg.content, msg.payload)
-        return Submitted(input_id=item.id)
+            return await self._fold_in(self.turn, msg.source, msg.content, msg.payload, key)
+        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
+        return Submitted(input_id=item.id) if created else _replayed(item)
 
     async def _fold_in(
-        self, turn: Turn, source: str, content: str, payload: dict[str, Any]
-    ) -> None:
-        """Record an input as part of the running turn; the agent takes it before its next call."""
+        self,
+        turn: Turn,
+        source: str,
+        content: str,
+        payload: dict[str, Any],
+        key: str | None = None,
+    ) -> Submitted:
+        """Record an input as part of the running turn; the agent takes it before its next call.
+
+        With ``key``, the key is kept first, in an inbox row that is already ``done`` (it never
+        runs as a turn of its own) and names the turn it went into; a key already taken answers
+        what it was taken by, and nothing is folded in.
+        """
+        if key is not None:
+            enqueued = await self.services.store.enqueue_keyed(
+                self.session_id,
+                source,
+                {**payload, "content": content},
+                key,
+                state="done",
+                detail={"injected_into": turn.item.id},
+            )
+            if not enqueued.created:
+                return _replayed(enqueued.item)
         await self._emit(InjectedMessage.of(source, content, turn.item.id, payload))
         entry = HistoryEntry(role="user", content=content, source=source)
         turn.injections.append(entry)
         self._remember(entry)
+        return Submitted(injected=True)
 
     async def _delete(self) -> None:
         self.deleting = True  # the runner takes no further input
@@ -635,6 +687,18 @@ class SessionActor(Actor):
         overflow = len(self.history) - self.services.limits.history_entries
         if overflow > 0:
             del self.history[:overflow]
+
+
+def _stored(msg: Submit | Inject) -> dict[str, Any]:
+    """The payload an input is stored with: its own keys and its ``content``."""
+    return {**msg.payload, "content": msg.content}
+
+
+def _replayed(item: InboxItem) -> Submitted:
+    """What a submit whose key ``item`` already holds answers: what the first one did."""
+    if item.state == "done" and "injected_into" in (item.detail or {}):
+        return Submitted(injected=True, replayed=True)
+    return Submitted(input_id=item.id, replayed=True)
 
 
 def _raw_content(item: InboxItem) -> str:

@@ -265,13 +265,44 @@ class SessionDirectory:
     # -- turns --
 
     async def submit(
-        self, user: str, session_id: str, content: str, payload: dict[str, Any] | None = None
+        self,
+        user: str,
+        session_id: str,
+        content: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> Submitted:
+        """Store ``user``'s message as an input of their session ``session_id``.
+
+        ``idempotency_key`` (1 to 255 visible ASCII characters) makes it happen at most once
+        per session and key, across retries, concurrent duplicates and restarts: a key already
+        taken answers the first submit's ``Submitted`` with ``replayed=True`` and starts
+        nothing (see ``messages.Submit``). Clients' message ids arrive here as
+        ``client:<id>`` (``runtime.gateway.backend.submit_from_client``); other ingress
+        names its keys by itself (``github:<delivery id>``) and sends ``Submit`` to the
+        session's actor with the same field.
+
+        Raises:
+            NotFound: ``user`` has no session of that name.
+            InvalidArgument: the content is too long, or the key malformed.
+            IdempotencyKeyReused: the key names another input of the session.
+            Busy, LimitExceeded: the session refuses the input now (a replay never is).
+        """
         key = await self.owned_key(user, session_id)
         submitted = await self._ask(
-            key, Submit(source="user", content=content, payload=payload or {})
+            key,
+            Submit(
+                source="user",
+                content=content,
+                payload=payload or {},
+                idempotency_key=idempotency_key,
+            ),
         )
-        self._metrics.inc("turnstile_inputs_total")
+        if submitted.replayed:
+            self._metrics.inc("turnstile_inputs_replayed_total")
+        else:
+            self._metrics.inc("turnstile_inputs_total")
         return submitted
 
     async def stop(self, user: str, session_id: str) -> bool:

@@ -41,11 +41,22 @@ class Submit(Message, tag="submit", kw_only=True):
     ``payload`` (with ``content``) must decode as the input ``source`` names
     (``inputs.decode_payload``); one that does not is refused with ``InputPayloadError``
     before anything is stored. Only a ``user`` input follows the session's policy.
+
+    ``idempotency_key`` makes the submit happen at most once per session and key, whoever sends
+    it and however often (a client's resend, a webhook redelivered, concurrent duplicates, a
+    restart in between): the first stores the input; every later one answers what the first
+    did (``Submitted`` with the same ``input_id``, or ``injected``) with ``replayed=True`` and
+    stores or starts nothing. The same key with a different ``source``, ``content`` or
+    ``payload`` is refused (``IdempotencyKeyReused``). A key is 1 to 255 visible ASCII
+    characters, unique per session, kept as long as the input's inbox row (rows go with their
+    session), and namespaced by whoever makes it: ``client:<id>`` for clients' message ids,
+    ``github:<X-GitHub-Delivery>`` for GitHub deliveries and so on.
     """
 
     source: str = "user"
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    idempotency_key: str | None = None
 
 
 class Attach(Message, tag="attach"):
@@ -71,11 +82,16 @@ class SetPolicy(Message, tag="set_policy"):
 
 
 class Inject(Message, tag="inject", kw_only=True):
-    """A notification for the session: into the running turn, or a turn of its own."""
+    """A notification for the session: into the running turn, or a turn of its own.
+
+    ``idempotency_key``: as ``Submit``'s (an input folded into the running turn keeps its key
+    too, in an inbox row that never runs).
+    """
 
     source: str = "notification"
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    idempotency_key: str | None = None
 
 
 class GetStatus(Message, tag="get_status"):

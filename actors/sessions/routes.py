@@ -15,8 +15,9 @@ from starlette.responses import Response
 
 from turnstile.actors.sessions.directory import SessionDirectory
 from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
-from turnstile.runtime.errors import DecodeError
+from turnstile.runtime.errors import DecodeError, InvalidArgument
 from turnstile.runtime.gateway.app import ID_RULE
+from turnstile.runtime.gateway.backend import submit_from_client
 from turnstile.runtime.gateway.frames import (
     MAX_SEQ,
     ClientMsgId,
@@ -29,6 +30,9 @@ from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
 __all__ = ["session_json", "session_routes"]
 
 _UNSIGNED = re.compile(r"\A[0-9]{1,19}\Z")
+#: The header that makes ``POST /sessions/{id}/messages`` idempotent (as ``client_msg_id``).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_encoder = msgspec.json.Encoder()
 
 
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
@@ -40,7 +44,9 @@ class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class PostMessage(msgspec.Struct, forbid_unknown_fields=True):
-    """The body of ``POST /sessions/{id}/messages``."""
+    """The body of ``POST /sessions/{id}/messages``. ``client_msg_id``, like the
+    ``Idempotency-Key`` header, makes the post idempotent: the same id again answers the
+    first post's input and starts no second turn."""
 
     content: str
     client_msg_id: ClientMsgId | None = None
@@ -127,13 +133,34 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
 
     async def post_message(request: ApiRequest) -> Any:
         message = await request.body(_MESSAGE)
-        submitted = await directory.submit(request.user, request.path["id"], message.content)
+        header = request.headers.get("idempotency-key")
+        if header is not None and message.client_msg_id not in (None, header):
+            raise InvalidArgument(
+                "the Idempotency-Key header and client_msg_id differ; send one, or the same",
+                field=IDEMPOTENCY_HEADER,
+            )
+        client_id, field = (
+            (header, IDEMPOTENCY_HEADER)
+            if header is not None
+            else (message.client_msg_id, "client_msg_id")
+        )
+        submitted = await submit_from_client(
+            directory, request.user, request.path["id"], message.content, client_id, field
+        )
         out: dict[str, Any] = {"input_id": submitted.input_id}
         if submitted.injected:
             out["injected"] = True
         if message.client_msg_id is not None:
             out["client_msg_id"] = message.client_msg_id
-        return out
+        if not submitted.replayed:
+            return out
+        # The first answer again, marked as such (as Stripe's Idempotent-Replayed does).
+        return Response(
+            _encoder.encode(out),
+            status_code=202,
+            media_type="application/json",
+            headers={"idempotent-replayed": "true"},
+        )
 
     async def stop(request: ApiRequest) -> Any:
         return {"stopped": await directory.stop(request.user, request.path["id"])}

@@ -40,7 +40,7 @@ from turnstile.runtime.errors import (
     NotFound,
     TurnstileError,
 )
-from turnstile.runtime.gateway.backend import SessionBackend
+from turnstile.runtime.gateway.backend import SessionBackend, submit_from_client
 from turnstile.runtime.gateway.frames import (
     CLIENT_FRAMES,
     ApproveFrame,
@@ -352,7 +352,16 @@ class Connection:
                     await self._detach(session_id)
                     await self._put(encode_frame("detached", session_id=session_id))
                 case SendFrame():
-                    submitted = await self.backend.submit(self.user, session_id, frame.content)
+                    # client_msg_id is the input's idempotency key: a resend (after a
+                    # reconnect) gets the first ack again and starts no second turn.
+                    submitted = await submit_from_client(
+                        self.backend,
+                        self.user,
+                        session_id,
+                        frame.content,
+                        frame.client_msg_id,
+                        "client_msg_id",
+                    )
                     await self._put(
                         encode_frame(
                             "ack",

@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from turnstile.runtime.errors import NotFound
+from turnstile.runtime.errors import IdempotencyKeyReused, NotFound
 from turnstile.runtime.gateway import Attached, Connection, ConnectionLimits, Submitted
 from turnstile.runtime.gateway.frames import encode_event
 from turnstile.runtime.store import EventRecord
@@ -117,6 +117,8 @@ class FakeSessions:
         self.on_read: Callable[[int], Awaitable[None]] | None = None
         self.after_read: Callable[[int], Awaitable[None]] | None = None
         self.fail_attach_with: BaseException | None = None
+        self.keyed: dict[tuple[str, str], tuple[str, int]] = {}
+        self.keys_seen: list[str] = []
 
     def _owned(self, user: str, session_id: str) -> None:
         if self.owners.get(session_id) != user:
@@ -165,11 +167,22 @@ class FakeSessions:
     def metrics(self) -> dict[str, float]:
         return {}
 
-    async def submit(self, user, session_id, content, payload=None) -> Submitted:
+    async def submit(
+        self, user, session_id, content, payload=None, *, idempotency_key=None
+    ) -> Submitted:
         self._owned(user, session_id)
         if content == "boom":
             raise RuntimeError("a bug in the backend")
-        return Submitted(input_id=1)
+        if idempotency_key is None:
+            return Submitted(input_id=1)
+        self.keys_seen.append(idempotency_key)
+        earlier = self.keyed.get((session_id, idempotency_key))
+        if earlier is None:  # the store's rule, in short: the first input under a key stays
+            self.keyed[(session_id, idempotency_key)] = (content, len(self.keyed) + 1)
+            return Submitted(input_id=len(self.keyed))
+        if earlier[0] != content:
+            raise IdempotencyKeyReused("the key names another input")
+        return Submitted(input_id=earlier[1], replayed=True)
 
     async def stop(self, user, session_id) -> bool:
         self._owned(user, session_id)
@@ -566,6 +579,43 @@ async def test_a_session_of_another_user_is_not_found_and_a_backend_bug_is_inter
             {"type": "ack", "session_id": "s", "input_id": 1},
         ]
         assert conn.subscriptions == {}
+
+
+async def test_a_send_s_client_msg_id_is_its_idempotency_key(autojump_clock):
+    """The connection hands the backend ``client:<client_msg_id>``: a resend is acked as the
+    first send was; a malformed id or one reused for another message is a typed error naming
+    ``client_msg_id``, and the connection reads on."""
+    sessions = FakeSessions()
+    async with serving(sessions) as (ws, conn):
+        ack = {"type": "ack", "session_id": "s", "client_msg_id": "m1", "input_id": 1}
+        ws.send(type="send", session_id="s", content="hi", client_msg_id="m1")
+        ws.send(type="send", session_id="s", content="hi", client_msg_id="m1")
+        ws.send(type="send", session_id="s", content="other", client_msg_id="m1")
+        ws.send(type="send", session_id="s", content="hi", client_msg_id="has space")
+        ws.send(type="send", session_id="s", content="hi", client_msg_id="m2")
+        await ws.reply("ack", client_msg_id="m2")
+        assert ws.sent == [
+            ack,
+            ack,
+            {
+                "type": "error",
+                "code": "idempotency_key_reused",
+                "message": "client_msg_id 'm1' was already used for another message of this"
+                " session; a resend must repeat the message exactly",
+                "field": "client_msg_id",
+                "session_id": "s",
+            },
+            {
+                "type": "error",
+                "code": "invalid_argument",
+                "message": "client_msg_id must be 1 to 128 visible ASCII characters"
+                " (no spaces or control characters)",
+                "field": "client_msg_id",
+                "session_id": "s",
+            },
+            {"type": "ack", "session_id": "s", "client_msg_id": "m2", "input_id": 2},
+        ]
+        assert sessions.keys_seen == ["client:m1"] * 3 + ["client:m2"]
 
 
 async def test_an_attach_the_backend_refuses_leaves_no_subscription(autojump_clock):
