@@ -76,11 +76,20 @@ def parameters_schema(params: type[msgspec.Struct]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ToolCall:
     """Who is calling a tool: the session and its owner, and whether the call already runs
-    as a background task (a module's own background action then does its work inline)."""
+    as a background task (a module's own background action then does its work inline).
+
+    ``idempotency_key``: set when the call is part of a turn (``TurnContext.call_tool``): a key
+    derived from the turn's input and the call's position in the turn, so the same call of the
+    same input's turn run again (after a crash) has the same key. A tool with an effect outside
+    the node sends it on (the http module's ``Idempotency-Key`` header, the webhook
+    notifications), so a receiver that honours it does the work once. None outside a turn
+    (a client's ``call`` frame, a watcher's check).
+    """
 
     session_id: str
     owner: str
     background: bool = False
+    idempotency_key: str | None = None
 
 
 #: Asks a person to approve a call: ``(call, tool name, arguments) -> approved``.
@@ -210,12 +219,14 @@ class ToolRegistry:
         *,
         approved: bool = False,
         background: bool = False,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         """Validate ``arguments`` and run ``name``; failures come back as ``ToolResult``.
 
         ``approved``: a person already approved this very call (a module's background action
         that the runtime resumes as a task), so an APPROVE policy does not ask twice; only the
         runtime sets it. ``background``: the call runs as a background task (``ToolCall``).
+        ``idempotency_key``: the call's key, handed to the tool in its ``ToolCall``.
 
         ``name`` may also be the function name a model knows the tool by (``clock__now``):
         a model filling in run_parallel's ``actions[].name`` uses the name it was shown.
@@ -235,7 +246,7 @@ class ToolRegistry:
                 error["field"] = exc.field
             return ToolResult(ok=False, error=error)
         policy = self.policies.decide(name, tool.policy)
-        call = ToolCall(session_id, owner, background)
+        call = ToolCall(session_id, owner, background, idempotency_key)
         if policy is Policy.BLOCK:
             return ToolResult(
                 ok=False, error={"code": "blocked", "message": f"{name} is blocked by policy"}

@@ -62,6 +62,7 @@ class BackgroundTask:
     started_at: str
     started: float
     preapproved: bool = False
+    idempotency_key: str | None = None
     status: str = "running"  # running | completed | failed | cancelled
     result: ToolResult | None = None
     finished: float | None = None
@@ -85,7 +86,8 @@ class StartTask(Message, tag="start_task", kw_only=True):
     """Start ``tool`` with ``params`` for a session; answers the ``BackgroundTask``.
 
     ``preapproved``: the call was approved already (``http.download`` moving itself to the
-    background after its approval), so the task does not ask again.
+    background after its approval), so the task does not ask again. ``idempotency_key``: the
+    key of the turn's call that started it, which the task's own call carries on.
     """
 
     session_id: str
@@ -93,6 +95,7 @@ class StartTask(Message, tag="start_task", kw_only=True):
     tool: str
     params: dict[str, Any]
     preapproved: bool = False
+    idempotency_key: str | None = None
 
 
 class GetTask(Message, tag="get_task", kw_only=True):
@@ -145,8 +148,8 @@ class BackgroundActor(Actor):
     """Owns background tasks. See the module docstring.
 
     Args:
-        run_tool: ``async (session_id, owner, tool, params, *, approved, background) ->
-            ToolResult`` (the registry's call).
+        run_tool: ``async (session_id, owner, tool, params, *, approved, background,
+            idempotency_key) -> ToolResult`` (the registry's call).
         publish: ``async (session_id, message)`` — tells a session actor (``Inject``).
         clock: for ``started_at``.
         max_running_per_session: running tasks one session may have.
@@ -219,6 +222,7 @@ class BackgroundActor(Actor):
             tool=msg.tool,
             params=msg.params,
             preapproved=msg.preapproved,
+            idempotency_key=msg.idempotency_key,
             started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
             started=trio.current_time(),
         )
@@ -246,6 +250,7 @@ class BackgroundActor(Actor):
                     task.params,
                     approved=task.preapproved,
                     background=True,
+                    idempotency_key=task.idempotency_key,
                 )
                 task.status = "completed" if task.result.ok else "failed"
             except Exception as exc:  # the registry turns tool errors into results; this is a bug

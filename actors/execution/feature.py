@@ -53,6 +53,7 @@ class ExecutionFeature:
                     tool=tool,
                     params=params,
                     preapproved=True,
+                    idempotency_key=call.idempotency_key,
                 )
             )
             return task.view(trio.current_time())

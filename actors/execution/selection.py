@@ -289,7 +289,13 @@ def register_discovery_tools(registry: ToolRegistry) -> None:
     async def run(call: ToolCall, args: ToolRun) -> Any:
         if args.name in DISCOVERY:
             raise InvalidArgument(f"{args.name} cannot be run through tool_run", field="name")
-        result = await registry.call(call.session_id, call.owner, args.name, args.params)
+        result = await registry.call(  # the same call under another name: the same key
+            call.session_id,
+            call.owner,
+            args.name,
+            args.params,
+            idempotency_key=call.idempotency_key,
+        )
         if not result.ok:
             raise ToolCallFailed(result.error or {})
         return result.data

@@ -94,7 +94,12 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
         results: list[dict[str, Any] | None] = [None] * len(args.actions)
 
         async def one(index: int, action: Action) -> None:
-            outcome = await registry.call(call.session_id, call.owner, action.name, action.params)
+            # Each action's key is the run_parallel call's, by the action's place in the list
+            # (not by when it starts: the actions run at once).
+            key = None if call.idempotency_key is None else f"{call.idempotency_key}.{index + 1}"
+            outcome = await registry.call(
+                call.session_id, call.owner, action.name, action.params, idempotency_key=key
+            )
             entry: dict[str, Any] = {"index": index, "name": action.name, "success": outcome.ok}
             if outcome.ok:
                 entry["data"] = outcome.data
@@ -119,7 +124,11 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
             raise InvalidArgument(f"no tool named {args.name!r}", field="name")
         task = await background.ask(
             StartTask(
-                session_id=call.session_id, owner=call.owner, tool=args.name, params=args.params
+                session_id=call.session_id,
+                owner=call.owner,
+                tool=args.name,
+                params=args.params,
+                idempotency_key=call.idempotency_key,
             )
         )
         return task.view(trio.current_time())
@@ -213,6 +222,7 @@ def register_shell_background(registry: ToolRegistry, background: ActorRef) -> N
                 owner=call.owner,
                 tool="shell.run",
                 params=msgspec.to_builtins(params),
+                idempotency_key=call.idempotency_key,
             )
         )
         return task.view(trio.current_time())

@@ -35,6 +35,7 @@ external deliveries in flight.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -223,6 +224,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         output_config: Mapping[str, Any] | None,
         source: str,
         truncate: bool,
+        idempotency_key: str | None = None,
     ) -> _Notification:
         config = self.channels.get(channel)
         if config is None:
@@ -267,8 +269,12 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
                 field="structured_data",
             )
         recipients = self._recipients(config, output_config or {})
+        if idempotency_key is None:
+            note_id = f"ntf-{uuid.uuid4().hex[:12]}"
+        else:  # the same notification when its turn runs again: the same id
+            note_id = f"ntf-{hashlib.sha256(idempotency_key.encode()).hexdigest()[:12]}"
         return _Notification(
-            id=f"ntf-{uuid.uuid4().hex[:12]}",
+            id=note_id,
             session_id=session_id,
             owner=owner,
             channel=config,
@@ -280,6 +286,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             source=source,
             created_at=_iso(self.clock.now()),
             recipients=recipients,
+            idempotency_key=idempotency_key,
         )
 
     # -- the entry point --
@@ -298,6 +305,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         output_config: Mapping[str, Any] | None = None,
         source: str = "tool",
         truncate: bool = False,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Deliver one notification for ``session_id`` through ``channel``.
 
@@ -308,6 +316,10 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             title, priority, tags, structured_data, output_config: as ``send_notification``.
             source: who sent it (``tool``, ``schedule``, ``watcher``…); recorded with it.
             truncate: cut a longer message instead of refusing it (jobs and watchers).
+            idempotency_key: the key of the turn's call that sends it (``ToolCall``): the
+                webhook channel sends it as ``Idempotency-Key`` and the notification's id is
+                derived from it, so the same call run again is the same notification to the
+                receiver. Without one, the id is random and is the key.
 
         Returns:
             ``notification_id``, ``channel``, ``channel_type``, ``delivered``, ``fallback``
@@ -332,6 +344,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             output_config=output_config,
             source=source,
             truncate=truncate,
+            idempotency_key=idempotency_key,
         )
         config = note.channel
         if config.type == LLM:

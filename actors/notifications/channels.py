@@ -5,7 +5,10 @@
 * ``webhook`` — a JSON ``POST``, retried with exponential backoff (``backoff_seconds``,
   doubled each time: 0.5 s, 1 s, 2 s for ``retries = 3``) on a 5xx answer, a connection error
   or a timeout — never on a 4xx, a redirect or a refused address. Each attempt is bounded by
-  ``timeout``. The POST itself is injected (``WebhookPost``): the node passes
+  ``timeout``. Every attempt carries the same ``Idempotency-Key``: the tool call's key when a
+  turn sent the notification (the same again if the turn runs again after a crash, and then
+  so is the body's ``id``), else the notification's id; a receiver that honours it acts once.
+  The POST itself is injected (``WebhookPost``): the node passes
   ``notifications.tools.guarded_webhook_post``, which goes through the SSRF guard
   (``tools.netguard``) with the http module's allow-list.
 * ``log`` — one JSON object per line, appended to ``path`` from a worker thread.
@@ -76,6 +79,7 @@ class ExternalChannelsMixin:
             "user-agent": USER_AGENT,
             **{k.lower(): v for k, v in config.headers.items()},
             "content-type": "application/json",
+            "idempotency-key": note.idempotency_key or note.id,
         }
         attempts = 0
         reason = ""

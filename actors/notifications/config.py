@@ -200,6 +200,9 @@ class _Notification:
     source: str
     created_at: str
     recipients: tuple[str, ...] = ()
+    #: Sent as ``Idempotency-Key`` by the webhook channel: the turn's tool call key when the
+    #: notification comes from one, else the notification's id (the same for every retry).
+    idempotency_key: str | None = None
 
     def record(self) -> dict[str, Any]:
         """What webhooks and log lines carry."""

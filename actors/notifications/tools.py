@@ -126,6 +126,7 @@ def register_notify_tools(registry: ToolRegistry, notifier: Notifier) -> None:
             structured_data=args.structured_data,
             output_config=args.output_config,
             source="tool",
+            idempotency_key=call.idempotency_key,
         )
 
     registry.register(

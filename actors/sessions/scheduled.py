@@ -35,7 +35,7 @@ from turnstile.actors.sessions.inputs import (
     ScheduledCheck,
 )
 from turnstile.actors.sessions.services import SessionServices
-from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.actors.sessions.turn import Turn, TurnContext, tool_call_key
 from turnstile.runtime.errors import NotFound
 from turnstile.runtime.store import InboxItem, JobRun, Store
 
@@ -267,6 +267,7 @@ async def scheduled_tool_call(context: TurnContext, action: ScheduledAction) -> 
 async def to_channel(session: SessionActor, text: str, action: ScheduledAction) -> str:
     """Deliver a scheduled job's output to its channel; returns what the turn closes with."""
     channel = action.channel
+    turn = session.turn
     result = await session.services.notify(
         session.session_id,
         session.session.owner,
@@ -276,6 +277,8 @@ async def to_channel(session: SessionActor, text: str, action: ScheduledAction) 
         title=action.label,
         source="schedule",
         truncate=True,
+        # Position 0: the turn's own output, sent once per run like its tool calls' effects.
+        idempotency_key=None if turn is None else tool_call_key(turn.item, 0),
     )
     where = result.get("channel", channel)
     note = (

@@ -36,9 +36,16 @@ class ToolCaller(Protocol):
         ...
 
     async def call(
-        self, session_id: str, owner: str, name: str, arguments: dict[str, Any]
+        self,
+        session_id: str,
+        owner: str,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
-        """Run ``name``; tool failures are returned, not raised."""
+        """Run ``name``; tool failures are returned, not raised. ``idempotency_key`` is the
+        call's key within its turn (see ``turn.tool_call_key``), handed to the tool."""
         ...
 
 

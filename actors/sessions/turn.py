@@ -3,10 +3,17 @@
 ``TurnContext`` is what ``Agent.run_turn`` receives: the input, the history before it, the
 tools, and the calls back into the session (stream a delta, call a tool, take injected
 messages, report token usage).
+
+Every tool call of a turn carries an idempotency key (``tool_call_key``): derived from the
+turn's inbox row and the call's position in the turn (1 for its first call, 2 for the next…),
+so the same call of the same input's turn, run again after a crash, has the same key, and a
+receiver that honours ``Idempotency-Key`` does its work once. The key names nothing it comes
+from (a hash), since it travels to other people's servers.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -22,7 +29,21 @@ from turnstile.runtime.store import InboxItem
 if TYPE_CHECKING:
     from turnstile.actors.sessions.actor import SessionActor
 
-__all__ = ["Turn", "TurnContext"]
+__all__ = ["TOOL_CALL_KEY_PREFIX", "Turn", "TurnContext", "tool_call_key"]
+
+#: What every tool call key starts with: where it comes from, for whoever receives it.
+TOOL_CALL_KEY_PREFIX = "turnstile-"
+
+
+def tool_call_key(item: InboxItem, position: int) -> str:
+    """The idempotency key of the ``position``-th tool call (from 1) of ``item``'s turn.
+
+    The same for every run of the turn of that inbox row (its session, id and creation time,
+    which a re-run keeps), different for every other row and position; ``turnstile-`` and 32
+    hex characters (128 bits of SHA-256), which says nothing of the session or the input.
+    """
+    origin = f"{item.session_id}\n{item.id}\n{item.created_at.isoformat()}\n{position}"
+    return TOOL_CALL_KEY_PREFIX + hashlib.sha256(origin.encode()).hexdigest()[:32]
 
 
 class Turn:
@@ -90,6 +111,7 @@ class TurnContext:
         named = msgspec.UNSET if call_id is None else call_id
         turn = self._turn
         turn.tool_calls += 1
+        key = tool_call_key(turn.item, turn.tool_calls)  # before any await: the call's place
         started = ToolStarted(input_id=input_id, tool=name, call_id=named, arguments=arguments)
         await session._turn_emit(turn, started)
         if turn.allowed is not None and name not in turn.allowed:
@@ -103,7 +125,11 @@ class TurnContext:
         else:
             result = public_result(
                 await session.services.tools.call(
-                    session.session_id, session.session.owner, name, arguments
+                    session.session_id,
+                    session.session.owner,
+                    name,
+                    arguments,
+                    idempotency_key=key,
                 )
             )
         called = ToolCalled(

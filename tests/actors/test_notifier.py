@@ -412,6 +412,31 @@ async def test_webhook_recovers_on_retry(hook, mock_clock):
         assert hook.times() == [0, 0.5]
 
 
+async def test_a_webhook_carries_the_calls_idempotency_key_and_a_stable_id(hook):
+    """A turn's call sends its key on; the same call run again (its turn re-run after a crash)
+    is the same notification to the receiver: the same key and the same body id."""
+    async with node() as n:
+        notifier = make_notifier(n, webhook(hook.url))
+        key = "turnstile-0123456789abcdef0123456789abcdef"
+        first = await notifier.notify("s", "ada", "ops", "deployed", idempotency_key=key)
+        again = await notifier.notify("s", "ada", "ops", "deployed", idempotency_key=key)
+        other = await notifier.notify("s", "ada", "ops", "deployed", idempotency_key=key + ".2")
+        keys = [headers["idempotency-key"] for _, _, headers, _ in hook.requests]
+        ids = [json.loads(body)["id"] for _, _, _, body in hook.requests]
+        assert keys == [key, key, key + ".2"]
+        assert ids[0] == ids[1] == first["notification_id"] == again["notification_id"]
+        assert ids[2] == other["notification_id"] != ids[0]
+
+
+@pytest.mark.parametrize("hook", [((502, 200), False)], indirect=True)
+async def test_without_a_call_s_key_every_retry_carries_the_notification_id(hook, mock_clock):
+    mock_clock.autojump_threshold = IDLE
+    async with node() as n:
+        result = await make_notifier(n, webhook(hook.url)).notify("s", "ada", "ops", "hi")
+        keys = [headers["idempotency-key"] for _, _, headers, _ in hook.requests]
+        assert keys == [result["notification_id"]] * 2
+
+
 @pytest.mark.parametrize("hook", [((404,), False)], indirect=True)
 async def test_webhook_4xx_is_not_retried(hook, mock_clock):
     mock_clock.autojump_threshold = IDLE

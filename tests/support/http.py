@@ -104,7 +104,7 @@ APP = Starlette(
         Route("/redirect", _redirect, methods=["GET", "POST"]),
         Route("/loop", _loop),
         Route("/echo", _echo, methods=["GET", "POST"]),
-        Route("/headers", _headers),
+        Route("/headers", _headers, methods=["GET", "POST"]),
         Route("/status/{code:int}", _status),
         Route("/file", _file),
     ]
@@ -118,8 +118,8 @@ def make_tools(tmp_path=None, *, resolver=None, backend=None, **config):
         registry, HttpConfig(**config), sandbox=sandbox, resolver=resolver, backend=backend
     )
 
-    async def call(name, **arguments):
-        return await registry.call("s", "ada", name, arguments)
+    async def call(name, idempotency_key=None, **arguments):
+        return await registry.call("s", "ada", name, arguments, idempotency_key=idempotency_key)
 
     return call, sandbox
 

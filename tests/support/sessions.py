@@ -12,7 +12,7 @@ class NoTools:
     def specs(self):
         return []
 
-    async def call(self, session_id, owner, name, arguments):
+    async def call(self, session_id, owner, name, arguments, *, idempotency_key=None):
         return ToolResult(ok=False, error={"code": "unknown_tool", "message": name})
 
 

@@ -82,6 +82,44 @@ async def test_run_parallel_takes_as_long_as_the_slowest_and_keeps_order(autojum
         assert data["results"][2]["error"]["code"] == "blocked"  # policy still applies
 
 
+class Probe(msgspec.Struct, forbid_unknown_fields=True):
+    tag: str = ""
+
+
+@pytest.mark.guard(DAY)
+async def test_the_call_s_idempotency_key_reaches_the_actions_it_runs(autojump_clock):
+    """run_parallel's actions get the call's key with their place in the list (they run at
+    once, so not their start order); a background task's call gets the key that started it."""
+    running = Running()
+    seen: dict[str, str | None] = {}
+
+    async def probe(call, params: Probe):
+        seen[params.tag] = call.idempotency_key
+        return {}
+
+    running.tools.register("probe.key", Probe, probe, "Record the call's key.")
+    async with running as (n, call):
+        key = "turnstile-0123456789abcdef0123456789abcdef"
+        actions = [{"name": "probe.key", "params": {"tag": t}} for t in ("a", "b", "c")]
+        done = await running.tools.call(
+            "s", "ada", "run_parallel", {"actions": actions}, idempotency_key=key
+        )
+        assert done.data["succeeded"] == 3
+        assert seen == {"a": f"{key}.1", "b": f"{key}.2", "c": f"{key}.3"}
+        started = await running.tools.call(
+            "s",
+            "ada",
+            "background_run",
+            {"name": "probe.key", "params": {"tag": "bg"}},
+            idempotency_key=key,
+        )
+        await call("background_wait", task_id=started.data["task_id"])
+        assert seen["bg"] == key
+        await call("run_parallel", actions=[{"name": "probe.key", "params": {"tag": "none"}}])
+        assert seen["none"] is None  # not in a turn: no key to pass on
+        await n.seen.until(b'"stream_end"')  # the task's completion turn
+
+
 async def test_run_parallel_bounds_and_no_nesting(autojump_clock):
     async with Running() as (n, call):
         too_many = await call("run_parallel", actions=[{"name": "slow.nap"}] * 51)

@@ -97,6 +97,27 @@ async def test_post_json_and_text(server):
     assert refused.error["code"] == "limit_exceeded"
 
 
+async def test_a_post_carries_its_call_s_idempotency_key_and_a_get_none(server):
+    call, _ = make_tools(**LOCAL)
+    key = "turnstile-0123456789abcdef0123456789abcdef"
+    posted = await call("http.post", idempotency_key=key, url=f"{server}/headers", body="x")
+    assert posted.ok, posted.error
+    assert posted.data["body"]["idempotency-key"] == key
+    # A key the caller set itself is the one sent (it knows what its receiver expects).
+    own = await call(
+        "http.post",
+        idempotency_key=key,
+        url=f"{server}/headers",
+        body="x",
+        headers={"Idempotency-Key": "mine-1"},
+    )
+    assert own.data["body"]["idempotency-key"] == "mine-1"
+    fetched = await call("http.get", idempotency_key=key, url=f"{server}/headers")
+    assert "idempotency-key" not in fetched.data["body"]
+    outside = await call("http.post", url=f"{server}/headers", body="x")  # not in a turn
+    assert "idempotency-key" not in outside.data["body"]
+
+
 async def test_body_is_truncated_at_max_bytes(server):
     call, _ = make_tools(**LOCAL)
     result = await call("http.get", url=f"{server}/big", max_bytes=1000)

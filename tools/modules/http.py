@@ -13,6 +13,10 @@ one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
   breaks; ``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection`` and the other
   hop-by-hop headers are refused (the transport sets them). ``Authorization`` and ``Cookie``
   are dropped when a redirect changes origin.
+* **Idempotency** — a request that changes something (``http.post``) made by a turn carries
+  the call's ``Idempotency-Key`` (``ToolCall.idempotency_key``: the same when the same input's
+  turn runs again after a crash), so a receiver that honours the header does the work once. A
+  key the caller sets in ``headers`` itself is sent instead. GETs carry none.
 * **Response** — ``status_code``, ``url`` (after redirects), ``redirects`` (the URLs
   redirected from), ``headers`` (a selection: content type and length, caching, location…),
   ``body`` and ``encoding``, ``bytes``, ``truncated``, ``elapsed_ms``. The body is parsed JSON
@@ -137,6 +141,9 @@ _FORBIDDEN_HEADERS = frozenset(
     }
 )
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: The header a request that changes something carries its call's idempotency key in
+#: (lowercase, as the module keeps every header name).
+IDEMPOTENCY_HEADER = "idempotency-key"
 
 
 class RequestFailed(TurnstileError):
@@ -436,6 +443,8 @@ class HttpModule:
             headers["content-type"] = _check_headers({"content-type": params.content_type})[
                 "content-type"
             ]
+        if call.idempotency_key is not None:  # the caller's own key, if it set one, wins
+            headers.setdefault(IDEMPOTENCY_HEADER, call.idempotency_key)
         if len(content) > self.config.max_request_bytes:
             raise LimitExceeded(
                 f"the request body is {len(content)} bytes; "
