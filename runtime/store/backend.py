@@ -54,6 +54,7 @@ WRITES: dict[str, str] = {
     " | None for no session; the row already under (session_id, key) when one is",
     "claim_next_input": "(session_id, now) -> row | None; NotFound for no session",
     "finish_input": "(input_id, state, detail, now) -> row | None unless it was running",
+    "requeue_input": "(input_id, detail, now) -> row | None unless it was interrupted",
     "interrupt_running": "(now) -> rows",
     "append_events": "(session_id, events, now) -> the new last seq | None for no session",
     "create_job": "(id, kind, spec, session_id, next_fire_at, state, now) -> row | None"

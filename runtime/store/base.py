@@ -264,6 +264,21 @@ class Store(Protocol):
         """
         ...
 
+    async def requeue_input(self, input_id: int, detail: dict[str, Any] | None = None) -> InboxItem:
+        """Crash recovery that runs a cut-off turn again: move an ``interrupted`` input back
+        to ``queued`` (the one way out of a final state). Its id keeps its place: it is the
+        next of its session to run.
+
+        Args:
+            input_id: the item.
+            detail: replaces its detail (recovery counts the re-runs there).
+
+        Raises:
+            NotFound: ``no input with id 5``.
+            ConflictError: it is not interrupted: ``cannot move input 5 from done to queued``.
+        """
+        ...
+
     async def list_inputs(
         self, session_id: str, states: Sequence[str] | None = None
     ) -> list[InboxItem]:

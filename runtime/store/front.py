@@ -343,6 +343,19 @@ class StoreFront:
                 raise u.transition_error(input_id, current, state)
             # it was claimed between the two statements: try the move again
 
+    async def requeue_input(self, input_id: int, detail: dict[str, Any] | None = None) -> InboxItem:
+        u.check_int(input_id, "input_id")
+        data = u.encode_optional_json(detail)
+        row = await self.engine.write(
+            "requeue_input", input_id=input_id, detail=data, now=self._now()
+        )
+        if row is not None:
+            return _input(row)
+        current = await self.engine.read("input_state", input_id=input_id)
+        if current is None:
+            raise u.no_input(input_id)
+        raise u.transition_error(input_id, current, "queued")
+
     async def list_inputs(
         self, session_id: str, states: Sequence[str] | None = None
     ) -> list[InboxItem]:

@@ -183,6 +183,16 @@ async def finish_input(
     )
 
 
+async def requeue_input(conn: Conn, input_id: int, detail: str | None, now: datetime) -> Row | None:
+    return await conn.fetchrow(
+        "UPDATE inbox SET state = 'queued', detail = $2::jsonb, updated_at = $3"
+        " WHERE id = $1 AND state = 'interrupted' RETURNING *",
+        input_id,
+        detail,
+        now,
+    )
+
+
 async def input_state(conn: Conn, input_id: int) -> str | None:
     return await conn.fetchval("SELECT state FROM inbox WHERE id = $1", input_id)
 

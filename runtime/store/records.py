@@ -25,7 +25,8 @@ __all__ = [
     "MigrationRecord",
 ]
 
-#: Every state an inbox item can be in: ``queued -> running -> done | failed | interrupted``.
+#: Every state an inbox item can be in: ``queued -> running -> done | failed | interrupted``;
+#: recovery may move an ``interrupted`` one back to ``queued`` to run its turn again.
 INPUT_STATES = ("queued", "running", "done", "failed", "interrupted")
 #: The states ``finish_input`` may move a running input to.
 FINAL_INPUT_STATES = ("done", "failed", "interrupted")

@@ -185,6 +185,17 @@ def finish_input(conn: Conn, input_id: int, state: str, detail: str | None, now:
     )
 
 
+def requeue_input(conn: Conn, input_id: int, detail: str | None, now: str) -> Row | None:
+    return _one(
+        conn,
+        "UPDATE inbox SET state = 'queued', detail = ?, updated_at = ?"
+        " WHERE id = ? AND state = 'interrupted' RETURNING *",
+        detail,
+        now,
+        input_id,
+    )
+
+
 def input_state(conn: Conn, input_id: int) -> str | None:
     row = _one(conn, "SELECT state FROM inbox WHERE id = ?", input_id)
     return None if row is None else row[0]

@@ -269,3 +269,25 @@ async def test_concurrent_claims_never_share(store, backend):
                 nursery.start_soon(claimer, s)
     assert sorted(claimed) == sorted(enqueued)
     assert {i.state for i in await store.list_inputs("s1")} == {"running"}
+
+
+async def test_requeue_moves_an_interrupted_input_back_to_run_first(store, clock):
+    await store.create_session("s1", "ada")
+    cut = await store.enqueue_input("s1", "user", {"content": "cut"})
+    behind = await store.enqueue_input("s1", "user", {"content": "behind"})
+    await store.claim_next_input("s1")
+    (interrupted,) = await store.interrupt_running()
+    assert interrupted.id == cut.id
+    clock.advance(seconds=1)
+    again = await store.requeue_input(cut.id, {"reruns": 1})
+    assert (again.state, again.detail, again.created_at) == ("queued", {"reruns": 1}, T0)
+    assert await store.sessions_with_queued_inputs() == ["s1"]
+    assert (await store.claim_next_input("s1")).id == cut.id  # it keeps its place
+    with pytest.raises(
+        ConflictError, match=rf"^cannot move input {cut.id} from running to queued$"
+    ):
+        await store.requeue_input(cut.id)
+    with pytest.raises(ConflictError, match="from queued to queued"):
+        await store.requeue_input(behind.id)
+    with pytest.raises(NotFound, match=r"^no input with id 999$"):
+        await store.requeue_input(999)
