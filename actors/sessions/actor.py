@@ -315,26 +315,21 @@ class SessionActor(Actor):
             decode_payload(msg.source, {**msg.payload, "content": msg.content}), UserMessage
         )
         key = msg.idempotency_key
-        if key is not None:
-            # Sent before: answer as then, whatever the session's state now (a resend while
-            # the turn it started runs is not "busy"; one after the queue filled is not over
-            # the limit). The unique index in _enqueue/_fold_in is what decides; this read
-            # only spares the checks below.
-            earlier = await self.services.store.keyed_input(
-                self.session_id, key, source=msg.source, payload=_stored(msg)
-            )
-            if earlier is not None:
-                return _replayed(earlier)
         busy = self.turn is not None  # a turn is running right now (not merely queued)
         policy = self.session.policy
         if busy and from_user:
             if policy == "reject":
-                raise Busy("session is busy with a turn and its policy is reject")
+                return await self._unless_sent_before(
+                    msg, Busy("session is busy with a turn and its policy is reject")
+                )
             if policy == "inject" and self.turn is not None:
                 return await self._fold_in(self.turn, msg.source, msg.content, msg.payload, key)
         if self.queued >= limits.max_queued_inputs:
-            raise LimitExceeded(
-                f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
+            return await self._unless_sent_before(
+                msg,
+                LimitExceeded(
+                    f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
+                ),
             )
         item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
         if not created:
@@ -342,6 +337,21 @@ class SessionActor(Actor):
         if busy and from_user and policy == "interrupt" and self.turn is not None:
             self.turn.cancel("interrupted")
         return Submitted(input_id=item.id)
+
+    async def _unless_sent_before(self, msg: Submit, refusal: Exception) -> Submitted:
+        """Answer a keyed input that was stored before as then; refuse anything else.
+
+        A refusal (busy, queue full) is for new inputs: a resend of one already taken (its turn
+        is what keeps the session busy) gets its first answer. Only refusals pay this read:
+        elsewhere the unique index in ``_enqueue`` and ``_fold_in`` answers resends.
+        """
+        if msg.idempotency_key is not None:
+            earlier = await self.services.store.keyed_input(
+                self.session_id, msg.idempotency_key, source=msg.source, payload=_stored(msg)
+            )
+            if earlier is not None:
+                return _replayed(earlier)
+        raise refusal
 
     async def _enqueue(
         self, source: str, content: str, payload: dict[str, Any], key: str | None = None
@@ -367,12 +377,6 @@ class SessionActor(Actor):
 
     async def _inject(self, msg: Inject) -> Submitted:
         key = msg.idempotency_key
-        if key is not None:
-            earlier = await self.services.store.keyed_input(
-                self.session_id, key, source=msg.source, payload=_stored(msg)
-            )
-            if earlier is not None:
-                return _replayed(earlier)
         if self.turn is not None:
             return await self._fold_in(self.turn, msg.source, msg.content, msg.payload, key)
         item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
@@ -496,10 +500,12 @@ class SessionActor(Actor):
         if received is not None:
             turn_input = scheduled_input(turn, turn_input, received, self.services.tool_profiles)
         try:
+            reruns = (item.detail or {}).get("reruns")  # set by recovery: run again
             start = StreamStart(
                 input_id=item.id,
                 source=item.source,
                 content=content,
+                rerun=reruns if isinstance(reruns, int) and reruns > 0 else msgspec.UNSET,
                 **start_fields(run, received),
             )
             stored = await self._turn_emit(turn, start, durable=False)
@@ -689,7 +695,7 @@ class SessionActor(Actor):
             del self.history[:overflow]
 
 
-def _stored(msg: Submit | Inject) -> dict[str, Any]:
+def _stored(msg: Submit) -> dict[str, Any]:
     """The payload an input is stored with: its own keys and its ``content``."""
     return {**msg.payload, "content": msg.content}
 

@@ -103,6 +103,8 @@ class StreamStart(SessionEvent, tag="stream_start", kw_only=True):
         reference: (scheduled checks) the PR, ticket or URL the check is about.
         is_recall: (recalls) always true.
         instruction: (recalls) the self-instruction the agent gets as a system message.
+        rerun: (a turn run again after a crash cut it off, ``[limits] max_turn_reruns``)
+            which time it runs again: 1, 2…
     """
 
     input_id: int
@@ -116,6 +118,7 @@ class StreamStart(SessionEvent, tag="stream_start", kw_only=True):
     reference: str | UnsetType = UNSET
     is_recall: bool | UnsetType = UNSET
     instruction: str | UnsetType = UNSET
+    rerun: int | UnsetType = UNSET
 
 
 class ThinkingDelta(SessionEvent, tag="thinking_delta", kw_only=True):

@@ -73,9 +73,10 @@ async def test_a_send_whose_ack_never_arrived_is_stored_once_when_resent(tmp_pat
             ack = await client.expect("ack", client_msg_id="m1")
             await client.expect("stream_end", input_id=ack["input_id"])
             await client.send(type="send", session_id="s", content="next", client_msg_id="m2")
-            await client.expect("stream_end", text="reply:next")
+            following = (await client.expect("ack", client_msg_id="m2"))["input_id"]
+            await client.expect("stream_end", input_id=following)
         events = await read_events(node, "s")
-        assert turn_events(events, "stream_start") == [ack["input_id"], ack["input_id"] + 1]
+        assert turn_events(events, "stream_start") == [ack["input_id"], following]
         assert gated.running == ["hi", "next"]
 
 
