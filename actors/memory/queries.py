@@ -34,9 +34,12 @@ import msgspec
 import numpy as np
 
 from turnstile.actors.memory.schema import (
+    ENSURE_SEARCH_INDEXES,
     ENSURE_TRIGRAM,
     ENSURE_VECTOR,
-    TRIGRAM_INDEXES,
+    RECENT_INDEX,
+    SEARCH_TEXT,
+    TEXT_INDEX,
     VECTOR_INDEX,
 )
 from turnstile.runtime.errors import LimitExceeded
@@ -67,6 +70,18 @@ __all__ = [
 
 SORT_KEYS = ("category", "key", "value", "source", "confidence", "created_at", "updated_at")
 MAX_TERMS = 16
+#: The PostgreSQL search (``docs/memory.md``, "Search at scale"). A user with at most
+#: ``SMALL_USER`` facts is searched by reading their facts (the owner's index), never through
+#: the trigram index, whose matches span every user. The "some of the words" stage ranks the
+#: ``CANDIDATES`` newest facts matching any word (at least ``limit``). The similar-words stage
+#: reads the user's ``NEAR_MISS_WINDOW`` newest facts: no index serves a similarity test
+#: cheaply (the trigram index would read the matches of a common trigram across every user),
+#: so it is bounded by what it reads. Its threshold is ``WORD_SIMILARITY`` (pg_trgm's default
+#: ``word_similarity_threshold``, fixed here so that a server's setting does not change results).
+SMALL_USER = 1000
+CANDIDATES = 200
+NEAR_MISS_WINDOW = 1000
+WORD_SIMILARITY = 0.6
 
 Source = Literal["conversation", "tool_call", "auto_discovery", "user_explicit"]
 
@@ -107,23 +122,32 @@ class SearchPath:
     Attributes:
         kind: ``fts5`` (SQLite), ``trigram`` (PostgreSQL with pg_trgm) or ``ilike``.
         trgm_schema: the schema pg_trgm lives in (``trigram`` only).
-        indexed: the trigram GIN indexes exist (``trigram`` only).
+        indexed: the search's indexes exist (PostgreSQL: the owner's recency index, and with
+            pg_trgm the trigram index on the search text).
+        missing: the names of those that do not (for the start-up log).
     """
 
     kind: Literal["fts5", "trigram", "ilike"]
     trgm_schema: str | None = None
     indexed: bool = False
+    missing: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for the start-up log."""
         if self.kind == "fts5":
             return "SQLite FTS5 ranked with bm25"
+        stages = "whole words, word starts, some of the words"
         if self.kind == "trigram":
-            how = "with GIN trigram indexes" if self.indexed else "without trigram indexes"
+            how = "indexed" if self.indexed else "missing " + ", ".join(self.missing)
             return (
-                f"PostgreSQL pg_trgm (schema {self.trgm_schema}) {how}: word match and similarity"
+                f"PostgreSQL pg_trgm (schema {self.trgm_schema}), {how}: {stages},"
+                " then similar words"
             )
-        return "PostgreSQL plain ILIKE-style word match (no pg_trgm: no index, slower when large)"
+        how = "" if self.indexed else ", missing " + ", ".join(self.missing)
+        return (
+            f"PostgreSQL plain ILIKE-style word match (no pg_trgm: a rare word reads all of a"
+            f" user's facts{how}): {stages}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,20 +242,23 @@ def _detect_sqlite(conn: Any) -> SearchPath:
 
 async def _detect_postgres(conn: Any) -> SearchPath:
     await conn.execute(ENSURE_TRIGRAM)
+    await conn.execute(ENSURE_SEARCH_INDEXES)
     schema = await conn.fetchval(
         "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
         " WHERE e.extname = 'pg_trgm'"
     )
-    if schema is None:
-        return SearchPath("ilike")
-    present = await conn.fetchval(
-        "SELECT count(*) FROM unnest($1::text[]) AS i(name) WHERE to_regclass(i.name) IS NOT NULL",
-        list(TRIGRAM_INDEXES.values()),
+    wanted = [RECENT_INDEX] if schema is None else [RECENT_INDEX, TEXT_INDEX]
+    missing = await conn.fetchval(
+        "SELECT coalesce(array_agg(i.name ORDER BY i.n), '{}') FROM unnest($1::text[])"
+        " WITH ORDINALITY AS i(name, n) WHERE to_regclass(i.name) IS NULL",
+        wanted,
     )
-    return SearchPath("trigram", schema, present == len(TRIGRAM_INDEXES))
+    kind = "ilike" if schema is None else "trigram"
+    return SearchPath(kind, schema, not missing, tuple(missing))
 
 
-#: ``() -> SearchPath``; on PostgreSQL it first creates what it can (``schema.ENSURE_TRIGRAM``).
+#: ``() -> SearchPath``; on PostgreSQL it first creates what it can (``schema.ENSURE_TRIGRAM``,
+#: ``schema.ENSURE_SEARCH_INDEXES``).
 DETECT = TableQuery("memory.detect", sqlite=_detect_sqlite, postgres=_detect_postgres)
 
 
@@ -385,37 +412,100 @@ def _search_sqlite(
     return [_fact_sqlite(r) for r in rows]
 
 
+#: The text the search matches, with the table alias the queries use: the planner matches it
+#: to ``TEXT_INDEX``, built on ``SEARCH_TEXT``, the same expression. ``_TEXT_UNINDEXED`` is the
+#: same text written so that no index serves it (for a user whose facts are fewer than reading
+#: the trigram index's matches across every user would cost).
+_TEXT = SEARCH_TEXT.replace("category", "f.category").replace("key", "f.key")
+_TEXT = _TEXT.replace("value", "f.value")
+_TEXT_UNINDEXED = f"({_TEXT} || '')"
+_NEWEST = "f.updated_at DESC, f.id DESC"
+_FACT = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
+
+
+def _stage_sql(
+    where: str, *, rank: str | None = None, least: str = "1", bound: int = 0, window: int = 0
+) -> str:
+    """One stage of the PostgreSQL search: the owner's unexpired facts matching ``where`` that
+    no earlier stage returned, at most ``$4``; ``id`` first, then the fact's columns.
+
+    Parameters: ``$1`` owner, ``$2`` now, ``$3`` the ids found so far, ``$4`` how many more
+    are wanted, the stage's own from ``$5``.
+
+    * Neither ``rank`` nor ``window``: newest first. The owner's recency index serves the
+      order, so the stage stops after ``$4`` matches (or the trigram index finds a rare
+      word's few matches, as the planner judges).
+    * ``rank`` (a value, more is better; a fact matches when it is at least ``least``) and
+      ``bound``: the ``bound`` newest facts matching ``where``, ranked.
+    * ``rank`` and ``window``: only the owner's ``window`` newest facts are read, and those
+      matching ranked (for a test no index serves).
+    """
+    if window:
+        source = (
+            f"(SELECT * FROM memory_facts f WHERE f.owner = $1 ORDER BY {_NEWEST}"
+            f" LIMIT {int(window)}) f"
+        )
+    else:
+        source = "memory_facts f"
+    match = (
+        f"FROM {source} WHERE f.owner = $1 AND (f.expires_at IS NULL OR f.expires_at > $2)"
+        f" AND f.id <> ALL($3::bigint[]) AND {where}"
+    )
+    if rank is None:
+        return f"SELECT f.id, {_FACT} {match} ORDER BY {_NEWEST} LIMIT $4"
+    inner = f"SELECT f.id, {_FACT}, {rank} AS rank {match}"
+    if not window:
+        inner += f" ORDER BY {_NEWEST} LIMIT {int(bound)}"
+    return (
+        f"SELECT * FROM ({inner}) f WHERE f.rank >= {least}"
+        f" ORDER BY f.rank DESC, {_NEWEST} LIMIT $4"
+    )
+
+
 async def _search_postgres(
     conn: Any, *, owner: str, query: str, now: datetime, limit: int, path: SearchPath
 ) -> list[Fact]:
     terms = search_terms(query)
     if not terms:
         return []
-    args: list[Any] = [owner, now, limit]
-    hits, matches = [], []
-    for term in terms:
-        # a word's start, as FTS5's prefix terms; terms are \w+, so nothing needs escaping
-        args.append(rf"\m{term}")
-        n = len(args)
-        one = f"(f.category ~* ${n} OR f.key ~* ${n} OR f.value ~* ${n})"
-        matches.append(one)
-        hits.append(f"(CASE WHEN {one} THEN 1 ELSE 0 END)")
-    rank = "0"
-    if path.kind == "trigram" and path.trgm_schema:
-        s = _quote_ident(path.trgm_schema)
-        args.append(" ".join(terms))
-        n = len(args)
-        matches += [f"${n} OPERATOR({s}.<%) f.{c}" for c in ("category", "key", "value")]
-        rank = f"{s}.word_similarity(${n}, f.category || ' ' || f.key || ' ' || f.value)"
-    cols = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
-    rows = await conn.fetch(
-        f"SELECT {cols}, {' + '.join(hits)} AS hits, {rank} AS sim FROM memory_facts f"
-        " WHERE f.owner = $1 AND (f.expires_at IS NULL OR f.expires_at > $2)"
-        f" AND ({' OR '.join(matches)})"
-        " ORDER BY hits DESC, sim DESC, f.updated_at DESC, f.id LIMIT $3",
-        *args,
-    )
-    return [_fact_postgres(r) for r in rows]
+    found: list[Any] = []
+
+    async def stage(sql: str, *args: Any) -> None:
+        if len(found) < limit:
+            ids = [r["id"] for r in found]
+            found.extend(await conn.fetch(sql, owner, now, ids, limit - len(found), *args))
+
+    async with conn.transaction(readonly=True):
+        # a plan per search: whether to walk the owner's facts newest first (a common word) or
+        # to ask the trigram index (a rare one) depends on the words, which a cached generic
+        # plan would not look at
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        small = await conn.fetchval(
+            "SELECT count(*) <= $2 FROM (SELECT 1 FROM memory_facts WHERE owner = $1 LIMIT $2 + 1)"
+            " AS mine",
+            owner,
+            SMALL_USER,
+        )
+        text = _TEXT_UNINDEXED if small or path.kind != "trigram" else _TEXT
+        # terms are \w+, so nothing in a pattern needs escaping; term i is $5+i
+        each = [f"{text} ~* ${5 + i}" for i in range(len(terms))]
+        every = _stage_sql(" AND ".join(each))
+        # 1. every word a whole word, 2. every word the start of one: newest first
+        await stage(every, *(rf"\m{t}\M" for t in terms))
+        await stage(every, *(rf"\m{t}" for t in terms))
+        # 3. some of the words (when two or more were asked): more words matched first
+        if len(terms) > 1:
+            hits = " + ".join(f"({one})::int" for one in each)
+            where = "(" + " OR ".join(each) + ")"
+            some = _stage_sql(where, rank=hits, bound=max(CANDIDATES, limit))
+            await stage(some, *(rf"\m{t}" for t in terms))
+        # 4. similar words (pg_trgm), among the owner's newest facts: closest first
+        if path.kind == "trigram":
+            s = _quote_ident(path.trgm_schema or "public")
+            similarity = f"{s}.word_similarity($5, {_TEXT_UNINDEXED})"
+            sql = _stage_sql("TRUE", rank=similarity, least="$6", window=NEAR_MISS_WINDOW)
+            await stage(sql, " ".join(terms), WORD_SIMILARITY)
+    return [_fact_postgres(tuple(r)[1:]) for r in found]
 
 
 #: ``(owner, query, now, limit, path) -> [Fact]``, best first, expired facts never.

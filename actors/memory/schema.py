@@ -21,6 +21,17 @@ Lexical search needs an index of its own on each backend:
   start-up, so an extension a DBA installs later gets its indexes at the next start, and then
   decides the search path from what exists (``queries.DETECT``).
 
+Search at scale (migration 3, ``docs/memory.md``): the lexical search on PostgreSQL
+(``queries.SEARCH``) matches one text per fact, :data:`SEARCH_TEXT` (category, key and value
+joined by spaces), newest first within a stage, so it needs two indexes: :data:`RECENT_INDEX`,
+a btree on ``(owner, updated_at DESC, id DESC)`` that lets a search of a common word walk the
+owner's facts newest first and stop after ``limit`` matches (created on every server), and
+:data:`TEXT_INDEX`, a GIN trigram index on exactly the expression the search filters on, which
+finds a rare word without reading the owner's other facts (only with pg_trgm:
+:data:`ENSURE_SEARCH_INDEXES`, run by the migration and again at every start, as
+``ENSURE_TRIGRAM`` is). The per-column trigram indexes of migration 1 stay: the list's
+substring search (``queries.LIST``) uses them.
+
 Embeddings (migration 2, ``docs/memory.md``):
 
 * **SQLite**: an ``embedding`` BLOB column (float32, little-endian, L2-normalised); the vector
@@ -39,7 +50,17 @@ from __future__ import annotations
 
 from turnstile.runtime.store import Migration, MigrationSet
 
-__all__ = ["ENSURE_TRIGRAM", "ENSURE_VECTOR", "MEMORY", "TRIGRAM_INDEXES", "VECTOR_INDEX"]
+__all__ = [
+    "ENSURE_SEARCH_INDEXES",
+    "ENSURE_TRIGRAM",
+    "ENSURE_VECTOR",
+    "MEMORY",
+    "RECENT_INDEX",
+    "SEARCH_TEXT",
+    "TEXT_INDEX",
+    "TRIGRAM_INDEXES",
+    "VECTOR_INDEX",
+]
 
 #: The HNSW cosine index on ``memory_facts.embedding`` (PostgreSQL with pgvector).
 VECTOR_INDEX = "memory_facts_embedding_hnsw"
@@ -99,6 +120,45 @@ BEGIN
   END IF;
 END
 $memory$"""
+
+#: What the lexical search matches on PostgreSQL: one text per fact. ``TEXT_INDEX`` is on exactly
+#: this expression (the planner uses an expression index only for the same expression), so the
+#: queries write it with this text and no table alias.
+SEARCH_TEXT = "(category || ' ' || key || ' ' || value)"
+#: The owner's facts newest first (btree), for a search that stops after ``limit`` matches.
+RECENT_INDEX = "memory_facts_owner_recent"
+#: The GIN trigram index on ``SEARCH_TEXT`` (pg_trgm only).
+TEXT_INDEX = "memory_facts_text_trgm"
+
+#: Creates :data:`TEXT_INDEX` when pg_trgm is installed (in whatever schema) and the index is
+#: missing, then analyses the table (the planner needs the expression's statistics to tell a
+#: common word from a rare one); never fails for want of it (a notice says why; the start-up
+#: log names what is missing, ``queries.DETECT``).
+ENSURE_SEARCH_INDEXES = f"""DO $memory$
+DECLARE
+  ext_schema text;
+BEGIN
+  SELECT n.nspname INTO ext_schema
+    FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+   WHERE e.extname = 'pg_trgm';
+  IF ext_schema IS NOT NULL AND to_regclass('{TEXT_INDEX}') IS NULL THEN
+    BEGIN
+      EXECUTE format('CREATE INDEX {TEXT_INDEX} ON memory_facts USING gin'
+                     ' ({SEARCH_TEXT.replace("'", "''")} %I.gin_trgm_ops)', ext_schema);
+      -- the expression's statistics come only from ANALYZE: without them the planner takes
+      -- every word for a rare one and reads all its matches, whoever they belong to
+      ANALYZE memory_facts;
+    EXCEPTION WHEN OTHERS THEN
+      RAISE NOTICE 'memory: cannot create {TEXT_INDEX} (%)', SQLERRM;
+    END;
+  END IF;
+END
+$memory$"""
+
+_POSTGRES_V3 = (
+    f"CREATE INDEX IF NOT EXISTS {RECENT_INDEX} ON memory_facts (owner, updated_at DESC, id DESC)",
+    ENSURE_SEARCH_INDEXES,
+)
 
 _SQLITE_V1 = (
     """CREATE TABLE memory_facts (
@@ -187,5 +247,6 @@ MEMORY = MigrationSet(
             sqlite=("ALTER TABLE memory_facts ADD COLUMN embedding BLOB",),
             postgres=(ENSURE_VECTOR,),
         ),
+        Migration(3, "search indexes", sqlite=(), postgres=_POSTGRES_V3),
     ),
 )

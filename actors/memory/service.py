@@ -152,6 +152,12 @@ class Memory:
         vector column and the indexes where possible) and log each once."""
         self.search_path = await self.store.run_write(DETECT)
         log.info("memory search: %s", self.search_path.describe())
+        if self.search_path.missing:
+            log.warning(
+                "memory search: could not create index %s: searches of a user with many facts"
+                " are slower (see docs/memory.md, 'Search at scale')",
+                ", ".join(self.search_path.missing),
+            )
         dimensions = None
         if self.embedder is None:
             log.info("memory embeddings: no embedder configured: lexical search only")
