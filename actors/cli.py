@@ -4,8 +4,8 @@
 * ``attach SESSION`` — a terminal client: type messages, watch turns stream.
 * ``sessions`` — list your sessions.
 * ``bench`` — run benchmark scenarios.
-* ``memory list | search | put | forget | summary | extraction | delete-all`` — a user's
-  long-term memory, over HTTP from a running node (``actors/memory/client.py``).
+* ``memory list | search | put | forget | summary | extraction | delete-all | changes | watch``
+  — a user's long-term memory, from a running node (``actors/memory/client.py``).
 * ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
 
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
@@ -222,7 +222,8 @@ def _memory(args: argparse.Namespace) -> int:
 
 
 def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
-    """``turnstile memory list | search | put | forget | summary | extraction | delete-all``."""
+    """``turnstile memory list | search | put | forget | summary | extraction | delete-all |
+    changes | watch``."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
     client.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
@@ -279,6 +280,14 @@ def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
 
     delete_all = command("delete-all", "delete everything memory holds about you")
     delete_all.add_argument("--yes", action="store_true", help="yes, delete it")
+
+    changes = command("changes", "the changes to your memory after a point (the change log)")
+    changes.add_argument("--after-seq", type=int, help="after this change (default: all kept)")
+    changes.add_argument("--limit", type=int, help="at most this many (default 500)")
+
+    watch = command("watch", "print the changes to your memory as they happen (Ctrl-C stops)")
+    watch.add_argument("--after-seq", type=int, help="first the changes after this one")
+    watch.add_argument("--count", type=int, help="stop after this many changes")
 
 
 def main(argv: list[str] | None = None) -> int:

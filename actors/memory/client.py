@@ -1,9 +1,10 @@
 """``turnstile memory``: an HTTP client of a running node's ``/memory`` routes.
 
-Each command is one request (``list`` and ``extraction`` one page) made with the caller's
-bearer token, so it sees and changes exactly what the token's user could over HTTP; an admin's
-``--all-users`` is the server's ``all_users=true``. Output is a readable table, or with
-``--json`` the server's answer as it is, for scripts.
+Each command is one request (``list``, ``extraction`` and ``changes`` one page) made with the
+caller's bearer token, so it sees and changes exactly what the token's user could over HTTP; an
+admin's ``--all-users`` is the server's ``all_users=true``. Output is a readable table, or with
+``--json`` the server's answer as it is, for scripts. ``watch`` subscribes to the ``memory``
+topic over the WebSocket and prints each change as it happens (``--json``: one frame a line).
 
 Exit status: 0 done; 2 the node refused the request (a 4xx: bad token, nothing to forget, a bad
 value; the server's own message is printed, with the field it names) or the command line is
@@ -21,6 +22,8 @@ from datetime import datetime
 from typing import Any, TextIO
 
 import httpx
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 __all__ = ["MemoryClient", "NodeError", "run"]
 
@@ -60,6 +63,9 @@ class MemoryClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def token(self) -> str:
+        return self._http.headers["Authorization"].removeprefix("Bearer ")
 
     def request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
@@ -312,6 +318,119 @@ def _delete_all(client: MemoryClient, args: Any, out: TextIO) -> Any:
     return None
 
 
+def describe_change(change: dict[str, Any]) -> str:
+    """One line for a change of the ``memory`` topic (``docs/memory.md``)."""
+    kind = change.get("type")
+    head = f"#{change.get('seq')} {_when(change.get('ts'))}"
+    if kind == "fact_saved":
+        fact = change["fact"]
+        how = "new" if change.get("created") else "replaced"
+        return (
+            f"{head} saved {fact['category']} / {fact['key']}: {_cell(fact['value'])}"
+            f" ({how}, confidence {fact['confidence']})"
+        )
+    if kind == "fact_forgotten":
+        why = " (expired)" if change.get("reason") == "expired" else ""
+        return f"{head} forgot {change['category']} / {change['key']}{why}"
+    if kind == "summary_changed":
+        return f"{head} summary changed ({len(change['summary'])} characters)"
+    if kind == "memory_deleted":
+        d = change["deleted"]
+        return (
+            f"{head} deleted everything: {d['facts']} facts, {d['summary']} summary,"
+            f" {d['sessions']} session extraction states"
+        )
+    return f"{head} {kind}"
+
+
+def _changes(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    body = client.request(
+        "GET", "/memory/changes", params={"after_seq": args.after_seq, "limit": args.limit}
+    )
+    if args.json:
+        return body
+    if body["reset"]:
+        print(
+            f"the log no longer holds every change after {args.after_seq or 0}: reload"
+            f" (turnstile memory list, summary); the latest is #{body['last_seq']}",
+            file=out,
+        )
+        return None
+    changes = body["changes"]
+    if not changes:
+        print(f"no changes after {args.after_seq or 0} (latest #{body['last_seq']})", file=out)
+        return None
+    for change in changes:
+        print(describe_change(change), file=out)
+    if changes[-1]["seq"] < body["last_seq"]:
+        print(f"more: --after-seq {changes[-1]['seq']}", file=out)
+    return None
+
+
+def _watch(client: MemoryClient, args: Any, out: TextIO) -> Any:
+    try:
+        trio.run(_follow, client.url, client.token(), args.after_seq, args.count, args.json, out)
+    except KeyboardInterrupt:
+        pass
+    return None
+
+
+async def _follow(
+    url: str, token: str, after_seq: int | None, count: int | None, as_json: bool, out: TextIO
+) -> None:
+    """Subscribe to the ``memory`` topic and print its events until ``count`` were printed
+    (forever when None); a ``lagged`` drop subscribes again from the last one printed."""
+    ws_url = url.replace("https://", "wss://").replace("http://", "ws://") + "/ws"
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    printed = 0
+    try:
+        async with open_websocket_url(ws_url, extra_headers=headers) as ws:
+            frame: dict[str, Any] = {"type": "subscribe", "topic": "memory"}
+            if after_seq is not None:
+                frame["after_seq"] = after_seq
+            await ws.send_message(json.dumps(frame))
+            while count is None or printed < count:
+                message = json.loads(await ws.get_message())
+                kind = message.get("type")
+                if kind == "error" and message.get("code") == "lagged":
+                    again = {"type": "subscribe", "topic": "memory"}
+                    await ws.send_message(json.dumps({**again, "after_seq": message["last_seq"]}))
+                    continue
+                if kind == "error":
+                    status = 2 if message.get("code") in ("unauthorized", "bad_message") else 1
+                    raise NodeError(f"{message.get('code')}: {message.get('message')}", status)
+                if message.get("topic") != "memory" or kind in ("topic_sync", "unsubscribed"):
+                    continue
+                if kind == "subscribed":
+                    if not as_json:
+                        note = " (reset: reload, the log no longer holds it all)"
+                        print(
+                            f"watching memory changes after #{message['last_seq']}"
+                            f"{note if message.get('reset') else ''}",
+                            file=out,
+                            flush=True,
+                        )
+                    continue
+                line = json.dumps(message, ensure_ascii=False) if as_json else None
+                print(line or describe_change(message), file=out, flush=True)
+                printed += 1
+    except HandshakeError as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, OSError):  # nobody listens there
+            raise NodeError(f"cannot reach the node at {url}: connection refused", 1) from None
+        raise NodeError(f"cannot open a WebSocket to {ws_url}: {exc!r}", 1) from None
+    except OSError as exc:
+        raise NodeError(f"cannot reach the node at {url}: {_reason(exc)}", 1) from None
+    except ConnectionClosed as exc:
+        # the gateway closes with 4401 (bad token) or 4403 (origin) after an error frame
+        code = getattr(exc.reason, "code", None)
+        if code == 4401:
+            raise NodeError("unauthorized: invalid token", 2) from None
+        if code == 4403:
+            raise NodeError("unauthorized: origin not allowed", 2) from None
+        raise NodeError("the node closed the connection", 1) from None
+
+
 COMMANDS: dict[str, Callable[..., Any]] = {
     "list": _list,
     "search": _search,
@@ -320,6 +439,8 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "summary": _summary,
     "extraction": _extraction,
     "delete-all": _delete_all,
+    "changes": _changes,
+    "watch": _watch,
 }
 
 

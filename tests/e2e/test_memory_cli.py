@@ -1,16 +1,20 @@
 """``turnstile memory`` against a live node: the CLI's ``main()`` (in a worker thread: it is a
-blocking HTTP client) talks to a real gateway on loopback with a user's token, and prints
-tables, or the node's JSON with ``--json``; refusals exit 2 with the node's own message."""
+blocking client) talks to a real gateway on loopback with a user's token, and prints tables, or
+the node's JSON with ``--json``; refusals exit 2 with the node's own message. ``watch`` also
+runs as a subprocess, as a person runs it, to see a change arrive live."""
 
 from __future__ import annotations
 
 import io
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 import trio
 
+from tests.e2e.test_cli import read_until
 from tests.support.node import ALICE, BOB, new_session, running_node
 from turnstile.actors.cli import main
 from turnstile.actors.config import MemoryConfig
@@ -31,11 +35,13 @@ class Cli:
             args += ["--token", token]
 
         def run() -> int:
+            saved = sys.stdin
             if stdin is not None:
-                import sys
-
                 sys.stdin = io.StringIO(stdin)
-            return main(args)
+            try:
+                return main(args)
+            finally:
+                sys.stdin = saved
 
         self.capsys.readouterr()
         code = await trio.to_thread.run_sync(run)
@@ -193,3 +199,61 @@ async def test_extraction_and_admins_across_users(tmp_path, capsys):
             ["alice", "drinks", "tea"],
             ["bob", "drinks", "coffee"],
         ]
+
+
+async def test_changes_and_watch_follow_the_users_memory(tmp_path, capsys):
+    async with running_node(tmp_path) as node:
+        cli = Cli(node.url, capsys)
+        assert (await cli("put", "drinks", "coffee", "dark roast"))[0] == 0
+        assert (await cli("summary", "--set", "Likes coffee."))[0] == 0
+        code, out, _ = await cli("changes")
+        lines = out.splitlines()
+        assert code == 0 and len(lines) == 2
+        assert lines[0].startswith("#1 ") and lines[0].endswith(
+            " saved drinks / coffee: dark roast (new, confidence 90)"
+        )
+        assert lines[1].startswith("#2 ") and lines[1].endswith(" summary changed (13 characters)")
+        code, out, _ = await cli("changes", "--after-seq", "1", "--json")
+        assert [c["type"] for c in json.loads(out)["changes"]] == ["summary_changed"]
+        code, out, _ = await cli("changes", "--limit", "1")
+        assert out.splitlines()[-1] == "more: --after-seq 1"
+        code, out, _ = await cli("changes", "--after-seq", "2")
+        assert out == "no changes after 2 (latest #2)\n"
+        code, out, _ = await cli("changes", "--after-seq", "9")  # more than there is
+        assert out.startswith("the log no longer holds every change after 9: reload")
+        code, out, _ = await cli("changes", token=BOB)
+        assert out == "no changes after 0 (latest #0)\n"
+
+        # watch: the kept changes after a point, then stop after --count
+        code, out, _ = await cli("watch", "--after-seq", "0", "--count", "2")
+        lines = out.splitlines()
+        assert code == 0 and lines[0] == "watching memory changes after #2"
+        assert [line.split()[0] for line in lines[1:]] == ["#1", "#2"]
+        code, out, _ = await cli("watch", "--after-seq", "1", "--count", "1", "--json")
+        assert json.loads(out)["type"] == "summary_changed"
+        code, out, err = await cli("watch", "--count", "1", token="not-a-token-of-anyone")
+        assert (code, err) == (2, "turnstile memory watch: unauthorized: invalid token\n")
+
+        # live, as a person runs it: a change made elsewhere shows up as it happens
+        process = await trio.lowlevel.open_process(
+            [
+                *(sys.executable, "-m", "turnstile.actors.cli", "memory", "watch"),
+                *("--count", "1", "--url", node.url, "--token", ALICE),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out = bytearray()
+        try:
+            await read_until(process.stdout, b"watching memory changes after #2\n", out)
+            async with node.http(ALICE) as http:
+                gone = await http.request("DELETE", "/memory/facts", params={"key": "coffee"})
+                assert gone.status_code == 200
+            await read_until(process.stdout, b"forgot drinks / coffee\n", out)
+            with trio.fail_after(10):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert b"#3 " in out
