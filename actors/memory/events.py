@@ -64,6 +64,7 @@ class FactSaved(MemoryChange, tag="fact_saved", kw_only=True):
 
     @classmethod
     def of(cls, fact: Fact, created: bool) -> FactSaved:
+        """The event for ``fact`` as saved (its owner left out: the topic is the owner's)."""
         view = msgspec.to_builtins(fact)
         view.pop("owner", None)
         return cls(fact=view, created=created)
