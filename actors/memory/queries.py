@@ -26,7 +26,7 @@ Embeddings are passed in as float32 numpy vectors, already L2-normalised.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ from turnstile.actors.memory.schema import (
     TEXT_INDEX,
     VECTOR_INDEX,
 )
+from turnstile.actors.memory.vector_cache import VectorCache, nearest
 from turnstile.runtime.errors import LimitExceeded
 from turnstile.runtime.store import TableQuery
 
@@ -163,6 +164,8 @@ class VectorPath:
         reset: the column was replaced at this start (the dimension changed): every
             embedding is gone until a backfill.
         why: for ``none``, the reason, for the log.
+        cache: (``numpy``) the per-user matrices kept between searches (``vector_cache``);
+            None reads them from the store at every search.
     """
 
     kind: Literal["numpy", "pgvector", "none"]
@@ -171,6 +174,7 @@ class VectorPath:
     indexed: bool = False
     reset: bool = False
     why: str = ""
+    cache: VectorCache | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         """One line for the start-up log."""
@@ -581,21 +585,19 @@ def _vector_search_sqlite(
     max_distance: float,
     path: VectorPath,
 ) -> list[Fact]:
-    rows = conn.execute(
-        f"SELECT {_COLUMNS}, embedding FROM memory_facts WHERE owner = ?"
-        " AND length(embedding) = ? AND (expires_at IS NULL OR expires_at > ?)",
-        (owner, 4 * len(vector), now),
-    ).fetchall()
-    if not rows:
+    cache = path.cache if path.cache is not None else VectorCache(0)  # 0: nothing is kept
+    entry = cache.load(conn, owner, len(vector))
+    best = nearest(entry, vector, now=now, limit=limit, max_distance=max_distance)
+    if not best:
         return []
-    matrix = np.frombuffer(b"".join(r[11] for r in rows), dtype="<f4").reshape(len(rows), -1)
-    distance = 1.0 - matrix @ np.asarray(vector, dtype=np.float32)
-    found = []
-    for i in np.argsort(distance, kind="stable")[:limit]:
-        if distance[i] > max_distance:
-            break
-        found.append(_fact_sqlite(rows[i]))
-    return found
+    ids = [fact_id for fact_id, _ in best]
+    rows = conn.execute(
+        f"SELECT id, {_COLUMNS} FROM memory_facts WHERE id IN ({','.join('?' * len(ids))})"
+        " AND owner = ? AND (expires_at IS NULL OR expires_at > ?)",
+        (*ids, owner, now),
+    ).fetchall()
+    by_id = {r[0]: r[1:] for r in rows}
+    return [_fact_sqlite(by_id[i]) for i in ids if i in by_id]
 
 
 async def _vector_search_postgres(

@@ -35,7 +35,9 @@ substring search (``queries.LIST``) uses them.
 Embeddings (migration 2, ``docs/memory.md``):
 
 * **SQLite**: an ``embedding`` BLOB column (float32, little-endian, L2-normalised); the vector
-  stage compares in numpy (``queries.VECTOR_SEARCH``).
+  stage compares in numpy (``queries.VECTOR_SEARCH``), over a per-user matrix kept in memory
+  (``vector_cache``): migration 4's ``memory_vector_version`` and its triggers tell it when a
+  kept matrix is out of date.
 * **PostgreSQL**: :data:`ENSURE_VECTOR` creates the ``vector`` extension if the server offers it
   and this role may, as ``ENSURE_TRIGRAM`` does for pg_trgm (never failing without it). The
   ``embedding vector(N)`` column and its HNSW cosine index are not created here: ``N`` is the
@@ -236,6 +238,32 @@ _POSTGRES_V1 = (
     )""",
 )
 
+_BUMP = """INSERT INTO memory_vector_version (owner, version) VALUES ({row}.owner, 1)
+        ON CONFLICT (owner) DO UPDATE SET version = version + 1"""
+
+#: SQLite's vector stage keeps each user's embedding matrix in memory (``vector_cache``); these
+#: triggers raise the user's version in the same transaction as every write that changes what
+#: the matrix holds, whichever process makes it, so a kept matrix is used only while current.
+_SQLITE_V4 = (
+    """CREATE TABLE memory_vector_version (
+        owner TEXT PRIMARY KEY,
+        version INTEGER NOT NULL
+    )""",
+    f"""CREATE TRIGGER memory_vector_insert AFTER INSERT ON memory_facts
+    WHEN new.embedding IS NOT NULL BEGIN
+        {_BUMP.format(row="new")};
+    END""",
+    f"""CREATE TRIGGER memory_vector_delete AFTER DELETE ON memory_facts
+    WHEN old.embedding IS NOT NULL BEGIN
+        {_BUMP.format(row="old")};
+    END""",
+    f"""CREATE TRIGGER memory_vector_update AFTER UPDATE OF owner, embedding, expires_at
+    ON memory_facts BEGIN
+        {_BUMP.format(row="old")};
+        {_BUMP.format(row="new")};
+    END""",
+)
+
 #: The feature's migration set.
 MEMORY = MigrationSet(
     "memory",
@@ -248,5 +276,6 @@ MEMORY = MigrationSet(
             postgres=(ENSURE_VECTOR,),
         ),
         Migration(3, "search indexes", sqlite=(), postgres=_POSTGRES_V3),
+        Migration(4, "vector versions", sqlite=_SQLITE_V4, postgres=()),
     ),
 )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -71,6 +72,7 @@ from turnstile.actors.memory.state_queries import (
     FACTS_IN_CATEGORY,
     SessionState,
 )
+from turnstile.actors.memory.vector_cache import VectorCache
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import Store
@@ -173,7 +175,10 @@ class Memory:
                         exc,
                     )
                     self.embedder = None
-        self.vector_path = path = await self.store.run_write(VECTOR_SETUP, dimensions=dimensions)
+        path = await self.store.run_write(VECTOR_SETUP, dimensions=dimensions)
+        if path.kind == "numpy" and self.config.vector_cache_mb:
+            path = replace(path, cache=VectorCache(self.config.vector_cache_mb * 2**20))
+        self.vector_path = path
         if self.embedder is not None:
             cutoff = f", max distance {self.config.embeddings.max_distance}"
             log.info(

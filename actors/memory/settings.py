@@ -94,6 +94,9 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
         changes_kept: events the change log keeps per user (``changes.py``); beyond it the
             oldest go, and a client that had not seen them must reload (``reset``).
         embeddings: ``[memory.embeddings]``, the embedder of the vector search stage.
+        vector_cache_mb: (SQLite) how much memory the vector stage may keep its users'
+            embedding matrices in (``vector_cache``): 100,000 facts of 384 dimensions take
+            about 150 MB; 0 reads them from the store at every search.
     """
 
     enabled: bool = True
@@ -108,6 +111,7 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
     extraction_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300.0
     changes_kept: Annotated[int, msgspec.Meta(ge=10, le=10_000_000)] = 20_000
     embeddings: EmbeddingsConfig = msgspec.field(default_factory=EmbeddingsConfig)
+    vector_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = 256
 
     def __post_init__(self) -> None:
         if self.search_limit > self.max_search_limit:
