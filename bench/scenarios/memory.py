@@ -3,7 +3,8 @@
 One user with many facts (100k; quick: 5k) among many users with facts each (10,000 users x
 100, so 1.1M facts; quick: 200 x 50). The first 10,000 facts of the big user are written
 through ``Memory.save`` (the path the ``memory.save`` tool and ``PUT /memory/facts`` take:
-checks, upsert, per-user limit), from 64 concurrent writers so the stores' batching (SQLite's
+checks, upsert, per-user limit, the change log's events in the same transaction, as a node
+saves), from 64 concurrent writers so the stores' batching (SQLite's
 group commit, PostgreSQL's pool) is used as a node would use it; the rest is bulk-loaded
 straight into the table (saving a million facts one by one would take most of an hour), and
 then 2,000 more saves are timed with the store full. Then searches for one word of the
@@ -54,6 +55,7 @@ import trio
 
 from bench.harness import Measure, ScenarioResult
 from bench.pgschema import PostgresUnavailable, temporary_schema
+from turnstile.actors.memory.changes import CHANGES, ChangeLog
 from turnstile.actors.memory.embeddings import Embedder, fact_text
 from turnstile.actors.memory.injection import SummaryCache
 from turnstile.actors.memory.queries import VECTOR_SEARCH
@@ -220,8 +222,8 @@ async def _timed(call: Callable, rng: random.Random) -> list[float]:
 async def _measure(url: str, one_user: int, users: int, per_user: int) -> dict[str, float]:
     rng = random.Random(7)
     config = MemoryConfig(max_facts_per_user=max(one_user, per_user) + SAVES_AT_SIZE + 10)
-    async with open_store(url, migrations=[MEMORY]) as store:
-        memory = Memory(store, SystemClock(), config)
+    async with open_store(url, migrations=[MEMORY, CHANGES]) as store:
+        memory = Memory(store, SystemClock(), config, None, ChangeLog(store, config.changes_kept))
         path = await memory.start()
         big = [
             ("big", CATEGORIES[i % len(CATEGORIES)], f"k{i}", _value(rng)) for i in range(one_user)
@@ -388,8 +390,14 @@ async def _vector_store(
         embeddings=EmbeddingsConfig(max_distance=MAX_DISTANCE),
     )
     asked = {q: (await embedder.embed([q]))[0] for q in QUESTIONS}
-    async with open_store(url, migrations=[MEMORY]) as store:
-        memory = Memory(store, SystemClock(), config, _Prepared(embedder, known))
+    async with open_store(url, migrations=[MEMORY, CHANGES]) as store:
+        memory = Memory(
+            store,
+            SystemClock(),
+            config,
+            _Prepared(embedder, known),
+            ChangeLog(store, config.changes_kept),
+        )
         await memory.start()
         path = memory.vector_path
         if path.kind == "none":
