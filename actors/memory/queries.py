@@ -25,6 +25,7 @@ Embeddings are passed in as float32 numpy vectors, already L2-normalised.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -83,6 +84,19 @@ SMALL_USER = 1000
 CANDIDATES = 200
 NEAR_MISS_WINDOW = 1000
 WORD_SIMILARITY = 0.6
+
+#: PostgreSQL's vector stage (``docs/memory.md``, "Search at scale"). pgvector before 0.8 has no
+#: iterative index scan: an HNSW scan returns at most ``hnsw.ef_search`` rows of all users,
+#: and the owner's are kept after, so a user holding a small share of the facts would get
+#: fewer than ``limit`` (or none). So: a user with at most ``VectorPath.exact_up_to`` facts is
+#: compared with every one of them (exact, a few milliseconds); a larger one goes through the
+#: index with ``ef_search`` = ``EF_SEARCH_FIRST``, raised (once the share of the owner's rows
+#: in the first answer is known, with ``EF_SEARCH_MARGIN`` to spare) up to ``EF_SEARCH_MAX``,
+#: pgvector's ceiling; a user whose share needs more than that is compared exactly.
+EXACT_VECTOR_UP_TO = 2000
+EF_SEARCH_FIRST = 100
+EF_SEARCH_MAX = 1000
+EF_SEARCH_MARGIN = 1.5
 
 Source = Literal["conversation", "tool_call", "auto_discovery", "user_explicit"]
 
@@ -166,6 +180,9 @@ class VectorPath:
         why: for ``none``, the reason, for the log.
         cache: (``numpy``) the per-user matrices kept between searches (``vector_cache``);
             None reads them from the store at every search.
+        version: (``pgvector``) the extension's version, for the log.
+        exact_up_to: (``pgvector``) a user with at most this many facts is searched
+            exactly, without the index (``EXACT_VECTOR_UP_TO``; tests lower it).
     """
 
     kind: Literal["numpy", "pgvector", "none"]
@@ -175,6 +192,8 @@ class VectorPath:
     reset: bool = False
     why: str = ""
     cache: VectorCache | None = field(default=None, compare=False, repr=False)
+    version: str | None = None
+    exact_up_to: int = EXACT_VECTOR_UP_TO
 
     def describe(self) -> str:
         """One line for the start-up log."""
@@ -182,7 +201,10 @@ class VectorPath:
             return f"SQLite, cosine in numpy over the user's facts ({self.dimensions} dims)"
         if self.kind == "pgvector":
             how = "with an HNSW cosine index" if self.indexed else "without an index"
-            return f"PostgreSQL pgvector (schema {self.schema}) {how}, vector({self.dimensions})"
+            return (
+                f"PostgreSQL pgvector {self.version} (schema {self.schema}) {how},"
+                f" vector({self.dimensions})"
+            )
         return f"none ({self.why}): lexical only"
 
 
@@ -565,7 +587,8 @@ async def _vector_setup_postgres(conn: Any, *, dimensions: int | None) -> Vector
                 f"CREATE INDEX IF NOT EXISTS {VECTOR_INDEX} ON memory_facts"
                 f" USING hnsw (embedding {s}.vector_cosine_ops)"
             )
-    return VectorPath("pgvector", dimensions, schema, indexed, reset)
+    version = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+    return VectorPath("pgvector", dimensions, schema, indexed, reset, version=version)
 
 
 #: ``(dimensions | None) -> VectorPath``: on PostgreSQL, creates pgvector if it can, then the
@@ -611,17 +634,39 @@ async def _vector_search_postgres(
     path: VectorPath,
 ) -> list[Fact]:
     s = _quote_ident(path.schema or "public")
-    cols = ", ".join(f"f.{c.strip()}" for c in _COLUMNS.split(","))
-    rows = await conn.fetch(
-        f"SELECT {cols}, f.embedding OPERATOR({s}.<=>) $2::text::{s}.vector AS distance"
+    mine = (
+        f"SELECT {_FACT}, f.embedding OPERATOR({s}.<=>) $2::text::{s}.vector AS distance"
         " FROM memory_facts f WHERE f.owner = $1 AND f.embedding IS NOT NULL"
         " AND (f.expires_at IS NULL OR f.expires_at > $3)"
-        " ORDER BY distance LIMIT $4",
-        owner,
-        _pg_vector(vector),
-        now,
-        limit,
     )
+    args = (owner, _pg_vector(vector), now, limit)
+    rows: list[Any] | None = None
+    async with conn.transaction(readonly=True):
+        # the plan depends on the owner (the index for a large one), so one per search
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        few = not path.indexed or await conn.fetchval(
+            "SELECT count(*) <= $2 FROM (SELECT 1 FROM memory_facts WHERE owner = $1 LIMIT $2 + 1)"
+            " AS mine",
+            owner,
+            path.exact_up_to,
+        )
+        ef = EF_SEARCH_FIRST
+        while not few:
+            # the index yields at most ef_search rows of every user, the owner's kept after
+            await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+            rows = await conn.fetch(f"{mine} ORDER BY distance LIMIT $4", *args)
+            if len(rows) >= limit:
+                break
+            # the owner's share of what the index returned says how many rows it takes
+            ef = math.ceil(limit * ef / max(len(rows), 1) * EF_SEARCH_MARGIN)
+            if ef > EF_SEARCH_MAX:
+                rows = None  # more than the index may return: the exact scan
+                break
+        if rows is None or len(rows) < limit:
+            # every one of the owner's facts compared (OFFSET 0 keeps the index out of it)
+            rows = await conn.fetch(
+                f"SELECT * FROM ({mine} OFFSET 0) f ORDER BY distance LIMIT $4", *args
+            )
     return [_fact_postgres(r) for r in rows if r["distance"] <= max_distance]
 
 
