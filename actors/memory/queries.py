@@ -8,18 +8,24 @@ Search is lexical here, one function per backend:
 
 * SQLite: the FTS5 index (``schema``), the query's words as prefix terms joined by ``OR``,
   ranked with ``bm25`` (key weighs double).
-* PostgreSQL: each word must start a word of category, key or value, case-insensitively
-  (``~* '\\mword'``: the reference's ILIKE, made word-aware so that both backends find the
-  same facts and ``it`` does not match ``with``; the GIN trigram indexes serve these matches
-  as they serve ILIKE), plus, with pg_trgm, a fuzzy match (``<%``, word similarity, so a typo
-  still finds) and ranking by ``word_similarity``; ranked by the number of words matched
-  first.
+* PostgreSQL: one text per fact (``schema.SEARCH_TEXT``: category, key and value), matched
+  case-insensitively at the start of words (``~* '\\mword'``: the reference's ILIKE, made
+  word-aware so that both backends find the same facts and ``it`` does not match ``with``), in
+  stages, each newest first and run only while fewer than ``limit`` were found: every word a
+  whole word; every word the start of one; some of the words (more matched first, among the
+  ``CANDIDATES`` newest); with pg_trgm, similar words (``word_similarity``, so a typo still
+  finds, among the user's ``NEAR_MISS_WINDOW`` newest facts). Newest first lets a common word
+  stop after ``limit`` matches on the owner's recency index; the trigram index on the search
+  text finds a rare word's few matches; a user with at most ``SMALL_USER`` facts is read
+  through the owner's index only. A plan is made per search (``plan_cache_mode``), since the
+  right one depends on the words. ``docs/memory.md``, "Search at scale", has the figures.
 
 The vector stage (``VECTOR_SEARCH``) compares the query's embedding with the facts' ones:
-cosine in numpy over the owner's embedded facts on SQLite (every one is read: fine for the
-thousands of facts a user has, linear in them), pgvector's ``<=>`` on PostgreSQL (an HNSW
-index; pgvector 0.6 filters the owner after the index scan, so with very many users a search
-may see fewer than ``limit`` of one user's facts: ``hnsw.ef_search`` bounds the candidates).
+cosine in numpy over the owner's embedded facts on SQLite (kept in memory between searches,
+``vector_cache``), pgvector's ``<=>`` on PostgreSQL: exactly over the owner's facts for a user
+with few of them, through the HNSW index for a larger one with ``hnsw.ef_search`` sized to
+the owner's share of the table (pgvector before 0.8 filters the owner after the index scan,
+which returns at most ``ef_search`` rows; see ``EF_SEARCH_FIRST``).
 Embeddings are passed in as float32 numpy vectors, already L2-normalised.
 """
 
@@ -90,9 +96,11 @@ WORD_SIMILARITY = 0.6
 #: and the owner's are kept after, so a user holding a small share of the facts would get
 #: fewer than ``limit`` (or none). So: a user with at most ``VectorPath.exact_up_to`` facts is
 #: compared with every one of them (exact, a few milliseconds); a larger one goes through the
-#: index with ``ef_search`` = ``EF_SEARCH_FIRST``, raised (once the share of the owner's rows
-#: in the first answer is known, with ``EF_SEARCH_MARGIN`` to spare) up to ``EF_SEARCH_MAX``,
-#: pgvector's ceiling; a user whose share needs more than that is compared exactly.
+#: index with ``ef_search`` sized to the owner's share of the table (``limit / share``, with
+#: ``EF_SEARCH_MARGIN`` to spare): the share the planner's statistics give (``pg_stats``, for
+#: the most common owners), else ``EF_SEARCH_FIRST`` and then the share of the owner's rows in
+#: that first answer; at most ``EF_SEARCH_MAX``, pgvector's ceiling. A user whose share needs
+#: more than that, or for whom the index fell short, is compared exactly.
 EXACT_VECTOR_UP_TO = 2000
 EF_SEARCH_FIRST = 100
 EF_SEARCH_MAX = 1000
@@ -651,6 +659,16 @@ async def _vector_search_postgres(
             path.exact_up_to,
         )
         ef = EF_SEARCH_FIRST
+        if not few:
+            # the planner's statistics know the share of an owner among the most common ones
+            share = await conn.fetchval(
+                "SELECT m.freq FROM pg_stats s, unnest(s.most_common_vals::text::text[],"
+                " s.most_common_freqs) AS m(owner, freq) WHERE s.schemaname = current_schema()"
+                " AND s.tablename = 'memory_facts' AND s.attname = 'owner' AND m.owner = $1",
+                owner,
+            )
+            if share:
+                ef = min(max(math.ceil(limit / share * EF_SEARCH_MARGIN), ef), EF_SEARCH_MAX)
         while not few:
             # the index yields at most ef_search rows of every user, the owner's kept after
             await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
