@@ -21,7 +21,8 @@ The hierarchy::
         ├── AlreadyExists                 a row with that id exists
         ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
         │   ├── BlockedByAutomations      a session still has scheduled jobs bound to it
-        │   └── IdempotencyKeyReused      an idempotency key already names a different input
+        │   ├── IdempotencyKeyReused      an idempotency key already names a different input
+        │   └── LeaseLost                 this node's row was taken over: it must stop serving
         └── MigrationError                the schema could not be brought up to date
 
 Each error carries a stable ``code`` so that it can cross the wire unchanged.
@@ -217,6 +218,26 @@ class IdempotencyKeyReused(ConflictError):
     def __init__(self, message: str, field: str | None = "idempotency_key") -> None:
         super().__init__(message)
         self.field = field
+
+
+class LeaseLost(ConflictError):
+    """This node may no longer serve: its row in ``nodes`` belongs to a newer epoch (another
+    process started with the same node id), or it was declared dead (its lease expired and
+    another node took its work over, or it was stopped).
+
+    Raised by the heartbeat (``runtime.membership``); the node's serve loop ends with it.
+
+    Attributes:
+        node: the node id.
+        epoch: the epoch that lost its lease.
+    """
+
+    code = "lease_lost"
+
+    def __init__(self, message: str, *, node: str, epoch: int) -> None:
+        super().__init__(message)
+        self.node = node
+        self.epoch = epoch
 
 
 class MigrationError(StoreError):

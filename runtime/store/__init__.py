@@ -33,7 +33,9 @@ from turnstile.runtime.store.records import (
     FINAL_INPUT_STATES,
     INPUT_STATES,
     JOB_STATES,
+    NODE_STATES,
     RUN_STATES,
+    ClusterView,
     Enqueued,
     EventRecord,
     FireResult,
@@ -41,7 +43,10 @@ from turnstile.runtime.store.records import (
     Job,
     JobRun,
     MigrationRecord,
+    NodeRecord,
+    NodeRef,
     Session,
+    TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
 
@@ -63,6 +68,11 @@ __all__ = [
     "JobRun",
     "FireResult",
     "MigrationRecord",
+    "NodeRef",
+    "NodeRecord",
+    "ClusterView",
+    "TakeOver",
+    "NODE_STATES",
     "INPUT_STATES",
     "FINAL_INPUT_STATES",
     "JOB_STATES",

@@ -49,6 +49,24 @@ def check_idempotency_key(value: object, field: str = "idempotency_key") -> str:
     return value
 
 
+#: The longest lease a node may take (a day): longer would leave a dead node's work waiting.
+MAX_LEASE_SECONDS = 86400.0
+#: A node id: 1 to 128 characters, letters, digits and ``. _ : @ -``, starting with a letter
+#: or a digit (a host name, ``host:port``, or a name of the operator's choice).
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+
+
+def check_node_id(value: object, field: str = "id") -> str:
+    """``value`` if it is a well-formed node id, else ``InvalidArgument`` naming ``field``."""
+    if not isinstance(value, str) or not _NODE_ID.fullmatch(value):
+        raise InvalidArgument(
+            f"{field} must be 1 to 128 letters, digits or . _ : @ - (starting with a letter or"
+            " a digit)",
+            field=field,
+        )
+    return value
+
+
 def check_int(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")

@@ -32,7 +32,10 @@ READS: dict[str, str] = {
     "list_inputs": "(session_id, states) -> rows by id; NotFound for no session",
     "input_state": "(input_id) -> str | None",
     "keyed_input": "(session_id, key) -> row | None",
-    "sessions_with_queued_inputs": "() -> rows of (session_id,), sorted",
+    "sessions_with_queued_inputs": "(node, epoch) -> rows of (session_id,), sorted; with a"
+    " node, not the sessions with an input running on another live node",
+    "get_node": "(id, now) -> row with alive | None",
+    "list_nodes": "(now) -> (the time alive was judged at, rows with alive, by id)",
     "read_events": "(session_id, after_seq, limit) -> rows; NotFound for no session",
     "last_seq": "(session_id) -> int | None",
     "get_job": "(id) -> row | None",
@@ -52,10 +55,18 @@ WRITES: dict[str, str] = {
     "enqueue_input": "(session_id, source, payload, now) -> row | None for no session",
     "enqueue_keyed": "(session_id, source, payload, key, state, detail, now) -> (row, created)"
     " | None for no session; the row already under (session_id, key) when one is",
-    "claim_next_input": "(session_id, now) -> row | None; NotFound for no session",
+    "claim_next_input": "(session_id, now, node, epoch) -> row | None (stamped with its"
+    " claimer); NotFound for no session",
     "finish_input": "(input_id, state, detail, now) -> row | None unless it was running",
     "requeue_input": "(input_id, detail, now) -> row | None unless it was interrupted",
     "interrupt_running": "(now) -> rows",
+    "register_node": "(id, address, lease, now, expires) -> (row with its new epoch, the row"
+    " before | None)",
+    "heartbeat_node": "(id, epoch, lease, address, now, expires) -> row | None unless that"
+    " epoch is current and not stopped",
+    "stop_node": "(id, epoch, now) -> bool",
+    "take_over_dead_nodes": "(node, epoch, unclaimed, now) -> (rows of the nodes declared"
+    " dead, rows of the inputs interrupted)",
     "append_events": "(session_id, events, now) -> the new last seq | None for no session",
     "create_job": "(id, kind, spec, session_id, next_fire_at, state, now) -> row | None"
     " when the id is taken; NotFound for no session, ConflictError for another unique rule",

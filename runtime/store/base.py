@@ -31,6 +31,7 @@ from msgspec import UNSET, UnsetType
 
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.store.records import (
+    ClusterView,
     Enqueued,
     EventRecord,
     FireResult,
@@ -38,7 +39,10 @@ from turnstile.runtime.store.records import (
     Job,
     JobRun,
     MigrationRecord,
+    NodeRecord,
+    NodeRef,
     Session,
+    TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
 
@@ -52,10 +56,13 @@ class Store(Protocol):
     Attributes:
         backend: ``"sqlite"`` or ``"postgres"``.
         clock: the clock whose wall time stamps every row.
+        claimer: the node incarnation ``claim_next_input`` records as the claimer of what it
+            claims; None (no node registered through this store) records none.
     """
 
     backend: str
     clock: Clock
+    claimer: NodeRef | None
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -234,7 +241,9 @@ class Store(Protocol):
     async def claim_next_input(self, session_id: str) -> InboxItem | None:
         """Atomically move the oldest ``queued`` input of a session to ``running``.
 
-        Concurrent callers (even on different store instances) never get the same item.
+        Concurrent callers (even on different store instances) never get the same item. The
+        same statement records :attr:`claimer` on the row (``claimed_by``), so that recovery
+        can tell whose turn it is.
 
         Returns:
             The claimed item (state ``running``), or None when nothing is queued.
@@ -290,15 +299,86 @@ class Store(Protocol):
         ...
 
     async def interrupt_running(self) -> list[InboxItem]:
-        """Crash recovery at start-up: move every ``running`` input to ``interrupted``.
+        """Crash recovery of a store that one process uses alone: move every ``running``
+        input to ``interrupted``, whoever claimed it. A node that shares its store uses
+        :meth:`take_over_dead_nodes` instead.
 
         Returns:
             The items changed, by id.
         """
         ...
 
-    async def sessions_with_queued_inputs(self) -> list[str]:
-        """Ids of the sessions that have at least one ``queued`` input, sorted (for recovery)."""
+    async def sessions_with_queued_inputs(self, *, node: NodeRef | None = None) -> list[str]:
+        """Ids of the sessions that have at least one ``queued`` input, sorted (for recovery).
+
+        Args:
+            node: the node asking; given, the sessions with an input running on another live
+                node (a current, not stopped epoch) are left out: that node goes on with
+                their queue.
+        """
+        ...
+
+    # -- nodes --------------------------------------------------------------------------------
+    # Membership of the nodes sharing this store (runtime.membership drives these). Every lease
+    # decision is taken by the database clock on PostgreSQL (now() in the statement) and by
+    # the store's clock on SQLite, never by a node's own clock on PostgreSQL.
+
+    async def register_node(
+        self, id: str, *, lease_seconds: float, address: str | None = None
+    ) -> tuple[NodeRecord, NodeRecord | None]:
+        """Register a start of node ``id``: a new epoch (1, or one more than the row's), state
+        ``running``, a lease of ``lease_seconds`` from now.
+
+        An earlier epoch of the same id loses its row: its next heartbeat raises
+        ``LeaseLost`` (so two processes given one id cannot both serve), and the inputs it
+        had claimed are dead claims that recovery may take.
+
+        Returns:
+            The row as registered, and the row it replaced (None for a new id): whether that
+            earlier epoch was still ``alive`` tells a restart from a takeover.
+
+        Raises:
+            InvalidArgument: a malformed id (``field`` is ``id``).
+        """
+        ...
+
+    async def heartbeat_node(
+        self, node: NodeRef, *, lease_seconds: float, address: str | None = None
+    ) -> NodeRecord:
+        """Renew ``node``'s lease to ``lease_seconds`` from now (and set its address when given).
+
+        It renews only while ``node.epoch`` is its id's current epoch and the row is not
+        ``stopped``; a lease that lapsed without anyone declaring the node dead is renewed
+        (none of its work had moved).
+
+        Raises:
+            LeaseLost: the row belongs to a newer epoch, or the node was declared dead or
+                stopped; the message says which. The node must stop serving.
+        """
+        ...
+
+    async def stop_node(self, node: NodeRef) -> bool:
+        """Mark ``node`` stopped (a clean shutdown): dead for everyone at once, so another node
+        may take whatever it left running. False when that epoch was not current or already
+        stopped."""
+        ...
+
+    async def list_nodes(self) -> ClusterView:
+        """Every node's row by id, each judged alive or dead at one instant (the database's
+        clock on PostgreSQL)."""
+        ...
+
+    async def take_over_dead_nodes(self, node: NodeRef, *, unclaimed: bool = False) -> TakeOver:
+        """Recovery scoped to dead nodes, asked by the live ``node``, in one transaction.
+
+        First every other node whose lease expired is declared dead (``stopped``: its
+        heartbeat can no longer renew, so it stops serving). Then every ``running`` input
+        whose claimer is no current, running epoch (a dead node's, a stopped one's, an
+        earlier incarnation of any node's, ``node``'s own earlier ones) is moved to
+        ``interrupted``; with ``unclaimed``, so are the running inputs that record no claimer
+        (rows from before claimers were recorded, or claimed through a store with no node).
+        The inputs of ``node`` itself and of every live node are left alone.
+        """
         ...
 
     # -- events -------------------------------------------------------------------------------

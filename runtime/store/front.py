@@ -9,16 +9,17 @@ The backends only run queries. :func:`runtime.store.open_store` hands out a fron
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from msgspec import UNSET, UnsetType
 
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.errors import AlreadyExists, IdempotencyKeyReused
+from turnstile.runtime.errors import AlreadyExists, IdempotencyKeyReused, LeaseLost
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store.backend import Backend
 from turnstile.runtime.store.records import (
+    ClusterView,
     Enqueued,
     EventRecord,
     FireResult,
@@ -26,7 +27,10 @@ from turnstile.runtime.store.records import (
     Job,
     JobRun,
     MigrationRecord,
+    NodeRecord,
+    NodeRef,
     Session,
+    TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
 
@@ -67,6 +71,22 @@ def _input(row: Any) -> InboxItem:
         updated_at=_ts(row["updated_at"]),
         detail=u.decode_optional_json(row["detail"]),
         idempotency_key=row["idempotency_key"],
+        claimed_by=None
+        if row["claimed_by"] is None
+        else NodeRef(row["claimed_by"], row["claimed_epoch"]),
+    )
+
+
+def _node(row: Any) -> NodeRecord:
+    return NodeRecord(
+        id=row["id"],
+        epoch=row["epoch"],
+        state=row["state"],
+        address=row["address"],
+        started_at=_ts(row["started_at"]),
+        heartbeat_at=_ts(row["heartbeat_at"]),
+        lease_expires_at=_ts(row["lease_expires_at"]),
+        alive=bool(row["alive"]),
     )
 
 
@@ -130,6 +150,24 @@ def _migration(row: Any) -> MigrationRecord:
     )
 
 
+def _lease_lost(node: NodeRef, current: NodeRecord | None) -> LeaseLost:
+    """Why ``node``'s heartbeat could not renew its lease, as the error that says so."""
+    who = f"node {node.id!r} epoch {node.epoch}"
+    if current is None:
+        reason = f"{who}: its row is gone from the nodes table"
+    elif current.epoch != node.epoch:
+        reason = (
+            f"{who} was taken over by epoch {current.epoch} (another process started with"
+            " this node id)"
+        )
+    else:
+        reason = (
+            f"{who} was declared dead (state stopped; its lease expired at"
+            f" {current.lease_expires_at.isoformat()}), and its work moved to other nodes"
+        )
+    return LeaseLost(reason, node=node.id, epoch=node.epoch)
+
+
 # -- the front --------------------------------------------------------------------------------
 
 
@@ -144,12 +182,15 @@ class StoreFront:
         backend: ``"sqlite"`` or ``"postgres"``.
         clock: the clock.
         engine: the backend object.
+        claimer: the node incarnation that ``claim_next_input`` stamps on what it claims
+            (set by ``runtime.membership`` once the node registered), or None.
     """
 
     def __init__(self, engine: Backend, clock: Clock) -> None:
         self.engine = engine
         self.backend = engine.kind
         self.clock = clock
+        self.claimer: NodeRef | None = None
 
     def __repr__(self) -> str:
         return f"<Store {self.engine!r}>"
@@ -320,7 +361,14 @@ class StoreFront:
         return item
 
     async def claim_next_input(self, session_id: str) -> InboxItem | None:
-        row = await self.engine.write("claim_next_input", session_id=session_id, now=self._now())
+        claimer = self.claimer
+        row = await self.engine.write(
+            "claim_next_input",
+            session_id=session_id,
+            now=self._now(),
+            node=None if claimer is None else claimer.id,
+            epoch=None if claimer is None else claimer.epoch,
+        )
         return None if row is None else _input(row)
 
     async def finish_input(
@@ -367,8 +415,73 @@ class StoreFront:
         rows = await self.engine.write("interrupt_running", now=self._now())
         return sorted((_input(r) for r in rows), key=lambda item: item.id)
 
-    async def sessions_with_queued_inputs(self) -> list[str]:
-        return [r[0] for r in await self.engine.read("sessions_with_queued_inputs")]
+    async def sessions_with_queued_inputs(self, *, node: NodeRef | None = None) -> list[str]:
+        if node is None:
+            rows = await self.engine.read("sessions_with_queued_inputs")
+        else:
+            rows = await self.engine.read(
+                "sessions_with_queued_inputs", node=node.id, epoch=node.epoch
+            )
+        return [r[0] for r in rows]
+
+    # ---- nodes ----
+
+    def _lease(self, lease_seconds: object) -> dict[str, Any]:
+        """The lease arguments: its length, and (for SQLite) now and its end by our clock."""
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+            raise TypeError(f"lease_seconds must be a number, not {type(lease_seconds).__name__}")
+        if not 0 < lease_seconds <= u.MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {u.MAX_LEASE_SECONDS}]")
+        now = self.clock.now()
+        return {
+            "lease": float(lease_seconds),
+            "now": self.engine.db_time(now),
+            "expires": self.engine.db_time(now + timedelta(seconds=lease_seconds)),
+        }
+
+    async def register_node(
+        self, id: str, *, lease_seconds: float, address: str | None = None
+    ) -> tuple[NodeRecord, NodeRecord | None]:
+        u.check_node_id(id)
+        if address is not None:
+            u.check_text(address, "address")
+        lease = self._lease(lease_seconds)
+        row, previous = await self.engine.write("register_node", id=id, address=address, **lease)
+        return _node(row), None if previous is None else _node(previous)
+
+    async def heartbeat_node(
+        self, node: NodeRef, *, lease_seconds: float, address: str | None = None
+    ) -> NodeRecord:
+        if address is not None:
+            u.check_text(address, "address")
+        lease = self._lease(lease_seconds)
+        row = await self.engine.write(
+            "heartbeat_node", id=node.id, epoch=node.epoch, address=address, **lease
+        )
+        if row is not None:
+            return _node(row)
+        current = await self.engine.read("get_node", id=node.id, now=self._now())
+        raise _lease_lost(node, None if current is None else _node(current))
+
+    async def stop_node(self, node: NodeRef) -> bool:
+        return await self.engine.write("stop_node", id=node.id, epoch=node.epoch, now=self._now())
+
+    async def list_nodes(self) -> ClusterView:
+        now, rows = await self.engine.read("list_nodes", now=self._now())
+        return ClusterView(now=_ts(now), nodes=[_node(r) for r in rows])
+
+    async def take_over_dead_nodes(self, node: NodeRef, *, unclaimed: bool = False) -> TakeOver:
+        dead, items = await self.engine.write(
+            "take_over_dead_nodes",
+            node=node.id,
+            epoch=node.epoch,
+            unclaimed=bool(unclaimed),
+            now=self._now(),
+        )
+        return TakeOver(
+            nodes=[_node(r) for r in dead],
+            inputs=sorted((_input(r) for r in items), key=lambda item: item.id),
+        )
 
     # ---- events ----
 

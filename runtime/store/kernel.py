@@ -1,8 +1,8 @@
 """The kernel's migration set: the store's own tables, as they stand today.
 
 Sessions, inbox, events, jobs and runs (v1), the one-pending-recall index (v2), the
-key-value table (v3) and the inbox's idempotency keys (v4). Each backend has its own DDL where
-the types differ:
+key-value table (v3), the inbox's idempotency keys (v4), and the nodes that share the store with
+the claimer of each running input (v5). Each backend has its own DDL where the types differ:
 
 * SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
   JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
@@ -208,6 +208,42 @@ _POSTGRES_INBOX_KEYS = (
     _INBOX_KEY_INDEX_SQL,
 )
 
+# v5: membership. One row per node id: its current epoch (a new one each start, strictly
+# increasing), its lease (renewed by its heartbeat; on PostgreSQL the database clock sets it),
+# and its state. An input that goes ``running`` records which node (id and epoch) claimed it,
+# so that recovery moves only the work of nodes that are dead (runtime/membership.py).
+_NODE_STATES_SQL = "('running', 'draining', 'stopped')"
+_SQLITE_NODES = (
+    f"""
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL CHECK (epoch > 0),
+        state TEXT NOT NULL CHECK (state IN {_NODE_STATES_SQL}),
+        address TEXT,
+        started_at TEXT NOT NULL,
+        heartbeat_at TEXT NOT NULL,
+        lease_expires_at TEXT NOT NULL
+    ) STRICT
+    """,
+    "ALTER TABLE inbox ADD COLUMN claimed_by TEXT",
+    "ALTER TABLE inbox ADD COLUMN claimed_epoch INTEGER",
+)
+_POSTGRES_NODES = (
+    f"""
+    CREATE TABLE nodes (
+        id text COLLATE "C" PRIMARY KEY,
+        epoch bigint NOT NULL CHECK (epoch > 0),
+        state text NOT NULL CHECK (state IN {_NODE_STATES_SQL}),
+        address text,
+        started_at timestamptz NOT NULL,
+        heartbeat_at timestamptz NOT NULL,
+        lease_expires_at timestamptz NOT NULL
+    )
+    """,
+    'ALTER TABLE inbox ADD COLUMN claimed_by text COLLATE "C"',
+    "ALTER TABLE inbox ADD COLUMN claimed_epoch bigint",
+)
+
 KERNEL = MigrationSet(
     KERNEL_SET,
     (
@@ -217,6 +253,7 @@ KERNEL = MigrationSet(
         Migration(
             4, "inbox_idempotency_key", sqlite=_SQLITE_INBOX_KEYS, postgres=_POSTGRES_INBOX_KEYS
         ),
+        Migration(5, "nodes", sqlite=_SQLITE_NODES, postgres=_POSTGRES_NODES),
     ),
 )
 

@@ -157,13 +157,18 @@ async def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
     )
 
 
-async def claim_next_input(conn: Conn, session_id: str, now: datetime) -> Row | None:
+async def claim_next_input(
+    conn: Conn, session_id: str, now: datetime, node: str | None, epoch: int | None
+) -> Row | None:
     row = await conn.fetchrow(
-        "UPDATE inbox SET state = 'running', updated_at = $2"
+        "UPDATE inbox SET state = 'running', updated_at = $2, claimed_by = $3,"
+        " claimed_epoch = $4"
         " WHERE id = (SELECT id FROM inbox WHERE session_id = $1 AND state = 'queued'"
         " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING *",
         session_id,
         now,
+        node,
+        epoch,
     )
     if row is None:
         await _require_session(conn, session_id)
@@ -217,10 +222,122 @@ async def interrupt_running(conn: Conn, now: datetime) -> list[Row]:
     )
 
 
-async def sessions_with_queued_inputs(conn: Conn) -> list[Row]:
+async def sessions_with_queued_inputs(
+    conn: Conn, node: str | None = None, epoch: int | None = None
+) -> list[Row]:
+    if node is None:
+        return await conn.fetch(
+            "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id"
+        )
     return await conn.fetch(
-        "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id"
+        "SELECT DISTINCT session_id FROM inbox q WHERE state = 'queued' AND NOT EXISTS ("
+        " SELECT 1 FROM inbox r JOIN nodes n ON n.id = r.claimed_by AND n.epoch = r.claimed_epoch"
+        " WHERE r.session_id = q.session_id AND r.state = 'running' AND n.state <> 'stopped'"
+        " AND NOT (r.claimed_by = $1 AND r.claimed_epoch = $2)) ORDER BY session_id",
+        node,
+        epoch,
     )
+
+
+# -- nodes ------------------------------------------------------------------------------------
+# Every lease decision is taken by the database clock (now() in the statement), never by the
+# node's: the ``now`` and ``expires`` arguments the front computes from the store's clock are
+# for SQLite, and unused here.
+
+_LEASE = "now() + make_interval(secs => $3)"
+_NODE_ROW = "*, state <> 'stopped' AND lease_expires_at > now() AS alive"
+
+
+async def register_node(
+    conn: Conn, id: str, address: str | None, lease: float, now: datetime, expires: datetime
+) -> tuple[Row, Row | None]:
+    async with conn.transaction():
+        previous = await conn.fetchrow(
+            f"SELECT {_NODE_ROW} FROM nodes WHERE id = $1 FOR UPDATE", id
+        )
+        row = await conn.fetchrow(
+            "INSERT INTO nodes (id, epoch, state, address, started_at, heartbeat_at,"
+            f" lease_expires_at) VALUES ($1, 1, 'running', $2, now(), now(), {_LEASE})"
+            " ON CONFLICT (id) DO UPDATE SET epoch = nodes.epoch + 1, state = 'running',"
+            " address = excluded.address, started_at = excluded.started_at,"
+            " heartbeat_at = excluded.heartbeat_at, lease_expires_at = excluded.lease_expires_at"
+            f" RETURNING {_NODE_ROW}",
+            id,
+            address,
+            lease,
+        )
+    return row, previous
+
+
+async def heartbeat_node(
+    conn: Conn,
+    id: str,
+    epoch: int,
+    lease: float,
+    address: str | None,
+    now: datetime,
+    expires: datetime,
+) -> Row | None:
+    return await conn.fetchrow(
+        f"UPDATE nodes SET heartbeat_at = now(), lease_expires_at = {_LEASE},"
+        " address = coalesce($4, address)"
+        f" WHERE id = $1 AND epoch = $2 AND state <> 'stopped' RETURNING {_NODE_ROW}",
+        id,
+        epoch,
+        lease,
+        address,
+    )
+
+
+async def stop_node(conn: Conn, id: str, epoch: int, now: datetime) -> bool:
+    stopped = await conn.fetchval(
+        "UPDATE nodes SET state = 'stopped', heartbeat_at = now(),"
+        " lease_expires_at = least(lease_expires_at, now())"
+        " WHERE id = $1 AND epoch = $2 AND state <> 'stopped' RETURNING 1",
+        id,
+        epoch,
+    )
+    return stopped is not None
+
+
+async def get_node(conn: Conn, id: str, now: datetime) -> Row | None:
+    return await conn.fetchrow(f"SELECT {_NODE_ROW} FROM nodes WHERE id = $1", id)
+
+
+async def list_nodes(conn: Conn, now: datetime) -> tuple[datetime, list[Row]]:
+    async with conn.transaction():  # one transaction: one now() for the rows and the answer
+        db_now = await conn.fetchval("SELECT now()")
+        rows = await conn.fetch(f"SELECT {_NODE_ROW} FROM nodes ORDER BY id")
+    return db_now, rows
+
+
+async def take_over_dead_nodes(
+    conn: Conn, node: str, epoch: int, unclaimed: bool, now: datetime
+) -> tuple[list[Row], list[Row]]:
+    # First the nodes whose lease expired become ``stopped`` (their heartbeat can no longer
+    # renew: they stop serving); the row lock orders this against a concurrent heartbeat,
+    # which either renewed first (then the lease is live again and the node is left alone)
+    # or finds the row stopped. Then every running input whose claimer is not a current,
+    # non-stopped epoch is interrupted: its turn was cut off.
+    async with conn.transaction():
+        dead = await conn.fetch(
+            "UPDATE nodes SET state = 'stopped' WHERE state <> 'stopped'"
+            " AND lease_expires_at <= now() AND id <> $1 RETURNING *, false AS alive",
+            node,
+        )
+        items = await conn.fetch(
+            "UPDATE inbox SET state = 'interrupted', updated_at = $1 WHERE state = 'running'"
+            " AND CASE WHEN claimed_by IS NULL THEN $4::boolean"
+            " ELSE NOT (claimed_by = $2 AND claimed_epoch = $3) AND NOT EXISTS ("
+            " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
+            " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped') END"
+            " RETURNING *",
+            now,
+            node,
+            epoch,
+            unclaimed,
+        )
+    return dead, items
 
 
 # -- events -----------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ __all__ = [
     "JobRun",
     "FireResult",
     "MigrationRecord",
+    "NODE_STATES",
+    "NodeRef",
+    "NodeRecord",
+    "ClusterView",
+    "TakeOver",
 ]
 
 #: Every state an inbox item can be in: ``queued -> running -> done | failed | interrupted``;
@@ -32,8 +37,22 @@ INPUT_STATES = ("queued", "running", "done", "failed", "interrupted")
 FINAL_INPUT_STATES = ("done", "failed", "interrupted")
 #: Every state a job can be in.
 JOB_STATES = ("active", "paused", "completed", "cancelled")
+#: Every state a node's row can be in (``draining`` is reserved for the graceful drain, which
+#: nothing sets yet).
+NODE_STATES = ("running", "draining", "stopped")
 #: The run states the scheduler uses today; the store accepts any non-empty string.
 RUN_STATES = ("queued", "turn_completed", "turn_failed", "missed", "coalesced")
+
+
+class NodeRef(msgspec.Struct, frozen=True):
+    """One incarnation of a node: its id and the epoch it registered with at start-up.
+
+    An input claimed by a node records its ``NodeRef``; the claim is live exactly as long as
+    that epoch is the node's current one and the node is not ``stopped``.
+    """
+
+    id: str
+    epoch: int
 
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +91,8 @@ class InboxItem(msgspec.Struct, frozen=True, kw_only=True):
         detail: what ``finish_input`` recorded (an error, a summary), or None.
         idempotency_key: the key it was enqueued under (``enqueue_keyed``), unique in its
             session, or None.
+        claimed_by: the node (id and epoch) that last claimed it to run, or None (never
+            claimed, or claimed through a store no node had registered with).
     """
 
     id: int
@@ -83,6 +104,7 @@ class InboxItem(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
     detail: dict[str, Any] | None = None
     idempotency_key: str | None = None
+    claimed_by: NodeRef | None = None
 
 
 class Enqueued(msgspec.Struct, frozen=True, kw_only=True):
@@ -168,3 +190,58 @@ class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     applied_at: datetime
     set_name: str = "kernel"
+
+
+class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``nodes``: a node sharing the store, as of one read.
+
+    Attributes:
+        id: the node's id (``[node] id``, or the one it chose: see ``runtime.membership``).
+        epoch: its current incarnation; a new, higher one at every start.
+        state: one of :data:`NODE_STATES`.
+        address: where it says it can be reached, or None.
+        started_at: when this epoch registered.
+        heartbeat_at: its last renewal.
+        lease_expires_at: when it is dead for everyone unless it renews first.
+        alive: not stopped and its lease not expired, by the store's clock when it was read
+            (the database's on PostgreSQL).
+    """
+
+    id: str
+    epoch: int
+    state: str
+    address: str | None
+    started_at: datetime
+    heartbeat_at: datetime
+    lease_expires_at: datetime
+    alive: bool
+
+    @property
+    def ref(self) -> NodeRef:
+        return NodeRef(self.id, self.epoch)
+
+
+class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``list_nodes`` answers: every node's row, and the time they were judged at (the
+    database clock on PostgreSQL, the store's clock on SQLite)."""
+
+    now: datetime
+    nodes: list[NodeRecord]
+
+    @property
+    def live(self) -> list[NodeRecord]:
+        return [node for node in self.nodes if node.alive]
+
+
+class TakeOver(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``take_over_dead_nodes`` did, in one transaction.
+
+    Attributes:
+        nodes: the nodes it declared dead (their lease had expired; now ``stopped``).
+        inputs: the running inputs it moved to ``interrupted``, by id: those claimed by an
+            epoch that is not current and running any more (a dead node's, or an earlier
+            incarnation of a node's), and, when asked, those no node claimed.
+    """
+
+    nodes: list[NodeRecord]
+    inputs: list[InboxItem]

@@ -159,13 +159,17 @@ def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
     )
 
 
-def claim_next_input(conn: Conn, session_id: str, now: str) -> Row | None:
+def claim_next_input(
+    conn: Conn, session_id: str, now: str, node: str | None, epoch: int | None
+) -> Row | None:
     row = _one(
         conn,
-        "UPDATE inbox SET state = 'running', updated_at = ?"
+        "UPDATE inbox SET state = 'running', updated_at = ?, claimed_by = ?, claimed_epoch = ?"
         " WHERE id = (SELECT id FROM inbox WHERE session_id = ? AND state = 'queued'"
         " ORDER BY id LIMIT 1) RETURNING *",
         now,
+        node,
+        epoch,
         session_id,
     )
     if row is None:
@@ -220,10 +224,114 @@ def interrupt_running(conn: Conn, now: str) -> list[Row]:
     )
 
 
-def sessions_with_queued_inputs(conn: Conn) -> list[Row]:
+def sessions_with_queued_inputs(
+    conn: Conn, node: str | None = None, epoch: int | None = None
+) -> list[Row]:
+    if node is None:
+        return _all(
+            conn,
+            "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id",
+        )
     return _all(
-        conn, "SELECT DISTINCT session_id FROM inbox WHERE state = 'queued' ORDER BY session_id"
+        conn,
+        "SELECT DISTINCT session_id FROM inbox q WHERE state = 'queued' AND NOT EXISTS ("
+        " SELECT 1 FROM inbox r JOIN nodes n ON n.id = r.claimed_by AND n.epoch = r.claimed_epoch"
+        " WHERE r.session_id = q.session_id AND r.state = 'running' AND n.state <> 'stopped'"
+        " AND NOT (r.claimed_by = ?1 AND r.claimed_epoch = ?2)) ORDER BY session_id",
+        node,
+        epoch,
     )
+
+
+# -- nodes ------------------------------------------------------------------------------------
+# Lease decisions use the store's clock here (``now``, ``expires`` computed by the front):
+# one SQLite file has one clock, the writer's.
+
+_NODE_ROW = "*, state <> 'stopped' AND lease_expires_at > ?1 AS alive"
+
+
+def register_node(
+    conn: Conn, id: str, address: str | None, lease: float, now: str, expires: str
+) -> tuple[Row, Row | None]:
+    previous = _one(conn, f"SELECT {_NODE_ROW} FROM nodes WHERE id = ?2", now, id)
+    row = _one(
+        conn,
+        "INSERT INTO nodes (id, epoch, state, address, started_at, heartbeat_at,"
+        " lease_expires_at) VALUES (?2, 1, 'running', ?3, ?1, ?1, ?4)"
+        " ON CONFLICT (id) DO UPDATE SET epoch = nodes.epoch + 1, state = 'running',"
+        " address = excluded.address, started_at = excluded.started_at,"
+        " heartbeat_at = excluded.heartbeat_at, lease_expires_at = excluded.lease_expires_at"
+        f" RETURNING {_NODE_ROW}",
+        now,
+        id,
+        address,
+        expires,
+    )
+    return row, previous
+
+
+def heartbeat_node(
+    conn: Conn, id: str, epoch: int, lease: float, address: str | None, now: str, expires: str
+) -> Row | None:
+    return _one(
+        conn,
+        "UPDATE nodes SET heartbeat_at = ?1, lease_expires_at = ?4, address = coalesce(?5, address)"
+        f" WHERE id = ?2 AND epoch = ?3 AND state <> 'stopped' RETURNING {_NODE_ROW}",
+        now,
+        id,
+        epoch,
+        expires,
+        address,
+    )
+
+
+def stop_node(conn: Conn, id: str, epoch: int, now: str) -> bool:
+    row = _one(
+        conn,
+        "UPDATE nodes SET state = 'stopped', heartbeat_at = ?1,"
+        " lease_expires_at = min(lease_expires_at, ?1)"
+        " WHERE id = ?2 AND epoch = ?3 AND state <> 'stopped' RETURNING 1",
+        now,
+        id,
+        epoch,
+    )
+    return row is not None
+
+
+def get_node(conn: Conn, id: str, now: str) -> Row | None:
+    return _one(conn, f"SELECT {_NODE_ROW} FROM nodes WHERE id = ?2", now, id)
+
+
+def list_nodes(conn: Conn, now: str) -> tuple[str, list[Row]]:
+    return now, _all(conn, f"SELECT {_NODE_ROW} FROM nodes ORDER BY id", now)
+
+
+def take_over_dead_nodes(
+    conn: Conn, node: str, epoch: int, unclaimed: bool, now: str
+) -> tuple[list[Row], list[Row]]:
+    # As on PostgreSQL (see postgres_queries.take_over_dead_nodes); the writer runs one
+    # transaction at a time, so nothing interleaves.
+    dead = _all(
+        conn,
+        "UPDATE nodes SET state = 'stopped' WHERE state <> 'stopped'"
+        " AND lease_expires_at <= ?1 AND id <> ?2 RETURNING *, 0 AS alive",
+        now,
+        node,
+    )
+    items = _all(
+        conn,
+        "UPDATE inbox SET state = 'interrupted', updated_at = ?1 WHERE state = 'running'"
+        " AND CASE WHEN claimed_by IS NULL THEN ?4"
+        " ELSE NOT (claimed_by = ?2 AND claimed_epoch = ?3) AND NOT EXISTS ("
+        " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
+        " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped') END"
+        " RETURNING *",
+        now,
+        node,
+        epoch,
+        1 if unclaimed else 0,
+    )
+    return dead, items
 
 
 # -- events -----------------------------------------------------------------------------------

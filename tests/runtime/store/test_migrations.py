@@ -43,6 +43,7 @@ def kernel_rows() -> list[tuple[str, int, str]]:
         ("kernel", 2, "one_pending_recall"),
         ("kernel", 3, "kv"),
         ("kernel", 4, "inbox_idempotency_key"),
+        ("kernel", 5, "nodes"),
     ]
 
 

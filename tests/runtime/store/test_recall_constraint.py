@@ -99,6 +99,9 @@ async def test_migration_2_is_recorded_and_applied_to_a_version_1_database(backe
     await backend.sql("DROP TABLE kv")  # migration 3's table
     await backend.sql("DROP INDEX inbox_idempotency_idx")  # migration 4's index and column
     await backend.sql("ALTER TABLE inbox DROP COLUMN idempotency_key")
+    await backend.sql("DROP TABLE nodes")  # migration 5's table and columns
+    await backend.sql("ALTER TABLE inbox DROP COLUMN claimed_by")
+    await backend.sql("ALTER TABLE inbox DROP COLUMN claimed_epoch")
     await backend.sql("DELETE FROM schema_migrations WHERE version >= 2")
     # ... and the next start-up brings it back up to date.
     async with backend.open(clock) as store:
