@@ -1,0 +1,287 @@
+"""Membership: this node's row among the nodes that share a store, its lease and heartbeat.
+
+Several nodes may share one PostgreSQL (and, less usefully, processes one SQLite file). Each
+registers at start-up (``store.register_node``): one row per node id in the ``nodes`` table,
+with a new epoch at every start (strictly increasing per id), a state (``running``, then
+``stopped`` on a clean shutdown) and a lease. :func:`open_membership` owns two tasks for the
+node's lifetime:
+
+* the **heartbeat** renews the lease every ``lease_seconds / 3``. On PostgreSQL the database
+  clock sets and judges every lease (``now()`` in the statement), never the node's clock, so
+  nodes whose clocks disagree still agree on who is alive; on SQLite the store's clock does.
+  If the store answers that the row was taken over (a newer epoch of the same id: another
+  process started with this id) or that the node was declared dead, the heartbeat raises
+  :class:`~runtime.errors.LeaseLost`, logged as critical: the nursery cancels everything the
+  node runs and the error ends ``open_membership`` (and ``turnstile serve``, with exit
+  status 3). This is the foundation of fencing; it does not yet fence the writes a paused node
+  makes between the moment it is declared dead and its next heartbeat (docs/cluster.md).
+  A heartbeat the store does not answer is counted (``heartbeat_failures``) and retried at
+  the next beat; it does not stop the node by itself: only the store can say the node lost.
+* the **sweep**, every ``lease_seconds / 3`` too, asks the store to take over the work of dead
+  nodes (``store.take_over_dead_nodes``): a node whose lease expired is declared dead (its row
+  becomes ``stopped``, so its heartbeat can no longer renew) and the inputs it was running are
+  interrupted in the same transaction; :attr:`Membership.on_takeover` (set by whoever can close
+  those turns and run what waits behind them) gets them. So a dead node's running inputs are
+  recovered at most one sweep interval after its lease expired, even if it never comes back.
+  The sweep also counts the live nodes it sees.
+
+Which id a node takes is :func:`default_node_id`'s choice unless it is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import trio
+
+from turnstile.runtime.errors import LeaseLost, StoreError
+from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.store import InboxItem, NodeRecord, NodeRef, Store
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "SQLITE_NODE_ID",
+    "Membership",
+    "default_node_id",
+    "open_membership",
+]
+
+log = logging.getLogger("turnstile.membership")
+
+#: A node's lease unless configured (``[node] lease_seconds``): it heartbeats every third of it,
+#: and a node that stops heartbeating is dead for everyone this long after its last beat.
+DEFAULT_LEASE_SECONDS = 15.0
+#: The id of a node on SQLite unless configured: one SQLite file is one node's store, so every
+#: start is a new epoch of the same node, and recovers everything the previous one left running.
+SQLITE_NODE_ID = "local"
+#: How long a clean shutdown may spend marking the node stopped.
+_STOP_TIMEOUT = 5.0
+#: How long closing the turns a sweep took over may go on once the node is stopping.
+_TAKEOVER_GRACE = 10.0
+
+#: What ``on_takeover`` is: given the inputs interrupted by a sweep, closes their turns.
+TakeoverHandler = Callable[[Sequence[InboxItem]], Awaitable[None]]
+
+
+def default_node_id(backend: str, *, port: int | None) -> str:
+    """The node id when ``[node] id`` is not set.
+
+    * SQLite: :data:`SQLITE_NODE_ID` (``"local"``): one node per file.
+    * PostgreSQL, serving on a fixed port: ``<host name>:<port>``, stable across restarts on
+      the same host and port, so a restarted node recovers its own earlier epoch's work at
+      once; two nodes on one host differ by their port.
+    * PostgreSQL otherwise (port 0, or not serving): ``<host name>-<8 random hex digits>``, new
+      at every start; what an earlier start left running is recovered once its lease expires.
+      Set ``[node] id`` to have a stable one.
+    """
+    if backend == "sqlite":
+        return SQLITE_NODE_ID
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip(".-_")[:100] or "node"
+    if port:
+        return f"{host}:{port}"
+    return f"{host}-{secrets.token_hex(4)}"
+
+
+class Membership:
+    """A registered node: its current row and the state of its heartbeat and sweep.
+
+    Made by :func:`open_membership`; see the module docstring.
+
+    Attributes:
+        record: the node's row as of the last registration or heartbeat.
+        lease_seconds: the length of its lease.
+        live_nodes: how many live nodes (this one included) the last sweep saw.
+        heartbeat_failures: heartbeats the store did not answer, since start-up.
+        on_takeover: gets the inputs each sweep interrupted (a dead node's running inputs);
+            None until the node can close their turns: the sweep takes nothing over until
+            then.
+        lost: the :class:`LeaseLost` that ended the node, if one did.
+    """
+
+    def __init__(
+        self, store: Store, record: NodeRecord, lease_seconds: float, metrics: Metrics | None
+    ) -> None:
+        self.store = store
+        self.record = record
+        self.lease_seconds = lease_seconds
+        self.live_nodes = 1
+        self.heartbeat_failures = 0
+        self.on_takeover: TakeoverHandler | None = None
+        self.lost: LeaseLost | None = None
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics.gauge("turnstile_node_epoch", lambda: self.record.epoch)
+        self._metrics.gauge("turnstile_nodes_live", lambda: self.live_nodes)
+        for name in (
+            "turnstile_node_heartbeat_failures_total",
+            "turnstile_nodes_declared_dead_total",
+            "turnstile_inputs_taken_over_total",
+        ):
+            self._metrics.inc(name, 0)  # present from the start, at 0
+
+    @property
+    def ref(self) -> NodeRef:
+        """This incarnation: the node id and its current epoch."""
+        return self.record.ref
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two heartbeats (and two sweeps): a third of the lease."""
+        return self.lease_seconds / 3
+
+    async def advertise(self, address: str) -> None:
+        """Record where the node can be reached (its gateway's URL), with a heartbeat now.
+
+        Raises:
+            LeaseLost: the node was taken over meanwhile.
+        """
+        self.record = await self._renew(address)
+
+    async def _renew(self, address: str | None = None) -> NodeRecord:
+        try:
+            return await self.store.heartbeat_node(
+                self.ref, lease_seconds=self.lease_seconds, address=address
+            )
+        except LeaseLost as exc:
+            self.lost = exc
+            log.critical("%s: this node stops serving now", exc)
+            raise
+
+    async def heartbeats(self) -> None:
+        """Renew the lease every :attr:`interval`, forever; raises ``LeaseLost`` when the store
+        says the node may no longer serve."""
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                self.record = await self._renew()
+            except LeaseLost:
+                raise
+            except StoreError as exc:
+                self.heartbeat_failures += 1
+                self._metrics.inc("turnstile_node_heartbeat_failures_total")
+                log.error(
+                    "node %r epoch %d: heartbeat failed (%s); the lease runs out at %s unless"
+                    " a later one succeeds",
+                    self.record.id,
+                    self.record.epoch,
+                    exc,
+                    self.record.lease_expires_at.isoformat(),
+                )
+
+    async def sweeps(self) -> None:
+        """Every :attr:`interval`, forever: take over what dead nodes were running (once
+        :attr:`on_takeover` is set) and count the live nodes."""
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.sweep()
+            except StoreError as exc:
+                log.error("node %r: sweep for dead nodes failed: %s", self.record.id, exc)
+
+    async def sweep(self) -> None:
+        """One sweep (see :meth:`sweeps`)."""
+        if self.on_takeover is not None:
+            taken = await self.store.take_over_dead_nodes(self.ref)
+            for dead in taken.nodes:
+                log.warning(
+                    "node %r epoch %d is dead (its lease expired at %s): declared stopped, its"
+                    " work moves",
+                    dead.id,
+                    dead.epoch,
+                    dead.lease_expires_at.isoformat(),
+                )
+            self._metrics.inc("turnstile_nodes_declared_dead_total", len(taken.nodes))
+            if taken.inputs:
+                self._metrics.inc("turnstile_inputs_taken_over_total", len(taken.inputs))
+                log.warning(
+                    "node %r took over %d running input(s) of dead nodes: %s",
+                    self.record.id,
+                    len(taken.inputs),
+                    ", ".join(
+                        f"{item.id} (session {item.session_id}, claimed by {_claimer(item)})"
+                        for item in taken.inputs
+                    ),
+                )
+                # The inputs are interrupted already: their closure must not be cut in half
+                # by a shutdown that begins meanwhile.
+                with trio.move_on_after(_TAKEOVER_GRACE, shield=True):
+                    await self.on_takeover(taken.inputs)
+        view = await self.store.list_nodes()
+        self.live_nodes = len(view.live)
+
+
+def _claimer(item: InboxItem) -> str:
+    claimed = item.claimed_by
+    return "no node" if claimed is None else f"{claimed.id!r} epoch {claimed.epoch}"
+
+
+@asynccontextmanager
+async def open_membership(
+    store: Store,
+    node_id: str,
+    *,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    address: str | None = None,
+    metrics: Metrics | None = None,
+) -> AsyncIterator[Membership]:
+    """Register ``node_id`` with a new epoch and hold its lease for the ``async with`` block.
+
+    The store stamps every input it claims meanwhile with this incarnation
+    (``store.claimer``). The heartbeat and the sweep run in a nursery this opens around the
+    block; a clean exit marks the node ``stopped`` (dead for everyone at once, so another node
+    may take whatever it left running).
+
+    Raises:
+        LeaseLost: from the block, when the heartbeat found the node taken over or declared
+            dead; everything in the block was cancelled first. The node is not marked
+            stopped then: its row is no longer its own.
+        InvalidArgument: a malformed ``node_id``.
+    """
+    record, previous = await store.register_node(
+        node_id, lease_seconds=lease_seconds, address=address
+    )
+    if previous is not None and previous.alive:
+        log.warning(
+            "node %r: epoch %d was still alive (lease until %s); epoch %d takes over. If"
+            " another process runs with this node id, it stops serving at its next heartbeat",
+            node_id,
+            previous.epoch,
+            previous.lease_expires_at.isoformat(),
+            record.epoch,
+        )
+    log.info(
+        "node %r registered with epoch %d (lease %g s, heartbeat every %g s)",
+        node_id,
+        record.epoch,
+        lease_seconds,
+        lease_seconds / 3,
+    )
+    membership = Membership(store, record, lease_seconds, metrics)
+    store.claimer = membership.ref
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(membership.heartbeats, name=f"heartbeat of node {node_id}")
+            nursery.start_soon(membership.sweeps, name=f"dead-node sweep of node {node_id}")
+            try:
+                yield membership
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The heartbeat's LeaseLost (the block was cancelled for it): raised as itself, so
+        # that the caller sees why the node stopped rather than a group around it.
+        lost, rest = group.split(LeaseLost)
+        if lost is None or rest is not None or membership.lost is None:
+            raise
+        raise membership.lost from None
+    finally:
+        store.claimer = None
+        if membership.lost is None:
+            with trio.move_on_after(_STOP_TIMEOUT, shield=True):
+                try:
+                    await store.stop_node(membership.ref)
+                except StoreError as exc:
+                    log.error("node %r: could not mark itself stopped: %s", node_id, exc)
