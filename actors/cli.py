@@ -7,6 +7,7 @@
 * ``memory list | search | put | forget | summary | extraction | delete-all | changes | watch``
   — a user's long-term memory, from a running node (``actors/memory/client.py``).
 * ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
+* ``nodes`` — the nodes sharing the config's store, alive or dead (``docs/cluster.md``).
 
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
 module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
@@ -27,7 +28,7 @@ import msgspec
 import trio
 
 from turnstile.actors.config import Config, load_config
-from turnstile.runtime.errors import DecodeError, TurnstileError
+from turnstile.runtime.errors import DecodeError, LeaseLost, TurnstileError
 
 __all__ = ["main"]
 
@@ -92,6 +93,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(run)
     except (Exception, BaseExceptionGroup) as exc:
+        lost = _find(exc, LeaseLost)
+        if lost is not None:  # logged as critical already; the exit status says it too
+            print(f"turnstile: stopped serving: {lost}", file=sys.stderr)
+            return 3
         reason = _start_error(exc)
         if reason is None:
             raise
@@ -99,6 +104,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     print("turnstile stopped", file=sys.stderr)
     return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` itself or the first ``kind`` in it when it is a (nested) group."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+        return None
+    return exc if isinstance(exc, kind) else None
 
 
 def _start_error(exc: BaseException) -> str | None:
@@ -206,6 +222,82 @@ def _memory_backfill(args: argparse.Namespace) -> int:
         return 0
 
     return trio.run(run)
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    """List the nodes sharing the store the config names (or ``--store``): a table, or the
+    store's answer as JSON with ``--json``. Alive or dead is the store's judgement, by the
+    database clock on PostgreSQL."""
+    from turnstile.runtime.store import open_store
+
+    try:
+        config = load_config(args.config)
+    except (DecodeError, OSError) as exc:
+        print(f"turnstile: bad config {args.config}: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> int:
+        async with open_store(args.store or config.store) as store:
+            view = await store.list_nodes()
+            clock = "the database's clock" if store.backend == "postgres" else "this host's clock"
+        if args.json:
+            print(msgspec.json.encode(view).decode())
+            return 0
+        if not view.nodes:
+            print("no node has registered with this store")
+            return 0
+        header = (
+            "ID",
+            "EPOCH",
+            "STATE",
+            "ALIVE",
+            "STARTED",
+            "LAST HEARTBEAT",
+            "LEASE EXPIRES",
+            "ADDRESS",
+        )
+        rows = [header] + [
+            (
+                node.id,
+                str(node.epoch),
+                node.state,
+                "alive" if node.alive else "dead",
+                _when(node.started_at),
+                f"{_when(node.heartbeat_at)} ({_ago(view.now, node.heartbeat_at)})",
+                _ago(view.now, node.lease_expires_at),
+                node.address or "-",
+            )
+            for node in view.nodes
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for row in rows:
+            print(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
+                ).rstrip()
+            )
+        live = sum(node.alive for node in view.nodes)
+        print(f"{live} alive of {len(view.nodes)} (as of {_when(view.now)}, by {clock})")
+        return 0
+
+    try:
+        return trio.run(run)
+    except (Exception, BaseExceptionGroup) as exc:
+        reason = _start_error(exc)
+        if reason is None:
+            raise
+        print(f"turnstile nodes: {reason}", file=sys.stderr)
+        return 1
+
+
+def _when(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _ago(now, moment) -> str:
+    """``moment`` relative to ``now``: ``3.2s ago`` or ``in 11.8s``."""
+    seconds = (moment - now).total_seconds()
+    return f"in {seconds:.1f}s" if seconds > 0 else f"{-seconds:.1f}s ago"
 
 
 def _memory(args: argparse.Namespace) -> int:
@@ -333,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         help="embed every fact anew (after changing to a model of the same dimension)",
     )
     backfill.set_defaults(func=_memory_backfill)
+
+    nodes = sub.add_parser("nodes", help="the nodes sharing the store, alive or dead")
+    nodes.add_argument("--config", help="the node's TOML config file (its store)")
+    nodes.add_argument("--store", help="the store URL (default: the config's)")
+    nodes.add_argument("--json", action="store_true", help="print the store's answer as JSON")
+    nodes.set_defaults(func=_nodes)
 
     bench = sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)

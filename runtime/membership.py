@@ -118,6 +118,7 @@ class Membership:
         self._metrics.gauge("turnstile_nodes_live", lambda: self.live_nodes)
         for name in (
             "turnstile_node_heartbeat_failures_total",
+            "turnstile_node_sweeps_total",
             "turnstile_nodes_declared_dead_total",
             "turnstile_inputs_taken_over_total",
         ):
@@ -212,6 +213,7 @@ class Membership:
                     await self.on_takeover(taken.inputs)
         view = await self.store.list_nodes()
         self.live_nodes = len(view.live)
+        self._metrics.inc("turnstile_node_sweeps_total")
 
 
 def _claimer(item: InboxItem) -> str:
@@ -227,6 +229,7 @@ async def open_membership(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     address: str | None = None,
     metrics: Metrics | None = None,
+    private: bool = False,
 ) -> AsyncIterator[Membership]:
     """Register ``node_id`` with a new epoch and hold its lease for the ``async with`` block.
 
@@ -234,6 +237,11 @@ async def open_membership(
     (``store.claimer``). The heartbeat and the sweep run in a nursery this opens around the
     block; a clean exit marks the node ``stopped`` (dead for everyone at once, so another node
     may take whatever it left running).
+
+    Args:
+        private: no other process can open this store (in-memory SQLite): there is nobody to
+            keep a lease for or to take work over from, so neither the heartbeat nor the sweep
+            runs (the node still registers, and its claims are stamped).
 
     Raises:
         LeaseLost: from the block, when the heartbeat found the node taken over or declared
@@ -264,8 +272,9 @@ async def open_membership(
     store.claimer = membership.ref
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(membership.heartbeats, name=f"heartbeat of node {node_id}")
-            nursery.start_soon(membership.sweeps, name=f"dead-node sweep of node {node_id}")
+            if not private:
+                nursery.start_soon(membership.heartbeats, name=f"heartbeat of node {node_id}")
+                nursery.start_soon(membership.sweeps, name=f"dead-node sweep of node {node_id}")
             try:
                 yield membership
             finally:

@@ -129,3 +129,17 @@ def test_default_node_ids():
     assert host_port.endswith(":8765") and host_port == default_node_id("postgres", port=8765)
     first, second = default_node_id("postgres", port=0), default_node_id("postgres", port=None)
     assert first != second and ":" not in first  # generated: new at every start
+
+
+async def test_a_private_store_needs_no_heartbeat(store, autojump_clock):
+    """In-memory SQLite: no other process can see the node, so nothing runs on a timer (a
+    MockClock test that sleeps for days does not wake every few seconds for it)."""
+    metrics = Metrics()
+    async with open_membership(
+        store, "a", lease_seconds=LEASE, metrics=metrics, private=True
+    ) as membership:
+        assert store.claimer == NodeRef("a", 1)
+        await trio.sleep(10 * LEASE)
+        assert (await store.list_nodes()).nodes[0].heartbeat_at == membership.record.heartbeat_at
+        assert metrics.snapshot()["turnstile_node_sweeps_total"] == 0
+    assert await nodes(store) == {"a": (1, "stopped", False)}
