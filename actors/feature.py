@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import trio
+
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -57,6 +59,9 @@ class NodeContext:
             turn a user's session name into its key).
         topics: the gateway's user topics: a feature registers the log of a per-user event
             stream there and publishes to it (``runtime.gateway.topics``; memory's changes).
+        started: set once every feature is ready and the sessions with inputs waiting were
+            woken: a task a feature starts in ``start`` that talks to sessions waits for it
+            (the webhooks feature's redelivery).
     """
 
     config: Config
@@ -73,6 +78,7 @@ class NodeContext:
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
     topics: UserTopics = field(default_factory=UserTopics)
+    started: trio.Event = field(default_factory=trio.Event)
 
     async def tell_session(self, key: str, message: Any) -> None:
         """Send ``message`` to the session actor with key ``key`` (activating it)."""

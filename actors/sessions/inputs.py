@@ -11,7 +11,8 @@ branches on the Struct's type instead of on strings and ``dict.get``.
 ``user``          :class:`UserMessage`     the directory's ``submit`` (HTTP and WebSocket)
 ``notification``  :class:`Injection`       ``Inject``: the notification buffer, watcher
                                            escalation, background-task results
-``webhook``       :class:`WebhookEvent`    (no writer in this tree yet)
+``webhook``       :class:`WebhookEvent`    the webhooks feature (GitHub CI failures, declared
+                                           Standard Webhooks hooks)
 ``cron``          :class:`CronTrigger`     the ``cron`` tool; ``schedule_cron``; ``remember``
                                            with a recurring ``when``
 ``schedule``      :class:`ScheduledJob`    ``schedule_once``; ``remember`` with a one-off
@@ -124,8 +125,21 @@ class Injection(_Input, frozen=True, kw_only=True):
 
 
 class WebhookEvent(_Input, frozen=True, kw_only=True):
-    """An event an external system sent (``source="webhook"``); its other keys reach the agent
-    in ``TurnInput.payload`` as they were sent."""
+    """An event an external system sent (``source="webhook"``); its other keys (a failing CI
+    run's ``name``, ``conclusion``, ``output_title``… or a hook's ``data``) reach the agent in
+    ``TurnInput.payload`` as they were sent.
+
+    Attributes:
+        hook: who sent it: ``github`` or a declared hook's name.
+        event: its kind (``check_run``, ``workflow_run``, or the sender's ``type``).
+        delivery_id: the sender's delivery, unique (``github:<X-GitHub-Delivery>``).
+        source_ref: what it is about (``owner/repo#check_run:<id>``).
+    """
+
+    hook: str = ""
+    event: str = ""
+    delivery_id: str = ""
+    source_ref: str = ""
 
 
 class ScheduledAction(_Input, frozen=True, kw_only=True):

@@ -1,0 +1,565 @@
+"""The webhooks feature's queries: ``TableQuery`` objects, one function per backend.
+
+Times are passed in as the store keeps them (``store.db_time``), so every "now" follows the
+node's clock; they come back as aware datetimes. JSON columns go in and come out as text
+(``TEXT`` on SQLite, ``JSONB`` on PostgreSQL, which asyncpg passes as text).
+
+:data:`RECORD` is the idempotency: the delivery row is inserted ``ON CONFLICT (id) DO
+NOTHING`` together with its targets, in one transaction, so of any number of identical
+deliveries arriving at once exactly one records targets and every other answers None; the
+bindings are read in that same transaction, so a delivery goes to the sessions bound when it
+was recorded.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from turnstile.runtime.errors import LimitExceeded
+from turnstile.runtime.store import TableQuery
+
+__all__ = [
+    "BIND",
+    "BINDINGS",
+    "CLAIM",
+    "END_SESSION",
+    "PENDING",
+    "PRUNE",
+    "RECORD",
+    "RELEASE",
+    "SETTLE",
+    "TARGETS",
+    "UNBIND",
+    "UNROUTED",
+    "Binding",
+    "Claimed",
+    "Target",
+    "Unrouted",
+]
+
+
+class Binding(msgspec.Struct, frozen=True):
+    """A session bound to a source key."""
+
+    source: str
+    session_key: str
+    owner: str
+    #: how: ``tool`` (bind_source), ``http`` (POST …/bindings), ``pull_request`` (a PR opened).
+    via: str
+    created_at: datetime
+
+
+class Target(msgspec.Struct, frozen=True):
+    """One session a delivery goes to, and how far it got."""
+
+    delivery_id: str
+    session_key: str
+    owner: str
+    state: str
+    input_id: int | None
+    attempts: int
+    error: str | None
+
+
+class Claimed(msgspec.Struct, frozen=True):
+    """A target claimed for one delivery attempt, with what to deliver."""
+
+    delivery_id: str
+    session_key: str
+    owner: str
+    attempts: int
+    hook: str
+    event: str
+    source_ref: str
+    content: str
+    payload: dict[str, Any]
+
+
+class Unrouted(msgspec.Struct, frozen=True):
+    """A delivery nobody was bound to (``GET /webhooks/unrouted``)."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    source_ref: str
+    source_keys: list[str]
+    owner: str | None
+    content: str
+    payload: dict[str, Any]
+    received_at: datetime
+
+
+def _time(value: str | datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value)
+
+
+_json = msgspec.json.encode
+
+
+def _text(value: Any) -> str:
+    return _json(value).decode()
+
+
+def _load(value: str | bytes) -> Any:
+    return msgspec.json.decode(value)
+
+
+# ---- record ----------------------------------------------------------------------------------
+
+_INSERT_DELIVERY = (
+    "INSERT INTO webhook_deliveries (id, hook, event, source_ref, source_keys, owner, state,"
+    " content, payload, received_at) VALUES ({}) ON CONFLICT (id) DO NOTHING"
+)
+
+
+def _record_sqlite(
+    conn: Any,
+    *,
+    delivery: dict[str, Any],
+    lookup: list[str],
+    fallback: list[tuple[str, str]],
+    now: str,
+) -> list[tuple[str, str]] | None:
+    targets: list[tuple[str, str]] = []
+    if lookup:
+        marks = ", ".join("?" * len(lookup))
+        targets = [
+            (row[0], row[1])
+            for row in conn.execute(
+                "SELECT DISTINCT session_key, owner FROM webhook_bindings"
+                f" WHERE source_key IN ({marks}) ORDER BY session_key",
+                lookup,
+            )
+        ]
+    targets = targets or [tuple(t) for t in fallback]
+    cursor = conn.execute(
+        _INSERT_DELIVERY.format(", ".join("?" * 10)),
+        (
+            delivery["id"],
+            delivery["hook"],
+            delivery["event"],
+            delivery["source_ref"],
+            _text(delivery["source_keys"]),
+            delivery["owner"],
+            "routed" if targets else "unrouted",
+            delivery["content"],
+            _text(delivery["payload"]),
+            now,
+        ),
+    )
+    if cursor.rowcount == 0:
+        return None
+    conn.executemany(
+        "INSERT INTO webhook_targets (delivery_id, session_key, owner, state, updated_at)"
+        " VALUES (?, ?, ?, 'accepted', ?)",
+        [(delivery["id"], key, owner, now) for key, owner in targets],
+    )
+    return targets
+
+
+async def _record_postgres(
+    conn: Any,
+    *,
+    delivery: dict[str, Any],
+    lookup: list[str],
+    fallback: list[tuple[str, str]],
+    now: datetime,
+) -> list[tuple[str, str]] | None:
+    async with conn.transaction():
+        rows = await conn.fetch(
+            "SELECT DISTINCT session_key, owner FROM webhook_bindings"
+            " WHERE source_key = ANY($1::text[]) ORDER BY session_key",
+            lookup,
+        )
+        targets = [(row[0], row[1]) for row in rows] or [tuple(t) for t in fallback]
+        inserted = await conn.fetchval(
+            _INSERT_DELIVERY.format(", ".join(f"${i}" for i in range(1, 11))) + " RETURNING id",
+            delivery["id"],
+            delivery["hook"],
+            delivery["event"],
+            delivery["source_ref"],
+            _text(delivery["source_keys"]),
+            delivery["owner"],
+            "routed" if targets else "unrouted",
+            delivery["content"],
+            _text(delivery["payload"]),
+            now,
+        )
+        if inserted is None:
+            return None
+        await conn.executemany(
+            "INSERT INTO webhook_targets (delivery_id, session_key, owner, state, updated_at)"
+            " VALUES ($1, $2, $3, 'accepted', $4)",
+            [(delivery["id"], key, owner, now) for key, owner in targets],
+        )
+        return targets
+
+
+#: ``(delivery, lookup, fallback, now) -> [(session_key, owner)] | None``: records the delivery
+#: with its targets (the sessions bound to any ``lookup`` key, else ``fallback``); None when
+#: that id is already recorded (a redelivery: nothing is written).
+RECORD = TableQuery("webhooks.record", sqlite=_record_sqlite, postgres=_record_postgres)
+
+
+# ---- deliver: claim, settle, release, pending --------------------------------------------------
+
+_CLAIM = (
+    "UPDATE webhook_targets SET claimed_until = {until}, attempts = attempts + 1,"
+    " updated_at = {now} WHERE delivery_id = {id} AND session_key = {key}"
+    " AND state = 'accepted' AND (claimed_until IS NULL OR claimed_until <= {now})"
+    " RETURNING owner, attempts"
+)
+_CLAIMED = "SELECT hook, event, source_ref, content, payload FROM webhook_deliveries WHERE id = {}"
+
+
+def _claimed(delivery_id: str, key: str, claim: Any, row: Any) -> Claimed:
+    return Claimed(
+        delivery_id=delivery_id,
+        session_key=key,
+        owner=claim[0],
+        attempts=claim[1],
+        hook=row[0],
+        event=row[1],
+        source_ref=row[2],
+        content=row[3],
+        payload=_load(row[4]),
+    )
+
+
+def _claim_sqlite(
+    conn: Any, *, delivery_id: str, session_key: str, now: str, until: str
+) -> Claimed | None:
+    claim = conn.execute(
+        _CLAIM.format(until="?", now="?", id="?", key="?"),
+        (until, now, delivery_id, session_key, now),
+    ).fetchone()
+    if claim is None:
+        return None
+    row = conn.execute(_CLAIMED.format("?"), (delivery_id,)).fetchone()
+    return _claimed(delivery_id, session_key, claim, row)
+
+
+async def _claim_postgres(
+    conn: Any, *, delivery_id: str, session_key: str, now: datetime, until: datetime
+) -> Claimed | None:
+    async with conn.transaction():
+        claim = await conn.fetchrow(
+            _CLAIM.format(until="$1", now="$2", id="$3", key="$4"),
+            until,
+            now,
+            delivery_id,
+            session_key,
+        )
+        if claim is None:
+            return None
+        row = await conn.fetchrow(_CLAIMED.format("$1"), delivery_id)
+        return _claimed(delivery_id, session_key, claim, row)
+
+
+#: ``(delivery_id, session_key, now, until) -> Claimed | None``: takes the target for one
+#: attempt (a lease until ``until``), unless it is settled or another deliverer holds it.
+CLAIM = TableQuery("webhooks.claim", sqlite=_claim_sqlite, postgres=_claim_postgres)
+
+_SETTLE = (
+    "UPDATE webhook_targets SET state = {state}, input_id = {input_id}, error = {error},"
+    " claimed_until = NULL, updated_at = {now}"
+    " WHERE delivery_id = {id} AND session_key = {key} AND state = 'accepted'"
+)
+
+
+def _settle_sqlite(conn: Any, **args: Any) -> int:
+    return conn.execute(
+        _SETTLE.format(state="?", input_id="?", error="?", now="?", id="?", key="?"),
+        (
+            args["state"],
+            args["input_id"],
+            args["error"],
+            args["now"],
+            args["delivery_id"],
+            args["session_key"],
+        ),
+    ).rowcount
+
+
+async def _settle_postgres(conn: Any, **args: Any) -> int:
+    status = await conn.execute(
+        _SETTLE.format(state="$1", input_id="$2", error="$3", now="$4", id="$5", key="$6"),
+        args["state"],
+        args["input_id"],
+        args["error"],
+        args["now"],
+        args["delivery_id"],
+        args["session_key"],
+    )
+    return int(status.split()[-1])
+
+
+#: ``(delivery_id, session_key, state, input_id, error, now) -> rows``: ``delivered`` (with the
+#: inbox row) or ``dropped`` (the session is gone); only an ``accepted`` target moves.
+SETTLE = TableQuery("webhooks.settle", sqlite=_settle_sqlite, postgres=_settle_postgres)
+
+_RELEASE = (
+    "UPDATE webhook_targets SET claimed_until = {retry_at}, error = {error}, updated_at = {now}"
+    " WHERE delivery_id = {id} AND session_key = {key} AND state = 'accepted'"
+)
+
+
+def _release_sqlite(conn: Any, **args: Any) -> None:
+    conn.execute(
+        _RELEASE.format(retry_at="?", error="?", now="?", id="?", key="?"),
+        (args["retry_at"], args["error"], args["now"], args["delivery_id"], args["session_key"]),
+    )
+
+
+async def _release_postgres(conn: Any, **args: Any) -> None:
+    await conn.execute(
+        _RELEASE.format(retry_at="$1", error="$2", now="$3", id="$4", key="$5"),
+        args["retry_at"],
+        args["error"],
+        args["now"],
+        args["delivery_id"],
+        args["session_key"],
+    )
+
+
+#: ``(delivery_id, session_key, error, now, retry_at)``: an attempt failed (a full queue…); the
+#: target stays ``accepted`` and is not tried again before ``retry_at``.
+RELEASE = TableQuery("webhooks.release", sqlite=_release_sqlite, postgres=_release_postgres)
+
+_PENDING = (
+    "SELECT delivery_id, session_key FROM webhook_targets WHERE state = 'accepted'"
+    " AND (claimed_until IS NULL OR claimed_until <= {now}) ORDER BY updated_at LIMIT {limit}"
+)
+
+
+def _pending_sqlite(conn: Any, *, now: str, limit: int) -> list[tuple[str, str]]:
+    rows = conn.execute(_PENDING.format(now="?", limit="?"), (now, limit))
+    return [(row[0], row[1]) for row in rows]
+
+
+async def _pending_postgres(conn: Any, *, now: datetime, limit: int) -> list[tuple[str, str]]:
+    rows = await conn.fetch(_PENDING.format(now="$1", limit="$2"), now, limit)
+    return [(row[0], row[1]) for row in rows]
+
+
+#: ``(now, limit) -> [(delivery_id, session_key)]``: targets not yet delivered that nobody holds.
+PENDING = TableQuery("webhooks.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
+
+_TARGETS = (
+    "SELECT delivery_id, session_key, owner, state, input_id, attempts, error"
+    " FROM webhook_targets WHERE delivery_id = {} ORDER BY session_key"
+)
+
+
+def _targets_sqlite(conn: Any, *, delivery_id: str) -> list[Target]:
+    return [Target(*row) for row in conn.execute(_TARGETS.format("?"), (delivery_id,))]
+
+
+async def _targets_postgres(conn: Any, *, delivery_id: str) -> list[Target]:
+    return [Target(*row) for row in await conn.fetch(_TARGETS.format("$1"), delivery_id)]
+
+
+#: ``(delivery_id) -> [Target]``: where a delivery went.
+TARGETS = TableQuery("webhooks.targets", sqlite=_targets_sqlite, postgres=_targets_postgres)
+
+
+# ---- bindings ----------------------------------------------------------------------------------
+
+
+def _full(limit: int) -> LimitExceeded:
+    return LimitExceeded(
+        f"this session is bound to {limit} sources already (limit {limit})", field="source"
+    )
+
+
+_BINDING_COLUMNS = "source_key, session_key, owner, via, created_at"
+
+
+def _binding(row: Any) -> Binding:
+    return Binding(row[0], row[1], row[2], row[3], _time(row[4]))
+
+
+def _bind_sqlite(
+    conn: Any, *, owner: str, session_key: str, source: str, via: str, now: str, limit: int
+) -> tuple[Binding, bool]:
+    existing = conn.execute(
+        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = ? AND source_key = ?",
+        (session_key, source),
+    ).fetchone()
+    if existing is not None:
+        return _binding(existing), False
+    (count,) = conn.execute(
+        "SELECT count(*) FROM webhook_bindings WHERE session_key = ?", (session_key,)
+    ).fetchone()
+    if count >= limit:
+        raise _full(limit)
+    row = conn.execute(
+        "INSERT INTO webhook_bindings (session_key, source_key, owner, via, created_at)"
+        f" VALUES (?, ?, ?, ?, ?) RETURNING {_BINDING_COLUMNS}",
+        (session_key, source, owner, via, now),
+    ).fetchone()
+    return _binding(row), True
+
+
+async def _bind_postgres(
+    conn: Any, *, owner: str, session_key: str, source: str, via: str, now: datetime, limit: int
+) -> tuple[Binding, bool]:
+    async with conn.transaction():
+        # one binder per session at a time, so the count cannot be raced past the limit
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", session_key)
+        existing = await conn.fetchrow(
+            f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings"
+            " WHERE session_key = $1 AND source_key = $2",
+            session_key,
+            source,
+        )
+        if existing is not None:
+            return _binding(existing), False
+        count = await conn.fetchval(
+            "SELECT count(*) FROM webhook_bindings WHERE session_key = $1", session_key
+        )
+        if count >= limit:
+            raise _full(limit)
+        row = await conn.fetchrow(
+            "INSERT INTO webhook_bindings (session_key, source_key, owner, via, created_at)"
+            f" VALUES ($1, $2, $3, $4, $5) RETURNING {_BINDING_COLUMNS}",
+            session_key,
+            source,
+            owner,
+            via,
+            now,
+        )
+        return _binding(row), True
+
+
+#: ``(owner, session_key, source, via, now, limit) -> (Binding, created)``; binding an already
+#: bound source answers the existing binding. Raises ``LimitExceeded`` past ``limit``.
+BIND = TableQuery("webhooks.bind", sqlite=_bind_sqlite, postgres=_bind_postgres)
+
+
+def _unbind_sqlite(conn: Any, *, session_key: str, source: str) -> int:
+    return conn.execute(
+        "DELETE FROM webhook_bindings WHERE session_key = ? AND source_key = ?",
+        (session_key, source),
+    ).rowcount
+
+
+async def _unbind_postgres(conn: Any, *, session_key: str, source: str) -> int:
+    status = await conn.execute(
+        "DELETE FROM webhook_bindings WHERE session_key = $1 AND source_key = $2",
+        session_key,
+        source,
+    )
+    return int(status.split()[-1])
+
+
+#: ``(session_key, source) -> rows deleted``.
+UNBIND = TableQuery("webhooks.unbind", sqlite=_unbind_sqlite, postgres=_unbind_postgres)
+
+
+def _bindings_sqlite(conn: Any, *, session_key: str) -> list[Binding]:
+    rows = conn.execute(
+        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = ?"
+        " ORDER BY source_key",
+        (session_key,),
+    )
+    return [_binding(row) for row in rows]
+
+
+async def _bindings_postgres(conn: Any, *, session_key: str) -> list[Binding]:
+    rows = await conn.fetch(
+        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = $1"
+        " ORDER BY source_key",
+        session_key,
+    )
+    return [_binding(row) for row in rows]
+
+
+#: ``(session_key) -> [Binding]``, by source.
+BINDINGS = TableQuery("webhooks.bindings", sqlite=_bindings_sqlite, postgres=_bindings_postgres)
+
+
+def _end_sqlite(conn: Any, *, session_key: str, now: str) -> None:
+    conn.execute("DELETE FROM webhook_bindings WHERE session_key = ?", (session_key,))
+    conn.execute(
+        "UPDATE webhook_targets SET state = 'dropped', error = 'session deleted',"
+        " claimed_until = NULL, updated_at = ? WHERE session_key = ? AND state = 'accepted'",
+        (now, session_key),
+    )
+
+
+async def _end_postgres(conn: Any, *, session_key: str, now: datetime) -> None:
+    async with conn.transaction():
+        await conn.execute("DELETE FROM webhook_bindings WHERE session_key = $1", session_key)
+        await conn.execute(
+            "UPDATE webhook_targets SET state = 'dropped', error = 'session deleted',"
+            " claimed_until = NULL, updated_at = $1 WHERE session_key = $2 AND state = 'accepted'",
+            now,
+            session_key,
+        )
+
+
+#: ``(session_key, now)``: a deleted session's bindings go, its undelivered targets are dropped.
+END_SESSION = TableQuery("webhooks.end_session", sqlite=_end_sqlite, postgres=_end_postgres)
+
+
+# ---- unrouted, pruning -------------------------------------------------------------------------
+
+_UNROUTED = (
+    "SELECT id, hook, event, source_ref, source_keys, owner, content, payload, received_at"
+    " FROM webhook_deliveries WHERE state = 'unrouted' {mine}"
+    " ORDER BY received_at DESC, id LIMIT {limit}"
+)
+
+
+def _unrouted(row: Any) -> Unrouted:
+    return Unrouted(
+        delivery_id=row[0],
+        hook=row[1],
+        event=row[2],
+        source_ref=row[3],
+        source_keys=_load(row[4]),
+        owner=row[5],
+        content=row[6],
+        payload=_load(row[7]),
+        received_at=_time(row[8]),
+    )
+
+
+def _unrouted_sqlite(conn: Any, *, owner: str | None, limit: int) -> list[Unrouted]:
+    if owner is None:
+        rows = conn.execute(_UNROUTED.format(mine="", limit="?"), (limit,))
+    else:
+        rows = conn.execute(_UNROUTED.format(mine="AND owner = ?", limit="?"), (owner, limit))
+    return [_unrouted(row) for row in rows]
+
+
+async def _unrouted_postgres(conn: Any, *, owner: str | None, limit: int) -> list[Unrouted]:
+    if owner is None:
+        rows = await conn.fetch(_UNROUTED.format(mine="", limit="$1"), limit)
+    else:
+        rows = await conn.fetch(_UNROUTED.format(mine="AND owner = $1", limit="$2"), owner, limit)
+    return [_unrouted(row) for row in rows]
+
+
+#: ``(owner, limit) -> [Unrouted]``, newest first; ``owner=None`` lists everyone's (admins).
+UNROUTED = TableQuery("webhooks.unrouted", sqlite=_unrouted_sqlite, postgres=_unrouted_postgres)
+
+
+def _prune_sqlite(conn: Any, *, before: str) -> int:
+    return conn.execute("DELETE FROM webhook_deliveries WHERE received_at < ?", (before,)).rowcount
+
+
+async def _prune_postgres(conn: Any, *, before: datetime) -> int:
+    status = await conn.execute("DELETE FROM webhook_deliveries WHERE received_at < $1", before)
+    return int(status.split()[-1])
+
+
+#: ``(before) -> deliveries deleted`` (their targets with them): the end of the idempotency
+#: window; a delivery redelivered after it is new again.
+PRUNE = TableQuery("webhooks.prune", sqlite=_prune_sqlite, postgres=_prune_postgres)

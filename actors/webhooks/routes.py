@@ -1,0 +1,325 @@
+"""The webhooks feature's HTTP endpoints.
+
+==========================================  ===================================================
+``POST /webhooks/github``                   GitHub (``X-Hub-Signature-256``); mounted when
+                                            there is a secret
+``POST /webhooks/{name}``                   a hook declared in ``[webhooks.hooks.<name>]``
+                                            (Standard Webhooks)
+``GET /webhooks/unrouted``                  the caller's unrouted events; ``all_users=true``
+                                            for ``[webhooks] admins`` (else 403); ``limit``
+``GET /sessions/{id}/bindings``             the session's bindings
+``POST /sessions/{id}/bindings``            ``{"source": "github:o/r#3"}``: 201 new, 200 if
+                                            it was bound already
+``DELETE /sessions/{id}/bindings?source=``  204, or 404 when it was not bound
+==========================================  ===================================================
+
+The two ``POST /webhooks/…`` routes are the node's only routes without a bearer token
+(``HttpRoute(auth="signature")``): a sender cannot hold a user's token, so it signs the raw
+body, and the handler checks that signature before it parses a byte. In order: the body is
+read, bounded (``413``); the signature is checked (``401``, and nothing else happens); the
+hook's rate is taken (``429`` with ``Retry-After``; counted after the signature, so forged
+requests cannot use up a sender's rate); the JSON is read (``400`` naming the field). Every
+refusal is counted in ``/metrics`` as ``turnstile_webhook_refusals_total{hook,reason}``, the
+label being a configured hook's name (or empty for an unknown one: a sender cannot mint label
+values). Answers to the sender never name sessions.
+
+The bindings routes take the source as a query parameter on ``DELETE``: keys hold ``/`` and
+``#``, which a path segment cannot carry.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+from starlette.responses import Response
+
+from turnstile.actors.feature import NodeContext
+from turnstile.actors.sessions.ids import session_key
+from turnstile.actors.webhooks.github import EVENTS, parse_event
+from turnstile.actors.webhooks.service import Delivery, Ingress, RateLimited, iso
+from turnstile.actors.webhooks.settings import HookConfig, WebhooksConfig
+from turnstile.actors.webhooks.signatures import SignatureRefused, verify_github, verify_standard
+from turnstile.actors.webhooks.template import RouteTemplate
+from turnstile.actors.webhooks.tools import Source, binding_view
+from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
+from turnstile.runtime.errors import (
+    DecodeError,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    TurnstileError,
+)
+from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, RouteHandler
+
+__all__ = ["SignedHook", "webhook_routes"]
+
+#: GitHub's delivery ids are GUIDs; anything printable and short is taken.
+_DELIVERY = re.compile(r"[A-Za-z0-9._:-]{1,100}\Z")
+_EVENT = re.compile(r"[a-z_]{1,64}\Z")
+#: The most of a Standard Webhooks body quoted in the turn's text (the payload has it whole).
+MAX_QUOTED_CHARS = 8000
+_OBJECT = Codec(dict[str, Any], max_depth=MAX_JSON_DEPTH)
+_encoder = msgspec.json.Encoder()
+
+
+class UnknownHook(NotFound):
+    """``POST /webhooks/{name}`` for a name no hook is declared under (or has no secret)."""
+
+
+class SignedHook(msgspec.Struct, frozen=True):
+    """A declared hook ready to serve: its settings, key and parsed template."""
+
+    config: HookConfig
+    key: bytes
+    template: RouteTemplate
+
+
+class BindBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /sessions/{id}/bindings``."""
+
+    source: Source
+
+
+class UnboundQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``DELETE /sessions/{id}/bindings``'s query."""
+
+    source: Source
+
+
+class UnroutedQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /webhooks/unrouted``'s query."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    all_users: bool = False
+
+
+_BIND = Codec(BindBody, max_depth=4)
+
+
+def _json(value: Any, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(_encoder.encode(value), status, headers, media_type="application/json")
+
+
+def _query(request: ApiRequest, type_: type[msgspec.Struct]) -> Any:
+    """The query string as ``type_``.
+
+    Raises:
+        DecodeError: an unknown or missing parameter, or a bad value; ``field`` names it.
+    """
+    try:
+        return msgspec.convert(dict(request.query), type_, strict=False)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if "`" in text and text.startswith(("Object contains unknown", "Object missing")):
+            name = text.split("`")[1]
+            raise DecodeError(text.split(" - ")[0].lower(), field=name) from None
+        match = re.search(r" - at `\$\.(?P<field>[^`]*)`$", text)
+        raise DecodeError(text, field=match["field"] if match else None) from None
+
+
+def _reason(exc: TurnstileError) -> str | None:
+    """What a refusal is counted as; None for what is not the sender's doing."""
+    if isinstance(exc, SignatureRefused):
+        return exc.reason
+    if isinstance(exc, PayloadTooLarge):
+        return "too_large"
+    if isinstance(exc, RequestTimeout):
+        return "timeout"
+    if isinstance(exc, RateLimited):
+        return "rate_limited"
+    if isinstance(exc, UnknownHook):
+        return "unknown_hook"
+    if isinstance(exc, DecodeError):
+        return "malformed"
+    return None
+
+
+def _counted(node: NodeContext, handler: RouteHandler, label: Any) -> RouteHandler:
+    """``handler`` with every refusal counted under ``label(request)``; a rate refusal is
+    answered here, with ``Retry-After``."""
+
+    async def counted(request: ApiRequest) -> Any:
+        try:
+            return await handler(request)
+        except TurnstileError as exc:
+            reason = _reason(exc)
+            if reason is None:
+                raise
+            node.metrics.inc(
+                f'turnstile_webhook_refusals_total{{hook="{label(request)}",reason="{reason}"}}'
+            )
+            if isinstance(exc, RateLimited):
+                error = {"code": exc.code, "message": str(exc)}
+                retry = str(max(1, round(exc.retry_after)))
+                return _json({"error": error}, 429, {"retry-after": retry})
+            raise
+
+    return counted
+
+
+def webhook_routes(
+    node: NodeContext,
+    ingress: Ingress,
+    github_secret: bytes | None,
+    hooks: dict[str, SignedHook],
+) -> list[HttpRoute]:
+    """The routes: GitHub's when it has a secret, the declared hooks', unrouted, bindings."""
+    config: WebhooksConfig = node.config.webhooks
+    routes: list[HttpRoute] = []
+
+    async def github(request: ApiRequest) -> Any:
+        body = await request.raw_body(config.max_body_bytes)
+        verify_github(github_secret, body, request.headers)
+        ingress.admit("github")
+        event = request.headers.get("x-github-event", "")
+        delivery = request.headers.get("x-github-delivery", "")
+        if not _EVENT.match(event):
+            raise DecodeError("X-GitHub-Event must name an event", field="X-GitHub-Event")
+        if not _DELIVERY.match(delivery):
+            raise DecodeError(
+                "X-GitHub-Delivery must be 1-100 of A-Z a-z 0-9 . _ : -", field="X-GitHub-Delivery"
+            )
+        if event == "ping":
+            ingress.count_delivery("pong", "github")
+            return {"ok": True, "event": "ping"}
+        if event not in EVENTS:
+            ingress.count_delivery("ignored", "github")
+            return {"ignored": True, "reason": f"{event} events wake nobody"}
+        failure = parse_event(event, body, workflow_cancelled=config.github.workflow_cancelled)
+        if failure == "ignored":
+            ingress.count_delivery("ignored", "github")
+            return {"ignored": True, "reason": "not a completed failure"}
+        repo = config.github.repo(failure.owner, failure.repo)
+        owner, fallback = None, []
+        if repo is not None and repo.user:
+            owner = repo.user
+            if repo.session:
+                key = session_key(repo.user, repo.session)
+                if await ingress.session_exists(key):
+                    fallback = [(key, repo.user)]
+        answer = await ingress.ingest(
+            Delivery(
+                id=f"github:{delivery}",
+                hook="github",
+                event=event,
+                source_ref=failure.source_ref,
+                content=failure.content,
+                payload=failure.payload,
+                source_keys=failure.source_keys,
+                fallback=fallback,
+                owner=owner,
+            )
+        )
+        return answer if answer.get("duplicate") else _json(answer, 202)
+
+    async def standard(request: ApiRequest) -> Any:
+        name = request.path["name"]
+        hook = hooks.get(name)
+        if hook is None:
+            raise UnknownHook(f"no webhook named {name!r}")
+        limit = hook.config.max_body_bytes or config.max_body_bytes
+        body = await request.raw_body(limit)
+        webhook_id = verify_standard(
+            hook.key, body, request.headers, node.clock.now(), hook.config.tolerance_seconds
+        )
+        ingress.admit(name, hook.config.rate_per_minute)
+        try:
+            payload = _OBJECT.decode_json(body)
+        except DecodeError as exc:
+            raise DecodeError(
+                f"the body must be a JSON object: {exc}", exc.field or "body"
+            ) from None
+        session = hook.template.render(payload)
+        user = hook.config.user
+        key = session_key(user, session)
+        fallback = [(key, user)] if await ingress.session_exists(key) else []
+        kind = payload.get("type")
+        event = kind if isinstance(kind, str) and _EVENT.match(kind.replace(".", "_")) else "event"
+        quoted = body.decode("utf-8", "replace")
+        if len(quoted) > MAX_QUOTED_CHARS:
+            quoted = quoted[:MAX_QUOTED_CHARS] + "…"
+        answer = await ingress.ingest(
+            Delivery(
+                id=f"hook:{name}:{webhook_id}",
+                hook=name,
+                event=event,
+                source_ref=f"{name}:{webhook_id}",
+                content=f"[WEBHOOK {name}] {event}\n{quoted}",
+                payload={"data": payload, "session": session},
+                fallback=fallback,
+                owner=user,
+            )
+        )
+        return answer if answer.get("duplicate") else _json(answer, 202)
+
+    async def unrouted(request: ApiRequest) -> Any:
+        query = _query(request, UnroutedQuery)
+        if query.all_users and request.user not in config.admins:
+            error = {
+                "code": "forbidden",
+                "message": "all_users is for [webhooks] admins",
+                "field": "all_users",
+            }
+            return _json({"error": error}, 403)
+        found = await ingress.unrouted(None if query.all_users else request.user, query.limit)
+        return {
+            "unrouted": [
+                {
+                    "delivery_id": u.delivery_id,
+                    "hook": u.hook,
+                    "event": u.event,
+                    "source_ref": u.source_ref,
+                    "source_keys": u.source_keys,
+                    **({"owner": u.owner} if query.all_users else {}),
+                    "received_at": iso(u.received_at),
+                    "content": u.content,
+                    "payload": u.payload,
+                }
+                for u in found
+            ]
+        }
+
+    async def list_bindings(request: ApiRequest) -> Any:
+        key = await node.directory.owned_key(request.user, request.path["id"])
+        return {"bindings": [binding_view(b) for b in await ingress.bindings(key)]}
+
+    async def bind(request: ApiRequest) -> Any:
+        key = await node.directory.owned_key(request.user, request.path["id"])
+        body = await request.body(_BIND)
+        binding, created = await ingress.bind(request.user, key, body.source, "http")
+        return _json({**binding_view(binding), "created": created}, 201 if created else 200)
+
+    async def unbind(request: ApiRequest) -> Any:
+        key = await node.directory.owned_key(request.user, request.path["id"])
+        query = _query(request, UnboundQuery)
+        if not await ingress.unbind(key, query.source, "http"):
+            raise NotFound(f"the session is not bound to {query.source!r}")
+        return Response(status_code=204)
+
+    def hook_label(request: ApiRequest) -> str:
+        name = request.path.get("name", "")
+        return name if name in hooks else ""
+
+    routes.append(HttpRoute("GET", "/webhooks/unrouted", unrouted))
+    if github_secret is not None:
+        routes.append(
+            HttpRoute(
+                "POST",
+                "/webhooks/github",
+                _counted(node, github, lambda _: "github"),
+                auth="signature",
+            )
+        )
+    routes.append(
+        HttpRoute(
+            "POST", "/webhooks/{name}", _counted(node, standard, hook_label), auth="signature"
+        )
+    )
+    routes += [
+        HttpRoute("GET", "/sessions/{id}/bindings", list_bindings),
+        HttpRoute("POST", "/sessions/{id}/bindings", bind),
+        HttpRoute("DELETE", "/sessions/{id}/bindings", unbind),
+    ]
+    return routes
