@@ -208,9 +208,16 @@ class Membership:
                     ),
                 )
                 # The inputs are interrupted already: their closure must not be cut in half
-                # by a shutdown that begins meanwhile.
+                # by a shutdown that begins meanwhile, nor end the node if it fails.
                 with trio.move_on_after(_TAKEOVER_GRACE, shield=True):
-                    await self.on_takeover(taken.inputs)
+                    try:
+                        await self.on_takeover(taken.inputs)
+                    except Exception:
+                        log.exception(
+                            "node %r: closing the turns it took over failed (the inputs stay"
+                            " interrupted)",
+                            self.record.id,
+                        )
         view = await self.store.list_nodes()
         self.live_nodes = len(view.live)
         self._metrics.inc("turnstile_node_sweeps_total")

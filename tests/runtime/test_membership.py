@@ -143,3 +143,25 @@ async def test_a_private_store_needs_no_heartbeat(store, autojump_clock):
         assert (await store.list_nodes()).nodes[0].heartbeat_at == membership.record.heartbeat_at
         assert metrics.snapshot()["turnstile_node_sweeps_total"] == 0
     assert await nodes(store) == {"a": (1, "stopped", False)}
+
+
+async def test_a_failing_takeover_handler_is_logged_and_the_node_serves_on(store, autojump_clock):
+    await store.create_session("s", "ada")
+    dead, _ = await store.register_node("dead", lease_seconds=LEASE)
+    await store.enqueue_input("s", "user", {})
+    store.claimer = dead.ref
+    await store.claim_next_input("s")
+    store.claimer = None
+    failed = trio.Event()
+    async with open_membership(store, "b", lease_seconds=LEASE) as membership:
+
+        async def on_takeover(items) -> None:
+            failed.set()
+            raise RuntimeError("the registry is gone")
+
+        membership.on_takeover = on_takeover
+        await failed.wait()
+        before = membership.record.heartbeat_at
+        await trio.sleep(2 * membership.interval)
+        assert membership.record.heartbeat_at > before  # still heartbeating
+    assert [i.state for i in await store.list_inputs("s")] == ["interrupted"]
