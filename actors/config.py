@@ -26,6 +26,10 @@ Example::
     watchers = true                    # watch_* schemas in every turn
     max_context_tokens = 8000
 
+    [node]                             # several nodes on one PostgreSQL: docs/cluster.md
+    id = "node-a"
+    lease_seconds = 15
+
 Unknown keys are errors (a typo should not silently change nothing), reported with their path.
 
 The node's own settings (address, store, users, limits, agent, tool modules and policies) are
@@ -44,7 +48,9 @@ from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.scheduling.settings import HeartbeatDefaults
+from turnstile.actors.webhooks.settings import WebhooksConfig
 from turnstile.runtime.errors import DecodeError
+from turnstile.runtime.membership import DEFAULT_LEASE_SECONDS
 
 __all__ = [
     "ChannelSettings",
@@ -53,14 +59,18 @@ __all__ = [
     "HeartbeatDefaults",
     "Limits",
     "MemoryConfig",
+    "NodeConfig",
     "NotificationsConfig",
     "ScriptedConfig",
     "UserConfig",
+    "WebhooksConfig",
     "load_config",
 ]
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
+#: What the store accepts as a node id (runtime.store._util.check_node_id).
+NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")]
 
 
 class UserConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -96,6 +106,30 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     #: Turns started by a schedule (cron, recall, heartbeat, any job) that may run at once on
     #: this node; the rest wait, still queued in their inboxes, in order (recall.md's limit).
     max_concurrent_scheduled_turns: Positive = 3
+    #: Times the turn of an input cut off by a crash runs again at the next start-up (its
+    #: tool calls carry the same idempotency keys, so receivers that honour them act once). 0,
+    #: the default: it is closed as ``interrupted`` and not run again. Bounded, so a turn that
+    #: brings the node down cannot do so forever.
+    max_turn_reruns: Annotated[int, msgspec.Meta(ge=0, le=10)] = 0
+
+
+class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """This node among the nodes that share its store (``[node]``; docs/cluster.md)."""
+
+    #: The node's id in the store's ``nodes`` table. Unset: ``local`` on SQLite (one node per
+    #: file); on PostgreSQL ``<host name>:<port>`` when serving on a fixed port, else a
+    #: generated one, new at every start. A stable id lets a restarted node recover what its
+    #: previous epoch left running at once, instead of when that epoch's lease expires. Two
+    #: processes must never share one: the later start takes the id over and the earlier
+    #: one stops serving.
+    id: NodeId | None = None
+    #: Seconds a node stays alive for the others without a heartbeat (it beats every third of
+    #: it); a dead node's running inputs are recovered at most a third of it after its lease
+    #: expired.
+    lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_SECONDS
+    #: Where the node can be reached, as ``turnstile nodes`` shows it; unset: the gateway's
+    #: first URL.
+    address: Annotated[str, msgspec.Meta(min_length=1, max_length=500)] | None = None
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -186,6 +220,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     heartbeat: HeartbeatDefaults = msgspec.field(default_factory=HeartbeatDefaults)
     execution: ExecutionConfig = msgspec.field(default_factory=ExecutionConfig)
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
+    webhooks: WebhooksConfig = msgspec.field(default_factory=WebhooksConfig)
+    node: NodeConfig = msgspec.field(default_factory=NodeConfig)
 
 
 def load_config(path: str | Path | None) -> Config:

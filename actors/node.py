@@ -1,21 +1,25 @@
 """The composition root: ``open_node(config)`` assembles a node from its features.
 
 A node is a store, a root supervisor, the registry of session actors, a tool registry, the
-features (sessions, scheduling, watchers, notifications, execution, memory by default) and, unless
-told otherwise, the HTTP/WebSocket gateway on ``config.host:config.port``. ``turnstile serve``,
-the bench scenarios and the tests all build their node here; so can an application that embeds
-Turnstile::
+features (sessions, scheduling, watchers, notifications, execution, memory, webhooks by
+default) and, unless told otherwise, the HTTP/WebSocket gateway on ``config.host:config.port``.
+``turnstile serve``, the bench scenarios and the tests all build their node here; so can an
+application that embeds Turnstile::
 
     async with open_node(Config(store="sqlite:///app.db"), tokens={"t0ken": "ada"},
                          agent=MyAgent()) as node:
         print("serving on", node.urls)
         await trio.sleep_forever()
 
-Start-up order matters for "nothing lost on a crash": migrations run, inputs that were
-``running`` when the previous process died are closed as ``interrupted`` (with a visible
-``stream_end`` in their session), the features start, then every session with queued inputs is
-woken so they run, then the gateway opens. Closing goes the other way: the gateway stops, then
-actors stop newest first (their ``on_stop`` runs), then the store closes.
+Start-up order matters for "nothing lost on a crash": migrations run, the node registers in the
+store's ``nodes`` table with a new epoch and starts heartbeating (``runtime.membership``), inputs
+that were ``running`` when a dead node (this node's previous epoch included) was cut off are
+closed as ``interrupted`` (with a visible ``stream_end`` in their session) -- never those a live
+node is running --, the features start, then every session with queued inputs is woken so they
+run (except those another live node is running a turn of), then the gateway opens. While the
+node runs, its sweep takes over the running inputs of nodes whose lease expires and closes them
+the same way (docs/cluster.md). Closing goes the other way: the gateway stops, then actors stop
+newest first (their ``on_stop`` runs), then the node marks itself stopped, then the store closes.
 """
 
 from __future__ import annotations
@@ -41,13 +45,15 @@ from turnstile.actors.sessions.directory import SessionDirectory
 from turnstile.actors.sessions.feature import SessionsFeature
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.actors.watchers.feature import WatchersFeature
+from turnstile.actors.webhooks.feature import WebhooksFeature
 from turnstile.runtime.clock import Clock, SystemClock
 from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
+from turnstile.runtime.membership import Membership, default_node_id, open_membership
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.server import WS_SEND_MANY, package_version, serve_app
-from turnstile.runtime.store import InboxItem, Store, open_store
+from turnstile.runtime.store import InboxItem, NodeRef, Store, open_store
 from turnstile.runtime.supervisor import open_supervisor
 from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
@@ -56,7 +62,15 @@ from turnstile.tools.modules.shell import ShellConfig, register_shell_module
 from turnstile.tools.policy import PolicyTable
 from turnstile.tools.registry import ToolRegistry
 
-__all__ = ["Node", "default_features", "make_agent", "open_node", "recover", "register_modules"]
+__all__ = [
+    "Node",
+    "close_cut_off",
+    "default_features",
+    "make_agent",
+    "open_node",
+    "recover",
+    "register_modules",
+]
 
 log = logging.getLogger("turnstile.node")
 
@@ -71,13 +85,51 @@ def make_agent(config: Config) -> Agent:
 _RECOVERY_PAGE = 500
 
 
-async def recover(store: Store) -> list[str]:
+async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = None) -> list[str]:
     """Close turns cut off by a crash and list the sessions with inputs waiting.
 
+    Which turns: with ``node`` (the registered node that starts), only those of dead nodes --
+    inputs claimed by a node whose lease expired (it is declared dead), a stopped node, an
+    earlier epoch of any node (this one's own included), or by no node at all; the inputs a
+    live node is running are left to it (``store.take_over_dead_nodes``), and so are the
+    sessions it runs a turn of. Without ``node``, every running input: the store is this
+    process's alone.
+
+    Every cut-off turn is closed visibly (``stream_end`` ``interrupted``; see
+    :func:`close_cut_off`).
+
     Returns:
-        ids of sessions that have queued inputs.
+        ids of sessions that have queued inputs (with ``node``: but no turn running on another
+        live node).
     """
-    for item in await store.interrupt_running():
+    if node is None:
+        await close_cut_off(store, await store.interrupt_running(), max_reruns=max_reruns)
+        return await store.sessions_with_queued_inputs()
+    taken = await store.take_over_dead_nodes(node, unclaimed=True)
+    for dead in taken.nodes:
+        log.warning(
+            "node %r epoch %d is dead (its lease expired at %s): its work moves",
+            dead.id,
+            dead.epoch,
+            dead.lease_expires_at.isoformat(),
+        )
+    await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+    return await store.sessions_with_queued_inputs(node=node)
+
+
+async def close_cut_off(store: Store, items: Sequence[InboxItem], *, max_reruns: int = 0) -> None:
+    """Close the turns of ``items`` (inputs recovery moved to ``interrupted``) visibly.
+
+    Each gets a ``stream_end`` ``interrupted`` in its session (and the ``stream_start`` the
+    crash took, if it did), and its run record, if it was a scheduled turn, says so. With
+    ``max_reruns`` (``[limits] max_turn_reruns``), its input is then queued again, first in its
+    session, as long as it has run again fewer times than that (counted in the row's detail,
+    ``reruns``): the turn runs again, and its tool calls carry the same idempotency keys as
+    before.
+    """
+    for item in items:
+        reruns = (item.detail or {}).get("reruns", 0)
+        again = isinstance(reruns, int) and reruns < max_reruns
         closure: list[tuple[str, dict]] = []
         if not await _turn_started(store, item):
             # A turn's stream_start is stored with the events that follow it, so a crash
@@ -93,17 +145,28 @@ async def recover(store: Store) -> list[str]:
                     "input_id": item.id,
                     "status": "interrupted",
                     "text": "",
-                    "error": "the node stopped during this turn",
+                    "error": "the node stopped during this turn"
+                    + ("; it runs again" if again else ""),
                 },
             )
         )
         await store.append_events(item.session_id, closure)
+        if again:
+            # The run record, if any, stays as it is: the turn run again settles it.
+            await store.requeue_input(item.id, {"reruns": reruns + 1})
+            log.warning(
+                "input %s of session %s was interrupted by a restart; it runs again (%d of %d)",
+                item.id,
+                item.session_id,
+                reruns + 1,
+                max_reruns,
+            )
+            continue
         log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
         run = await job_run(store, item)
         if run is not None:  # a scheduled turn: its run record says what happened
             note = {**(run.detail or {}), "status": "interrupted"}
             await store.update_run(run.id, "turn_interrupted", note)
-    return await store.sessions_with_queued_inputs()
 
 
 async def _turn_started(store: Store, item: InboxItem) -> bool:
@@ -134,6 +197,7 @@ def default_features(agent: Agent) -> list[Feature]:
         ExecutionFeature(),
         WatchersFeature(),  # after the sessions supervisor and the rest: it stops first
         MemoryFeature(),
+        WebhooksFeature(),
         SessionsFeature(agent),
     ]
 
@@ -151,6 +215,8 @@ class Node:
         metrics: its metrics (``/metrics``).
         features: the features it runs, by name.
         urls: the addresses the gateway listens on (empty with ``serve=False``).
+        membership: its row among the nodes sharing the store (``membership.ref``: its id and
+            epoch; docs/cluster.md).
     """
 
     config: Config
@@ -162,6 +228,7 @@ class Node:
     context: NodeContext
     features: dict[str, Feature] = field(default_factory=dict)
     urls: list[str] = field(default_factory=list)
+    membership: Membership | None = None
 
     @property
     def url(self) -> str:
@@ -193,6 +260,11 @@ async def open_node(
         serve: open the gateway on ``config.host:config.port`` (``False``: nothing listens,
             for in-process use and benchmarks; the app is still built when there are tokens,
             e.g. to drive it through an ASGI transport).
+
+    Raises:
+        LeaseLost: the node's row in the store was taken over (another process started with
+            its node id) or it was declared dead while it ran: everything in the block was
+            cancelled, and it must not serve on (docs/cluster.md).
     """
     clock = clock or SystemClock()
     agent = agent or make_agent(config)
@@ -206,8 +278,23 @@ async def open_node(
     try:
         # each feature's own tables: the kernel's set first, then the features' in start order
         migrations = [m for feature in chosen for m in getattr(feature, "migrations", ())]
-        async with open_store(config.store, clock=clock, migrations=migrations) as store:
-            waiting = await recover(store)
+        node_id = config.node.id or default_node_id(
+            "sqlite" if config.store.startswith("sqlite:") else "postgres",
+            port=config.port if serve else None,
+        )
+        async with (
+            open_store(config.store, clock=clock, migrations=migrations) as store,
+            open_membership(
+                store,
+                node_id,
+                lease_seconds=config.node.lease_seconds,
+                address=config.node.address,
+                metrics=metrics,
+                private=config.store.partition("?")[0] == "sqlite:///:memory:",
+            ) as membership,
+        ):
+            max_reruns = config.limits.max_turn_reruns
+            waiting = await recover(store, max_reruns=max_reruns, node=membership.ref)
             async with open_supervisor("root") as root:
                 sessions = await root.spawn_supervisor(
                     "sessions", max_restarts=3, within=10.0, escalate=False
@@ -252,6 +339,17 @@ async def open_node(
                     )
                     for session_id in waiting:
                         await registry.ref(f"session:{session_id}").tell(Wake())
+
+                    async def take_over(items: Sequence[InboxItem]) -> None:
+                        # A dead node's cut-off turns: closed as at start-up, and what waits
+                        # behind them runs here.
+                        await close_cut_off(store, items, max_reruns=max_reruns)
+                        for session_id in sorted({item.session_id for item in items}):
+                            if await store.list_inputs(session_id, ["queued"]):
+                                await registry.ref(f"session:{session_id}").tell(Wake())
+
+                    membership.on_takeover = take_over
+                    context.started.set()
                     connections = [0]
 
                     def on_connection(delta: int) -> None:
@@ -285,6 +383,7 @@ async def open_node(
                         metrics=metrics,
                         context=context,
                         features={f.name: f for f in chosen},
+                        membership=membership,
                     )
                     if serve and app is not None:
                         node.urls = await tasks.start(
@@ -300,9 +399,12 @@ async def open_node(
                         log.info(
                             "turnstile %s serving on %s", package_version(), ", ".join(node.urls)
                         )
+                        if config.node.address is None:
+                            await membership.advertise(node.urls[0])
                     try:
                         yield node
                     finally:  # the gateway and plain tasks first; then the actors stop
+                        membership.on_takeover = None  # no session is woken from now on
                         tasks.cancel_scope.cancel()
     finally:
         with trio.move_on_after(5, shield=True):

@@ -32,6 +32,32 @@ async def test_recovery_closes_cut_off_turns_and_lists_sessions_with_work():
         assert [i.state for i in await store.list_inputs("cut")] == ["interrupted"]
 
 
+async def test_recovery_runs_a_cut_off_turn_again_at_most_max_reruns_times():
+    """With ``max_reruns`` the cut-off turn is closed visibly, then its input is queued again
+    (first in its session); a turn that keeps being cut off is given up after that many."""
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        cut = await store.enqueue_input("s", "user", {"content": "a"})
+        behind = await store.enqueue_input("s", "user", {"content": "b"})
+        for attempt in (1, 2):
+            claimed = await store.claim_next_input("s")
+            assert claimed.id == cut.id
+            assert await recover(store, max_reruns=2) == ["s"]
+            (item, waiting) = await store.list_inputs("s")
+            assert (item.state, item.detail, waiting.id) == (
+                "queued",
+                {"reruns": attempt},
+                behind.id,
+            )
+        await store.claim_next_input("s")  # cut off a third time: given up
+        assert await recover(store, max_reruns=2) == ["s"]  # "b" still waits
+        assert (await store.list_inputs("s"))[0].state == "interrupted"
+        ends = [e.payload["error"] for e in await store.read_events("s") if e.type == "stream_end"]
+        assert ends == ["the node stopped during this turn; it runs again"] * 2 + [
+            "the node stopped during this turn"
+        ]
+
+
 async def test_recovery_restores_a_turn_start_the_crash_took():
     """stream_start is stored together with the events after it, so a kill can take it; the
     restart puts it back before the closure, so the transcript keeps the input."""
