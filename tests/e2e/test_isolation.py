@@ -210,6 +210,9 @@ SESSION_ROUTES = [
     ("DELETE", "/sessions/{s}/recall", None),
     ("POST", "/sessions/{s}/recall/skip", None),
     ("GET", "/sessions/{s}/heartbeat", None),
+    ("GET", "/sessions/{s}/bindings", None),
+    ("POST", "/sessions/{s}/bindings", {"source": "github:acme/app#3"}),
+    ("DELETE", "/sessions/{s}/bindings?source=github:acme/app%233", None),
     ("DELETE", "/sessions/{s}?confirm=true", None),
 ]
 
