@@ -1,0 +1,232 @@
+"""Two real ``turnstile serve`` processes on one PostgreSQL (loopback, a throw-away schema).
+
+Node A runs a long turn. Node B restarts: its start-up recovery and its periodic sweeps leave
+A's running input alone, since A is alive. Then A is killed with SIGKILL: once A's lease has
+expired, B declares A dead and closes A's cut-off turn as ``interrupted``; the session then
+works on B. And two processes given one node id (here: on one SQLite file, where every node is
+``local``) cannot both serve: the later start takes the id over and the earlier stops.
+
+Leases are short (``[node] lease_seconds = 2``) to keep the test bounded; nothing sleeps to
+synchronise: the test waits for frames, for metrics and for rows, each with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from tests.runtime.store._support import pg_run
+from tests.support.node import Node, connect, new_session
+from turnstile.runtime.store import NodeRef, open_store
+
+TOKEN = "cluster-e2e-token-0123456789"
+LEASE = 2.0
+INTERVAL = LEASE / 3
+POLL = 0.05  # how often the test looks at another process's progress
+
+
+def config_file(tmp_path: Path, name: str, store: str, node_id: str | None) -> Path:
+    path = tmp_path / f"{name}.toml"
+    node = f'id = "{node_id}"\n' if node_id else ""
+    path.write_text(f'store = "{store}"\nport = 0\n[node]\n{node}lease_seconds = {LEASE}\n')
+    return path
+
+
+class Serving:
+    """A ``turnstile serve`` subprocess, its address and what it wrote to stderr."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config, self.log = config, log
+        self.process: trio.Process | None = None
+        self.node: Node | None = None
+
+    async def start(self) -> Serving:
+        self.process = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "turnstile.actors.cli",
+                "serve",
+                "--config",
+                str(self.config),
+                "--dev-token",
+                TOKEN,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log.open("ab"),
+        )
+        buffer = b""
+        with trio.fail_after(20):
+            while b"serving on " not in buffer:
+                chunk = await self.process.stdout.receive_some()
+                if not chunk:
+                    raise RuntimeError(f"server exited early: {self.log.read_text()[-2000:]}")
+                buffer += chunk
+        url = buffer.split(b"serving on ")[1].split()[0].decode()
+        self.node = Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
+        return self
+
+    async def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        self.process.send_signal(sig)
+        with trio.fail_after(10):
+            return await self.process.wait()
+
+    async def metric(self, name: str) -> float:
+        async with self.node.http(TOKEN) as http:
+            for line in (await http.get("/metrics")).text.splitlines():
+                if line.startswith(f"{name} "):
+                    return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
+
+    def close(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+
+
+async def eventually(check, seconds: float) -> None:
+    """Wait until ``await check()`` is true: another process's progress, which no event of
+    this one signals, looked at every ``POLL`` seconds, for at most ``seconds``."""
+    with trio.fail_after(seconds):
+        while True:
+            if await check():
+                return
+            await trio.sleep(POLL)
+
+
+async def turnstile_nodes(config: Path) -> dict[str, dict]:
+    """``turnstile nodes --json`` as a real process: the nodes by id."""
+    done = await trio.run_process(
+        [sys.executable, "-m", "turnstile.actors.cli", "nodes", "--config", str(config), "--json"],
+        capture_stdout=True,
+        capture_stderr=True,
+    )
+    return {node["id"]: node for node in json.loads(done.stdout)["nodes"]}
+
+
+@pytest.fixture
+async def pg_store(pg_dsn):
+    schema = f"t_{secrets.token_hex(6)}"
+    await pg_run(pg_dsn, f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}search_path={schema}"
+    finally:
+        with trio.CancelScope(shield=True):
+            await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
+
+
+async def input_row(store_url: str, session_key: str, input_id: int):
+    async with open_store(store_url) as store:
+        (item,) = [i for i in await store.list_inputs(session_key) if i.id == input_id]
+        return item
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(60)
+async def test_a_restart_spares_a_live_nodes_turn_and_a_killed_nodes_turn_is_recovered(
+    tmp_path, pg_store
+):
+    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
+    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
+    try:
+        await a.start()
+        await b.start()
+        await new_session(a.node, "long", token=TOKEN)
+        async with connect(a.node, TOKEN) as on_a:
+            await on_a.send(type="attach", session_id="long")
+            await on_a.expect("session_sync")
+            await on_a.send(type="send", session_id="long", content="/sleep 600", client_msg_id="1")
+            input_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
+            await on_a.expect("stream_start", input_id=input_id)  # A runs the long turn
+
+            nodes = await turnstile_nodes(a.config)
+            assert {k: (n["epoch"], n["state"], n["alive"]) for k, n in nodes.items()} == {
+                "a": (1, "running", True),
+                "b": (1, "running", True),
+            }
+            assert nodes["a"]["address"] == a.node.url  # advertised once it served
+
+            # B restarts: start-up recovery, then sweeps, while A's turn runs.
+            assert await b.stop() == 0
+            await b.start()
+
+            async def swept_thrice() -> bool:
+                return await b.metric("turnstile_node_sweeps_total") >= 3
+
+            await eventually(swept_thrice, 10)
+            assert await b.metric("turnstile_nodes_live") == 2
+            assert await b.metric("turnstile_node_epoch") == 2
+            item = await input_row(pg_store, "dev/long", input_id)
+            assert (item.state, item.claimed_by) == ("running", NodeRef("a", 1))
+            assert not [f for f in on_a.frames if f["type"] == "stream_end"]
+
+            # A dies without a word. Its lease runs out, and B takes its turn over.
+            killed = trio.current_time()
+            await a.stop(signal.SIGKILL)
+
+        async def recovered() -> bool:
+            return (await input_row(pg_store, "dev/long", input_id)).state != "running"
+
+        await eventually(recovered, LEASE + 10 * INTERVAL)
+        recovered_after = trio.current_time() - killed
+        # A's last beat was at most one interval before the kill, so its lease expired at
+        # most LEASE after it, and B's next sweep came at most an interval later (plus the
+        # time it took to start the two processes that run here alongside).
+        assert recovered_after <= LEASE + 2 * INTERVAL, recovered_after
+        print(f"A's input recovered {recovered_after:.2f} s after SIGKILL (lease {LEASE} s)")
+        assert (await input_row(pg_store, "dev/long", input_id)).state == "interrupted"
+        assert await b.metric("turnstile_inputs_taken_over_total") == 1
+        nodes = await turnstile_nodes(b.config)
+        assert {k: (n["epoch"], n["state"], n["alive"]) for k, n in nodes.items()} == {
+            "a": (1, "stopped", False),  # declared dead by B
+            "b": (2, "running", True),
+        }
+
+        async with connect(b.node, TOKEN) as on_b:  # the session goes on, on B
+            await on_b.send(type="attach", session_id="long", after_seq=0)
+            end = await on_b.expect("stream_end", input_id=input_id)
+            assert (end["status"], end["error"]) == (
+                "interrupted",
+                "the node stopped during this turn",
+            )
+            await on_b.send(type="send", session_id="long", content="after", client_msg_id="2")
+            await on_b.expect("stream_end", text="You said: after")
+        starts = [e for e in on_b.events("long") if e["type"] == "stream_start"]
+        assert [s["input_id"] for s in starts].count(input_id) == 1  # it did not run twice
+        assert await b.stop() == 0
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.slow
+async def test_a_second_process_with_the_same_node_id_takes_over_and_the_first_stops(tmp_path):
+    store = f"sqlite:///{tmp_path}/one.db"
+    first = Serving(config_file(tmp_path, "first", store, None), tmp_path / "first.log")
+    second = Serving(config_file(tmp_path, "second", store, None), tmp_path / "second.log")
+    try:
+        await first.start()
+        await second.start()  # the same file, so the same node: "local"
+        with trio.fail_after(5 * INTERVAL + 5):
+            status = await first.process.wait()
+        assert status == 3
+        assert "stopped serving: node 'local' epoch 1 was taken over by epoch 2" in (
+            first.log.read_text()
+        )
+        async with second.node.http(TOKEN) as http:  # the later one serves on
+            assert (await http.get("/healthz")).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            async with first.node.http(TOKEN) as http:
+                await http.get("/healthz")
+        assert await second.stop() == 0
+    finally:
+        first.close()
+        second.close()
