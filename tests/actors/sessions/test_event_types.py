@@ -11,7 +11,8 @@ import pytest
 import turnstile.actors.execution.events
 import turnstile.actors.notifications.events
 import turnstile.actors.scheduling.events
-import turnstile.actors.watchers.events  # noqa: F401 (their events join event_types())
+import turnstile.actors.watchers.events
+import turnstile.actors.webhooks.events  # noqa: F401 (their events join event_types())
 from tests.support.events import frame
 from turnstile.actors.sessions.agents.base import TurnInput
 from turnstile.actors.sessions.event_types import (
