@@ -175,6 +175,9 @@ class _WsClient:
         self.ws = ws
         self.session_id = session_id
         self.next_seq = 1
+        #: messages this client sent: each gets its own client_msg_id (an id sent again is a
+        #: resend, answered with the first ack and no turn)
+        self.sent = 0
 
     async def attach(self) -> None:
         await self.ws.send_message(json.dumps({"type": "attach", "session_id": self.session_id}))
@@ -192,7 +195,8 @@ class _WsClient:
         perf = time.perf_counter
         for i in range(m):
             text = content or f"m{i}"
-            msg_id = f"{sid}-{i}"
+            self.sent += 1
+            msg_id = f"{sid}-{self.sent}"
             t0 = perf()
             await ws.send_message(
                 json.dumps(
