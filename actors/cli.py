@@ -308,9 +308,14 @@ def _memory(args: argparse.Namespace) -> int:
     if not token:
         print("turnstile memory: give --token or set TURNSTILE_TOKEN", file=sys.stderr)
         return 2
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
     if not args.verbose:  # a line per request would bury the answer
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-    return run(args, token)
+        httpx_log.setLevel(logging.WARNING)
+    try:
+        return run(args, token)
+    finally:  # main() is also called in-process (tests, embedding): leave logging as found
+        httpx_log.setLevel(level)
 
 
 def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
