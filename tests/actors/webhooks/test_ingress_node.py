@@ -380,4 +380,5 @@ async def test_deliveries_are_remembered_for_the_retention_window_then_pruned(au
         await ingress.wait_sweeps(ingress.sweeps + 1)  # a sweep may have been delivering it
         (target,) = await node.store.run_read(TARGETS, delivery_id="github:d")
         assert (target.state, target.input_id) == ("delivered", first.id), target
-        assert await webhook_inputs(node, "ada/pr3") == [first]
+        # the same one input (its state moved on: the turn closed after stream_end was seen)
+        assert [i.id for i in await webhook_inputs(node, "ada/pr3")] == [first.id]
