@@ -821,7 +821,9 @@ FORGET = TableQuery("memory.forget", sqlite=_forget_sqlite, postgres=_forget_pos
 # ---- list -----------------------------------------------------------------------------------
 
 
-def _list_where(owner: str | None, search: str | None, sigil: str) -> tuple[str, list[Any]]:
+def _list_where(
+    owner: str | None, category: str | None, search: str | None, sigil: str
+) -> tuple[str, list[Any]]:
     """The WHERE clause of a list and its arguments after ``now`` (always the first).
 
     Placeholders are numbered on both backends (``?2`` on SQLite, ``$2`` on PostgreSQL), so
@@ -831,6 +833,9 @@ def _list_where(owner: str | None, search: str | None, sigil: str) -> tuple[str,
     if owner is not None:
         args.append(owner)
         clauses.append(f"owner = {sigil}{1 + len(args)}")
+    if category is not None:
+        args.append(category)
+        clauses.append(f"category = {sigil}{1 + len(args)}")
     if search:
         args.append(_like(search))
         m = f"{sigil}{1 + len(args)}"
@@ -859,8 +864,9 @@ def _list_sqlite(
     search: str | None,
     sort_by: str,
     sort_order: str,
+    category: str | None = None,
 ) -> tuple[list[Fact], int]:
-    where, args = _list_where(owner, search, "?")
+    where, args = _list_where(owner, category, search, "?")
     n = 2 + len(args)
     (total,) = conn.execute(
         f"SELECT count(*) FROM memory_facts WHERE {where}", (now, *args)
@@ -883,8 +889,9 @@ async def _list_postgres(
     search: str | None,
     sort_by: str,
     sort_order: str,
+    category: str | None = None,
 ) -> tuple[list[Fact], int]:
-    where, args = _list_where(owner, search, "$")
+    where, args = _list_where(owner, category, search, "$")
     n = 2 + len(args)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         total = await conn.fetchval(f"SELECT count(*) FROM memory_facts WHERE {where}", now, *args)
@@ -901,7 +908,8 @@ async def _list_postgres(
 
 #: ``(owner | None, now, limit, offset, search, sort_by, sort_order) -> ([Fact], total)``;
 #: ``owner=None`` is every user's (admins only: the caller checks). ``search`` is a
-#: case-insensitive substring of category, key or value.
+#: case-insensitive substring of category, key or value; ``category`` (optional) keeps that
+#: category's facts only (exact, as saved).
 LIST = TableQuery("memory.list", sqlite=_list_sqlite, postgres=_list_postgres)
 
 

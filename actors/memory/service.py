@@ -69,7 +69,6 @@ from turnstile.actors.memory.queries import (
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.memory.state_queries import (
     EXTRACTION_STATE,
-    FACTS_IN_CATEGORY,
     SessionState,
 )
 from turnstile.actors.memory.vector_cache import VectorCache
@@ -377,18 +376,6 @@ class Memory:
             raise InvalidArgument(f"sort_by must be one of {', '.join(SORT_KEYS)}", "sort_by")
         if sort_order not in ("asc", "desc"):
             raise InvalidArgument("sort_order must be asc or desc", field="sort_order")
-        if category is not None:
-            return await self.store.run_read(
-                FACTS_IN_CATEGORY,
-                owner=owner,
-                category=category.strip(),
-                now=self.store.db_time(self._now()),
-                limit=limit,
-                offset=offset,
-                search=search or None,
-                sort_by=sort_by,
-                sort_order=sort_order,
-            )
         return await self.store.run_read(
             LIST,
             owner=owner,
@@ -398,6 +385,7 @@ class Memory:
             search=search or None,
             sort_by=sort_by,
             sort_order=sort_order,
+            category=None if category is None else category.strip(),
         )
 
     # ---- summary ----

@@ -1,7 +1,6 @@
-"""Read queries behind the memory routes that ``queries.py`` does not have: the extraction
-state of sessions (``GET /memory/extraction``) and a page of facts in one category
-(``GET /memory/facts?category=…``). ``TableQuery`` objects, one function per backend, as in
-``queries.py``; kept in a module of their own so the search queries there can change apart.
+"""The read query behind ``GET /memory/extraction`` that ``queries.py`` does not have: the
+extraction state of sessions. A ``TableQuery``, one function per backend, as in
+``queries.py``; kept in a module of its own so the search queries there can change apart.
 
 Extraction state. A session is *due* when the extraction sweep (``extraction.py``) would take
 it now: idle since before the cut-off (``sessions.updated_at < now - stale_after``) and not
@@ -18,10 +17,9 @@ from typing import Any
 
 import msgspec
 
-from turnstile.actors.memory.queries import SORT_KEYS, Fact
 from turnstile.runtime.store import TableQuery
 
-__all__ = ["EXTRACTION_STATE", "FACTS_IN_CATEGORY", "SessionState"]
+__all__ = ["EXTRACTION_STATE", "SessionState"]
 
 
 class SessionState(msgspec.Struct, frozen=True):
@@ -106,100 +104,4 @@ async def _state_postgres(
 #: ``due=False`` only the others.
 EXTRACTION_STATE = TableQuery(
     "memory.extraction_state", sqlite=_state_sqlite, postgres=_state_postgres
-)
-
-
-# ---- a page of facts in one category --------------------------------------------------------
-
-_COLUMNS = (
-    "owner, category, key, value, source, confidence, created_at, updated_at,"
-    " last_verified_at, expires_at, source_context"
-)
-
-
-def _like(text: str) -> str:
-    """``%text%`` with LIKE's wildcards escaped (``ESCAPE '\\'``)."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-def _page_sql(sigil: str, owner: str | None, category: str, search: str | None, sort: str):
-    """The count and page queries and their arguments after ``now`` (always the first)."""
-    clauses = [f"(expires_at IS NULL OR expires_at > {sigil}1)", f"category = {sigil}2"]
-    args: list[Any] = [category]
-    if owner is not None:
-        args.append(owner)
-        clauses.append(f"owner = {sigil}{1 + len(args)}")
-    if search:
-        args.append(_like(search))
-        m = f"{sigil}{1 + len(args)}"
-        like = "LIKE" if sigil == "?" else "ILIKE"  # SQLite's LIKE ignores ASCII case
-        clauses.append(
-            "("
-            + " OR ".join(f"{c} {like} {m} ESCAPE '\\'" for c in ("category", "key", "value"))
-            + ")"
-        )
-    where = " AND ".join(clauses)
-    n = 2 + len(args)
-    page = (
-        f"SELECT {_COLUMNS} FROM memory_facts WHERE {where} ORDER BY {sort}"
-        f" LIMIT {sigil}{n} OFFSET {sigil}{n + 1}"
-    )
-    return f"SELECT count(*) FROM memory_facts WHERE {where}", page, args
-
-
-def _order(sort_by: str, sort_order: str) -> str:
-    if sort_by not in SORT_KEYS or sort_order not in ("asc", "desc"):
-        raise ValueError(f"cannot sort by {sort_by!r} {sort_order!r}")
-    return f"{sort_by} {sort_order.upper()}, owner, category, key"
-
-
-def _fact(row: Any) -> Fact:
-    values = list(row)
-    for i in (6, 7, 8, 9):
-        values[i] = _time(values[i])
-    return Fact(*values)
-
-
-def _page_sqlite(
-    conn: Any,
-    *,
-    owner: str | None,
-    category: str,
-    now: str,
-    limit: int,
-    offset: int,
-    search: str | None,
-    sort_by: str,
-    sort_order: str,
-) -> tuple[list[Fact], int]:
-    count, page, args = _page_sql("?", owner, category, search, _order(sort_by, sort_order))
-    (total,) = conn.execute(count, (now, *args)).fetchone()
-    rows = conn.execute(page, (now, *args, limit, offset)).fetchall()
-    return [_fact(r) for r in rows], total
-
-
-async def _page_postgres(
-    conn: Any,
-    *,
-    owner: str | None,
-    category: str,
-    now: datetime,
-    limit: int,
-    offset: int,
-    search: str | None,
-    sort_by: str,
-    sort_order: str,
-) -> tuple[list[Fact], int]:
-    count, page, args = _page_sql("$", owner, category, search, _order(sort_by, sort_order))
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        total = await conn.fetchval(count, now, *args)
-        rows = await conn.fetch(page, now, *args, limit, offset)
-    return [_fact(r) for r in rows], total
-
-
-#: ``(owner | None, category, now, limit, offset, search, sort_by, sort_order) -> ([Fact],
-#: total)``: ``queries.LIST`` restricted to one category (exact, as saved: stripped).
-FACTS_IN_CATEGORY = TableQuery(
-    "memory.facts_in_category", sqlite=_page_sqlite, postgres=_page_postgres
 )
