@@ -131,10 +131,10 @@ class Connection:
         self._inflight: set[str] = set()  # ids of the calls running now
         self._nursery: trio.Nursery | None = None
 
-    # -- the Subscriber protocol (called by sessions, never blocks) --
-
-    def offer(self, session_id: str, seq: int, frame: bytes) -> bool:
-        sub = self.subscriptions.get(session_id)
+    def _offer(self, sub: _Subscription | None, seq: int, frame: bytes) -> bool:
+        """One event for a session or topic subscription: held while its replay runs, skipped
+        if the replay sent it, else queued; False when there is no room (the caller then
+        drops this connection from it with ``lagged``)."""
         if sub is None or self._closed:
             return False
         if not sub.live:
@@ -149,6 +149,11 @@ class Connection:
         sub.last_sent = seq
         self._push(frame)
         return True
+
+    # -- the Subscriber protocol (called by sessions, never blocks) --
+
+    def offer(self, session_id: str, seq: int, frame: bytes) -> bool:
+        return self._offer(self.subscriptions.get(session_id), seq, frame)
 
     def lagged(self, session_id: str, last_seq: int) -> None:
         sub = self.subscriptions.pop(session_id, None)
@@ -174,21 +179,7 @@ class Connection:
     # -- the TopicSubscriber protocol (called by UserTopics.publish, never blocks) --
 
     def offer_topic(self, topic: str, seq: int, frame: bytes) -> bool:
-        sub = self.topic_subscriptions.get(topic)
-        if sub is None or self._closed:
-            return False
-        if not sub.live:
-            if len(sub.pending) >= self.limits.outbox_frames:
-                return False
-            sub.pending.append((seq, frame))
-            return True
-        if seq <= sub.last_sent:
-            return True  # already sent during replay
-        if len(self._outbox) >= self.limits.outbox_frames:
-            return False
-        sub.last_sent = seq
-        self._push(frame)
-        return True
+        return self._offer(self.topic_subscriptions.get(topic), seq, frame)
 
     def topic_lagged(self, topic: str) -> None:
         sub = self.topic_subscriptions.pop(topic, None)
