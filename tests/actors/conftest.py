@@ -1,5 +1,6 @@
-"""A store URL for each backend: the memory feature's node tests run on SQLite and PostgreSQL
-(a schema of its own per test, as ``tests/runtime/store/conftest.py`` does)."""
+"""A store URL for each backend: the feature packages' node tests (memory, webhooks) run on
+SQLite and PostgreSQL (a schema of its own per test, as ``tests/runtime/store/conftest.py``
+does)."""
 
 from __future__ import annotations
 
