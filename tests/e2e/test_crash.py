@@ -7,75 +7,21 @@ other acknowledged input runs exactly once, in order.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
-from tests.support.node import Node, connect, new_session
+from tests.support.node import connect, new_session
+from tests.support.serve import serving, stop
 
 TOKEN = "crash-test-token-0123456789"
-
-
-async def start_server(db: str) -> tuple[trio.Process, Node]:
-    process = await trio.lowlevel.open_process(
-        [
-            sys.executable,
-            "-m",
-            "turnstile.actors.cli",
-            "serve",
-            "--port",
-            "0",
-            "--store",
-            f"sqlite:///{db}",
-            "--dev-token",
-            TOKEN,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    buffer = b""
-    with trio.fail_after(20):
-        while b"serving on " not in buffer:
-            chunk = await process.stdout.receive_some()
-            if not chunk:
-                raise RuntimeError(f"server exited early: {buffer!r}")
-            buffer += chunk
-    url = buffer.split(b"serving on ")[1].split()[0].decode()
-    return process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
-
-
-async def stop(process: trio.Process, sig: signal.Signals = signal.SIGTERM) -> None:
-    """Signal the server (SIGKILL is the crash; SIGTERM a graceful stop) and wait for it."""
-    process.send_signal(sig)
-    with trio.fail_after(10):
-        await process.wait()
-
-
-@asynccontextmanager
-async def serving(db: str) -> AsyncIterator[tuple[trio.Process, Node]]:
-    """A ``turnstile serve`` subprocess on ``db``, stopped (gracefully, else killed) on exit."""
-    process, node = await start_server(db)
-    try:
-        yield process, node
-    finally:
-        if process.returncode is None:
-            with trio.CancelScope(shield=True):
-                try:
-                    await stop(process)
-                except trio.TooSlowError:
-                    process.kill()
-                    await process.wait()
 
 
 @pytest.mark.slow
 async def test_kill_9_loses_no_acknowledged_input(tmp_path):
     db = str(tmp_path / "crash.db")
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         await new_session(node, "c", token=TOKEN)
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="c")
@@ -91,7 +37,7 @@ async def test_kill_9_loses_no_acknowledged_input(tmp_path):
             await stop(process, signal.SIGKILL)
         assert process.returncode == -signal.SIGKILL
 
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="c", after_seq=0)
             await client.expect("stream_end", input_id=acked[-1])
@@ -111,7 +57,7 @@ async def test_kill_9_loses_no_acknowledged_input(tmp_path):
 @pytest.mark.slow
 async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path):
     db = str(tmp_path / "jobs.db")
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         await new_session(node, "j", token=TOKEN)
         async with connect(node, TOKEN) as client:
             for i in range(3):
@@ -126,7 +72,7 @@ async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path
         await stop(process, signal.SIGKILL)  # down before any of them is due
 
     await trio.sleep(2.5)  # the downtime itself: the jobs fall due while nothing runs
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="j", after_seq=0)
             for i in range(3):
@@ -145,7 +91,7 @@ async def test_jobs_due_during_downtime_fire_exactly_once_after_restart(tmp_path
 @pytest.mark.slow
 async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp_path):
     db = str(tmp_path / "inflight.db")
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         await new_session(node, "f", token=TOKEN)
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="f")
@@ -160,7 +106,7 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
             await client.expect("stream_start", job_id=job_id)  # fired; its turn is running
             await stop(process, signal.SIGKILL)
 
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         async with connect(node, TOKEN) as client:
             await client.send(type="attach", session_id="f", after_seq=0)
             await client.expect("stream_end", status="interrupted")
@@ -180,7 +126,7 @@ async def test_an_occurrence_in_flight_at_kill_9_is_neither_lost_nor_doubled(tmp
 async def test_watchers_survive_a_real_restart(tmp_path):
     db = str(tmp_path / "watch.db")
     spec = {"tool": "echo", "params": {"text": "steady"}, "interval": 3600}
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         await new_session(node, "w", token=TOKEN)
         async with connect(node, TOKEN) as client, node.http(TOKEN) as http:
             await client.send(type="attach", session_id="w")
@@ -193,7 +139,7 @@ async def test_watchers_survive_a_real_restart(tmp_path):
             before = {w["watcher_id"]: w for w in listed}
         await stop(process)  # a graceful stop flushes the watchers' state
 
-    async with serving(db) as (process, node):
+    async with serving(db, TOKEN) as (process, node):
         async with node.http(TOKEN) as http:
             after = {
                 w["watcher_id"]: w

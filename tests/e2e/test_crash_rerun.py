@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
 from tests.support.http import read_request_head
-from tests.support.node import Node, connect, new_session
+from tests.support.node import connect, new_session
+from tests.support.serve import serving
 
 TOKEN = "rerun-test-token-0123456789"
 
@@ -70,48 +67,6 @@ class Receiver:
             await stream.aclose()
 
 
-@asynccontextmanager
-async def serving(db: str, config: str) -> AsyncIterator[tuple[trio.Process, Node]]:
-    """A ``turnstile serve`` subprocess on ``db`` with ``config``; stopped on exit."""
-    process = await trio.lowlevel.open_process(
-        [
-            sys.executable,
-            "-m",
-            "turnstile.actors.cli",
-            "serve",
-            "--config",
-            config,
-            "--port",
-            "0",
-            "--store",
-            f"sqlite:///{db}",
-            "--dev-token",
-            TOKEN,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        buffer = b""
-        with trio.fail_after(20):
-            while b"serving on " not in buffer:
-                chunk = await process.stdout.receive_some()
-                if not chunk:
-                    raise RuntimeError(f"server exited early: {buffer!r}")
-                buffer += chunk
-        url = buffer.split(b"serving on ")[1].split()[0].decode()
-        yield process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
-    finally:
-        if process.returncode is None:
-            with trio.CancelScope(shield=True):
-                process.send_signal(signal.SIGTERM)
-                with trio.move_on_after(10) as waited:
-                    await process.wait()
-                if waited.cancelled_caught:
-                    process.kill()
-                    await process.wait()
-
-
 @pytest.mark.slow
 async def test_a_turn_run_again_after_kill_9_posts_with_the_same_idempotency_key(tmp_path):
     db = str(tmp_path / "rerun.db")
@@ -127,7 +82,7 @@ async def test_a_turn_run_again_after_kill_9_posts_with_the_same_idempotency_key
         post = {"url": f"http://127.0.0.1:{receiver.port}/orders", "json": {"order": 7}}
         content = f"/call http.post {json.dumps(post)}"
 
-        async with serving(db, str(config)) as (process, node):
+        async with serving(db, TOKEN, "--config", str(config)) as (process, node):
             await new_session(node, "r", token=TOKEN)
             async with connect(node, TOKEN) as client:
                 await client.send(type="send", session_id="r", content=content, client_msg_id="o7")
@@ -139,7 +94,7 @@ async def test_a_turn_run_again_after_kill_9_posts_with_the_same_idempotency_key
                     await process.wait()
             assert process.returncode == -signal.SIGKILL
 
-        async with serving(db, str(config)) as (process, node):
+        async with serving(db, TOKEN, "--config", str(config)) as (process, node):
             async with connect(node, TOKEN) as client:
                 await client.send(type="attach", session_id="r", after_seq=0)
                 end = await client.expect("stream_end", input_id=input_id, status="completed")

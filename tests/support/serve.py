@@ -1,0 +1,69 @@
+"""A real ``turnstile serve`` subprocess on a SQLite file, for the crash tests: started, told
+apart by the URL it prints, stopped by a signal (SIGKILL is the crash; SIGTERM a graceful
+stop)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from tests.support.node import Node
+
+
+async def start_server(db: str, token: str, *args: str) -> tuple[trio.Process, Node]:
+    """``turnstile serve`` on ``sqlite:///db`` with ``token`` as its dev token and ``args``
+    (e.g. ``--config FILE``); returns once it says where it serves."""
+    process = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            "-m",
+            "turnstile.actors.cli",
+            "serve",
+            *args,
+            "--port",
+            "0",
+            "--store",
+            f"sqlite:///{db}",
+            "--dev-token",
+            token,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    buffer = b""
+    with trio.fail_after(20):
+        while b"serving on " not in buffer:
+            chunk = await process.stdout.receive_some()
+            if not chunk:
+                raise RuntimeError(f"server exited early: {buffer!r}")
+            buffer += chunk
+    url = buffer.split(b"serving on ")[1].split()[0].decode()
+    return process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
+
+
+async def stop(process: trio.Process, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Signal the server and wait for it."""
+    process.send_signal(sig)
+    with trio.fail_after(10):
+        await process.wait()
+
+
+@asynccontextmanager
+async def serving(db: str, token: str, *args: str) -> AsyncIterator[tuple[trio.Process, Node]]:
+    """A server (``start_server``), stopped (gracefully, else killed) on exit."""
+    process, node = await start_server(db, token, *args)
+    try:
+        yield process, node
+    finally:
+        if process.returncode is None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await stop(process)
+                except trio.TooSlowError:
+                    process.kill()
+                    await process.wait()
