@@ -1,8 +1,9 @@
 """The HTTP and WebSocket surface of a node (Starlette, served by hypercorn's trio worker).
 
 Every route but ``/healthz``, ``/metrics`` and the routes a feature deliberately declares
-``auth="signature"`` (webhook receivers, which verify a signature over the raw body instead:
-``routes.HttpRoute``) needs a bearer token. Errors are JSON
+``auth="signature"`` (webhook receivers, which verify a signature over the raw body instead)
+or ``auth="public"`` (static files that belong to nobody, such as the console's page and
+scripts: ``routes.HttpRoute``) needs a bearer token. Errors are JSON
 ``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
 token (or signature), 404 unknown (including someone else's session: ids do not leak), 409 busy
 or conflict, 413 a body over its route's limit, 429 a limit reached.
@@ -170,14 +171,15 @@ def build_app(
     """
 
     def mount(route: HttpRoute) -> Route:
-        """A feature's route behind the front door: token (unless the route is signed), id
-        rule, bounded body, errors."""
-        signed = route.auth == "signature"
+        """A feature's route behind the front door: token (unless the route is signed or
+        public), id rule, bounded body, errors."""
+        tokenless = route.auth in ("signature", "public")
 
         async def endpoint(request: Request) -> Response:
             try:
-                # A signed route's handler authenticates the raw body itself; no user.
-                user = "" if signed else auth.user_for(request.headers, request.query_params)
+                # A signed route's handler authenticates the raw body itself, a public one
+                # serves what belongs to nobody; neither has a user.
+                user = "" if tokenless else auth.user_for(request.headers, request.query_params)
                 for name, value in request.path_params.items():
                     if not is_valid_id(value):
                         raise DecodeError(f"{name} must be {ID_RULE}", field=name)

@@ -12,8 +12,10 @@ The one deliberate exception to the token is a route declared ``auth="signature"
 receiver, whose sender cannot hold a user's token and proves itself by signing the raw body
 instead (HMAC over the bytes as sent, which is why ``raw_body`` exists). The gateway checks no
 token for it, ``request.user`` is empty, and the handler must verify the signature before it
-trusts a byte of the body. Every other route, whatever it is, stays token-protected: ``auth``
-defaults to ``"bearer"``.
+trusts a byte of the body. The other exception is a route declared ``auth="public"``: it
+serves what belongs to nobody (the files of a browser client, which must load before the person
+has typed a token), gets no user and must read or change no user's data. Every other route,
+whatever it is, stays token-protected: ``auth`` defaults to ``"bearer"``.
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ from turnstile.runtime.codec import Codec
 
 __all__ = ["ApiRequest", "HttpRoute", "RouteAuth", "RouteHandler"]
 
-#: How a route authenticates: ``bearer`` (the user's token, checked by the gateway) or
-#: ``signature`` (no token; the handler verifies a signature over ``raw_body``).
-RouteAuth = Literal["bearer", "signature"]
+#: How a route authenticates: ``bearer`` (the user's token, checked by the gateway),
+#: ``signature`` (no token; the handler verifies a signature over ``raw_body``) or ``public``
+#: (no token and no user: static files that belong to nobody).
+RouteAuth = Literal["bearer", "signature", "public"]
 
 
 class ApiRequest(Protocol):
     """An authenticated HTTP request, as a feature's handler sees it."""
 
-    #: the user the bearer token belongs to (empty on an ``auth="signature"`` route).
+    #: the user the bearer token belongs to (empty on ``auth="signature"`` and ``"public"``
+    #: routes).
     user: str
     #: path parameters, already checked against the id rule.
     path: Mapping[str, str]
@@ -81,7 +85,8 @@ class HttpRoute:
         auth: ``bearer`` (default): the gateway refuses a request without a user's token.
             ``signature``: the gateway checks no token and the handler authenticates the
             request itself from its ``raw_body`` (webhook receivers); say it only for such a
-            handler.
+            handler. ``public``: no token and no user; only for what belongs to nobody and is
+            the same for everyone (a browser client's static files).
     """
 
     method: str
@@ -91,5 +96,7 @@ class HttpRoute:
     auth: RouteAuth = "bearer"
 
     def __post_init__(self) -> None:
-        if self.auth not in ("bearer", "signature"):
-            raise ValueError(f"route auth must be 'bearer' or 'signature', got {self.auth!r}")
+        if self.auth not in ("bearer", "signature", "public"):
+            raise ValueError(
+                f"route auth must be 'bearer', 'signature' or 'public', got {self.auth!r}"
+            )

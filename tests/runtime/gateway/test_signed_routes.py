@@ -1,5 +1,6 @@
-"""A feature may mount a route without the bearer token only by saying so (``auth="signature"``):
-its handler gets the raw body to verify; every other route still needs a token."""
+"""A feature may mount a route without the bearer token only by saying so: ``auth="signature"``
+(its handler gets the raw body to verify) or ``auth="public"`` (static files that belong to
+nobody; no user, even when a token is sent); every other route still needs a token."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _client() -> httpx.AsyncClient:
         routes=[
             HttpRoute("POST", "/hooks/in", _signed, auth="signature"),
             HttpRoute("POST", "/plain", _echo_user),
+            HttpRoute("GET", "/page", _echo_user, auth="public"),
         ],
         auth=Auth({TOKEN: "ada"}),
         limits=ConnectionLimits(max_frame_bytes=1024),
@@ -62,6 +64,14 @@ async def test_every_other_route_still_needs_the_token():
         assert (await http.post("/plain", json={})).status_code == 401
         answer = await http.post("/plain", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
         assert answer.json() == {"user": "ada"}
+
+
+async def test_a_public_route_needs_no_token_and_never_has_a_user():
+    async with _client() as http:
+        assert (await http.get("/page")).json() == {"user": ""}
+        sent = await http.get("/page", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert sent.json() == {"user": ""}  # a token changes nothing: it acts for nobody
+        assert (await http.post("/page")).status_code == 405
 
 
 def test_a_route_says_how_it_authenticates_or_is_token_protected():
