@@ -44,6 +44,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from turnstile.actors.console.settings import ConsoleConfig
 from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
@@ -55,6 +56,7 @@ from turnstile.runtime.membership import DEFAULT_LEASE_SECONDS
 __all__ = [
     "ChannelSettings",
     "Config",
+    "ConsoleConfig",
     "ExecutionConfig",
     "HeartbeatDefaults",
     "Limits",
@@ -221,6 +223,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     execution: ExecutionConfig = msgspec.field(default_factory=ExecutionConfig)
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
     webhooks: WebhooksConfig = msgspec.field(default_factory=WebhooksConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
 
 

@@ -1,8 +1,9 @@
 """The composition root: ``open_node(config)`` assembles a node from its features.
 
 A node is a store, a root supervisor, the registry of session actors, a tool registry, the
-features (sessions, scheduling, watchers, notifications, execution, memory, webhooks by
-default) and, unless told otherwise, the HTTP/WebSocket gateway on ``config.host:config.port``.
+features (sessions, scheduling, watchers, notifications, execution, memory, webhooks, the
+console by default) and, unless told otherwise, the HTTP/WebSocket gateway on
+``config.host:config.port``.
 ``turnstile serve``, the bench scenarios and the tests all build their node here; so can an
 application that embeds Turnstile::
 
@@ -34,6 +35,7 @@ import trio
 from starlette.applications import Starlette
 
 from turnstile.actors.config import Config
+from turnstile.actors.console.feature import ConsoleFeature
 from turnstile.actors.execution.feature import ExecutionFeature
 from turnstile.actors.feature import Feature, NodeContext
 from turnstile.actors.memory.feature import MemoryFeature
@@ -198,6 +200,7 @@ def default_features(agent: Agent) -> list[Feature]:
         WatchersFeature(),  # after the sessions supervisor and the rest: it stops first
         MemoryFeature(),
         WebhooksFeature(),
+        ConsoleFeature(),  # static files: uses no other feature
         SessionsFeature(agent),
     ]
 
