@@ -14,8 +14,9 @@ import msgspec
 from starlette.responses import Response
 
 from turnstile.actors.sessions.directory import SessionDirectory
+from turnstile.actors.sessions.ids import session_key
 from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
-from turnstile.runtime.errors import DecodeError, InvalidArgument
+from turnstile.runtime.errors import DecodeError, InvalidArgument, NotFound
 from turnstile.runtime.gateway.app import ID_RULE
 from turnstile.runtime.gateway.backend import submit_from_client
 from turnstile.runtime.gateway.frames import (
@@ -69,6 +70,21 @@ def session_json(session) -> dict[str, Any]:
     }
 
 
+async def _activity(directory: SessionDirectory, user: str, name: str) -> dict[str, Any]:
+    """What a session is doing, from its inbox (the truth, on any node): ``status``
+    (``running`` a turn, ``queued`` inputs waiting, or ``idle``) and ``queued``, the number
+    of inputs waiting."""
+    try:
+        waiting = await directory.store.list_inputs(
+            session_key(user, name), states=("queued", "running")
+        )
+    except NotFound:  # deleted since it was listed
+        waiting = []
+    queued = sum(1 for item in waiting if item.state == "queued")
+    running = any(item.state == "running" for item in waiting)
+    return {"status": "running" if running else "queued" if queued else "idle", "queued": queued}
+
+
 def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
     """The endpoints over ``directory``."""
 
@@ -103,6 +119,7 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
             entry = session_json(session)
             entry["has_recall"] = session.id in recalls
             entry["recall_trigger_at"] = recalls.get(session.id)
+            entry.update(await _activity(directory, request.user, session.id))
             listed.append(entry)
         return {"sessions": listed}
 

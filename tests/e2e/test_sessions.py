@@ -105,6 +105,29 @@ async def test_stop_cancels_the_running_turn_which_closes_as_stopped(tmp_path, g
             assert queued["text"] == "reply:next"  # stop ends the turn, not the queue
 
 
+async def test_the_session_list_says_which_sessions_run_a_turn_and_how_many_inputs_wait(
+    tmp_path, gated
+):
+    async with running_node(tmp_path, agent=gated) as node:
+        await new_session(node, "busy")
+        await new_session(node, "quiet")
+        async with connect(node) as client, node.http() as http:
+            await client.send(type="attach", session_id="busy")
+            await client.send(type="send", session_id="busy", content="wait:a")
+            await client.expect("stream_start")
+            for text in ("b", "c"):
+                await client.send(type="send", session_id="busy", content=text)
+                await client.expect("turn_queued", source="user", ahead=1 if text == "b" else 2)
+
+            async def listed() -> dict[str, tuple[str, int]]:
+                sessions = (await http.get("/sessions")).json()["sessions"]
+                return {s["id"]: (s["status"], s["queued"]) for s in sessions}
+
+            assert await listed() == {"busy": ("running", 2), "quiet": ("idle", 0)}
+            gated.gate("wait:a").set()
+            await client.expect("stream_end", text="reply:c")
+
+
 async def test_policy_reject_refuses_messages_during_a_turn(tmp_path, gated):
     async with running_node(tmp_path, agent=gated) as node:
         await new_session(node, "s", policy="reject")
