@@ -16,7 +16,9 @@ from turnstile.runtime.errors import (
     Busy,
     ConflictError,
     DecodeError,
+    Fenced,
     InvalidArgument,
+    LeaseLost,
     LimitExceeded,
     MailboxFull,
     MigrationError,
@@ -78,5 +80,7 @@ __all__ = [
     "AlreadyExists",
     "BlockedByAutomations",
     "ConflictError",
+    "LeaseLost",
+    "Fenced",
     "MigrationError",
 ]

@@ -7,6 +7,7 @@ The hierarchy::
     │   ├── MailboxFull            tell_nowait on a full mailbox (a WouldBlock for actors)
     │   ├── ActorStopped           the actor stopped before handling the message
     │   ├── ActorCrashed           the actor crashed and was given up on
+    │   ├── PlacedElsewhere        another node holds the address's lease (HTTP 421)
     │   └── SupervisorEscalation   a supervisor exceeded its restart intensity
     ├── DecodeError                a malformed or unknown message; ``field`` names the culprit
     │   └── PayloadTooLarge        a request body over its route's limit (HTTP 413)
@@ -22,7 +23,8 @@ The hierarchy::
         ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
         │   ├── BlockedByAutomations      a session still has scheduled jobs bound to it
         │   ├── IdempotencyKeyReused      an idempotency key already names a different input
-        │   └── LeaseLost                 this node's row was taken over: it must stop serving
+        │   ├── LeaseLost                 this node's row was taken over: it must stop serving
+        │   └── Fenced                    a session write carried a lease epoch that moved on
         └── MigrationError                the schema could not be brought up to date
 
 Each error carries a stable ``code`` so that it can cross the wire unchanged.
@@ -238,6 +240,32 @@ class LeaseLost(ConflictError):
         super().__init__(message)
         self.node = node
         self.epoch = epoch
+
+
+class Fenced(ConflictError):
+    """A session write carried a lease epoch that is no longer the session's: the lease moved
+    to another activation (this node was paused past its lease, or declared dead, and another
+    node took the session), so the write was refused and nothing of it was stored.
+
+    Raised by the store's fenced writes (claim an input, finish it, append events); the
+    activation that gets it must stop: it is no longer the session's.
+
+    Attributes:
+        session_id: the session.
+        fence: the lease epoch the write carried.
+        current: the session's lease epoch now.
+    """
+
+    code = "fenced"
+
+    def __init__(self, session_id: str, fence: int, current: int) -> None:
+        super().__init__(
+            f"session {session_id!r} moved: this write carried lease epoch {fence},"
+            f" the session is at {current}"
+        )
+        self.session_id = session_id
+        self.fence = fence
+        self.current = current
 
 
 class MigrationError(StoreError):

@@ -46,6 +46,7 @@ from turnstile.runtime.store.records import (
     NodeRecord,
     NodeRef,
     Session,
+    SessionLease,
     TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
@@ -72,6 +73,7 @@ __all__ = [
     "NodeRecord",
     "ClusterView",
     "TakeOver",
+    "SessionLease",
     "NODE_STATES",
     "INPUT_STATES",
     "FINAL_INPUT_STATES",

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from turnstile.runtime.clock import utc
-from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound
+from turnstile.runtime.errors import ConflictError, Fenced, InvalidArgument, NotFound
 from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
 
 _json_encoder = msgspec.json.Encoder()
@@ -169,6 +169,10 @@ def parse_ts(text: str) -> datetime:
 
 def no_session(session_id: str) -> NotFound:
     return NotFound(f"no session with id {session_id!r}")
+
+
+def fenced(session_id: str, fence: int, current: int) -> Fenced:
+    return Fenced(session_id, fence, current)
 
 
 def no_input(input_id: int) -> NotFound:

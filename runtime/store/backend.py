@@ -55,9 +55,11 @@ WRITES: dict[str, str] = {
     "enqueue_input": "(session_id, source, payload, now) -> row | None for no session",
     "enqueue_keyed": "(session_id, source, payload, key, state, detail, now) -> (row, created)"
     " | None for no session; the row already under (session_id, key) when one is",
-    "claim_next_input": "(session_id, now, node, epoch) -> row | None (stamped with its"
-    " claimer); NotFound for no session",
-    "finish_input": "(input_id, state, detail, now) -> row | None unless it was running",
+    "claim_next_input": "(session_id, now, node, epoch, fence=None) -> row | None (stamped"
+    " with its claimer); NotFound for no session, Fenced when fence is not the session's"
+    " lease epoch",
+    "finish_input": "(input_id, state, detail, now, fence=None) -> row | None unless it was"
+    " running; Fenced as claim_next_input",
     "requeue_input": "(input_id, detail, now) -> row | None unless it was interrupted",
     "interrupt_running": "(now) -> rows",
     "register_node": "(id, address, lease, now, expires) -> (row with its new epoch, the row"
@@ -67,7 +69,12 @@ WRITES: dict[str, str] = {
     "stop_node": "(id, epoch, now) -> bool",
     "take_over_dead_nodes": "(node, epoch, unclaimed, now) -> (rows of the nodes declared"
     " dead, rows of the inputs interrupted)",
-    "append_events": "(session_id, events, now) -> the new last seq | None for no session",
+    "acquire_session": "(session_id, node, epoch, now) -> (row with the new lease_epoch | None"
+    " when a live node holds it, the row before with its holder's address and liveness | None"
+    " for no session)",
+    "release_session": "(session_id, fence) -> bool (False when the lease moved on)",
+    "append_events": "(session_id, events, now, fence=None) -> the new last seq | None for no"
+    " session; Fenced as claim_next_input",
     "create_job": "(id, kind, spec, session_id, next_fire_at, state, now) -> row | None"
     " when the id is taken; NotFound for no session, ConflictError for another unique rule",
     "update_job": "(id, sets, now) -> row | None",

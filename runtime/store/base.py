@@ -42,6 +42,7 @@ from turnstile.runtime.store.records import (
     NodeRecord,
     NodeRef,
     Session,
+    SessionLease,
     TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
@@ -238,12 +239,16 @@ class Store(Protocol):
         """
         ...
 
-    async def claim_next_input(self, session_id: str) -> InboxItem | None:
+    async def claim_next_input(
+        self, session_id: str, *, fence: int | None = None
+    ) -> InboxItem | None:
         """Atomically move the oldest ``queued`` input of a session to ``running``.
 
         Concurrent callers (even on different store instances) never get the same item. The
         same statement records :attr:`claimer` on the row (``claimed_by``), so that recovery
-        can tell whose turn it is.
+        can tell whose turn it is. With ``fence`` (the lease epoch of the activation that
+        claims, ``acquire_session``) the claim happens only while that is still the
+        session's lease epoch, checked in the same statement.
 
         Returns:
             The claimed item (state ``running``), or None when nothing is queued.
@@ -254,7 +259,12 @@ class Store(Protocol):
         ...
 
     async def finish_input(
-        self, input_id: int, state: str, detail: dict[str, Any] | None = None
+        self,
+        input_id: int,
+        state: str,
+        detail: dict[str, Any] | None = None,
+        *,
+        fence: int | None = None,
     ) -> InboxItem:
         """Move a ``running`` input to ``done``, ``failed`` or ``interrupted``.
 
@@ -270,6 +280,7 @@ class Store(Protocol):
             ValueError: ``state`` is not an input state at all.
             NotFound: ``no input with id 5``.
             ConflictError: the transition is illegal: ``cannot move input 5 from done to failed``.
+            Fenced: ``fence`` was given and is no longer the session's lease epoch.
         """
         ...
 
@@ -381,15 +392,43 @@ class Store(Protocol):
         """
         ...
 
+    # -- session leases -----------------------------------------------------------------------
+
+    async def acquire_session(self, session_id: str, node: NodeRef) -> SessionLease:
+        """Make ``node`` the holder of ``session_id``'s lease, unless another live node holds it.
+
+        Acquired (``fence`` set, one more than the session's previous lease epoch, even when
+        ``node`` held it already, so that a late release of an earlier activation cannot
+        clear it) when nobody holds the lease, when its holder is not live (its node's
+        current epoch, not stopped, lease unexpired: by the database's clock on
+        PostgreSQL), or when ``node`` holds it. Otherwise ``fence`` is None and ``holder``
+        names the live node that holds it. The fenced writes (``claim_next_input``,
+        ``finish_input``, ``append_events`` with ``fence=``) are ordered against it.
+
+        Raises:
+            NotFound: no such session.
+        """
+        ...
+
+    async def release_session(self, session_id: str, fence: int) -> bool:
+        """Give the lease up (the activation ended), if ``fence`` is still its epoch; the epoch
+        stays, so the next holder gets a higher one. False when the lease had moved on."""
+        ...
+
     # -- events -------------------------------------------------------------------------------
 
     async def append_events(
-        self, session_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+        self,
+        session_id: str,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        fence: int | None = None,
     ) -> list[EventRecord]:
         """Atomically append events to a session's log.
 
         Seqs are consecutive, gap-free and strictly increasing per session, however many
-        appenders (tasks, processes, store instances) run at once.
+        appenders (tasks, processes, store instances) run at once. With ``fence``, only while
+        it is the session's lease epoch (as ``claim_next_input``); else ``Fenced``.
 
         Args:
             session_id: the session.

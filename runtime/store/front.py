@@ -30,6 +30,7 @@ from turnstile.runtime.store.records import (
     NodeRecord,
     NodeRef,
     Session,
+    SessionLease,
     TakeOver,
 )
 from turnstile.runtime.store.tables import TableQuery
@@ -46,6 +47,15 @@ def _ts(value: str | datetime) -> datetime:
 
 def _optional_ts(value: str | datetime | None) -> datetime | None:
     return None if value is None else _ts(value)
+
+
+def _fence(fence: int | None) -> dict[str, int]:
+    """The ``fence`` argument of a fenced write (none at all when unfenced: the backends'
+    unfenced statements are the ones single-node stores run)."""
+    if fence is None:
+        return {}
+    u.check_int(fence, "fence")
+    return {"fence": fence}
 
 
 def _session(row: Any) -> Session:
@@ -360,7 +370,9 @@ class StoreFront:
         _same_input(item, source, u.encode_json(payload))
         return item
 
-    async def claim_next_input(self, session_id: str) -> InboxItem | None:
+    async def claim_next_input(
+        self, session_id: str, *, fence: int | None = None
+    ) -> InboxItem | None:
         claimer = self.claimer
         row = await self.engine.write(
             "claim_next_input",
@@ -368,19 +380,31 @@ class StoreFront:
             now=self._now(),
             node=None if claimer is None else claimer.id,
             epoch=None if claimer is None else claimer.epoch,
+            **_fence(fence),
         )
         return None if row is None else _input(row)
 
     async def finish_input(
-        self, input_id: int, state: str, detail: dict[str, Any] | None = None
+        self,
+        input_id: int,
+        state: str,
+        detail: dict[str, Any] | None = None,
+        *,
+        fence: int | None = None,
     ) -> InboxItem:
         u.check_int(input_id, "input_id")
         u.check_input_state(state)
         data = u.encode_optional_json(detail)
+        fenced = _fence(fence)
         while True:
             if u.finish_allowed("running", state):
                 row = await self.engine.write(
-                    "finish_input", input_id=input_id, state=state, detail=data, now=self._now()
+                    "finish_input",
+                    input_id=input_id,
+                    state=state,
+                    detail=data,
+                    now=self._now(),
+                    **fenced,
                 )
                 if row is not None:
                     return _input(row)
@@ -483,10 +507,40 @@ class StoreFront:
             inputs=sorted((_input(r) for r in items), key=lambda item: item.id),
         )
 
+    # ---- session leases ----
+
+    async def acquire_session(self, session_id: str, node: NodeRef) -> SessionLease:
+        u.check_text(session_id, "session_id")
+        row, current_row = await self.engine.write(
+            "acquire_session",
+            session_id=session_id,
+            node=node.id,
+            epoch=node.epoch,
+            now=self._now(),
+        )
+        if current_row is None:
+            raise u.no_session(session_id)
+        return SessionLease(
+            session_id=session_id,
+            fence=None if row is None else row["lease_epoch"],
+            holder=current_row["lease_node"],
+            holder_epoch=current_row["lease_node_epoch"],
+            holder_address=current_row["address"],
+            holder_live=bool(current_row["live"]),
+        )
+
+    async def release_session(self, session_id: str, fence: int) -> bool:
+        u.check_int(fence, "fence")
+        return await self.engine.write("release_session", session_id=session_id, fence=fence)
+
     # ---- events ----
 
     async def append_events(
-        self, session_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+        self,
+        session_id: str,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        fence: int | None = None,
     ) -> list[EventRecord]:
         encoded = u.check_events(events)
         if not encoded:
@@ -494,7 +548,7 @@ class StoreFront:
             return []
         now = self._now()
         last = await self.engine.write(
-            "append_events", session_id=session_id, events=encoded, now=now
+            "append_events", session_id=session_id, events=encoded, now=now, **_fence(fence)
         )
         if last is None:
             raise u.no_session(session_id)

@@ -244,6 +244,24 @@ _POSTGRES_NODES = (
     "ALTER TABLE inbox ADD COLUMN claimed_epoch bigint",
 )
 
+# v6: session leases (runtime/placement.py). With several nodes a session is activated on one
+# node at a time: the node that holds its lease (``lease_node`` at ``lease_node_epoch``, the
+# node's incarnation), acquired only while the previous holder is not live. ``lease_epoch``
+# counts the acquisitions and is never reset (a release only clears the holder): it is the
+# fencing token every write of an activation carries, checked in the same statement or
+# transaction as the write, so an activation whose lease moved (its node paused past its lease)
+# can write nothing.
+_SQLITE_SESSION_LEASES = (
+    "ALTER TABLE sessions ADD COLUMN lease_node TEXT",
+    "ALTER TABLE sessions ADD COLUMN lease_node_epoch INTEGER",
+    "ALTER TABLE sessions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0",
+)
+_POSTGRES_SESSION_LEASES = (
+    'ALTER TABLE sessions ADD COLUMN lease_node text COLLATE "C"',
+    "ALTER TABLE sessions ADD COLUMN lease_node_epoch bigint",
+    "ALTER TABLE sessions ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",
+)
+
 KERNEL = MigrationSet(
     KERNEL_SET,
     (
@@ -254,6 +272,9 @@ KERNEL = MigrationSet(
             4, "inbox_idempotency_key", sqlite=_SQLITE_INBOX_KEYS, postgres=_POSTGRES_INBOX_KEYS
         ),
         Migration(5, "nodes", sqlite=_SQLITE_NODES, postgres=_POSTGRES_NODES),
+        Migration(
+            6, "session_leases", sqlite=_SQLITE_SESSION_LEASES, postgres=_POSTGRES_SESSION_LEASES
+        ),
     ),
 )
 

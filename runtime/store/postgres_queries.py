@@ -157,35 +157,81 @@ async def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
     )
 
 
+async def _fenced(conn: Conn, session_id: str, fence: int) -> None:
+    """Raise ``Fenced`` when ``session_id``'s lease epoch is no longer ``fence`` (and
+    ``NotFound`` when the session is gone): called after a fenced write matched nothing."""
+    current = await conn.fetchval("SELECT lease_epoch FROM sessions WHERE id = $1", session_id)
+    if current is None:
+        raise u.no_session(session_id)
+    if current != fence:
+        raise u.fenced(session_id, fence, current)
+
+
+# A fenced write locks the session's row in share mode while it checks the lease epoch: a
+# concurrent acquisition (an UPDATE of that row) waits for the write's transaction, and a write
+# that starts after an acquisition committed re-reads the row and finds the new epoch. So a
+# write either commits before the lease moved (and the new holder sees it) or not at all.
 async def claim_next_input(
-    conn: Conn, session_id: str, now: datetime, node: str | None, epoch: int | None
+    conn: Conn,
+    session_id: str,
+    now: datetime,
+    node: str | None,
+    epoch: int | None,
+    fence: int | None = None,
 ) -> Row | None:
+    lease, held = "", ""
+    if fence is not None:
+        lease = (
+            "WITH lease AS (SELECT 1 FROM sessions WHERE id = $1 AND lease_epoch = $5 FOR SHARE) "
+        )
+        held = " AND EXISTS (SELECT 1 FROM lease)"
     row = await conn.fetchrow(
-        "UPDATE inbox SET state = 'running', updated_at = $2, claimed_by = $3,"
+        f"{lease}UPDATE inbox SET state = 'running', updated_at = $2, claimed_by = $3,"
         " claimed_epoch = $4"
         " WHERE id = (SELECT id FROM inbox WHERE session_id = $1 AND state = 'queued'"
-        " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING *",
+        f" ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED){held} RETURNING *",
         session_id,
         now,
         node,
         epoch,
+        *(() if fence is None else (fence,)),
     )
     if row is None:
+        if fence is not None:
+            await _fenced(conn, session_id, fence)
         await _require_session(conn, session_id)
     return row
 
 
 async def finish_input(
-    conn: Conn, input_id: int, state: str, detail: str | None, now: datetime
+    conn: Conn,
+    input_id: int,
+    state: str,
+    detail: str | None,
+    now: datetime,
+    fence: int | None = None,
 ) -> Row | None:
-    return await conn.fetchrow(
-        "UPDATE inbox SET state = $2, detail = $3::jsonb, updated_at = $4"
-        " WHERE id = $1 AND state = 'running' RETURNING *",
+    lease, held = "", ""
+    if fence is not None:
+        lease = (
+            "WITH lease AS (SELECT 1 FROM sessions s JOIN inbox i ON i.session_id = s.id"
+            " WHERE i.id = $1 AND s.lease_epoch = $5 FOR SHARE OF s) "
+        )
+        held = " AND EXISTS (SELECT 1 FROM lease)"
+    row = await conn.fetchrow(
+        f"{lease}UPDATE inbox SET state = $2, detail = $3::jsonb, updated_at = $4"
+        f" WHERE id = $1 AND state = 'running'{held} RETURNING *",
         input_id,
         state,
         detail,
         now,
+        *(() if fence is None else (fence,)),
     )
+    if row is None and fence is not None:
+        session_id = await conn.fetchval("SELECT session_id FROM inbox WHERE id = $1", input_id)
+        if session_id is not None:
+            await _fenced(conn, session_id, fence)
+    return row
 
 
 async def requeue_input(conn: Conn, input_id: int, detail: str | None, now: datetime) -> Row | None:
@@ -340,21 +386,77 @@ async def take_over_dead_nodes(
     return dead, items
 
 
+async def acquire_session(
+    conn: Conn, session_id: str, node: str, epoch: int, now: datetime
+) -> tuple[Row | None, Row | None]:
+    # The row lock orders acquisitions of one session, and fenced writes (which hold a share
+    # lock on the same row) against them. The holder is live exactly as long as its node is:
+    # that node's current epoch, not stopped, its lease unexpired by the database clock.
+    async with conn.transaction():
+        # lock first, then look at the holder's node in a statement of its own: a join in the
+        # locking statement would be re-checked against the node row it read before the wait
+        locked = await conn.fetchval("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", session_id)
+        if locked is None:
+            return None, None
+        current = await conn.fetchrow(
+            "SELECT s.lease_node, s.lease_node_epoch, s.lease_epoch, n.address,"
+            " coalesce(n.state <> 'stopped' AND n.lease_expires_at > now(), false) AS live"
+            " FROM sessions s LEFT JOIN nodes n"
+            " ON n.id = s.lease_node AND n.epoch = s.lease_node_epoch"
+            " WHERE s.id = $1",
+            session_id,
+        )
+        if current is None:
+            return None, None
+        if current["live"] and not (
+            current["lease_node"] == node and current["lease_node_epoch"] == epoch
+        ):
+            return None, current
+        row = await conn.fetchrow(
+            "UPDATE sessions SET lease_node = $2, lease_node_epoch = $3,"
+            " lease_epoch = lease_epoch + 1 WHERE id = $1 RETURNING lease_epoch",
+            session_id,
+            node,
+            epoch,
+        )
+    return row, current
+
+
+async def release_session(conn: Conn, session_id: str, fence: int) -> bool:
+    released = await conn.fetchval(
+        "UPDATE sessions SET lease_node = NULL, lease_node_epoch = NULL"
+        " WHERE id = $1 AND lease_epoch = $2 AND lease_node IS NOT NULL RETURNING 1",
+        session_id,
+        fence,
+    )
+    return released is not None
+
+
 # -- events -----------------------------------------------------------------------------------
 
 
 async def append_events(
-    conn: Conn, session_id: str, events: list[tuple[str, str]], now: datetime
+    conn: Conn,
+    session_id: str,
+    events: list[tuple[str, str]],
+    now: datetime,
+    fence: int | None = None,
 ) -> int | None:
+    held = "" if fence is None else " AND lease_epoch = $4"
     async with conn.transaction():
+        # the UPDATE locks the session's row and re-reads it after a concurrent acquisition:
+        # the seq allocation and the fence check are one step
         last = await conn.fetchval(
-            "UPDATE sessions SET last_seq = last_seq + $2, updated_at = $3 WHERE id = $1"
+            f"UPDATE sessions SET last_seq = last_seq + $2, updated_at = $3 WHERE id = $1{held}"
             " RETURNING last_seq",
             session_id,
             len(events),
             now,
+            *(() if fence is None else (fence,)),
         )
         if last is None:
+            if fence is not None:
+                await _fenced(conn, session_id, fence)
             return None
         await conn.execute(
             "INSERT INTO events (session_id, seq, type, payload, ts)"

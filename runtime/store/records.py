@@ -28,6 +28,7 @@ __all__ = [
     "NodeRecord",
     "ClusterView",
     "TakeOver",
+    "SessionLease",
 ]
 
 #: Every state an inbox item can be in: ``queued -> running -> done | failed | interrupted``;
@@ -245,3 +246,30 @@ class TakeOver(msgspec.Struct, frozen=True, kw_only=True):
 
     nodes: list[NodeRecord]
     inputs: list[InboxItem]
+
+
+class SessionLease(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``acquire_session`` answered.
+
+    Attributes:
+        session_id: the session.
+        fence: the lease epoch this node now holds: every fenced write of the activation
+            carries it. None when the lease is held by another live node (below).
+        holder: with ``fence``, the node that held the lease before (None: nobody, or it was
+            released); without, the live node that holds it.
+        holder_epoch: that node's epoch.
+        holder_address: where that node can be reached, when it said (``nodes.address``).
+        holder_live: whether that node was live when asked (with ``fence``: True only when
+            the lease was already this node's).
+    """
+
+    session_id: str
+    fence: int | None
+    holder: str | None = None
+    holder_epoch: int | None = None
+    holder_address: str | None = None
+    holder_live: bool = False
+
+    @property
+    def acquired(self) -> bool:
+        return self.fence is not None

@@ -159,34 +159,73 @@ def keyed_input(conn: Conn, session_id: str, key: str) -> Row | None:
     )
 
 
+def _fenced(conn: Conn, session_id: str, fence: int) -> None:
+    """Raise ``Fenced`` when ``session_id``'s lease epoch is no longer ``fence`` (and
+    ``NotFound`` when the session is gone): called after a fenced write matched nothing."""
+    row = _one(conn, "SELECT lease_epoch FROM sessions WHERE id = ?", session_id)
+    if row is None:
+        raise u.no_session(session_id)
+    if row[0] != fence:
+        raise u.fenced(session_id, fence, row[0])
+
+
+#: The condition a fenced write adds: the session's lease epoch is still the writer's.
+_LEASE_HELD = "(SELECT lease_epoch FROM sessions WHERE id = {session}) = {fence}"
+
+
 def claim_next_input(
-    conn: Conn, session_id: str, now: str, node: str | None, epoch: int | None
+    conn: Conn,
+    session_id: str,
+    now: str,
+    node: str | None,
+    epoch: int | None,
+    fence: int | None = None,
 ) -> Row | None:
+    held = "" if fence is None else " AND " + _LEASE_HELD.format(session="?4", fence="?5")
     row = _one(
         conn,
-        "UPDATE inbox SET state = 'running', updated_at = ?, claimed_by = ?, claimed_epoch = ?"
-        " WHERE id = (SELECT id FROM inbox WHERE session_id = ? AND state = 'queued'"
-        " ORDER BY id LIMIT 1) RETURNING *",
+        "UPDATE inbox SET state = 'running', updated_at = ?1, claimed_by = ?2,"
+        " claimed_epoch = ?3 WHERE id = (SELECT id FROM inbox WHERE session_id = ?4"
+        f" AND state = 'queued' ORDER BY id LIMIT 1){held} RETURNING *",
         now,
         node,
         epoch,
         session_id,
+        *(() if fence is None else (fence,)),
     )
     if row is None:
+        if fence is not None:
+            _fenced(conn, session_id, fence)
         _require_session(conn, session_id)
     return row
 
 
-def finish_input(conn: Conn, input_id: int, state: str, detail: str | None, now: str) -> Row | None:
-    return _one(
+def finish_input(
+    conn: Conn,
+    input_id: int,
+    state: str,
+    detail: str | None,
+    now: str,
+    fence: int | None = None,
+) -> Row | None:
+    held = ""
+    if fence is not None:
+        held = " AND " + _LEASE_HELD.format(session="inbox.session_id", fence="?5")
+    row = _one(
         conn,
-        "UPDATE inbox SET state = ?, detail = ?, updated_at = ?"
-        " WHERE id = ? AND state = 'running' RETURNING *",
+        "UPDATE inbox SET state = ?1, detail = ?2, updated_at = ?3"
+        f" WHERE id = ?4 AND state = 'running'{held} RETURNING *",
         state,
         detail,
         now,
         input_id,
+        *(() if fence is None else (fence,)),
     )
+    if row is None and fence is not None:
+        owner = _one(conn, "SELECT session_id FROM inbox WHERE id = ?", input_id)
+        if owner is not None:
+            _fenced(conn, owner[0], fence)
+    return row
 
 
 def requeue_input(conn: Conn, input_id: int, detail: str | None, now: str) -> Row | None:
@@ -334,21 +373,66 @@ def take_over_dead_nodes(
     return dead, items
 
 
+def acquire_session(
+    conn: Conn, session_id: str, node: str, epoch: int, now: str
+) -> tuple[Row | None, Row | None]:
+    # As on PostgreSQL (see postgres_queries.acquire_session); one transaction at a time here.
+    current = _one(
+        conn,
+        "SELECT s.lease_node, s.lease_node_epoch, s.lease_epoch, n.address,"
+        " (n.id IS NOT NULL AND n.state <> 'stopped' AND n.lease_expires_at > ?2) AS live"
+        " FROM sessions s LEFT JOIN nodes n ON n.id = s.lease_node AND n.epoch = s.lease_node_epoch"
+        " WHERE s.id = ?1",
+        session_id,
+        now,
+    )
+    if current is None:
+        return None, None
+    if current["live"] and not (
+        current["lease_node"] == node and current["lease_node_epoch"] == epoch
+    ):
+        return None, current
+    row = _one(
+        conn,
+        "UPDATE sessions SET lease_node = ?2, lease_node_epoch = ?3, lease_epoch = lease_epoch + 1"
+        " WHERE id = ?1 RETURNING lease_epoch",
+        session_id,
+        node,
+        epoch,
+    )
+    return row, current
+
+
+def release_session(conn: Conn, session_id: str, fence: int) -> bool:
+    row = _one(
+        conn,
+        "UPDATE sessions SET lease_node = NULL, lease_node_epoch = NULL"
+        " WHERE id = ? AND lease_epoch = ? AND lease_node IS NOT NULL RETURNING 1",
+        session_id,
+        fence,
+    )
+    return row is not None
+
+
 # -- events -----------------------------------------------------------------------------------
 
 
 def append_events(
-    conn: Conn, session_id: str, events: list[tuple[str, str]], now: str
+    conn: Conn, session_id: str, events: list[tuple[str, str]], now: str, fence: int | None = None
 ) -> int | None:
+    held = "" if fence is None else " AND lease_epoch = ?4"
     row = _one(
         conn,
-        "UPDATE sessions SET last_seq = last_seq + ?, updated_at = ? WHERE id = ?"
+        f"UPDATE sessions SET last_seq = last_seq + ?1, updated_at = ?2 WHERE id = ?3{held}"
         " RETURNING last_seq",
         len(events),
         now,
         session_id,
+        *(() if fence is None else (fence,)),
     )
     if row is None:
+        if fence is not None:
+            _fenced(conn, session_id, fence)
         return None
     first = row[0] - len(events) + 1
     conn.executemany(

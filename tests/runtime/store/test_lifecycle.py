@@ -26,6 +26,7 @@ async def test_migrations_recorded_and_idempotent(backend, clock):
         (3, "kv"),
         (4, "inbox_idempotency_key"),
         (5, "nodes"),
+        (6, "session_leases"),
     ]
     assert first[-1].version == SCHEMA_VERSION and first[0].applied_at == T0
     async with backend.open(ManualClock(T0.replace(year=2031))) as store:

@@ -44,6 +44,7 @@ def kernel_rows() -> list[tuple[str, int, str]]:
         ("kernel", 3, "kv"),
         ("kernel", 4, "inbox_idempotency_key"),
         ("kernel", 5, "nodes"),
+        ("kernel", 6, "session_leases"),
     ]
 
 

@@ -102,6 +102,8 @@ async def test_migration_2_is_recorded_and_applied_to_a_version_1_database(backe
     await backend.sql("DROP TABLE nodes")  # migration 5's table and columns
     await backend.sql("ALTER TABLE inbox DROP COLUMN claimed_by")
     await backend.sql("ALTER TABLE inbox DROP COLUMN claimed_epoch")
+    for column in ("lease_node", "lease_node_epoch", "lease_epoch"):  # migration 6's
+        await backend.sql(f"ALTER TABLE sessions DROP COLUMN {column}")
     await backend.sql("DELETE FROM schema_migrations WHERE version >= 2")
     # ... and the next start-up brings it back up to date.
     async with backend.open(clock) as store:
