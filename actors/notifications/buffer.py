@@ -210,6 +210,22 @@ class SessionBufferMixin:
         async with self._lock(session_id):
             return await self._flush(session_id)
 
+    async def buffered(self, session_id: str) -> tuple[list[Notification], int]:
+        """What waits for a client to attach, without delivering or forgetting any of it.
+
+        Returns:
+            The buffered notifications, oldest first (as ``deliver_buffered`` would publish
+            them, ``buffered: true``), and how many were dropped from the buffer since it was
+            last delivered.
+        """
+        _, meta = self._namespaces(session_id)
+        async with self._lock(session_id):
+            items = await self._buffered(session_id)
+            counted = await self.store.kv_get(meta, "dropped")
+        waiting = [_from_buffer(session_id, key, stored) for key, stored in items]
+        dropped = int(counted.get("dropped", 0)) if counted else 0
+        return [event for event in waiting if event is not None], dropped
+
     async def discard_buffered(self, session_id: str) -> int:
         """Forget a session's buffered notifications (when the session is deleted).
 

@@ -3,7 +3,8 @@ what it gives other features: ``notify`` (watchers' and scheduled turns' output 
 channel) and ``check_channel`` (tools that name a channel validate it up front).
 
 A session's buffered notifications are delivered when a client attaches and discarded when the
-session is deleted; expired buffers are purged hourly.
+session is deleted; expired buffers are purged hourly. ``GET /sessions/{id}/notifications``
+shows what waits without delivering it (``routes.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import trio
 
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
+from turnstile.actors.notifications.routes import notification_routes
 from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import Store
@@ -48,7 +50,9 @@ class NotificationsFeature:
         node.hooks.on_session_end.append(notifier.discard_buffered)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
-        return ()
+        if self.notifier is None:
+            return ()
+        return notification_routes(node, self.notifier)
 
 
 def make_notifier(config: Config, store: Store, clock, node: NodeContext) -> Notifier:

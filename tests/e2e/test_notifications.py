@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.support.node import connect, new_session, running_node
+from tests.support.node import BOB, connect, new_session, running_node
 from turnstile.actors.config import ChannelSettings
 
 
@@ -42,6 +42,17 @@ async def test_notifications_are_buffered_while_detached_and_delivered_in_order_
             )  # fmt: skip
             unknown = await caller.expect("result", id="x")
             assert unknown["error"]["code"] == "unknown_channel"
+        async with node.http() as http, node.http(BOB) as bob:
+            # what waits can be read (the console's view) without delivering it
+            waiting = (await http.get("/sessions/n/notifications")).json()
+            assert [n["message"] for n in waiting["notifications"]] == [
+                f"deploy step {i}" for i in range(3)
+            ]
+            assert waiting["dropped"] == 0
+            assert {(n["type"], n["buffered"]) for n in waiting["notifications"]} == {
+                ("notification", True)
+            }
+            assert (await bob.get("/sessions/n/notifications")).status_code == 404
         async with connect(node) as watcher:
             await watcher.send(type="attach", session_id="n")
             for i in range(3):
