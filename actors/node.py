@@ -339,6 +339,7 @@ async def open_node(
                     metrics.gauge(
                         "turnstile_crashes_total",
                         lambda: len(root.crash_reports) + len(sessions.crash_reports),
+                        "Actors that crashed (their supervisors' crash reports).",
                     )
                     for session_id in waiting:
                         await registry.ref(f"session:{session_id}").tell(Wake())
@@ -353,12 +354,6 @@ async def open_node(
 
                     membership.on_takeover = take_over
                     context.started.set()
-                    connections = [0]
-
-                    def on_connection(delta: int) -> None:
-                        connections[0] += delta
-
-                    metrics.gauge("turnstile_websocket_connections", lambda: connections[0])
                     app = None
                     if tokens or serve:  # serving without a token is refused by Auth
                         app = build_app(
@@ -371,8 +366,7 @@ async def open_node(
                                 max_attached=limits.max_attached_per_connection,
                             ),
                             version=package_version(),
-                            on_connection=on_connection,
-                            on_frames_sent=lambda n: metrics.inc("turnstile_frames_sent_total", n),
+                            metrics=metrics,
                             ws_send_many=WS_SEND_MANY,
                             body_timeout=limits.body_timeout_seconds,
                             topics=context.topics,

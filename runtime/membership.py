@@ -114,15 +114,18 @@ class Membership:
         self.on_takeover: TakeoverHandler | None = None
         self.lost: LeaseLost | None = None
         self._metrics = metrics if metrics is not None else Metrics()
-        self._metrics.gauge("turnstile_node_epoch", lambda: self.record.epoch)
-        self._metrics.gauge("turnstile_nodes_live", lambda: self.live_nodes)
-        for name in (
-            "turnstile_node_heartbeat_failures_total",
-            "turnstile_node_sweeps_total",
-            "turnstile_nodes_declared_dead_total",
-            "turnstile_inputs_taken_over_total",
+        metrics = self._metrics
+        metrics.gauge("turnstile_node_epoch", lambda: self.record.epoch, "This node's epoch.")
+        metrics.gauge(
+            "turnstile_nodes_live", lambda: self.live_nodes, "Nodes alive at the last sweep."
+        )
+        for name, help in (  # present from the start, at 0
+            ("turnstile_node_heartbeat_failures_total", "Heartbeats that failed."),
+            ("turnstile_node_sweeps_total", "Dead-node sweeps run."),
+            ("turnstile_nodes_declared_dead_total", "Nodes this node declared dead."),
+            ("turnstile_inputs_taken_over_total", "Cut-off inputs taken over from dead nodes."),
         ):
-            self._metrics.inc(name, 0)  # present from the start, at 0
+            metrics.counter(name, help)
 
     @property
     def ref(self) -> NodeRef:

@@ -243,7 +243,15 @@ class SchedulerActor(Actor):
         self.clock = clock
         self.publish = publish
         self.limits = limits or SchedulerLimits()
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics = metrics or Metrics()
+        metrics.counter("turnstile_scheduler_fires_total", "Occurrences fired (inbox rows).")
+        metrics.counter("turnstile_scheduler_fire_errors_total", "Fires that failed.")
+        metrics.counter("turnstile_scheduler_bad_specs_total", "Jobs whose spec did not decode.")
+        metrics.histogram(
+            "turnstile_scheduler_lateness_seconds",
+            "Fire lateness: an occurrence's due time to its inbox row's commit, by job kind.",
+            ("kind",),
+        )
         self.wheel = TimerWheel(now=trio.current_time())
         self.entries: dict[str, _Entry] = {}
         self._wake = trio.Event()
@@ -519,7 +527,7 @@ class SchedulerActor(Actor):
         if result is not None:
             committed = (self.clock.now() - occurrence).total_seconds()
             self.metrics.inc("turnstile_scheduler_fires_total")
-            self.metrics.observe("turnstile_scheduler_lateness_seconds", committed)
+            self.metrics.observe("turnstile_scheduler_lateness_seconds", committed, kind=job.kind)
             self.lateness.append(committed)
             update = _job_update(result.job, "fired", spec.label, run_id=result.run.id)
             events = [] if self.fired_events is None else self.fired_events(result.job, result.run)

@@ -534,7 +534,7 @@ class SessionActor(Actor):
         finally:
             self.turn = None
             if self.services.on_turn_closed is not None:
-                self.services.on_turn_closed(status, trio.current_time() - started)
+                self.services.on_turn_closed(status, trio.current_time() - started, item.source)
             # A busy store can take seconds to commit what the turn streamed; only a session
             # that is itself being cancelled cuts its closure short.
             cancelled = trio.current_effective_deadline() == -math.inf

@@ -95,9 +95,6 @@ class SessionDirectory:
     async def ping(self) -> None:
         await self.store.ping()
 
-    def metrics(self) -> dict[str, float]:
-        return self._metrics.snapshot()
-
     # -- ownership --
 
     async def owned_key(self, user: str, session_id: str) -> str:

@@ -37,9 +37,11 @@ class SessionsFeature:
     async def ready(self, node: NodeContext) -> None:
         limits, metrics, hooks = node.config.limits, node.metrics, node.hooks
 
-        def turn_closed(status: str, seconds: float) -> None:
-            metrics.inc(f'turnstile_turns_total{{status="{status}"}}')
-            metrics.observe("turnstile_turn_seconds", seconds)
+        declare_metrics(metrics)
+
+        def turn_closed(status: str, seconds: float, source: str) -> None:
+            metrics.inc("turnstile_turns_total", status=status)
+            metrics.observe("turnstile_turn_seconds", seconds, status=status, source=source)
 
         self.services = services = SessionServices(
             store=node.store,
@@ -62,8 +64,16 @@ class SessionsFeature:
         )
         hooks.scheduled_turns = services.scheduled_turns
         node.sessions.register("session", lambda key: SessionActor(key, services))
-        metrics.gauge("turnstile_sessions_active", lambda: node.sessions.statistics().active)
-        metrics.gauge("turnstile_mailbox_depth", node.sessions.mailbox_depth)
+        metrics.gauge(
+            "turnstile_sessions_active",
+            lambda: node.sessions.statistics().active,
+            "Session actors active (activated, not passivated).",
+        )
+        metrics.gauge(
+            "turnstile_mailbox_depth",
+            node.sessions.mailbox_depth,
+            "Messages waiting in session actors' mailboxes.",
+        )
         self.directory = node.directory = SessionDirectory(
             node.store,
             node.sessions,
@@ -78,10 +88,32 @@ class SessionsFeature:
         return session_routes(self.directory)
 
 
+def declare_metrics(metrics: Metrics) -> None:
+    """The sessions feature's series (``docs/operations.md`` lists them). Labels come from
+    fixed sets: a turn's status, its input's source, a token kind."""
+    metrics.counter("turnstile_turns_total", "Turns closed, by status.", ("status",))
+    metrics.histogram(
+        "turnstile_turn_seconds",
+        "Turn latency: a turn's start to its closure, by status and input source.",
+        ("status", "source"),
+    )
+    metrics.counter(
+        "turnstile_model_tokens_total", "Model tokens, as the model server counted them.", ("kind",)
+    )
+    metrics.counter("turnstile_events_broadcast_total", "Session events encoded for clients.")
+    metrics.counter("turnstile_sessions_created_total", "Sessions created.")
+    metrics.counter("turnstile_inputs_total", "Inputs stored (messages, over WebSocket and HTTP).")
+    metrics.counter(
+        "turnstile_inputs_replayed_total",
+        "Messages sent again with a client_msg_id / Idempotency-Key already stored.",
+    )
+    metrics.counter("turnstile_tool_calls_total", "Tool calls made by clients (call frames).")
+
+
 def count_tokens(metrics: Metrics, usage: Usage) -> None:
     """Model tokens by kind, as the agent's server counted them (``stream_end`` has per turn)."""
-    metrics.inc('turnstile_model_tokens_total{kind="prompt"}', usage.prompt_tokens)
-    metrics.inc('turnstile_model_tokens_total{kind="completion"}', usage.completion_tokens)
+    metrics.inc("turnstile_model_tokens_total", usage.prompt_tokens, kind="prompt")
+    metrics.inc("turnstile_model_tokens_total", usage.completion_tokens, kind="completion")
 
 
 def counting_encoder(metrics: Metrics):

@@ -103,7 +103,9 @@ class SessionServices:
     tools: ToolCaller
     limits: SessionLimits
     encode_event: Callable[[str, EventRecord], bytes]
-    on_turn_closed: Callable[[str, float], None] | None = None
+    #: Called as every turn closes with its status, its seconds and its input's source
+    #: (for /metrics).
+    on_turn_closed: Callable[[str, float, str], None] | None = None
     #: Called with each model call's token counts as the agent reports them (for /metrics).
     on_usage: Callable[[Usage], None] | None = None
     #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.

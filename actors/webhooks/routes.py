@@ -147,9 +147,7 @@ def _counted(node: NodeContext, handler: RouteHandler, label: Any) -> RouteHandl
             reason = _reason(exc)
             if reason is None:
                 raise
-            node.metrics.inc(
-                f'turnstile_webhook_refusals_total{{hook="{label(request)}",reason="{reason}"}}'
-            )
+            node.metrics.inc("turnstile_webhook_refusals_total", hook=label(request), reason=reason)
             if isinstance(exc, RateLimited):
                 error = {"code": exc.code, "message": str(exc)}
                 retry = str(max(1, round(exc.retry_after)))

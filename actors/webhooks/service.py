@@ -178,6 +178,21 @@ class Ingress:
         self.store = store
         self.clock = clock
         self.metrics = metrics
+        metrics.counter(
+            "turnstile_webhook_deliveries_total",
+            "Webhook requests that got through, by hook and outcome.",
+            ("hook", "outcome"),
+        )
+        metrics.counter(
+            "turnstile_webhook_targets_total",
+            "Attempts at putting a recorded delivery in a session's inbox, by outcome.",
+            ("outcome",),
+        )
+        metrics.counter(
+            "turnstile_webhook_refusals_total",
+            "Webhook requests refused, by hook (a configured name, or empty) and reason.",
+            ("hook", "reason"),
+        )
         self.config = config
         self.ask_session = ask_session
         self.tell_session = tell_session
@@ -256,7 +271,7 @@ class Ingress:
 
     def count_delivery(self, outcome: str, hook: str) -> None:
         """Count one request's outcome (``turnstile_webhook_deliveries_total``)."""
-        self.metrics.inc(f'turnstile_webhook_deliveries_total{{hook="{hook}",outcome="{outcome}"}}')
+        self.metrics.inc("turnstile_webhook_deliveries_total", hook=hook, outcome=outcome)
 
     async def deliver(self, delivery_id: str, key: str) -> str:
         """One attempt at putting a recorded delivery in session ``key``'s inbox.
@@ -291,7 +306,7 @@ class Ingress:
             input_id = submitted.input_id
         except NotFound:
             await self._settle(claimed, "dropped", None, "the session no longer exists")
-            self.metrics.inc('turnstile_webhook_targets_total{outcome="dropped"}')
+            self.metrics.inc("turnstile_webhook_targets_total", outcome="dropped")
             return "dropped"
         except TurnstileError as exc:  # a full queue, a busy mailbox: the sweep tries again
             retry_at = self.clock.now() + timedelta(seconds=self.config.redeliver_seconds)
@@ -303,13 +318,13 @@ class Ingress:
                 now=self.store.db_time(self.clock.now()),
                 retry_at=self.store.db_time(retry_at),
             )
-            self.metrics.inc('turnstile_webhook_targets_total{outcome="retry"}')
+            self.metrics.inc("turnstile_webhook_targets_total", outcome="retry")
             log.info(
                 "webhook %s not delivered to %s yet (%s); will retry", delivery_id, key, exc.code
             )
             return "retry"
         await self._settle(claimed, "delivered", input_id, None)
-        self.metrics.inc('turnstile_webhook_targets_total{outcome="delivered"}')
+        self.metrics.inc("turnstile_webhook_targets_total", outcome="delivered")
         return "delivered"
 
     async def _settle(

@@ -30,7 +30,7 @@ import msgspec
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -43,13 +43,14 @@ from turnstile.runtime.errors import (
     LimitExceeded,
     NotFound,
     PayloadTooLarge,
+    PlacedElsewhere,
     RequestTimeout,
     TurnstileError,
     Unauthorized,
 )
 from turnstile.runtime.gateway.auth import Auth
 from turnstile.runtime.gateway.backend import SessionBackend
-from turnstile.runtime.gateway.connection import Connection, ConnectionLimits
+from turnstile.runtime.gateway.connection import Connection, ConnectionLimits, declare_metrics
 from turnstile.runtime.gateway.frames import (
     PROTOCOL_VERSION,
     error_frame,
@@ -57,6 +58,7 @@ from turnstile.runtime.gateway.frames import (
 )
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.gateway.topics import UserTopics
+from turnstile.runtime.metrics import CONTENT_TYPE, Metrics
 
 __all__ = ["ID_RULE", "build_app"]
 
@@ -73,6 +75,7 @@ _STATUS = {
     LimitExceeded: 429,
     RequestTimeout: 408,
     PayloadTooLarge: 413,
+    PlacedElsewhere: 421,
 }
 
 
@@ -118,6 +121,9 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
     body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
     if getattr(exc, "field", None):
         body["field"] = exc.field
+    if isinstance(exc, PlacedElsewhere):  # where the session lives: go there
+        body["node"] = exc.node
+        body["node_address"] = exc.node_address
     if isinstance(exc, BlockedByAutomations):
         # cron-session-binding.md's fields, next to the usual ``error`` object
         answer = {"deleted": False, "blocked_by_automations": True}
@@ -146,8 +152,7 @@ def build_app(
     routes: Sequence[HttpRoute] = (),
     limits: ConnectionLimits,
     version: str,
-    on_connection: Callable[[int], None] | None = None,
-    on_frames_sent: Callable[[int], None] | None = None,
+    metrics: Metrics | None = None,
     ws_send_many: str | None = None,
     body_timeout: float = 30.0,
     topics: UserTopics | None = None,
@@ -161,14 +166,22 @@ def build_app(
         auth: tokens and origins.
         limits: per-connection bounds.
         version: reported by ``/healthz``.
-        on_connection: called with +1 / -1 as WebSockets open and close (metrics).
-        on_frames_sent: called with the number of frames of every write to a client (metrics).
+        metrics: the node's metrics, which ``/metrics`` renders; the gateway adds its own
+            series (WebSocket connections, frames sent, event delivery lag). None: a registry
+            of the app's own.
         ws_send_many: the ASGI message type with which the server sends several WebSocket
             messages in one write (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None
             sends them one ``websocket.send`` at a time, which any ASGI server understands.
         body_timeout: seconds a request body may take to arrive, from the first read.
         topics: the user topics a WebSocket client may subscribe to (None: none).
     """
+
+    metrics = metrics if metrics is not None else Metrics()
+    declare_metrics(metrics)
+    connections = [0]
+    metrics.gauge(
+        "turnstile_websocket_connections", lambda: connections[0], "WebSocket clients connected."
+    )
 
     def mount(route: HttpRoute) -> Route:
         """A feature's route behind the front door: token (unless the route is signed or
@@ -249,20 +262,8 @@ def build_app(
             )
         return _Json({"status": "ok", "version": version, "protocol": PROTOCOL_VERSION})
 
-    async def metrics(_: Request) -> Response:
-        lines = []
-        seen: set[str] = set()
-        for name, value in sorted(backend.metrics().items()):
-            family = name.split("{")[0]
-            kind = "counter" if family.endswith("_total") else "gauge"
-            for suffix in ("_sum", "_count"):
-                if family.endswith(suffix):
-                    family, kind = family.removesuffix(suffix), "summary"
-            if family not in seen:
-                seen.add(family)
-                lines.append(f"# TYPE {family} {kind}")
-            lines.append(f"{name} {value}")
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    async def scrape(_: Request) -> Response:
+        return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
 
     async def websocket_endpoint(scope, receive, send) -> None:
         # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
@@ -284,15 +285,19 @@ def build_app(
             await websocket.send_text(error_frame(Unauthorized("origin not allowed")).decode())
             await websocket.close(code=4403)
             return
-        if on_connection is not None:
-            on_connection(1)
+        connections[0] += 1
         try:
             await Connection(
-                websocket, user, backend, limits, on_frames_sent, send_many=send_many, topics=topics
+                websocket,
+                user,
+                backend,
+                limits,
+                metrics=metrics,
+                send_many=send_many,
+                topics=topics,
             ).serve()
         finally:
-            if on_connection is not None:
-                on_connection(-1)
+            connections[0] -= 1
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _Json(
@@ -311,7 +316,7 @@ def build_app(
     return Starlette(
         routes=[
             Route("/healthz", healthz),
-            Route("/metrics", metrics),
+            Route("/metrics", scrape),
             *(mount(route) for route in routes),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],

@@ -100,10 +100,6 @@ class SessionBackend(Protocol):
         """Raise if the node cannot serve (the store does not answer)."""
         ...
 
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples by name (labels inline, e.g. ``turns_total{status="failed"}``)."""
-        ...
-
     async def submit(
         self,
         user: str,

@@ -59,8 +59,9 @@ from turnstile.runtime.gateway.frames import (
     error_frame,
 )
 from turnstile.runtime.gateway.topics import UserTopics
+from turnstile.runtime.metrics import Metrics
 
-__all__ = ["Connection", "ConnectionLimits"]
+__all__ = ["DELIVERY_SECONDS", "FRAMES_SENT", "Connection", "ConnectionLimits", "declare_metrics"]
 
 log = logging.getLogger("turnstile.gateway")
 
@@ -91,6 +92,25 @@ class ConnectionLimits:
 WRITE_BATCH_FRAMES = 256
 WRITE_BATCH_BYTES = 256 * 1024
 
+#: Frames written to WebSocket clients (a counter).
+FRAMES_SENT = "turnstile_frames_sent_total"
+#: Event delivery lag (a histogram): a live event offered to a connection (its append to the
+#: session's or topic's log committed) to its frame written to the client's socket.
+DELIVERY_SECONDS = "turnstile_event_delivery_seconds"
+
+#: The offer time of a frame that is not a live event (a reply, a replayed event).
+_NOT_LIVE = -1.0
+
+
+def declare_metrics(metrics: Metrics) -> None:
+    """The series connections record: frames written and the delivery lag of live events."""
+    metrics.counter(FRAMES_SENT, "Frames written to WebSocket clients.")
+    metrics.histogram(
+        DELIVERY_SECONDS,
+        "Event delivery lag: a live event's append to its log (offered to the connection) "
+        "to its frame written to the client's socket.",
+    )
+
 
 class _Subscription:
     __slots__ = ("session_id", "live", "pending", "last_sent")
@@ -98,7 +118,8 @@ class _Subscription:
     def __init__(self, session_id: str, last_sent: int) -> None:
         self.session_id = session_id
         self.live = False
-        self.pending: list[tuple[int, bytes]] = []
+        #: Live events held while the replay runs: ``(seq, frame, offered at)``.
+        self.pending: list[tuple[int, bytes, float]] = []
         self.last_sent = last_sent
 
 
@@ -111,7 +132,8 @@ class Connection:
         user: str,
         backend: SessionBackend,
         limits: ConnectionLimits,
-        on_frames_sent: Callable[[int], None] | None = None,
+        *,
+        metrics: Metrics | None = None,
         send_many: Callable[[list[str]], Awaitable[None]] | None = None,
         topics: UserTopics | None = None,
     ) -> None:
@@ -122,11 +144,12 @@ class Connection:
         self.subscriptions: dict[str, _Subscription] = {}
         self.topics = topics
         self.topic_subscriptions: dict[str, _Subscription] = {}
-        self._outbox: deque[bytes] = deque()
+        #: Frames to write, each with the trio time a live event was offered (else -1).
+        self._outbox: deque[tuple[bytes, float]] = deque()
         self._ready = trio.Event()
         self._room = trio.Event()
         self._closed = False
-        self._on_frames_sent = on_frames_sent
+        self._metrics = metrics
         self._send_many = send_many
         self._inflight: set[str] = set()  # ids of the calls running now
         self._nursery: trio.Nursery | None = None
@@ -140,14 +163,14 @@ class Connection:
         if not sub.live:
             if len(sub.pending) >= self.limits.outbox_frames:
                 return False
-            sub.pending.append((seq, frame))
+            sub.pending.append((seq, frame, trio.current_time()))
             return True
         if seq <= sub.last_sent:
             return True  # already sent during replay
         if len(self._outbox) >= self.limits.outbox_frames:
             return False
         sub.last_sent = seq
-        self._push(frame)
+        self._push(frame, trio.current_time())
         return True
 
     # -- the Subscriber protocol (called by sessions, never blocks) --
@@ -198,16 +221,17 @@ class Connection:
 
     # -- outbox --
 
-    def _push(self, frame: bytes) -> None:
-        self._outbox.append(frame)
+    def _push(self, frame: bytes, offered_at: float = _NOT_LIVE) -> None:
+        self._outbox.append((frame, offered_at))
         self._ready.set()
 
-    async def _put(self, frame: bytes) -> None:
-        """Queue a frame for this client, waiting for room (for replies and replays)."""
+    async def _put(self, frame: bytes, offered_at: float = _NOT_LIVE) -> None:
+        """Queue a frame for this client, waiting for room (for replies and replays; held
+        live events keep the time they were offered)."""
         while len(self._outbox) >= self.limits.outbox_frames and not self._closed:
             self._room = trio.Event()
             await self._room.wait()
-        self._push(frame)
+        self._push(frame, offered_at)
 
     async def _writer(self) -> None:
         """Send what the outbox holds, everything queued so far in one write when it can."""
@@ -229,17 +253,27 @@ class Connection:
                 self._ready = trio.Event()
                 while outbox:
                     batch: list[str] = []
+                    offered: list[float] = []
                     size = 0
                     while outbox and len(batch) < WRITE_BATCH_FRAMES and size < WRITE_BATCH_BYTES:
-                        frame = outbox.popleft()
+                        frame, at = outbox.popleft()
                         size += len(frame)
                         batch.append(frame.decode())
+                        if at != _NOT_LIVE:
+                            offered.append(at)
                     await send_many(batch)
-                    if self._on_frames_sent is not None:
-                        self._on_frames_sent(len(batch))
+                    if self._metrics is not None:
+                        self._count_sent(len(batch), offered)
                     self._room.set()
         except (WebSocketDisconnect, OSError, RuntimeError, trio.BrokenResourceError):
             self._closed = True  # the client is gone; the reader sees the disconnect
+
+    def _count_sent(self, frames: int, offered: list[float]) -> None:
+        metrics = self._metrics
+        metrics.inc(FRAMES_SENT, frames)
+        now = trio.current_time()
+        for at in offered:
+            metrics.observe(DELIVERY_SECONDS, now - at)
 
     # -- serving --
 
@@ -424,9 +458,9 @@ class Connection:
                 current_input_id=info.current_input_id,
             )
         )
-        for seq, event_frame in sub.pending:
+        for seq, event_frame, offered_at in sub.pending:
             if seq > sub.last_sent:
-                await self._put(event_frame)
+                await self._put(event_frame, offered_at)
                 sub.last_sent = seq
         sub.pending = []
         sub.live = True
@@ -466,9 +500,9 @@ class Connection:
         if self.topic_subscriptions.get(name) is not sub:
             return  # dropped while replaying (lagged, or unsubscribed)
         await self._put(encode_frame("topic_sync", topic=name, seq=sub.last_sent))
-        for seq, event_frame in sub.pending:
+        for seq, event_frame, offered_at in sub.pending:
             if seq > sub.last_sent:
-                await self._put(event_frame)
+                await self._put(event_frame, offered_at)
                 sub.last_sent = seq
         sub.pending = []
         sub.live = True

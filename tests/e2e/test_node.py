@@ -29,5 +29,5 @@ async def test_node_serves_health_metrics_and_json_404s_on_loopback(tmp_path):
     assert "turnstile_sessions_active 1.0" in metrics
     assert "turnstile_inputs_total 1.0" in metrics
     assert 'turnstile_turns_total{status="completed"} 1.0' in metrics
-    assert "# TYPE turnstile_turn_seconds summary" in metrics
+    assert "# TYPE turnstile_turn_seconds histogram" in metrics
     assert (tmp_path / "node.db").exists()

@@ -164,9 +164,6 @@ class FakeSessions:
     async def ping(self) -> None:
         pass
 
-    def metrics(self) -> dict[str, float]:
-        return {}
-
     async def submit(
         self, user, session_id, content, payload=None, *, idempotency_key=None
     ) -> Submitted:
