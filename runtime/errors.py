@@ -66,18 +66,27 @@ class ActorCrashed(ActorError):
 class PlacedElsewhere(ActorError):
     """The registry's placement put this address on another node; nothing was activated here.
 
+    The gateway answers it with HTTP 421 (Misdirected Request) naming the node and where it
+    can be reached, so a client or a load balancer can go there.
+
     Attributes:
         address: the actor's address (``kind:key``).
         node: the id of the node that holds it, when the placement knows it.
+        node_address: where that node can be reached (its gateway's URL), when it said.
     """
 
     code = "placed_elsewhere"
 
-    def __init__(self, address: str, node: str | None = None) -> None:
+    def __init__(
+        self, address: str, node: str | None = None, node_address: str | None = None
+    ) -> None:
         where = f"node {node!r}" if node else "another node"
+        if node_address:
+            where += f" at {node_address}"
         super().__init__(f"{address} lives on {where}")
         self.address = address
         self.node = node
+        self.node_address = node_address
 
 
 class SupervisorEscalation(ActorError):
