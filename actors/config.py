@@ -132,6 +132,11 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: Where the node can be reached, as ``turnstile nodes`` shows it; unset: the gateway's
     #: first URL.
     address: Annotated[str, msgspec.Meta(min_length=1, max_length=500)] | None = None
+    #: How sessions are placed: ``auto`` (leases on PostgreSQL, where several nodes may share
+    #: the store; none on SQLite), ``leases`` (each session is active on one node at a time,
+    #: its writes fenced by its lease; ``runtime.placement``) or ``single`` (no leases: only
+    #: when this is the one node on its store, for the cost of one acquisition per activation).
+    placement: Literal["auto", "leases", "single"] = "auto"
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):

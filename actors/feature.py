@@ -27,6 +27,7 @@ from turnstile.runtime.clock import Clock
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.gateway.topics import UserTopics
 from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import Store
 from turnstile.runtime.supervisor import Supervisor
@@ -49,6 +50,9 @@ class NodeContext:
         metrics: where counters, gauges and summaries go (``/metrics``).
         tools: the tool registry every feature registers into.
         sessions: the registry of ``session:<key>`` virtual actors.
+        placement: where sessions are activated with several nodes (``runtime.placement``:
+            each activation holds its session's lease and fences its writes with it); None on
+            one node.
         supervisor: the root supervisor; a feature spawns its actors under it.
         hooks: the sessions feature's hook points, filled in by the features.
         start_soon: starts a plain background task owned by the node (stopped when it closes).
@@ -77,6 +81,7 @@ class NodeContext:
     check_channel: Callable[[str], None] | None = None
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
+    placement: LeasePlacement | None = None
     topics: UserTopics = field(default_factory=UserTopics)
     started: trio.Event = field(default_factory=trio.Event)
 

@@ -53,6 +53,7 @@ from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
 from turnstile.runtime.membership import Membership, default_node_id, open_membership
 from turnstile.runtime.metrics import Metrics
+from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.server import WS_SEND_MANY, package_version, serve_app
 from turnstile.runtime.store import InboxItem, NodeRef, Store, open_store
@@ -298,14 +299,28 @@ async def open_node(
         ):
             max_reruns = config.limits.max_turn_reruns
             waiting = await recover(store, max_reruns=max_reruns, node=membership.ref)
+            placement = None
+            if _placed(config):
+                placement = LeasePlacement(
+                    store,
+                    lambda: membership.ref,
+                    _session_key,
+                    metrics=metrics,
+                    on_moved=membership.sweep,
+                )
             async with open_supervisor("root") as root:
                 sessions = await root.spawn_supervisor(
                     "sessions", max_restarts=3, within=10.0, escalate=False
                 )
                 registry = Registry(
-                    sessions, idle_timeout=config.idle_timeout, mailbox_size=limits.mailbox_size
+                    sessions,
+                    idle_timeout=config.idle_timeout,
+                    mailbox_size=limits.mailbox_size,
+                    placement=placement,
                 )
                 async with trio.open_nursery() as tasks:  # the node's plain tasks
+                    if placement is not None:
+                        tasks.start_soon(placement.run)
                     tools = ToolRegistry(PolicyTable(config.policies))
                     context = NodeContext(
                         config=config,
@@ -317,6 +332,7 @@ async def open_node(
                         supervisor=root,
                         hooks=SessionHooks(),
                         start_soon=tasks.start_soon,
+                        placement=placement,
                     )
                     register_builtin_tools(tools, clock)
 
@@ -406,6 +422,19 @@ async def open_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
+
+
+def _placed(config: Config) -> bool:
+    """Whether sessions are placed by lease (``[node] placement``; ``auto``: on PostgreSQL)."""
+    if config.node.placement == "auto":
+        return not config.store.startswith("sqlite:")
+    return config.node.placement == "leases"
+
+
+def _session_key(address: str) -> str | None:
+    """The session row a registry address stands for (only sessions are placed)."""
+    kind, _, key = address.partition(":")
+    return key if kind == "session" else None
 
 
 def register_modules(

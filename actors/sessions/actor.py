@@ -106,7 +106,7 @@ from turnstile.actors.sessions.services import (
 )
 from turnstile.actors.sessions.turn import Turn, TurnContext
 from turnstile.runtime.actor import Actor
-from turnstile.runtime.errors import Busy, InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import Busy, Fenced, InvalidArgument, LimitExceeded, NotFound
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
 from turnstile.runtime.store import InboxItem, Session
 
@@ -174,6 +174,11 @@ class SessionActor(Actor):
         #: This session's hold on the node's scheduled-turn slots.
         self.slots = TurnSlots(services, session_id)
         self.queued = 0
+        #: The lease epoch this activation holds (several nodes; None on one): every claim,
+        #: append and close carries it, and once the store refuses one (``Fenced``, the
+        #: session moved to another node) this activation writes nothing more and stops.
+        self.fence: int | None = None
+        self.fenced = False
         self.events = EventLog(
             services.store,
             session_id,
@@ -182,6 +187,7 @@ class SessionActor(Actor):
             self.subscribers,
             lambda: self.nursery,
         )
+        self.events.on_fenced = self._lost_lease
 
     @property
     def last_seq(self) -> int:
@@ -192,6 +198,9 @@ class SessionActor(Actor):
 
     async def on_start(self) -> None:
         store = self.services.store
+        placement = self.services.placement
+        if placement is not None:
+            self.fence = self.events.fence = placement.fence(f"session:{self.session_id}")
         try:
             self.session = await store.get_session(self.session_id)
         except NotFound:
@@ -211,6 +220,21 @@ class SessionActor(Actor):
     async def on_stop(self) -> None:
         if self.turn is not None:
             self.turn.cancel("interrupted")
+
+    def _lost_lease(self, exc: Fenced) -> None:
+        """The store refused a write: the session's lease moved to another node (this node
+        was paused or cut off past its lease). Nothing more is written from here: the turn
+        under way is cancelled (its closure is the new holder's recovery), no input is
+        claimed, and the activation stops; the next message finds where the session lives."""
+        if self.fenced:
+            return
+        self.fenced = True
+        log.warning("session %s: %s; this activation stops", self.session_id, exc)
+        if self.services.placement is not None:
+            self.services.placement.fenced()
+        if self.turn is not None:
+            self.turn.cancel("interrupted")
+        self.ref.stop_nowait()
 
     # -- messages --
 
@@ -440,13 +464,19 @@ class SessionActor(Actor):
     async def _drain(self) -> None:
         """Run queued inputs one at a time, oldest first, until none is left."""
         try:
-            while not self.deleting:
+            while not self.deleting and not self.fenced:
                 self.wakeup_pending = False
                 held = await self.slots.for_next()
                 try:
-                    if self.deleting:
+                    if self.deleting or self.fenced:
                         return
-                    item = await self.services.store.claim_next_input(self.session_id)
+                    try:
+                        item = await self.services.store.claim_next_input(
+                            self.session_id, fence=self.fence
+                        )
+                    except Fenced as exc:
+                        self._lost_lease(exc)
+                        return
                     if item is None:
                         if self.wakeup_pending:
                             continue  # something was enqueued while we looked
@@ -540,14 +570,19 @@ class SessionActor(Actor):
             cancelled = trio.current_effective_deadline() == -math.inf
             bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
             with trio.move_on_after(bound, shield=True) as closing:
-                if beat is not None:
-                    detail = await settle_heartbeat(
-                        self, turn, beat, status, text, error, detail, history_mark
-                    )
-                await self._close_turn(turn, status, text, error, detail)
-                if run is not None:
+                closed = False
+                try:
+                    if beat is not None:
+                        detail = await settle_heartbeat(
+                            self, turn, beat, status, text, error, detail, history_mark
+                        )
+                    await self._close_turn(turn, status, text, error, detail)
+                    closed = True
+                except Fenced as exc:  # the new holder's recovery closes this turn
+                    self._lost_lease(exc)
+                if closed and run is not None:
                     await finish_run(self.services.store, run, status, error, detail)
-                if headless:
+                if closed and headless:
                     # recall.md's finally: a run nobody started watching ends with a
                     # session_sync, so late observers re-read history and state at once.
                     # Same fields as the attach-time frame, plus which turn just ended.
@@ -626,7 +661,7 @@ class SessionActor(Actor):
             status, "interrupted"
         )
         await self.services.store.finish_input(
-            turn.item.id, state, {"status": status, **(detail or {})}
+            turn.item.id, state, {"status": status, **(detail or {})}, fence=self.fence
         )
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:

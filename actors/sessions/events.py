@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from turnstile.runtime.errors import Fenced
 from turnstile.runtime.gateway.backend import Subscriber
 from turnstile.runtime.store import EventRecord, Store
 
@@ -60,6 +61,8 @@ class EventLog:
         "_batch",
         "_storing",
         "_flushing",
+        "fence",
+        "on_fenced",
     )
 
     def __init__(
@@ -83,6 +86,10 @@ class EventLog:
         self._batch: _EventBatch | None = None
         self._storing: _EventBatch | None = None
         self._flushing = False
+        #: The session's lease epoch, carried by every append (None: unfenced, one node).
+        self.fence: int | None = None
+        #: Called once an append was refused because the lease moved (``Fenced``).
+        self.on_fenced: Callable[[Fenced], None] | None = None
 
     @property
     def idle(self) -> bool:
@@ -146,8 +153,14 @@ class EventLog:
         batch, self._batch = self._batch, None
         self._storing = batch
         try:
-            records = await self._store.append_events(self._session_id, batch.events)
+            records = await self._store.append_events(
+                self._session_id, batch.events, fence=self.fence
+            )
             self._offer(records)
+        except Fenced as exc:  # the session moved to another node: nothing was stored
+            batch.error = exc
+            if self.on_fenced is not None:
+                self.on_fenced(exc)
         except Exception as exc:
             batch.error = exc
             log.error(

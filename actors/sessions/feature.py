@@ -61,6 +61,7 @@ class SessionsFeature:
             notify=node.notify,
             scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
             turn_context=hooks.turn_context,
+            placement=node.placement,
         )
         hooks.scheduled_turns = services.scheduled_turns
         node.sessions.register("session", lambda key: SessionActor(key, services))

@@ -23,6 +23,7 @@ from turnstile.actors.sessions.agents.base import (
     TurnInput,
     Usage,
 )
+from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.store import EventRecord, Store
 
 __all__ = ["ToolCaller", "ShapedTurn", "TurnShaper", "SessionLimits", "SessionServices"]
@@ -124,3 +125,6 @@ class SessionServices:
     #: ``async (owner, session_key) -> str | None``: system messages for each turn
     #: (``SessionHooks.turn_context``).
     turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)
+    #: With several nodes: the placement whose lease each activation holds; its lease epoch
+    #: fences the session's writes (``runtime.placement``). None on one node.
+    placement: LeasePlacement | None = None

@@ -169,10 +169,10 @@ class GatedStore:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    async def append_events(self, session_id, events):
+    async def append_events(self, session_id, events, *, fence=None):
         await self.open.wait()
         self.appends.append([type_ for type_, _ in events])
-        return await self._store.append_events(session_id, events)
+        return await self._store.append_events(session_id, events, fence=fence)
 
 
 class Streamer:

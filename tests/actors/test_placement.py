@@ -1,0 +1,131 @@
+"""Two nodes on one store, in-process, with session leases (``[node] placement = "leases"``;
+the default on PostgreSQL): a session is active on one node at a time, a node that does not
+hold it answers 421 naming the holder, a lease whose node is no longer live moves, and the
+node that lost it can write nothing more for the session (fencing).
+
+The lease of node ``a`` is made to run out behind its back (its row's ``lease_expires_at`` set
+to its start): what a node paused past its lease (SIGSTOP, a long GC) looks like to the others.
+The multi-process version with a real SIGSTOP is tests/e2e/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import httpx
+import trio
+
+from tests.runtime.store._support import Backend
+from tests.support.sessions import Recorder
+from turnstile.actors.config import Config, NodeConfig
+from turnstile.actors.node import open_node
+from turnstile.actors.sessions.agents.base import TurnContext
+
+TOKEN = "placement-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class GatedAgent:
+    """Streams one delta, then waits for ``release`` before it answers."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.started = trio.Event()
+        self.turns: list[str] = []
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn: TurnContext) -> str:
+        self.turns.append(turn.input.content)
+        await turn.emit("stream_delta", "thinking ")
+        self.started.set()
+        if turn.input.content == "long":
+            await self.release.wait()
+        return f"done: {turn.input.content}"
+
+
+def config(url: str, node_id: str) -> Config:
+    node = NodeConfig(id=node_id, lease_seconds=600, placement="leases")
+    return Config(store=url, node=node)
+
+
+async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fenced(store_url):
+    a_agent, b_agent = GatedAgent(), GatedAgent()
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
+        )
+        b = await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, agent=b_agent, serve=False)
+        )
+        http_a = await stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=a.app), base_url="http://a")
+        )
+        http_b = await stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=b.app), base_url="http://b")
+        )
+        assert (await http_a.post("/sessions", json={"id": "s"}, headers=AUTH)).status_code == 201
+        sent = await http_a.post("/sessions/s/messages", json={"content": "long"}, headers=AUTH)
+        assert sent.status_code == 202
+        await a_agent.started.wait()
+        # b does not hold the session: 421, naming a
+        refused = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
+        assert refused.status_code == 421, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["node"]) == ("placed_elsewhere", "a")
+        assert b_agent.turns == []
+        # a is paused past its lease: for everyone else it is dead, and the session moves to b
+        backend = Backend("sqlite" if store_url.startswith("sqlite") else "postgres", store_url)
+        await expire_lease(backend, "a")
+        seen = Recorder()
+        await b.directory.attach("ada", "s", seen)  # activates s on b: the lease moves
+        for content in ("next", "after"):
+            sent = await http_b.post(
+                "/sessions/s/messages", json={"content": content}, headers=AUTH
+            )
+            assert sent.status_code == 202, sent.text
+        await seen.until(b'"stream_end"', 2)  # "after" ran, so "next" was closed before it
+        assert b_agent.turns == ["next", "after"]
+        store = b.store
+        states = ["interrupted", "done", "done"]
+        assert [i.state for i in await store.list_inputs("ada/s")][:2] == states[:2]
+        before = [(e.seq, e.type) for e in await store.read_events("ada/s")]
+        # b closed a's cut-off turn visibly before it ran its own
+        types = [t for _, t in before]
+        assert types[:4] == ["turn_queued", "stream_start", "stream_delta", "stream_end"]
+        # a resumes: its turn ends, and nothing of it reaches the store
+        fenced = trio.Event()
+        count = a.context.placement.fenced
+
+        def spy() -> None:
+            count()
+            fenced.set()
+
+        a.context.placement.fenced = spy
+        a_agent.release.set()
+        with trio.fail_after(10):
+            await fenced.wait()
+        assert a.metrics.value("turnstile_fencing_refusals_total") == 1
+        # a's activation stopped: a message through a is refused, naming b
+        again = await http_a.post("/sessions/s/messages", json={"content": "y"}, headers=AUTH)
+        assert again.status_code == 421 and again.json()["error"]["node"] == "b"
+        await seen.until(b'"stream_end"', 2)
+        after = [(e.seq, e.type) for e in await store.read_events("ada/s")]
+        assert after == before
+        assert [i.state for i in await store.list_inputs("ada/s")] == states
+        assert a_agent.turns == ["long"]
+        assert b.metrics.value("turnstile_leases_moved_total") == 1
+        assert b.metrics.value("turnstile_leases_refused_total") == 1
+
+
+async def expire_lease(backend: Backend, node_id: str) -> None:
+    if backend.kind == "sqlite":
+        await backend.sql("UPDATE nodes SET lease_expires_at = started_at WHERE id = ?", node_id)
+    else:
+        await backend.sql(
+            "UPDATE nodes SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+            node_id,
+        )
