@@ -230,3 +230,70 @@ async def test_a_second_process_with_the_same_node_id_takes_over_and_the_first_s
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(60)
+async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_path, pg_store):
+    """Fencing with a real SIGSTOP: A holds session ``s`` and runs a turn of it; A is stopped
+    for twice its lease. B takes the session over (A's turn closed as interrupted, a new turn
+    runs on B). When A resumes, its heartbeat finds it declared dead and it exits 3; the turn it
+    was running closes as it stops, and the store refuses every write of it: the session's log
+    is exactly what it was, gapless, with A's input closed once."""
+    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
+    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
+    try:
+        await a.start()
+        await b.start()
+        await new_session(a.node, "s", token=TOKEN)
+        async with connect(a.node, TOKEN) as on_a:
+            await on_a.send(type="attach", session_id="s")
+            await on_a.expect("session_sync")
+            await on_a.send(type="send", session_id="s", content="/sleep 600", client_msg_id="1")
+            input_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
+            await on_a.expect("stream_start", input_id=input_id)
+        async with b.node.http(TOKEN) as http:  # A holds s: B refuses, naming A
+            refused = await http.post("/sessions/s/messages", json={"content": "early"})
+            assert refused.status_code == 421, refused.text
+            assert refused.json()["error"]["node_address"] == a.node.url
+        paused = trio.current_time()
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            async with b.node.http(TOKEN) as http:
+
+                async def moved_to_b() -> bool:
+                    sent = await http.post("/sessions/s/messages", json={"content": "on b"})
+                    assert sent.status_code in (202, 421), sent.text
+                    return sent.status_code == 202
+
+                await eventually(moved_to_b, LEASE + 10 * INTERVAL)
+            moved_after = trio.current_time() - paused
+            async with connect(b.node, TOKEN) as on_b:
+                await on_b.send(type="attach", session_id="s", after_seq=0)
+                await on_b.expect("stream_end", text="You said: on b")
+            with trio.fail_after(2 * LEASE):  # A stays stopped for twice its lease
+                await trio.sleep_until(paused + 2 * LEASE)
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        async with open_store(pg_store) as store:
+            before = [(e.seq, e.type, e.payload) for e in await store.read_events("dev/s")]
+        with trio.fail_after(5 * INTERVAL + 10):
+            status = await a.process.wait()
+        assert status == 3  # declared dead while stopped: it stops serving
+        assert "the session is at" in a.log.read_text()  # its closing write was refused
+        async with open_store(pg_store) as store:
+            after = [(e.seq, e.type, e.payload) for e in await store.read_events("dev/s")]
+            inputs = {i.id: i.state for i in await store.list_inputs("dev/s")}
+        assert after == before  # not one write of A's reached the store once it resumed
+        assert [seq for seq, _, _ in after] == list(range(1, len(after) + 1))  # no gap
+        ends = [p for _, t, p in after if t == "stream_end" and p["input_id"] == input_id]
+        assert [e["status"] for e in ends] == ["interrupted"]  # closed once, by B
+        assert inputs[input_id] == "interrupted"
+        assert sorted(inputs.values()) == ["done", "interrupted"]
+        assert await b.metric("turnstile_leases_moved_total") == 1
+        print(f"session s moved to B {moved_after:.2f} s after SIGSTOP (lease {LEASE} s)")
+        assert await b.stop() == 0
+    finally:
+        a.close()
+        b.close()
