@@ -49,7 +49,7 @@ from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.actors.watchers.feature import WatchersFeature
 from turnstile.actors.webhooks.feature import WebhooksFeature
 from turnstile.runtime.clock import Clock, SystemClock
-from turnstile.runtime.errors import NotFound
+from turnstile.runtime.errors import ActorStopped, NotFound, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway import Auth, ConnectionLimits, build_app
 from turnstile.runtime.membership import Membership, default_node_id, open_membership
 from turnstile.runtime.metrics import Metrics
@@ -369,6 +369,10 @@ async def open_node(
                                 await registry.ref(f"session:{session_id}").tell(Wake())
 
                     membership.on_takeover = take_over
+                    if placement is not None:
+                        tasks.start_soon(
+                            _catch_up, store, registry, membership, name="queued-input catch-up"
+                        )
                     context.started.set()
                     app = None
                     if tokens or serve:  # serving without a token is refused by Auth
@@ -422,6 +426,26 @@ async def open_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
+
+
+async def _catch_up(store: Store, registry: Registry, membership: Membership) -> None:
+    """With several nodes, every sweep interval: wake the sessions that have queued inputs and
+    no turn running on another live node. An input stored by another node (a fire, a webhook,
+    a message) for a session whose lease this node holds reaches it here at the latest; a
+    session no node holds is activated here (or by whichever node asks first); one held by
+    another live node is refused by the placement and left to it."""
+    while True:
+        await trio.sleep(membership.interval)
+        try:
+            waiting = await store.sessions_with_queued_inputs(node=membership.ref)
+        except StoreError as exc:
+            log.warning("looking for queued inputs failed: %s", exc)
+            continue
+        for session_id in waiting:
+            try:
+                await registry.ref(f"session:{session_id}").tell(Wake())
+            except (PlacedElsewhere, ActorStopped, StoreError):
+                continue  # another node holds it, or it is going away
 
 
 def _placed(config: Config) -> bool:

@@ -68,9 +68,11 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
             httpx.AsyncClient(transport=httpx.ASGITransport(app=b.app), base_url="http://b")
         )
         assert (await http_a.post("/sessions", json={"id": "s"}, headers=AUTH)).status_code == 201
+        on_a = Recorder()
+        await a.directory.attach("ada", "s", on_a)
         sent = await http_a.post("/sessions/s/messages", json={"content": "long"}, headers=AUTH)
         assert sent.status_code == 202
-        await a_agent.started.wait()
+        await on_a.until(b'"stream_delta"')  # stored: a's turn is under way
         # b does not hold the session: 421, naming a
         refused = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
         assert refused.status_code == 421, refused.text
@@ -129,3 +131,29 @@ async def expire_lease(backend: Backend, node_id: str) -> None:
             "UPDATE nodes SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
             node_id,
         )
+
+
+async def test_an_input_another_node_stores_reaches_the_holder(store_url):
+    """A fire, a webhook or a message handled on another node stores the input in the inbox;
+    the node that holds the session picks it up by its next sweep interval at the latest."""
+    a_agent = GatedAgent()
+    short = NodeConfig(id="a", lease_seconds=1, placement="leases")
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(
+                Config(store=store_url, node=short),
+                tokens={TOKEN: "ada"},
+                agent=a_agent,
+                serve=False,
+            )
+        )
+        b = await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        await a.directory.create_session("ada", session_id="s")
+        seen = Recorder()
+        await a.directory.attach("ada", "s", seen)  # a holds s
+        await b.store.enqueue_input("ada/s", "user", {"content": "stored by b"})
+        with trio.fail_after(10):
+            await seen.until(b'"stream_end"')
+        assert a_agent.turns == ["stored by b"]
