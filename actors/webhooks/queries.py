@@ -25,6 +25,7 @@ __all__ = [
     "BIND",
     "BINDINGS",
     "CLAIM",
+    "DELIVERIES",
     "END_SESSION",
     "PENDING",
     "PRUNE",
@@ -36,6 +37,7 @@ __all__ = [
     "UNROUTED",
     "Binding",
     "Claimed",
+    "Recorded",
     "Target",
     "Unrouted",
 ]
@@ -90,6 +92,21 @@ class Unrouted(msgspec.Struct, frozen=True):
     content: str
     payload: dict[str, Any]
     received_at: datetime
+
+
+class Recorded(msgspec.Struct, frozen=True):
+    """A recorded delivery and where it went (``GET /webhooks/deliveries``)."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    source_ref: str
+    #: ``routed`` (it had sessions to go to) or ``unrouted``.
+    state: str
+    owner: str | None
+    received_at: datetime
+    #: the sessions it went to (only the reader's own, unless all users' were asked for).
+    targets: list[Target]
 
 
 def _time(value: str | datetime | None) -> datetime | None:
@@ -366,6 +383,57 @@ async def _targets_postgres(conn: Any, *, delivery_id: str) -> list[Target]:
 
 #: ``(delivery_id) -> [Target]``: where a delivery went.
 TARGETS = TableQuery("webhooks.targets", sqlite=_targets_sqlite, postgres=_targets_postgres)
+
+
+# ---- deliveries, as a person reads them ---------------------------------------------------------
+
+_DELIVERIES = (
+    "SELECT d.id, d.hook, d.event, d.source_ref, d.state, d.owner, d.received_at,"
+    " t.delivery_id, t.session_key, t.owner, t.state, t.input_id, t.attempts, t.error"
+    " FROM (SELECT * FROM webhook_deliveries w {mine}"
+    " ORDER BY received_at DESC, id LIMIT {limit}) d"
+    " LEFT JOIN webhook_targets t ON t.delivery_id = d.id {theirs}"
+    " ORDER BY d.received_at DESC, d.id, t.session_key"
+)
+#: A delivery is the reader's when it was sent on their behalf (their repository, their hook)
+#: or went to one of their sessions.
+_MINE = (
+    "WHERE w.owner = {0} OR EXISTS (SELECT 1 FROM webhook_targets x"
+    " WHERE x.delivery_id = w.id AND x.owner = {0})"
+)
+
+
+def _recorded(rows: Any) -> list[Recorded]:
+    out: list[Recorded] = []
+    for row in rows:
+        if not out or out[-1].delivery_id != row[0]:
+            out.append(Recorded(row[0], row[1], row[2], row[3], row[4], row[5], _time(row[6]), []))
+        if row[7] is not None:
+            out[-1].targets.append(Target(*row[7:14]))
+    return out
+
+
+def _deliveries_sqlite(conn: Any, *, owner: str | None, limit: int) -> list[Recorded]:
+    if owner is None:
+        sql = _DELIVERIES.format(mine="", limit="?", theirs="")
+        return _recorded(conn.execute(sql, (limit,)))
+    sql = _DELIVERIES.format(mine=_MINE.format("?"), limit="?", theirs="AND t.owner = ?")
+    return _recorded(conn.execute(sql, (owner, owner, limit, owner)))
+
+
+async def _deliveries_postgres(conn: Any, *, owner: str | None, limit: int) -> list[Recorded]:
+    if owner is None:
+        sql = _DELIVERIES.format(mine="", limit="$1", theirs="")
+        return _recorded(await conn.fetch(sql, limit))
+    sql = _DELIVERIES.format(mine=_MINE.format("$1"), limit="$2", theirs="AND t.owner = $1")
+    return _recorded(await conn.fetch(sql, owner, limit))
+
+
+#: ``(owner, limit) -> [Recorded]``, newest first, each with its targets; ``owner=None`` lists
+#: everyone's (admins), else only the owner's deliveries and, of each, the owner's targets.
+DELIVERIES = TableQuery(
+    "webhooks.deliveries", sqlite=_deliveries_sqlite, postgres=_deliveries_postgres
+)
 
 
 # ---- bindings ----------------------------------------------------------------------------------

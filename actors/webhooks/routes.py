@@ -7,6 +7,10 @@
                                             (Standard Webhooks)
 ``GET /webhooks/unrouted``                  the caller's unrouted events; ``all_users=true``
                                             for ``[webhooks] admins`` (else 403); ``limit``
+``GET /webhooks/deliveries``                the caller's recorded deliveries with where each
+                                            went; ``all_users=true`` (admins) adds every
+                                            user's and the node's counts by hook and outcome,
+                                            duplicates and refusals included; ``limit``
 ``GET /sessions/{id}/bindings``             the session's bindings
 ``POST /sessions/{id}/bindings``            ``{"source": "github:o/r#3"}``: 201 new, 200 if
                                             it was bound already
@@ -36,7 +40,7 @@ import msgspec
 from starlette.responses import Response
 
 from turnstile.actors.feature import NodeContext
-from turnstile.actors.sessions.ids import session_key
+from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.actors.webhooks.github import EVENTS, parse_event
 from turnstile.actors.webhooks.service import Delivery, Ingress, RateLimited, iso
 from turnstile.actors.webhooks.settings import HookConfig, WebhooksConfig
@@ -90,6 +94,13 @@ class UnboundQuery(msgspec.Struct, forbid_unknown_fields=True):
 
 class UnroutedQuery(msgspec.Struct, forbid_unknown_fields=True):
     """``GET /webhooks/unrouted``'s query."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    all_users: bool = False
+
+
+class DeliveriesQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /webhooks/deliveries``'s query."""
 
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
     all_users: bool = False
@@ -279,6 +290,45 @@ def webhook_routes(
             ]
         }
 
+    async def deliveries(request: ApiRequest) -> Any:
+        query = _query(request, DeliveriesQuery)
+        if query.all_users and request.user not in config.admins:
+            error = {
+                "code": "forbidden",
+                "message": "all_users is for [webhooks] admins",
+                "field": "all_users",
+            }
+            return _json({"error": error}, 403)
+        found = await ingress.deliveries(None if query.all_users else request.user, query.limit)
+        answer: dict[str, Any] = {
+            "deliveries": [
+                {
+                    "delivery_id": d.delivery_id,
+                    "hook": d.hook,
+                    "event": d.event,
+                    "source_ref": d.source_ref,
+                    "state": d.state,
+                    **({"owner": d.owner} if query.all_users else {}),
+                    "received_at": iso(d.received_at),
+                    "targets": [
+                        {
+                            "session": public_id(t.session_key),
+                            **({"owner": t.owner} if query.all_users else {}),
+                            "state": t.state,
+                            "input_id": t.input_id,
+                            "attempts": t.attempts,
+                            "error": t.error,
+                        }
+                        for t in d.targets
+                    ],
+                }
+                for d in found
+            ]
+        }
+        if query.all_users:  # node-wide: no user's alone
+            answer["counts"] = ingress.counts()
+        return answer
+
     async def list_bindings(request: ApiRequest) -> Any:
         key = await node.directory.owned_key(request.user, request.path["id"])
         return {"bindings": [binding_view(b) for b in await ingress.bindings(key)]}
@@ -301,6 +351,7 @@ def webhook_routes(
         return name if name in hooks else ""
 
     routes.append(HttpRoute("GET", "/webhooks/unrouted", unrouted))
+    routes.append(HttpRoute("GET", "/webhooks/deliveries", deliveries))
     if github_secret is not None:
         routes.append(
             HttpRoute(

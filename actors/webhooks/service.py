@@ -51,6 +51,7 @@ from turnstile.actors.webhooks.queries import (
     BIND,
     BINDINGS,
     CLAIM,
+    DELIVERIES,
     END_SESSION,
     PENDING,
     PRUNE,
@@ -61,6 +62,7 @@ from turnstile.actors.webhooks.queries import (
     UNROUTED,
     Binding,
     Claimed,
+    Recorded,
     Unrouted,
 )
 from turnstile.actors.webhooks.settings import WebhooksConfig
@@ -71,6 +73,9 @@ from turnstile.runtime.store import Store
 from turnstile.tools.registry import ToolCall
 
 __all__ = ["Delivery", "Ingress", "RateLimited", "TokenBucket", "inbox_payload"]
+
+#: One ``name="value"`` of a sample's labels, as ``Metrics.snapshot`` writes them.
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 log = logging.getLogger("turnstile.webhooks")
 
@@ -452,6 +457,30 @@ class Ingress:
 
     async def unrouted(self, owner: str | None, limit: int) -> list[Unrouted]:
         return await self.store.run_read(UNROUTED, owner=owner, limit=limit)
+
+    async def deliveries(self, owner: str | None, limit: int) -> list[Recorded]:
+        """The latest recorded deliveries, newest first, with where each went: ``owner``'s
+        (sent on their behalf or to one of their sessions, and only their sessions of it), or
+        everyone's for None."""
+        return await self.store.run_read(DELIVERIES, owner=owner, limit=limit)
+
+    def counts(self) -> dict[str, dict[str, Any]]:
+        """Every webhook request this node answered since it started, by hook: each outcome
+        of ``turnstile_webhook_deliveries_total`` (``accepted``, ``unrouted``, ``duplicate``,
+        ``ignored``, ``pong``) and ``refused`` by reason (``turnstile_webhook_refusals_total``).
+        Duplicates and refusals are not recorded as deliveries, so these counters are the only
+        place they show; read from the metrics, so the two never disagree."""
+        out: dict[str, dict[str, Any]] = {}
+        for sample, value in self.metrics.snapshot().items():
+            family, _, rest = sample.partition("{")
+            labels = dict(_LABEL.findall(rest))
+            if family == "turnstile_webhook_deliveries_total":
+                entry = out.setdefault(labels.get("hook", ""), {"refused": {}})
+                entry[labels.get("outcome", "")] = int(value)
+            elif family == "turnstile_webhook_refusals_total":
+                entry = out.setdefault(labels.get("hook", ""), {"refused": {}})
+                entry["refused"][labels.get("reason", "")] = int(value)
+        return out
 
     # ---- a pull request opened through the http tool ----
 

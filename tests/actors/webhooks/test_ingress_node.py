@@ -202,6 +202,72 @@ async def test_unbound_events_go_to_the_repos_default_session_or_are_listed_unro
         assert refused.status_code == 403 and refused.json()["error"]["field"] == "all_users"
 
 
+async def test_deliveries_are_listed_to_whom_they_concern_and_admins_see_the_counts(store_url):
+    repos = {"acme/other": RepoConfig(user="bob")}
+    github = GitHubConfig(secret=GITHUB_SECRET, repos=repos)
+    async with node_with(store_url, github=github, admins=["ada"]) as (node, http, ingress):
+        await session(node, http, ADA, "pr3", PR3)
+        await session(node, http, BOB, "mine", PR3)
+        body = check_run_event(pr=3)
+        assert (await deliver(http, "check_run", body, delivery="d1")).json()["sessions"] == 2
+        assert (await deliver(http, "check_run", body, delivery="d1")).json() == {"duplicate": True}
+        other = check_run_event(repo="other", run_id=5)
+        assert (await deliver(http, "check_run", other, delivery="d2")).json()["unrouted"]
+        forged = await deliver(http, "check_run", body, secret="not-the-secret")
+        assert forged.status_code == 401
+
+        async def listed(token: str, query: str = "") -> dict:
+            answer = await http.get(f"/webhooks/deliveries{query}", headers=auth(token))
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        def outline(deliveries: list[dict]) -> list[tuple]:
+            return [
+                (
+                    d["delivery_id"],
+                    d["state"],
+                    [(t["session"], t["state"], t["attempts"]) for t in d["targets"]],
+                )
+                for d in deliveries
+            ]
+
+        # each sees their own sessions of a delivery, never another user's
+        ada = await listed(ADA)
+        assert outline(ada["deliveries"]) == [("github:d1", "routed", [("pr3", "delivered", 1)])]
+        assert ada["deliveries"][0]["source_ref"] == "Acme/App#check_run:4242"
+        assert "counts" not in ada and "owner" not in ada["deliveries"][0]
+        bob = await listed(BOB)
+        assert outline(bob["deliveries"]) == [
+            ("github:d2", "unrouted", []),
+            ("github:d1", "routed", [("mine", "delivered", 1)]),
+        ]
+        # an admin sees everyone's, with the owners, and what no delivery row records
+        everyone = await listed(ADA, "?all_users=true")
+        assert [(d["delivery_id"], d["owner"]) for d in everyone["deliveries"]] == [
+            ("github:d2", "bob"),
+            ("github:d1", None),
+        ]
+        assert [(t["session"], t["owner"]) for t in everyone["deliveries"][1]["targets"]] == [
+            ("pr3", "ada"),
+            ("mine", "bob"),
+        ]
+        assert everyone["counts"] == {
+            "github": {
+                "accepted": 1,
+                "duplicate": 1,
+                "unrouted": 1,
+                "refused": {"bad_signature": 1},
+            }
+        }
+        assert (await listed(ADA, "?all_users=true&limit=1"))["deliveries"][0][
+            "delivery_id"
+        ] == "github:d2"
+        refused = await http.get("/webhooks/deliveries?all_users=true", headers=auth(BOB))
+        assert refused.status_code == 403 and refused.json()["error"]["field"] == "all_users"
+        bad = await http.get("/webhooks/deliveries?limit=0", headers=auth(ADA))
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "limit"
+
+
 async def test_every_session_bound_to_the_event_gets_it_once(store_url):
     async with node_with(store_url) as (node, http, ingress):
         by_pr = await session(node, http, ADA, "pr3", PR3)
