@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README's second command (and what CI runs): install Turnstile with its dev extra into .venv,
-# make sure PostgreSQL is there, lint, check the import contracts, and run the whole test suite.
+# make sure PostgreSQL and Chromium are there, lint, check the import contracts, and run the whole
+# test suite.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,11 @@ bash scripts/venv.sh dev
 dsn="$(bash scripts/ensure-postgres.sh)"
 if [ -n "$dsn" ]; then
   export TURNSTILE_TEST_PG_DSN="${TURNSTILE_TEST_PG_DSN:-$dsn}"
+fi
+# the console's browser tests drive Debian's chromium (installed here when missing)
+chromium="$(bash scripts/ensure-chromium.sh)"
+if [ -n "$chromium" ]; then
+  export TURNSTILE_CHROMIUM="${TURNSTILE_CHROMIUM:-$chromium}"
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
