@@ -14,6 +14,10 @@ the ``after`` cursor follow the session id rule, so a malformed one is ``400 bad
 naming the parameter; numbers in the query are range-checked before they reach the store. An
 unexpected exception is answered ``500 internal`` and logged with its traceback.
 
+The API is described by the OpenAPI 3.1 document at ``GET /openapi.json``, generated at the
+first request from every mounted route (``runtime.gateway.openapi``), the gateway's own
+included; ``/ws`` is a WebSocket, described in ``docs/protocol.md`` instead.
+
 Slow clients are bounded too: a body must arrive whole within ``body_timeout`` seconds of the
 handler starting to read it (else ``408 request_timeout`` and the connection is closed), and a
 body whose ``Content-Length`` is over the limit is refused before any of it is read. (Slow
@@ -24,11 +28,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -56,11 +61,12 @@ from turnstile.runtime.gateway.frames import (
     error_frame,
     is_valid_id,
 )
-from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.gateway.openapi import openapi_document
+from turnstile.runtime.gateway.routes import ApiError, ApiRequest, HttpRoute, Reply
 from turnstile.runtime.gateway.topics import UserTopics
 from turnstile.runtime.metrics import CONTENT_TYPE, Metrics
 
-__all__ = ["ID_RULE", "build_app"]
+__all__ = ["ID_RULE", "Health", "Unhealthy", "build_app"]
 
 log = logging.getLogger("turnstile.gateway")
 
@@ -81,6 +87,30 @@ _STATUS = {
 
 _encoder = msgspec.json.Encoder()
 
+#: What ``/ws`` is, for the API document (OpenAPI describes no WebSocket).
+_INTRO = (
+    "The HTTP API of a Turnstile node, generated from its routes and their msgspec types "
+    "(`docs/api.md`). Every route but the probes, the webhook receivers and the console's "
+    'files needs `Authorization: Bearer <token>`. Errors are `{"error": {"code", '
+    '"message", "field"?}}`. The WebSocket protocol at `/ws` (attach to sessions, send, '
+    "watch turns stream) is described in `docs/protocol.md`."
+)
+
+
+class Health(msgspec.Struct):
+    """``GET /healthz`` when the node can serve: its store answers."""
+
+    status: Literal["ok"]
+    version: str
+    protocol: int
+
+
+class Unhealthy(msgspec.Struct):
+    """``GET /healthz`` when the store does not answer: why."""
+
+    status: Literal["unhealthy"]
+    error: ApiError
+
 
 class _Json(Response):
     media_type = "application/json"
@@ -100,7 +130,10 @@ class _Request:
         self._raw = raw
         self.user = user
         self.path = request.path_params
-        self.query = request.query_params
+        query = request.query_params
+        if "token" in query:  # the gateway's (``?token=``), not a parameter of the route
+            query = QueryParams([(k, v) for k, v in query.multi_items() if k != "token"])
+        self.query = query
         self.headers = request.headers
 
     async def body(self, codec: Codec) -> Any:
@@ -253,17 +286,53 @@ def build_app(
             raise RequestTimeout(f"the request body did not arrive within {body_timeout:g} s")
         return b"".join(chunks)
 
-    async def healthz(_: Request) -> Response:
+    async def healthz(_: ApiRequest) -> Any:
         try:
             await backend.ping()
         except Exception as exc:  # report, don't crash: this is the probe
-            return _Json(
-                {"status": "unhealthy", "error": {"code": "unhealthy", "message": str(exc)}}, 503
-            )
-        return _Json({"status": "ok", "version": version, "protocol": PROTOCOL_VERSION})
+            error = ApiError(code="unhealthy", message=str(exc))
+            return _Json(Unhealthy(status="unhealthy", error=error), 503)
+        return Health(status="ok", version=version, protocol=PROTOCOL_VERSION)
 
-    async def scrape(_: Request) -> Response:
+    async def scrape(_: ApiRequest) -> Any:
         return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
+
+    document: list[bytes] = []
+
+    async def openapi(_: ApiRequest) -> Any:
+        if not document:  # every route is known by now; built once
+            built = openapi_document(every, title="Turnstile", version=version, description=_INTRO)
+            document.append(_encoder.encode(built))
+        return Response(document[0], media_type="application/json")
+
+    own = [
+        HttpRoute(
+            "GET",
+            "/healthz",
+            healthz,
+            auth="public",
+            summary="Whether the node can serve (its store answers)",
+            response=Health,
+            responses={503: Reply(Unhealthy, "The store does not answer")},
+        ),
+        HttpRoute(
+            "GET",
+            "/metrics",
+            scrape,
+            auth="public",
+            summary="The node's metrics, in the Prometheus text format",
+            responses={200: Reply(str, "Prometheus text format 0.0.4", media_type="text/plain")},
+        ),
+        HttpRoute(
+            "GET",
+            "/openapi.json",
+            openapi,
+            auth="public",
+            summary="This document: the HTTP API, generated from the routes",
+            response=dict[str, Any],
+        ),
+    ]
+    every = [*own, *routes]
 
     async def websocket_endpoint(scope, receive, send) -> None:
         # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
@@ -311,13 +380,12 @@ def build_app(
         return _Json(
             {"error": {"code": "method_not_allowed", "message": f"{request.method} not allowed"}},
             405,
+            headers=getattr(exc, "headers", None),  # Allow: the methods the path has
         )
 
     return Starlette(
         routes=[
-            Route("/healthz", healthz),
-            Route("/metrics", scrape),
-            *(mount(route) for route in routes),
+            *(mount(route) for route in every),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: unexpected},
