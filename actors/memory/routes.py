@@ -34,6 +34,10 @@ answered here, in the same ``{"error": {...}}`` shape.
 
 Search over HTTP is the owner's own only: the vector and lexical stages take one owner, and
 what an admin needs across users is the list (``all_users=true`` with ``search``).
+
+Each route describes itself for the API document (``/openapi.json``): the query Structs are
+the ones ``_query`` decodes; the answer Structs below describe the dicts the handlers build
+(checked against live answers by the schemathesis run, ``tests/e2e/test_api_contract.py``).
 """
 
 from __future__ import annotations
@@ -135,6 +139,133 @@ class ForgetQuery(msgspec.Struct, forbid_unknown_fields=True):
 
     key: FactKey
     category: Category | None = None
+
+
+class FactView(msgspec.Struct, kw_only=True):
+    """A fact. ``owner`` only in an admin's ``all_users`` list.
+
+    Attributes:
+        source: how it was learnt: ``conversation``, ``tool_call``, ``auto_discovery`` or
+            ``user_explicit``.
+        confidence: 0-100.
+        last_verified_at: when it was last stated or confirmed.
+        expires_at: after this it is never returned (null: never).
+        source_context: where it came from, in a few words.
+    """
+
+    owner: str | msgspec.UnsetType = msgspec.UNSET
+    category: str
+    key: str
+    value: str
+    source: str
+    confidence: int
+    created_at: datetime
+    updated_at: datetime
+    last_verified_at: datetime | None
+    expires_at: datetime | None
+    source_context: str | None
+
+
+class FactPage(msgspec.Struct):
+    """``GET /memory/facts``: a page of facts, how many match in all, and the page's start."""
+
+    facts: list[FactView]
+    total: int
+    offset: int
+
+
+class FoundFacts(msgspec.Struct):
+    """``GET /memory/search``: the caller's facts, best first."""
+
+    facts: list[FactView]
+
+
+class SavedFact(msgspec.Struct):
+    """``PUT /memory/facts``: the fact as stored."""
+
+    fact: FactView
+
+
+class Forgotten(msgspec.Struct):
+    """``DELETE /memory/facts``: how many facts were forgotten."""
+
+    deleted: int
+
+
+class SummaryView(msgspec.Struct):
+    """The caller's summary; both null when there is none."""
+
+    summary: str | None
+    updated_at: datetime | None
+
+
+class ExtractionSession(msgspec.Struct, kw_only=True):
+    """A session as extraction sees it. ``owner`` only with ``all_users``.
+
+    Attributes:
+        state: ``extracted`` (nothing new since), ``due`` (the next sweep takes it) or
+            ``waiting`` (active lately; due at ``due_at``).
+    """
+
+    id: str
+    owner: str | msgspec.UnsetType = msgspec.UNSET
+    updated_at: datetime
+    extracted_at: datetime | None
+    state: Literal["extracted", "due", "waiting"]
+    due: bool
+    due_at: datetime | None
+
+
+class ExtractionInfo(msgspec.Struct, kw_only=True):
+    """Whether extraction runs on this node, with what timing, or (``reason``) why not."""
+
+    enabled: bool
+    stale_after_minutes: float
+    interval_seconds: float
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ExtractionPage(msgspec.Struct):
+    """``GET /memory/extraction``: sessions, the next page's cursor (null: no more), and the
+    extraction set-up."""
+
+    sessions: list[ExtractionSession]
+    next_after: str | None
+    extraction: ExtractionInfo
+
+
+class TopicFrame(msgspec.Struct):
+    """A ``memory`` topic event as the WebSocket sends it: its type's own fields
+    (``docs/protocol.md``) with these four."""
+
+    type: str
+    topic: str
+    seq: int
+    ts: str
+
+
+class ChangePage(msgspec.Struct):
+    """``GET /memory/changes``: the caller's change log after ``after_seq``, oldest first;
+    ``reset`` (and no changes) when the log no longer holds them all."""
+
+    changes: list[TopicFrame]
+    last_seq: int
+    pruned_seq: int
+    reset: bool
+
+
+class DeletedCounts(msgspec.Struct):
+    """Rows deleted: facts, the summary, sessions' extraction state."""
+
+    facts: int
+    summary: int
+    sessions: int
+
+
+class DeletedMemory(msgspec.Struct):
+    """``DELETE /memory``: what was deleted."""
+
+    deleted: DeletedCounts
 
 
 _FACT = Codec(FactBody, max_depth=4)
@@ -329,14 +460,85 @@ def memory_routes(
     async def delete_all(request: ApiRequest) -> Any:
         return {"deleted": await memory.delete_user(request.user)}
 
+    admins_only = "403 `forbidden` for `all_users=true` without `memory.read_all`."
     return [
-        HttpRoute("DELETE", "/memory", delete_all),
-        HttpRoute("GET", "/memory/facts", list_facts),
-        HttpRoute("GET", "/memory/search", search_facts),
-        HttpRoute("GET", "/memory/extraction", extraction_state),
-        HttpRoute("GET", "/memory/changes", changes),
-        HttpRoute("PUT", "/memory/facts", put_fact),
-        HttpRoute("DELETE", "/memory/facts", delete_fact),
-        HttpRoute("GET", "/memory/summary", get_summary),
-        HttpRoute("PUT", "/memory/summary", put_summary),
+        HttpRoute(
+            "DELETE",
+            "/memory",
+            delete_all,
+            summary="Delete everything memory holds about you",
+            response=DeletedMemory,
+        ),
+        HttpRoute(
+            "GET",
+            "/memory/facts",
+            list_facts,
+            summary="A page of your facts (an admin's: everyone's)",
+            query=FactsQuery,
+            response=FactPage,
+            errors=(403,),
+            description=admins_only,
+        ),
+        HttpRoute(
+            "GET",
+            "/memory/search",
+            search_facts,
+            summary="Search your facts by meaning, then by words",
+            query=SearchQuery,
+            response=FoundFacts,
+        ),
+        HttpRoute(
+            "GET",
+            "/memory/extraction",
+            extraction_state,
+            summary="Your sessions' extraction state",
+            query=ExtractionQuery,
+            response=ExtractionPage,
+            errors=(403,),
+            description=admins_only,
+        ),
+        HttpRoute(
+            "GET",
+            "/memory/changes",
+            changes,
+            summary="Your memory's change log after a seq",
+            query=ChangesQuery,
+            response=ChangePage,
+            errors=(404,),
+            description="404 when the node keeps no change log.",
+        ),
+        HttpRoute(
+            "PUT",
+            "/memory/facts",
+            put_fact,
+            summary="Save a fact (replacing the one with its category and key)",
+            body=FactBody,
+            response=SavedFact,
+            errors=(429,),
+            description="429 for a new key beyond `[memory] max_facts_per_user`.",
+        ),
+        HttpRoute(
+            "DELETE",
+            "/memory/facts",
+            delete_fact,
+            summary="Forget facts by key (in every category, or in one)",
+            query=ForgetQuery,
+            response=Forgotten,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/memory/summary",
+            get_summary,
+            summary="Your summary",
+            response=SummaryView,
+        ),
+        HttpRoute(
+            "PUT",
+            "/memory/summary",
+            put_summary,
+            summary="Replace your summary",
+            body=SummaryBody,
+            response=SummaryView,
+        ),
     ]

@@ -15,9 +15,22 @@ import msgspec
 
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.notifications.actor import Notifier
+from turnstile.actors.notifications.events import Notification
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
 
-__all__ = ["notification_routes"]
+__all__ = ["BufferedNotifications", "notification_routes"]
+
+
+class BufferedNotifications(msgspec.Struct):
+    """``GET /sessions/{id}/notifications``: what waits for a client to attach.
+
+    Attributes:
+        notifications: oldest first, each as the ``notification`` event it becomes.
+        dropped: how many overflowed the buffer since it was last delivered.
+    """
+
+    notifications: list[Notification]
+    dropped: int
 
 
 def notification_routes(node: NodeContext, notifier: Notifier) -> list[HttpRoute]:
@@ -26,6 +39,15 @@ def notification_routes(node: NodeContext, notifier: Notifier) -> list[HttpRoute
     async def buffered(request: ApiRequest) -> Any:
         key = await node.directory.owned_key(request.user, request.path["id"])
         waiting, dropped = await notifier.buffered(key)
-        return {"notifications": [msgspec.to_builtins(n) for n in waiting], "dropped": dropped}
+        return BufferedNotifications(notifications=waiting, dropped=dropped)
 
-    return [HttpRoute("GET", "/sessions/{id}/notifications", buffered)]
+    return [
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/notifications",
+            buffered,
+            summary="A session's buffered notifications (read without delivering them)",
+            response=BufferedNotifications,
+            errors=(404,),
+        )
+    ]

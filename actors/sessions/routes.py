@@ -3,16 +3,21 @@
 Every answer names sessions by the caller's own name, never by key (``actors.sessions.ids``); a
 session of another user is ``404`` like one that does not exist. Query parameters are checked
 before they reach the store, so a bad one is a ``400`` naming it.
+
+Each route describes itself for the API document (``/openapi.json``): the Structs below are
+what the handlers decode and answer, so the document says what goes over the wire.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 import msgspec
 from starlette.responses import Response
 
+from turnstile.actors.sessions.agents.base import HistoryEntry
 from turnstile.actors.sessions.directory import SessionDirectory
 from turnstile.actors.sessions.ids import session_key
 from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
@@ -26,9 +31,9 @@ from turnstile.runtime.gateway.frames import (
     encode_event,
     is_valid_id,
 )
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
+from turnstile.runtime.gateway.routes import ApiError, ApiRequest, HttpRoute, Param, Reply
 
-__all__ = ["session_json", "session_routes"]
+__all__ = ["SessionView", "session_json", "session_routes"]
 
 _UNSIGNED = re.compile(r"\A[0-9]{1,19}\Z")
 #: The header that makes ``POST /sessions/{id}/messages`` idempotent (as ``client_msg_id``).
@@ -41,7 +46,7 @@ class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
 
     id: SessionId | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    policy: str = "enqueue"
+    policy: Literal["enqueue", "reject", "interrupt", "inject"] = "enqueue"
 
 
 class PostMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -57,23 +62,148 @@ _CREATE = Codec(CreateSession, max_depth=MAX_JSON_DEPTH)
 _MESSAGE = Codec(PostMessage, max_depth=MAX_JSON_DEPTH)
 
 
-def session_json(session) -> dict[str, Any]:
+class SessionView(msgspec.Struct, kw_only=True):
+    """A session, as its owner sees it: named, never keyed.
+
+    Attributes:
+        id: its name in the owner's namespace.
+        owner: the user it belongs to.
+        metadata: the JSON object given at creation.
+        policy: what a message sent during a turn does (``docs/protocol.md``).
+        created_at: when it was created (UTC).
+        updated_at: when it last changed, appends to its event log included.
+        last_seq: the ``seq`` of its last event (0: none yet).
+    """
+
+    id: str
+    owner: str
+    metadata: dict[str, Any]
+    policy: str
+    created_at: datetime
+    updated_at: datetime
+    last_seq: int
+
+
+class ListedSession(SessionView, kw_only=True):
+    """A session in ``GET /sessions``: the session, its pending recall and its activity.
+
+    Attributes:
+        has_recall: whether a recall is pending.
+        recall_trigger_at: the pending recall's trigger (ISO 8601), or null.
+        status: ``running`` a turn, ``queued`` inputs waiting, or ``idle``.
+        queued: inputs waiting in its inbox.
+    """
+
+    has_recall: bool
+    recall_trigger_at: str | None
+    status: Literal["running", "queued", "idle"]
+    queued: int
+
+
+class SessionList(msgspec.Struct):
+    """``GET /sessions``: the caller's sessions, by id."""
+
+    sessions: list[ListedSession]
+
+
+class ListSessionsQuery(msgspec.Struct):
+    """``GET /sessions``'s query string."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
+    after: SessionId | None = None
+    has_recall: bool | None = None
+
+
+class DeleteQuery(msgspec.Struct):
+    """``DELETE /sessions/{id}``'s query string: ``confirm=true`` cancels the jobs a user
+    created that would otherwise block the delete."""
+
+    confirm: bool = False
+
+
+class EventsQuery(msgspec.Struct):
+    """``GET /sessions/{id}/events``'s query string."""
+
+    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+
+
+class HistoryAnswer(msgspec.Struct):
+    """``GET /sessions/{id}/history``: the transcript, oldest first (the last 1,000 entries)."""
+
+    history: list[HistoryEntry]
+
+
+class EventFrame(msgspec.Struct):
+    """A stored session event as the WebSocket sends it: its type's own fields
+    (``docs/protocol.md``) with these four."""
+
+    type: str
+    session_id: str
+    seq: int
+    ts: str
+
+
+class EventPage(msgspec.Struct):
+    """``GET /sessions/{id}/events``: stored events after ``after_seq``, at most 1,000."""
+
+    events: list[EventFrame]
+
+
+class MessageAccepted(msgspec.Struct, omit_defaults=True):
+    """``POST /sessions/{id}/messages``: the message is stored (durable).
+
+    Attributes:
+        input_id: its inbox id; null when it was folded into the running turn.
+        injected: true when folded into the running turn (policy ``inject``).
+        client_msg_id: the ``client_msg_id`` the body gave.
+    """
+
+    input_id: int | None
+    injected: bool = False
+    client_msg_id: str | None = None
+
+
+class Stopped(msgspec.Struct):
+    """``POST /sessions/{id}/stop``: whether a turn was running (it closes ``stopped``)."""
+
+    stopped: bool
+
+
+class BlockedDelete(msgspec.Struct):
+    """``DELETE /sessions/{id}`` refused: jobs a user created are bound to the session; send
+    ``confirm=true`` to cancel them and delete.
+
+    Attributes:
+        error: code ``blocked_by_automations``.
+        deleted: false.
+        blocked_by_automations: true.
+        automations: the jobs (``id``, ``name``, ``enabled``, ``kind``, ``state``,
+            ``schedule``, ``next_run_at``).
+    """
+
+    error: ApiError
+    deleted: bool
+    blocked_by_automations: bool
+    automations: list[dict[str, Any]]
+
+
+def session_json(session) -> SessionView:
     """A session as the HTTP API shows it."""
-    return {
-        "id": session.id,
-        "owner": session.owner,
-        "metadata": session.metadata,
-        "policy": session.policy,
-        "created_at": session.created_at,
-        "updated_at": session.updated_at,
-        "last_seq": session.last_seq,
-    }
+    return SessionView(
+        id=session.id,
+        owner=session.owner,
+        metadata=session.metadata,
+        policy=session.policy,
+        created_at=session.created_at,
+        updated_at=session.updated_at,
+        last_seq=session.last_seq,
+    )
 
 
-async def _activity(directory: SessionDirectory, user: str, name: str) -> dict[str, Any]:
-    """What a session is doing, from its inbox (the truth, on any node): ``status``
-    (``running`` a turn, ``queued`` inputs waiting, or ``idle``) and ``queued``, the number
-    of inputs waiting."""
+async def _activity(directory: SessionDirectory, user: str, name: str) -> tuple[str, int]:
+    """What a session is doing, from its inbox (the truth, on any node): its status
+    (``running`` a turn, ``queued`` inputs waiting, or ``idle``) and the number of inputs
+    waiting."""
     try:
         waiting = await directory.store.list_inputs(
             session_key(user, name), states=("queued", "running")
@@ -82,7 +212,7 @@ async def _activity(directory: SessionDirectory, user: str, name: str) -> dict[s
         waiting = []
     queued = sum(1 for item in waiting if item.state == "queued")
     running = any(item.state == "running" for item in waiting)
-    return {"status": "running" if running else "queued" if queued else "idle", "queued": queued}
+    return ("running" if running else "queued" if queued else "idle"), queued
 
 
 def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
@@ -116,12 +246,17 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
         recalls = await directory.pending_recalls(request.user, [s.id for s in sessions])
         listed = []
         for session in sessions:  # recall.md's sidebar: which sessions have a pending recall
-            entry = session_json(session)
-            entry["has_recall"] = session.id in recalls
-            entry["recall_trigger_at"] = recalls.get(session.id)
-            entry.update(await _activity(directory, request.user, session.id))
-            listed.append(entry)
-        return {"sessions": listed}
+            status, queued = await _activity(directory, request.user, session.id)
+            listed.append(
+                ListedSession(
+                    **msgspec.structs.asdict(session_json(session)),
+                    has_recall=session.id in recalls,
+                    recall_trigger_at=recalls.get(session.id),
+                    status=status,
+                    queued=queued,
+                )
+            )
+        return SessionList(sessions=listed)
 
     async def get_session(request: ApiRequest) -> Any:
         return session_json(await directory.get_session(request.user, request.path["id"]))
@@ -132,7 +267,7 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
         return Response(status_code=204)
 
     async def history(request: ApiRequest) -> Any:
-        return {"history": await directory.history(request.user, request.path["id"])}
+        return HistoryAnswer(history=await directory.history(request.user, request.path["id"]))
 
     async def events(request: ApiRequest) -> Any:
         text = request.query.get("after_seq", "0")
@@ -164,11 +299,11 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
         submitted = await submit_from_client(
             directory, request.user, request.path["id"], message.content, client_id, field
         )
-        out: dict[str, Any] = {"input_id": submitted.input_id}
-        if submitted.injected:
-            out["injected"] = True
-        if message.client_msg_id is not None:
-            out["client_msg_id"] = message.client_msg_id
+        out = MessageAccepted(
+            input_id=submitted.input_id,
+            injected=submitted.injected,
+            client_msg_id=message.client_msg_id,
+        )
         if not submitted.replayed:
             return out
         # The first answer again, marked as such (as Stripe's Idempotent-Replayed does).
@@ -180,15 +315,94 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
         )
 
     async def stop(request: ApiRequest) -> Any:
-        return {"stopped": await directory.stop(request.user, request.path["id"])}
+        return Stopped(stopped=await directory.stop(request.user, request.path["id"]))
 
+    idempotency = Param(
+        IDEMPOTENCY_HEADER,
+        ClientMsgId,
+        description="makes the post idempotent, as client_msg_id (equal to it when both are "
+        "sent): the same key again answers the first post's 202 and starts nothing",
+    )
+    replayed = Param("Idempotent-Replayed", description="true: the answer of an earlier post")
     return [
-        HttpRoute("POST", "/sessions", create_session, status=201),
-        HttpRoute("GET", "/sessions", list_sessions),
-        HttpRoute("GET", "/sessions/{id}", get_session),
-        HttpRoute("DELETE", "/sessions/{id}", delete_session),
-        HttpRoute("GET", "/sessions/{id}/history", history),
-        HttpRoute("GET", "/sessions/{id}/events", events),
-        HttpRoute("POST", "/sessions/{id}/messages", post_message, status=202),
-        HttpRoute("POST", "/sessions/{id}/stop", stop),
+        HttpRoute(
+            "POST",
+            "/sessions",
+            create_session,
+            status=201,
+            summary="Create a session (named at random without an id)",
+            body=CreateSession,
+            response=SessionView,
+            errors=(429,),
+            description="400 `already_exists` when you have a session of that name; "
+            "429 at `[limits] max_sessions_per_user`.",
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions",
+            list_sessions,
+            summary="List your sessions by id, with their pending recall and activity",
+            query=ListSessionsQuery,
+            response=SessionList,
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}",
+            get_session,
+            summary="Read a session",
+            response=SessionView,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "DELETE",
+            "/sessions/{id}",
+            delete_session,
+            status=204,
+            summary="Delete a session and everything it owns",
+            query=DeleteQuery,
+            responses={409: Reply(BlockedDelete, "Jobs a user created are bound to it")},
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/history",
+            history,
+            summary="A session's transcript (the last 1,000 entries)",
+            response=HistoryAnswer,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/events",
+            events,
+            summary="A session's stored events after a seq, as WebSocket frames",
+            query=EventsQuery,
+            response=EventPage,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "POST",
+            "/sessions/{id}/messages",
+            post_message,
+            status=202,
+            summary="Send a message: stored in the session's inbox, then it runs",
+            body=PostMessage,
+            headers=(idempotency,),
+            responses={
+                202: Reply(
+                    MessageAccepted, "Stored (or, replayed, stored before)", headers=(replayed,)
+                )
+            },
+            errors=(404, 409, 429),
+            description="409 `busy` (policy `reject`, or a full mailbox) or "
+            "`idempotency_key_reused`; 429 at `[limits] max_queued_inputs`.",
+        ),
+        HttpRoute(
+            "POST",
+            "/sessions/{id}/stop",
+            stop,
+            summary="Stop the running turn (it closes `stopped`)",
+            response=Stopped,
+            errors=(404,),
+        ),
     ]
