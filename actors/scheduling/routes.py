@@ -1,26 +1,125 @@
-"""The scheduling feature's HTTP endpoints: a session's jobs, one job with its runs, the
-session's pending recall (read, cancel, skip) and its heartbeat (settings and runs).
+"""The scheduling feature's HTTP endpoints: the caller's jobs (all of them, or a session's),
+one job with its runs, cancelling a job, the session's pending recall (read, cancel, skip) and
+its heartbeat (settings and runs).
 
 Every endpoint checks that the caller owns the session (another user's is ``404``) and answers
-with session names, never keys.
+with session names, never keys. Each route describes its answers for the API document
+(``/openapi.json``) with the Structs below.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.scheduling.actor import CancelJob
 from turnstile.actors.scheduling.heartbeat import heartbeat_view
 from turnstile.actors.scheduling.recall import cancel_recall, get_recall, skip_recall
 from turnstile.actors.sessions.ids import public_id, public_view, session_key
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import NotFound
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
-from turnstile.runtime.store import Job
+from turnstile.runtime.gateway.frames import SessionId
+from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, decode_query
+from turnstile.runtime.store import Job, JobRun
 
 __all__ = ["scheduling_routes"]
+
+#: Sessions read per page when listing every job of a user.
+_PAGE = 1000
+
+
+class JobsQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``GET /jobs``'s query string: only one session's jobs, only jobs in one state."""
+
+    session: SessionId | None = None
+    state: Literal["active", "paused", "completed", "cancelled"] | None = None
+
+
+class JobList(msgspec.Struct):
+    """Jobs, each with its session's name in ``session_id``: by session, oldest first."""
+
+    jobs: list[Job]
+
+
+class JobDetail(msgspec.Struct):
+    """``GET /jobs/{id}``: a job and its last 100 run records (missed and coalesced too)."""
+
+    job: Job
+    runs: list[JobRun]
+
+
+class RecallView(msgspec.Struct, kw_only=True):
+    """A recall (``docs/scheduling.md``).
+
+    Attributes:
+        recall_id: the recall (also its job's id).
+        call_type: ``once``, ``recurring`` or ``immediate``.
+        status: ``pending``, ``paused``, ``fired`` or ``cancelled``.
+        trigger_at: its next occurrence (ISO 8601), or null.
+        interval_seconds: (recurring) its period.
+        internal_comment: the agent's note about it.
+        additional_context_message: the self-instruction.
+        fired_count: how many times it fired.
+        created_at, updated_at: ISO 8601.
+    """
+
+    recall_id: str
+    call_type: str | None
+    status: str
+    trigger_at: str | None
+    interval_seconds: int | None
+    internal_comment: str
+    additional_context_message: str
+    fired_count: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class PendingRecall(msgspec.Struct):
+    """``GET /sessions/{id}/recall``: the pending recall, or null."""
+
+    recall: RecallView | None
+
+
+class RecallChanged(RecallView, kw_only=True, omit_defaults=True):
+    """A recall cancelled or skipped: the ``recall_update`` event's fields.
+
+    Attributes:
+        action: ``cancelled`` or ``skipped``.
+        skipped_trigger_at: (``skipped``) the occurrence that was skipped.
+    """
+
+    action: str
+    skipped_trigger_at: str | None | UnsetType = UNSET
+
+
+class HeartbeatRunView(msgspec.Struct):
+    """One heartbeat run: when it was due, its state, and what it found."""
+
+    run_id: int
+    heartbeat_id: str
+    scheduled_for: str | None
+    state: str
+    suppressed: bool
+    response: str | None
+    error: str | None
+
+
+class HeartbeatView(msgspec.Struct):
+    """``GET /sessions/{id}/heartbeat``.
+
+    Attributes:
+        heartbeat: the kept settings (``enabled``, the checklist, interval, active hours …,
+            and while it is scheduled ``heartbeat_id``, ``session_id``, ``next_run_at``), or
+            null when it was never set.
+        runs: its latest 50 runs, newest first.
+    """
+
+    heartbeat: dict[str, Any] | None
+    runs: list[HeartbeatRunView]
 
 
 def _public_job(job: Job) -> Job:
@@ -38,9 +137,28 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
 
     async def session_jobs(request: ApiRequest) -> Any:
         key = await owned(request)
-        return {"jobs": [_public_job(job) for job in await store.list_jobs(session_id=key)]}
+        return JobList(jobs=[_public_job(job) for job in await store.list_jobs(session_id=key)])
 
-    async def get_job(request: ApiRequest) -> Any:
+    async def all_jobs(request: ApiRequest) -> Any:
+        query = decode_query(request.query, JobsQuery)
+        states = None if query.state is None else [query.state]
+        if query.session is not None:
+            keys = [await node.directory.owned_key(request.user, query.session)]
+        else:
+            keys, after = [], None
+            while True:  # every session of the caller's, a page at a time
+                page = await node.directory.list_sessions(request.user, limit=_PAGE, after_id=after)
+                keys += [session_key(request.user, s.id) for s in page]
+                if len(page) < _PAGE:
+                    break
+                after = page[-1].id
+        jobs = []
+        for key in keys:
+            jobs += await store.list_jobs(session_id=key, states=states)
+        return JobList(jobs=[_public_job(job) for job in jobs])
+
+    async def owned_job(request: ApiRequest) -> Job:
+        """The caller's job named in the path; another user's is not found, like none."""
         job_id, user = request.path["id"], request.user
         try:
             job = await store.get_job(job_id)
@@ -51,27 +169,103 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
             await node.directory.owned_key(user, public_id(job.session_id))
         except (NotFound, ValueError):
             raise NotFound(f"no job with id {job_id!r}") from None
-        return {"job": _public_job(job), "runs": await store.list_runs(job_id, limit=100)}
+        return job
+
+    async def get_job(request: ApiRequest) -> Any:
+        job = await owned_job(request)
+        runs = await store.list_runs(job.id, limit=100)
+        return JobDetail(job=_public_job(job), runs=runs)
+
+    async def cancel_job(request: ApiRequest) -> Any:
+        job = await owned_job(request)
+        cancelled = await scheduler.ask(CancelJob(job_id=job.id, session_id=job.session_id))
+        return _public_job(cancelled)
 
     async def read_recall(request: ApiRequest) -> Any:
-        return {"recall": public_view(await get_recall(store, await owned(request)))}
+        recall = await get_recall(store, await owned(request))
+        return PendingRecall(recall=None if recall is None else RecallView(**recall))
 
     async def cancel(request: ApiRequest) -> Any:
         key = await owned(request)
-        return public_view(await cancel_recall(scheduler, store, key, node.tell_session))
+        changed = await cancel_recall(scheduler, store, key, node.tell_session)
+        return msgspec.convert(public_view(changed), RecallChanged)
 
     async def skip(request: ApiRequest) -> Any:
         key = await owned(request)
-        return public_view(await skip_recall(scheduler, store, clock, key, node.tell_session))
+        changed = await skip_recall(scheduler, store, clock, key, node.tell_session)
+        return msgspec.convert(public_view(changed), RecallChanged)
 
     async def heartbeat(request: ApiRequest) -> Any:
-        return public_view(await heartbeat_view(store, await owned(request)))
+        return msgspec.convert(
+            public_view(await heartbeat_view(store, await owned(request))), HeartbeatView
+        )
 
     return [
-        HttpRoute("GET", "/sessions/{id}/jobs", session_jobs),
-        HttpRoute("GET", "/jobs/{id}", get_job),
-        HttpRoute("GET", "/sessions/{id}/recall", read_recall),
-        HttpRoute("DELETE", "/sessions/{id}/recall", cancel),
-        HttpRoute("POST", "/sessions/{id}/recall/skip", skip),
-        HttpRoute("GET", "/sessions/{id}/heartbeat", heartbeat),
+        HttpRoute(
+            "GET",
+            "/jobs",
+            all_jobs,
+            summary="Your scheduled jobs, every session's (or one's), by session",
+            query=JobsQuery,
+            response=JobList,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/jobs",
+            session_jobs,
+            summary="A session's scheduled jobs",
+            response=JobList,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/jobs/{id}",
+            get_job,
+            summary="A job and its last 100 run records",
+            response=JobDetail,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "POST",
+            "/jobs/{id}/cancel",
+            cancel_job,
+            summary="Cancel a job: it fires no more (a job already done is answered as it is)",
+            response=Job,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/recall",
+            read_recall,
+            summary="The session's pending recall",
+            response=PendingRecall,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "DELETE",
+            "/sessions/{id}/recall",
+            cancel,
+            summary="Cancel the session's pending recall",
+            response=RecallChanged,
+            errors=(404, 409),
+            description="404 when no recall is pending; 409 when it fired meanwhile.",
+        ),
+        HttpRoute(
+            "POST",
+            "/sessions/{id}/recall/skip",
+            skip,
+            summary="Move a recurring recall one interval on",
+            response=RecallChanged,
+            errors=(404,),
+            description="400 when the pending recall is not recurring; 404 when none is.",
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/heartbeat",
+            heartbeat,
+            summary="The session's heartbeat settings and latest runs",
+            response=HeartbeatView,
+            errors=(404,),
+        ),
     ]

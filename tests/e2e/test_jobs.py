@@ -195,3 +195,48 @@ async def test_a_recall_nobody_watches_runs_headless_and_the_session_list_shows_
             # a pending recall ends with its session: it does not block the delete
             assert (await http.delete("/sessions/waiting")).status_code == 204
             assert (await http.get("/sessions?has_recall=true")).json() == {"sessions": []}
+
+
+async def test_every_job_of_yours_listed_filtered_and_cancelled_over_http(tmp_path):
+    """``GET /jobs`` lists the caller's jobs across sessions (``session``, ``state`` narrow
+    it); ``POST /jobs/{id}/cancel`` cancels one (a job already cancelled answers as it is);
+    another user's job is not found, listed or cancelled."""
+    async with running_node(tmp_path) as node:
+        ids = {}
+        for name in ("a", "b"):
+            await new_session(node, name)
+            async with connect(node) as client:
+                arguments = {"cron": "every day at 9am", "prompt": f"report {name}"}
+                await client.send(
+                    type="call", id=name, session_id=name, tool="schedule_cron", arguments=arguments
+                )
+                result = await client.expect("result", id=name)
+                assert result["ok"] is True, result
+                ids[name] = result["data"]["job_id"]
+        await new_session(node, "a", token=BOB)  # Bob's own "a": no job
+        async with node.http() as http, node.http(BOB) as bob:
+            listed = (await http.get("/jobs")).json()["jobs"]
+            assert [(j["id"], j["session_id"]) for j in listed] == [
+                (ids["a"], "a"),
+                (ids["b"], "b"),
+            ]
+            only_b = (await http.get("/jobs", params={"session": "b"})).json()["jobs"]
+            assert [j["id"] for j in only_b] == [ids["b"]]
+            assert (await bob.get("/jobs")).json() == {"jobs": []}
+            assert (await bob.post(f"/jobs/{ids['a']}/cancel")).status_code == 404
+
+            cancelled = await http.post(f"/jobs/{ids['a']}/cancel")
+            assert cancelled.status_code == 200, cancelled.text
+            assert (cancelled.json()["state"], cancelled.json()["next_fire_at"]) == (
+                "cancelled",
+                None,
+            )
+            again = await http.post(f"/jobs/{ids['a']}/cancel")
+            assert again.json()["state"] == "cancelled"
+            active = (await http.get("/jobs", params={"state": "active"})).json()["jobs"]
+            assert [j["id"] for j in active] == [ids["b"]]
+
+            bad = await http.get("/jobs", params={"state": "sleeping"})
+            assert bad.status_code == 400 and bad.json()["error"]["field"] == "state"
+            missing = await http.get("/jobs", params={"session": "nope"})
+            assert missing.status_code == 404

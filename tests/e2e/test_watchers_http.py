@@ -32,6 +32,10 @@ async def test_watcher_crud_and_its_baseline_escalation(tmp_path):
 
             listed = (await http.get("/sessions/w/watchers")).json()
             assert [w["watcher_id"] for w in listed["watchers"]] == [wid]
+            every = (await http.get("/watchers")).json()  # all of Ann's, every session's
+            assert [(w["watcher_id"], w["session_id"]) for w in every["watchers"]] == [(wid, "w")]
+            assert (every["total"], every["running"], every["paused"]) == (1, 1, 0)
+            assert (await bob.get("/watchers")).json()["watchers"] == []
             assert (await bob.get(f"/watchers/{wid}")).status_code == 404
             assert (await bob.get("/sessions/w/watchers")).status_code == 404
             assert (await http.post(f"/watchers/{wid}/pause")).json()["status"] == "paused"
