@@ -118,6 +118,14 @@ class Backend(Protocol):
         """Run a feature's own write query, durable when this returns."""
         ...
 
+    async def notify(self, channel: str, payload: str) -> None:
+        """Send a notification to the channel's listeners (none on SQLite)."""
+        ...
+
+    async def listen(self, channel: str, on_message: Any) -> None:
+        """Listen forever (see ``Store.listen``)."""
+        ...
+
     async def aclose(self) -> None:
         """Finish what is in flight and close every connection; later calls are refused."""
         ...

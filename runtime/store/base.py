@@ -23,7 +23,7 @@ that ``None`` can mean "set to NULL" where a column is nullable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -413,6 +413,25 @@ class Store(Protocol):
     async def release_session(self, session_id: str, fence: int) -> bool:
         """Give the lease up (the activation ended), if ``fence`` is still its epoch; the epoch
         stays, so the next holder gets a higher one. False when the lease had moved on."""
+        ...
+
+    # -- notifications ------------------------------------------------------------------------
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Tell every listener of ``channel`` (other nodes on PostgreSQL: ``pg_notify``; nobody
+        on SQLite). A hint, not a delivery: a listener that was not connected misses it, so
+        whatever it signals must also be found by looking at the rows.
+
+        Raises:
+            InvalidArgument: a malformed channel name, or a payload of 8000 bytes or more.
+        """
+        ...
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """Call ``on_message(payload)`` for every notification on ``channel``, forever (cancel
+        to stop), and ``on_message(None)`` after every (re)connection, when notifications may
+        have been missed. PostgreSQL listens on a connection of its own, checked and replaced
+        when it is lost; SQLite calls ``on_message(None)`` once and nothing more."""
         ...
 
     # -- events -------------------------------------------------------------------------------

@@ -8,14 +8,20 @@ The backends only run queries. :func:`runtime.store.open_store` hands out a fron
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from msgspec import UNSET, UnsetType
 
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.errors import AlreadyExists, IdempotencyKeyReused, LeaseLost
+from turnstile.runtime.errors import (
+    AlreadyExists,
+    IdempotencyKeyReused,
+    InvalidArgument,
+    LeaseLost,
+)
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store.backend import Backend
 from turnstile.runtime.store.records import (
@@ -47,6 +53,19 @@ def _ts(value: str | datetime) -> datetime:
 
 def _optional_ts(value: str | datetime | None) -> datetime | None:
     return None if value is None else _ts(value)
+
+
+#: PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
+_MAX_NOTIFY_BYTES = 7999
+_CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _check_channel(channel: str) -> None:
+    if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
+        raise InvalidArgument(
+            "channel must be 1-63 lower-case letters, digits or _, not starting with a digit",
+            field="channel",
+        )
 
 
 def _fence(fence: int | None) -> dict[str, int]:
@@ -532,6 +551,21 @@ class StoreFront:
     async def release_session(self, session_id: str, fence: int) -> bool:
         u.check_int(fence, "fence")
         return await self.engine.write("release_session", session_id=session_id, fence=fence)
+
+    # ---- notifications ----
+
+    async def notify(self, channel: str, payload: str) -> None:
+        _check_channel(channel)
+        u.check_text(payload, "payload")
+        if len(payload.encode()) > _MAX_NOTIFY_BYTES:
+            raise InvalidArgument(
+                f"payload is longer than {_MAX_NOTIFY_BYTES} bytes", field="payload"
+            )
+        await self.engine.notify(channel, payload)
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        _check_channel(channel)
+        await self.engine.listen(channel, on_message)
 
     # ---- events ----
 

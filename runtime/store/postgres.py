@@ -17,6 +17,7 @@ current schema, so concurrent start-ups apply them once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
@@ -39,7 +40,13 @@ __all__ = ["PostgresBackend", "open_postgres_backend"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("turnstile.store")
+
 _CLOSE_TIMEOUT = 10.0
+#: how often a listening connection is checked with a query (a connection cut without a word,
+#: which no termination callback reports), and how long to wait before connecting again
+_LISTEN_PING = 5.0
+_LISTEN_RETRY = 1.0
 
 
 async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: datetime) -> None:
@@ -150,6 +157,57 @@ class PostgresBackend:
         return await self._call(fn, **args)
 
     run_write = run_read  # the query opens its own transaction where it needs one
+
+    # ---- notifications ----
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)``: delivered to every listener once this commits."""
+        await self._call(queries.notify, channel=channel, payload=payload)
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """Listen on ``channel`` forever, on a connection of its own (not the pool's).
+
+        ``on_message(payload)`` is called for each notification, and ``on_message(None)`` after
+        every connect: notifications sent while no connection listened are lost, so the
+        caller must look for what it may have missed. A connection that closes, or stops
+        answering the periodic check, is replaced after a pause. Never returns; cancel it.
+        """
+        while True:
+            try:
+                conn = await self._aio(asyncpg.connect)(
+                    self.dsn, server_settings={"application_name": f"turnstile listen {channel}"}
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("listen on %s: cannot connect (%s); retrying", channel, exc)
+                await trio.sleep(_LISTEN_RETRY)
+                continue
+            closed = trio.Event()
+            try:
+                await self._aio(conn.add_listener)(
+                    channel, lambda _conn, _pid, _channel, payload: on_message(payload)
+                )
+                conn.add_termination_listener(lambda _conn, closed=closed: closed.set())
+                on_message(None)
+                while not conn.is_closed():
+                    with trio.move_on_after(_LISTEN_PING):
+                        await closed.wait()
+                    if closed.is_set() or conn.is_closed():
+                        break
+                    with trio.move_on_after(_LISTEN_PING) as ping:
+                        await self._aio(conn.fetchval)("SELECT 1")
+                    if ping.cancelled_caught:
+                        break
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("listen on %s: connection lost (%s); reconnecting", channel, exc)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                    if not conn.is_closed():
+                        try:
+                            await self._aio(conn.close)()
+                        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                            conn.terminate()
+            log.warning("listen on %s: connection closed; reconnecting", channel)
+            await trio.sleep(_LISTEN_RETRY)
 
     def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         return trio_asyncio.aio_as_trio(fn, loop=self._loop)

@@ -432,6 +432,10 @@ async def release_session(conn: Conn, session_id: str, fence: int) -> bool:
     return released is not None
 
 
+async def notify(conn: Conn, channel: str, payload: str) -> None:
+    await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+
 # -- events -----------------------------------------------------------------------------------
 
 

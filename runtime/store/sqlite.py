@@ -178,6 +178,15 @@ class SQLiteBackend:
 
     # ---- running queries ----
 
+    async def notify(self, channel: str, payload: str) -> None:
+        """Nothing: one SQLite file is one node's, and nobody else listens."""
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """No notifications on SQLite: ``on_message(None)`` once (look for what is there),
+        then nothing, forever."""
+        on_message(None)
+        await trio.sleep_forever()
+
     async def read(self, op: str, /, **args: Any) -> Any:
         return await self._read(getattr(queries, op), **args)
 
