@@ -30,14 +30,15 @@ export class ApiError extends Error {
 /**
  * Call the API: api("GET", "/sessions", {query: {has_recall: true}}).
  * Resolves with the decoded JSON (null for 204); rejects with ApiError. A 401 also dispatches
- * "turnstile:unauthorized" on window, so the console can ask for a token again.
+ * "turnstile:unauthorized" on window, so the console can ask for a token again, unless the
+ * call named its own `token` (signing in tries one).
  */
-export async function api(method, path, { query, body } = {}) {
+export async function api(method, path, { query, body, token } = {}) {
   const url = new URL(path, location.origin);
   for (const [name, value] of Object.entries(query || {})) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
   }
-  const headers = { Authorization: `Bearer ${savedToken() || ""}` };
+  const headers = { Authorization: `Bearer ${token || savedToken() || ""}` };
   const init = { method, headers, cache: "no-store" };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -53,7 +54,7 @@ export async function api(method, path, { query, body } = {}) {
     data = null;
   }
   if (!response.ok) {
-    if (response.status === 401) window.dispatchEvent(new Event("turnstile:unauthorized"));
+    if (response.status === 401 && !token) window.dispatchEvent(new Event("turnstile:unauthorized"));
     throw new ApiError(response.status, data);
   }
   return data;

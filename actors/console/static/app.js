@@ -128,11 +128,9 @@ async function login(event, input, error) {
   event.preventDefault();
   const token = input.value.trim();
   if (!token) return;
-  saveToken(token);
   try {
-    await api("GET", "/sessions", { query: { limit: 1 } });
+    await api("GET", "/sessions", { query: { limit: 1 }, token });
   } catch (exc) {
-    forgetToken();
     error.textContent =
       exc instanceof ApiError && exc.status === 401
         ? "This node does not know that token."
@@ -140,6 +138,7 @@ async function login(event, input, error) {
     input.focus();
     return;
   }
+  saveToken(token);
   enter(token);
 }
 
