@@ -4,6 +4,9 @@
 import { ApiError, api } from "./api.js";
 import { add, confirmDialog, describe, h, replace, time } from "./dom.js";
 
+/** Facts per page (the node's default [memory] max_search_limit). */
+const PAGE = 50;
+
 export async function mount(root) {
   const error = h("p", { class: "error", role: "alert" });
   const query = h("input", { id: "memory-query", type: "search", name: "query", maxlength: 500, autocomplete: "off" });
@@ -34,22 +37,28 @@ export async function mount(root) {
     h("section", { "aria-labelledby": "h-summary" }, h("h2", { id: "h-summary" }, "Summary"), summary),
   );
 
-  async function load() {
+  let offset = 0;
+  let total = 0;
+
+  async function load(event) {
+    if (!(event && event.page)) offset = 0; // a new search starts at the first page
     const text = query.value.trim();
     let facts;
     let note;
     try {
-      if (everyone.checked) {
-        const data = await api("GET", "/memory/facts", { query: { all_users: "true", search: text, limit: 200 } });
+      if (everyone.checked || !text) {
+        const q = { search: text, limit: PAGE, offset };
+        if (everyone.checked) q.all_users = "true";
+        const data = await api("GET", "/memory/facts", { query: q });
         facts = data.facts;
-        note = `${data.total} facts of every user${text ? ` matching “${text}”` : ""}`;
-      } else if (text) {
-        facts = (await api("GET", "/memory/search", { query: { query: text, limit: 50 } })).facts;
-        note = `${facts.length} facts for “${text}”, best first`;
+        total = data.total;
+        const who = everyone.checked ? " of every user" : "";
+        const range = total > facts.length ? `, ${offset + 1}–${offset + facts.length} shown` : "";
+        note = `${total} facts${who}${text ? ` matching “${text}”` : ""}${range}`;
       } else {
-        const data = await api("GET", "/memory/facts", { query: { limit: 200 } });
-        facts = data.facts;
-        note = `${data.total} facts`;
+        facts = (await api("GET", "/memory/search", { query: { query: text, limit: PAGE } })).facts;
+        total = facts.length;
+        note = `${facts.length} facts for “${text}”, best first`;
       }
       error.textContent = "";
     } catch (exc) {
@@ -61,6 +70,17 @@ export async function mount(root) {
       return;
     }
     draw(facts, note, everyone.checked);
+    const pages = [];
+    if (offset > 0) pages.push(h("button", { type: "button", onclick: () => turnPage(-PAGE) }, "Previous page"));
+    if (offset + facts.length < total && (everyone.checked || !text)) {
+      pages.push(h("button", { type: "button", onclick: () => turnPage(PAGE) }, "Next page"));
+    }
+    if (pages.length) add(results, h("p", { class: "actions" }, pages));
+  }
+
+  function turnPage(by) {
+    offset = Math.max(0, offset + by);
+    load({ page: true });
   }
 
   function draw(facts, note, all) {

@@ -101,7 +101,7 @@ export async function mount(root) {
             h(
               "tr",
               { "data-delivery": d.delivery_id },
-              all ? h("td", { "data-label": "User" }, d.owner || "") : null,
+              all ? h("td", { "data-label": "User" }, d.owner || "—") : null,
               h("td", { "data-label": "Received" }, time(d.received_at)),
               h("td", { "data-label": "Hook" }, d.hook),
               h("td", { "data-label": "Event" }, d.event),

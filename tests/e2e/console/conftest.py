@@ -65,10 +65,11 @@ class ConsoleNode:
         return f"{self.url}/console"
 
 
-def _serve(directory: Path) -> tuple[subprocess.Popen, str]:
-    """``turnstile serve`` with ``CONFIG`` on a fresh SQLite file; returns once it says where."""
+def serve(directory: Path, config_text: str = CONFIG) -> tuple[subprocess.Popen, str]:
+    """``turnstile serve`` with ``config_text`` on a fresh SQLite file in ``directory``;
+    returns the process and its URL once it says where it serves."""
     config = directory / "node.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -101,7 +102,7 @@ def _serve(directory: Path) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def console_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleNode]:
-    process, url = _serve(tmp_path_factory.mktemp("console-node"))
+    process, url = serve(tmp_path_factory.mktemp("console-node"))
     try:
         yield ConsoleNode(url)
     finally:
