@@ -416,8 +416,8 @@ export async function mount(root, { link, arg: sessionId }) {
     const card = h(
       "article",
       { class: "approval", "data-approval": event.approval_id, "aria-label": `Approval for ${event.tool}` },
-      h("p", {}, h("code", {}, event.tool), " wants to run with:"),
-      h("pre", {}, pretty(event.arguments || {})),
+      h("p", {}, h("code", {}, event.tool), event.arguments ? " wants to run with:" : " wants to run."),
+      event.arguments ? h("pre", {}, pretty(event.arguments)) : null,
       event.expires_at ? h("p", { class: "hint" }, "Until ", time(event.expires_at)) : null,
       h(
         "p",
