@@ -216,9 +216,30 @@ def build_app(
         "turnstile_websocket_connections", lambda: connections[0], "WebSocket clients connected."
     )
 
-    def mount(route: HttpRoute) -> Route:
-        """A feature's route behind the front door: token (unless the route is signed or
-        public), id rule, bounded body, errors."""
+    def mount(routes: Sequence[HttpRoute]) -> list[Route]:
+        """Every route behind the front door, one Starlette route per path: a method the path
+        does not have is a 405 whose ``Allow`` names all it has (per-method routes would name
+        only the first one's)."""
+        by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
+        for route in routes:
+            methods = by_path.setdefault(route.path, {})
+            if route.method in methods:
+                raise ValueError(f"two routes for {route.method} {route.path}")
+            methods[route.method] = front_door(route)
+            if route.method == "GET":
+                methods.setdefault("HEAD", methods["GET"])
+        mounted = []
+        for path, methods in by_path.items():
+
+            async def endpoint(request: Request, methods=methods) -> Response:
+                return await methods[request.method](request)
+
+            mounted.append(Route(path, endpoint, methods=list(methods)))
+        return mounted
+
+    def front_door(route: HttpRoute) -> Callable[[Request], Awaitable[Response]]:
+        """A route behind the front door: token (unless the route is signed or public), id
+        rule, bounded body, errors."""
         tokenless = route.auth in ("signature", "public")
 
         async def endpoint(request: Request) -> Response:
@@ -236,7 +257,7 @@ def build_app(
                 return answer
             return _Json(answer, route.status)
 
-        return Route(route.path, endpoint, methods=[route.method])
+        return endpoint
 
     async def body(request: Request, codec: Codec):
         """The request body decoded by ``codec`` (an empty body is ``{}``).
@@ -385,7 +406,7 @@ def build_app(
 
     return Starlette(
         routes=[
-            *(mount(route) for route in every),
+            *mount(every),
             WebSocketRoute("/ws", _AsgiApp(websocket_endpoint)),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: unexpected},
