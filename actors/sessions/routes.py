@@ -31,7 +31,14 @@ from turnstile.runtime.gateway.frames import (
     encode_event,
     is_valid_id,
 )
-from turnstile.runtime.gateway.routes import ApiError, ApiRequest, HttpRoute, Param, Reply
+from turnstile.runtime.gateway.routes import (
+    ApiError,
+    ApiRequest,
+    HttpRoute,
+    Param,
+    Reply,
+    decode_query,
+)
 
 __all__ = ["SessionView", "session_json", "session_routes"]
 
@@ -115,8 +122,9 @@ class ListSessionsQuery(msgspec.Struct):
 
 
 class DeleteQuery(msgspec.Struct):
-    """``DELETE /sessions/{id}``'s query string: ``confirm=true`` cancels the jobs a user
-    created that would otherwise block the delete."""
+    """``DELETE /sessions/{id}``'s query string: ``confirm=true`` (or ``1``) cancels the jobs
+    a user created that would otherwise block the delete; anything but a boolean is refused,
+    so a mistyped confirmation never reads as "no"."""
 
     confirm: bool = False
 
@@ -262,7 +270,7 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
         return session_json(await directory.get_session(request.user, request.path["id"]))
 
     async def delete_session(request: ApiRequest) -> Any:
-        confirm = request.query.get("confirm", "").lower() in ("1", "true", "yes")
+        confirm = decode_query(request.query, DeleteQuery).confirm
         await directory.delete_session(request.user, request.path["id"], confirm=confirm)
         return Response(status_code=204)
 

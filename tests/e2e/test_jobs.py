@@ -40,6 +40,10 @@ async def test_jobs_over_the_wire_and_deleting_a_session_with_automations(tmp_pa
             assert [a["id"] for a in body["automations"]] == [job_id]
             assert body["automations"][0]["enabled"] is True and body["automations"][0]["name"]
             assert (await http.get("/sessions/ops")).status_code == 200  # still there
+            # a mistyped confirmation is refused, never read as "no" (nor as "yes")
+            typo = await http.delete("/sessions/ops", params={"confirm": "ture"})
+            assert typo.status_code == 400 and typo.json()["error"]["field"] == "confirm"
+            assert (await http.get("/sessions/ops")).status_code == 200
 
             assert (await http.delete("/sessions/ops?confirm=true")).status_code == 204
             assert (await http.get("/sessions/ops")).status_code == 404
