@@ -18,7 +18,7 @@ from importlib import resources
 from starlette.responses import Response
 
 from turnstile.runtime.errors import NotFound
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
+from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, Param, Reply
 
 __all__ = ["Asset", "Assets", "console_routes", "load_assets"]
 
@@ -112,7 +112,29 @@ def console_routes(assets: Assets) -> list[HttpRoute]:
             raise NotFound(f"no console file {name!r}")
         return _answer(found, request)
 
+    # for the API document (/openapi.json): the files' media types, the revalidation
+    etag = (Param("ETag", required=True, description="the file's entity tag"),)
+    ask = (Param("If-None-Match", description="an ETag seen before: 304 if it still is"),)
+    same = Reply(None, "Not Modified: the ETag sent is the file's", headers=etag)
+    files = tuple(sorted({media.split(";")[0] for media in _TYPES.values()}))
     return [
-        HttpRoute("GET", "/console", page, auth="public"),
-        HttpRoute("GET", "/console/{name}", asset, auth="public"),
+        HttpRoute(
+            "GET",
+            "/console",
+            page,
+            auth="public",
+            summary="The console's page (a browser client of this API)",
+            headers=ask,
+            responses={200: Reply(str, "The page", "text/html", etag), 304: same},
+        ),
+        HttpRoute(
+            "GET",
+            "/console/{name}",
+            asset,
+            auth="public",
+            summary="One of the console's files (scripts, style sheet)",
+            headers=ask,
+            responses={200: Reply(str, "The file", files, etag), 304: same},
+            errors=(404,),
+        ),
     ]

@@ -29,6 +29,11 @@ values). Answers to the sender never name sessions.
 
 The bindings routes take the source as a query parameter on ``DELETE``: keys hold ``/`` and
 ``#``, which a path segment cannot carry.
+
+Each route describes itself for the API document (``/openapi.json``): the answer Structs below
+describe the dicts the handlers build (checked against live answers by the schemathesis run,
+``tests/e2e/test_api_contract.py``); the receivers list their signature headers, as they need
+no token.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import re
 from typing import Annotated, Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from starlette.responses import Response
 
 from turnstile.actors.feature import NodeContext
@@ -55,7 +61,14 @@ from turnstile.runtime.errors import (
     RequestTimeout,
     TurnstileError,
 )
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, RouteHandler
+from turnstile.runtime.gateway.routes import (
+    ApiRequest,
+    ErrorAnswer,
+    HttpRoute,
+    Param,
+    Reply,
+    RouteHandler,
+)
 
 __all__ = ["SignedHook", "webhook_routes"]
 
@@ -107,6 +120,101 @@ class DeliveriesQuery(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _BIND = Codec(BindBody, max_depth=4)
+
+
+class Accepted(msgspec.Struct):
+    """A new delivery, recorded and queued in ``sessions`` sessions (or recorded
+    ``unrouted``: no session was bound to it)."""
+
+    accepted: bool
+    sessions: int
+    unrouted: bool
+
+
+class Answered(msgspec.Struct, omit_defaults=True):
+    """A delivery that starts nothing new: ``duplicate`` (recorded before), GitHub's ``ping``
+    (``ok``, ``event``), or ``ignored`` with the ``reason`` (an event that wakes nobody)."""
+
+    duplicate: bool | UnsetType = UNSET
+    ok: bool | UnsetType = UNSET
+    event: str | UnsetType = UNSET
+    ignored: bool | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+
+
+class UnroutedView(msgspec.Struct, kw_only=True):
+    """A delivery no session was bound to. ``owner`` only with ``all_users``."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    source_ref: str
+    source_keys: list[str]
+    owner: str | None | UnsetType = UNSET
+    received_at: str
+    content: str
+    payload: dict[str, Any]
+
+
+class UnroutedList(msgspec.Struct):
+    """``GET /webhooks/unrouted``: newest first."""
+
+    unrouted: list[UnroutedView]
+
+
+class TargetView(msgspec.Struct, kw_only=True):
+    """A session a delivery went to (its name), and how far it got. ``owner`` only with
+    ``all_users``."""
+
+    session: str
+    owner: str | UnsetType = UNSET
+    state: str
+    input_id: int | None
+    attempts: int
+    error: str | None
+
+
+class DeliveryView(msgspec.Struct, kw_only=True):
+    """A recorded delivery: ``state`` ``routed`` or ``unrouted``, and its targets (only the
+    caller's sessions, unless all users' were asked for)."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    source_ref: str
+    state: str
+    owner: str | None | UnsetType = UNSET
+    received_at: str
+    targets: list[TargetView]
+
+
+class DeliveryList(msgspec.Struct, omit_defaults=True):
+    """``GET /webhooks/deliveries``: newest first; with ``all_users``, also the node's
+    ``counts`` by hook: each outcome, and ``refused`` by reason."""
+
+    deliveries: list[DeliveryView]
+    counts: dict[str, dict[str, Any]] | UnsetType = UNSET
+
+
+class BindingView(msgspec.Struct):
+    """A source whose CI events wake the session, how it was bound, and when."""
+
+    source: str
+    via: str
+    created_at: str
+
+
+class BindingList(msgspec.Struct):
+    """``GET /sessions/{id}/bindings``."""
+
+    bindings: list[BindingView]
+
+
+class BindingMade(BindingView):
+    """``POST /sessions/{id}/bindings``: the binding; ``created`` false when it was bound
+    already."""
+
+    created: bool
 
 
 def _json(value: Any, status: int, headers: dict[str, str] | None = None) -> Response:
@@ -350,25 +458,111 @@ def webhook_routes(
         name = request.path.get("name", "")
         return name if name in hooks else ""
 
-    routes.append(HttpRoute("GET", "/webhooks/unrouted", unrouted))
-    routes.append(HttpRoute("GET", "/webhooks/deliveries", deliveries))
+    admins_only = "403 `forbidden` for `all_users=true` without `[webhooks] admins`."
+    receiver = {
+        202: Reply(Accepted, "Recorded and queued (or recorded unrouted)"),
+        200: Reply(Answered, "Nothing new to do: a duplicate, a ping, or an ignored event"),
+        429: Reply(
+            ErrorAnswer,
+            "The hook is over its rate_per_minute",
+            headers=(Param("Retry-After", int, True, "seconds to wait"),),
+        ),
+    }
+    signed = "Authenticated by its signature over the raw body (`docs/github.md`): "
+    routes += [
+        HttpRoute(
+            "GET",
+            "/webhooks/unrouted",
+            unrouted,
+            summary="Deliveries no session was bound to (yours; an admin's: everyone's)",
+            query=UnroutedQuery,
+            response=UnroutedList,
+            errors=(403,),
+            description=admins_only,
+        ),
+        HttpRoute(
+            "GET",
+            "/webhooks/deliveries",
+            deliveries,
+            summary="Recorded deliveries that concern you, and where each went",
+            query=DeliveriesQuery,
+            response=DeliveryList,
+            errors=(403,),
+            description=admins_only,
+        ),
+    ]
     if github_secret is not None:
         routes.append(
             HttpRoute(
                 "POST",
                 "/webhooks/github",
                 _counted(node, github, lambda _: "github"),
+                status=202,
                 auth="signature",
+                summary="A GitHub webhook delivery (check_run, workflow_run, ping)",
+                body=dict[str, Any],
+                headers=(
+                    Param("X-Hub-Signature-256", required=True, description="sha256=<HMAC>"),
+                    Param("X-GitHub-Event", required=True, description="the event's name"),
+                    Param("X-GitHub-Delivery", required=True, description="the delivery's id"),
+                ),
+                responses=receiver,
+                errors=(400, 401, 413),
+                description=signed + "401 without a valid signature, 400 for a malformed "
+                "event or delivery header or body, 413 over `max_body_bytes`.",
             )
         )
-    routes.append(
-        HttpRoute(
-            "POST", "/webhooks/{name}", _counted(node, standard, hook_label), auth="signature"
-        )
-    )
     routes += [
-        HttpRoute("GET", "/sessions/{id}/bindings", list_bindings),
-        HttpRoute("POST", "/sessions/{id}/bindings", bind),
-        HttpRoute("DELETE", "/sessions/{id}/bindings", unbind),
+        HttpRoute(
+            "POST",
+            "/webhooks/{name}",
+            _counted(node, standard, hook_label),
+            status=202,
+            auth="signature",
+            summary="A Standard Webhooks delivery to a hook declared in the config",
+            body=dict[str, Any],
+            headers=(
+                Param("webhook-id", required=True, description="the message's id"),
+                Param("webhook-timestamp", required=True, description="Unix seconds"),
+                Param("webhook-signature", required=True, description="v1,<base64 HMAC>"),
+            ),
+            responses=receiver,
+            errors=(400, 401, 404, 413),
+            description=signed + "401 without a valid signature or with a timestamp outside "
+            "the hook's tolerance, 404 for a name no hook with a secret is declared under.",
+        ),
+        HttpRoute(
+            "GET",
+            "/sessions/{id}/bindings",
+            list_bindings,
+            summary="The sources whose CI events wake a session",
+            response=BindingList,
+            errors=(404,),
+        ),
+        HttpRoute(
+            "POST",
+            "/sessions/{id}/bindings",
+            bind,
+            status=201,
+            summary="Bind a source to a session",
+            body=BindBody,
+            responses={
+                201: Reply(BindingMade, "Bound now"),
+                200: Reply(BindingMade, "It was bound already"),
+            },
+            errors=(404, 429),
+            description="400 (field `source`) for a malformed key, or a repository that "
+            "lets only its configured users bind; 429 at `max_bindings_per_session`.",
+        ),
+        HttpRoute(
+            "DELETE",
+            "/sessions/{id}/bindings",
+            unbind,
+            status=204,
+            summary="Unbind a source from a session",
+            query=UnboundQuery,
+            errors=(404,),
+            description="404 when it was not bound.",
+        ),
     ]
     return routes

@@ -243,7 +243,8 @@ def _response(status: int, reply: Reply, schema_of: dict[Any, Any]) -> dict[str,
     if reply.type is None:
         return answer
     if reply.media_type != "application/json":
-        answer["content"] = {reply.media_type: {"schema": {"type": "string"}}}
+        types = (reply.media_type,) if isinstance(reply.media_type, str) else reply.media_type
+        answer["content"] = {media: {"schema": {"type": "string"}} for media in types}
     elif reply.type is Any:
         answer["content"] = {"application/json": {"schema": {}}}
     else:

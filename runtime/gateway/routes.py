@@ -137,14 +137,14 @@ class Reply:
     Attributes:
         type: the msgspec type of its JSON body; None for no body (a 204, a 304).
         description: when it is given.
-        media_type: the body's media type when it is not JSON (``text/html``); its schema is
-            then a string.
+        media_type: the body's media type when it is not JSON (``text/html``), or the media
+            types it may have (a tuple); its schema is then a string.
         headers: response headers it carries (``Retry-After``).
     """
 
     type: Any = None
     description: str = ""
-    media_type: str = "application/json"
+    media_type: str | tuple[str, ...] = "application/json"
     headers: tuple[Param, ...] = ()
 
 
