@@ -18,6 +18,7 @@ CI sends the same requests every run.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -259,3 +260,36 @@ def test_the_loaded_document_has_every_feature_and_the_gateways_own_routes(api):
         "POST /approvals/{id}/approve",
     ):
         assert label in labels
+
+
+def test_a_method_a_path_lacks_is_405_allowing_exactly_the_documented_ones(api, node_url):
+    """What Schemathesis's ``allow_header_conformance`` checks in its coverage phase, for every
+    path of the document: each method it does not list is refused with ``Allow`` naming
+    those it does (and ``HEAD`` with ``GET``)."""
+    schema, found = api
+    documented: dict[str, set[str]] = {}
+    for operation in _operations(schema):
+        documented.setdefault(operation.path, set()).add(operation.method.upper())
+    templates = {
+        path: re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$") for path in documented
+    }
+
+    def served_elsewhere(method: str, concrete: str, path: str) -> bool:
+        """Another path of the document takes it (``POST /webhooks/unrouted`` is a hook's)."""
+        return any(
+            other != path and method in documented[other] and pattern.match(concrete)
+            for other, pattern in templates.items()
+        )
+
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    with httpx.Client(base_url=node_url, headers=headers, timeout=10) as http:
+        for path, methods in documented.items():
+            params = {**dict.fromkeys(_names(path), "x"), **(_known(path, found) or {})}
+            allowed = methods | ({"HEAD"} if "GET" in methods else set())
+            for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - methods:
+                concrete = path.format(**params)
+                if served_elsewhere(method, concrete, path):
+                    continue
+                answer = http.request(method, concrete)
+                assert answer.status_code == 405, (method, path)
+                assert set(answer.headers["allow"].split(", ")) == allowed, (method, path)
