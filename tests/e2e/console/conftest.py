@@ -14,6 +14,8 @@ auto-waiting assertions, never with sleeps.
 
 from __future__ import annotations
 
+# Only to give Playwright a plain asyncio loop (see ``plain_asyncio``); nothing here runs on it.
+import asyncio  # noqa: TID251
 import os
 import select
 import shutil
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +117,23 @@ def console_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleNo
             process.wait()
 
 
+@contextmanager
+def plain_asyncio() -> Iterator[None]:
+    """A default asyncio event loop policy for this thread while the block runs.
+
+    Playwright's sync API makes its own loop with ``asyncio.new_event_loop()``. Once
+    trio-asyncio is imported (the PostgreSQL backend imports it), that call makes a trio-asyncio
+    loop, which cannot host Playwright's driver, and a suite that ran a PostgreSQL test first
+    failed here and left the broken loop behind for every test after. trio-asyncio honours a
+    policy set for the thread, so this one is set for the browser's lifetime and dropped after.
+    """
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(None)
+
+
 @pytest.fixture(scope="module")
 def browser():
     path = chromium_path()
@@ -123,7 +143,7 @@ def browser():
             pytest.fail(f"{why}; CI=true requires the console's browser tests to run")
         pytest.skip(why)
     expect.set_options(timeout=10_000)
-    with sync_playwright() as playwright:
+    with plain_asyncio(), sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=path)
         try:
             yield launched
