@@ -360,13 +360,21 @@ async def open_node(
                     for session_id in waiting:
                         await registry.ref(f"session:{session_id}").tell(Wake())
 
+                    async def wake(session_id: str) -> None:
+                        try:
+                            await registry.ref(f"session:{session_id}").tell(Wake())
+                        except (PlacedElsewhere, ActorStopped, StoreError):
+                            pass  # another node holds it: it runs what waits there
+
                     async def take_over(items: Sequence[InboxItem]) -> None:
                         # A dead node's cut-off turns: closed as at start-up, and what waits
-                        # behind them runs here.
+                        # behind them runs here. Woken from tasks of their own: the sweep may
+                        # run inside the placement's claim of one of these very sessions
+                        # (a lease moving here), which a wake-up would wait for.
                         await close_cut_off(store, items, max_reruns=max_reruns)
                         for session_id in sorted({item.session_id for item in items}):
                             if await store.list_inputs(session_id, ["queued"]):
-                                await registry.ref(f"session:{session_id}").tell(Wake())
+                                tasks.start_soon(wake, session_id)
 
                     membership.on_takeover = take_over
                     if placement is not None:

@@ -72,6 +72,7 @@ from turnstile.actors.sessions.inputs import (
 )
 from turnstile.actors.sessions.messages import (
     POLICIES,
+    Arrived,
     Attach,
     DeleteSession,
     Delivered,
@@ -201,6 +202,8 @@ class SessionActor(Actor):
         placement = self.services.placement
         if placement is not None:
             self.fence = self.events.fence = placement.fence(f"session:{self.session_id}")
+        if self.services.remote is not None:  # other nodes' clients follow what is stored
+            self.events.on_stored = self.services.remote.stored
         try:
             self.session = await store.get_session(self.session_id)
         except NotFound:
@@ -269,6 +272,14 @@ class SessionActor(Actor):
                 await self._emit(message.job_update)
                 for event in message.events:
                     await self._emit(event)
+                ahead = self.queued - 1 + (1 if self.turn is not None else 0)
+                await self._emit(
+                    TurnQueued(input_id=message.input_id, source=message.source, ahead=ahead)
+                )
+                self._ensure_runner()
+                return None
+            case Arrived():
+                self.queued += 1
                 ahead = self.queued - 1 + (1 if self.turn is not None else 0)
                 await self._emit(
                     TurnQueued(input_id=message.input_id, source=message.source, ahead=ahead)

@@ -41,6 +41,7 @@ from turnstile.actors.sessions.ids import (
     public_view,
     session_key,
 )
+from turnstile.actors.sessions.remote import RemoteSessions
 from turnstile.runtime.errors import (
     AlreadyExists,
     BlockedByAutomations,
@@ -48,6 +49,7 @@ from turnstile.runtime.errors import (
     InvalidArgument,
     LimitExceeded,
     NotFound,
+    PlacedElsewhere,
 )
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
 from turnstile.runtime.metrics import Metrics
@@ -91,6 +93,9 @@ class SessionDirectory:
         self._metrics = metrics
         self._owners: dict[str, str] = {}
         self.hooks = hooks or SessionHooks()
+        #: With several nodes: sessions another node holds (``remote``); None on one node,
+        #: where no session is ever placed elsewhere.
+        self.remote: RemoteSessions | None = None
 
     async def ping(self) -> None:
         await self.store.ping()
@@ -226,6 +231,9 @@ class SessionDirectory:
                 ``confirm`` is False; nothing is deleted.
         """
         key = await self.owned_key(user, session_id)
+        # with several nodes, only the node that holds the session deletes it: find out before
+        # anything ends (PlacedElsewhere names the holder)
+        await self.registry.resolve(f"session:{key}")
         keys = [key]
         for suffix in DERIVED_SUFFIXES:
             try:
@@ -287,15 +295,22 @@ class SessionDirectory:
             Busy, LimitExceeded: the session refuses the input now (a replay never is).
         """
         key = await self.owned_key(user, session_id)
-        submitted = await self._ask(
-            key,
-            Submit(
-                source="user",
-                content=content,
-                payload=payload or {},
-                idempotency_key=idempotency_key,
-            ),
-        )
+        try:
+            submitted = await self._ask(
+                key,
+                Submit(
+                    source="user",
+                    content=content,
+                    payload=payload or {},
+                    idempotency_key=idempotency_key,
+                ),
+            )
+        except PlacedElsewhere:
+            if self.remote is None:
+                raise
+            submitted = await self.remote.submit(
+                key, "user", content, payload or {}, idempotency_key=idempotency_key
+            )
         if submitted.replayed:
             self._metrics.inc("turnstile_inputs_replayed_total")
         else:
@@ -304,7 +319,12 @@ class SessionDirectory:
 
     async def stop(self, user: str, session_id: str) -> bool:
         key = await self.owned_key(user, session_id)
-        return await self._ask(key, StopTurn())
+        try:
+            return await self._ask(key, StopTurn())
+        except PlacedElsewhere:
+            if self.remote is None:
+                raise
+            return await self.remote.stop(key)
 
     async def set_policy(self, user: str, session_id: str, policy: str) -> str:
         key = await self.owned_key(user, session_id)
@@ -314,13 +334,20 @@ class SessionDirectory:
 
     async def attach(self, user: str, session_id: str, subscriber: Subscriber) -> Attached:
         key = await self.owned_key(user, session_id)
-        attached = await self._ask(key, Attach(subscriber=subscriber))
+        try:
+            attached = await self._ask(key, Attach(subscriber=subscriber))
+        except PlacedElsewhere:
+            if self.remote is None:
+                raise
+            attached = await self.remote.attach(key, session_id, subscriber)
         for attached_hook in self.hooks.on_attach:  # e.g. what was held while nobody watched
             await attached_hook(key)
         return attached
 
     async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
         key = await self.owned_key(user, session_id)
+        if self.remote is not None and self.remote.detach(key, subscriber):
+            return
         if self.registry.is_active(f"session:{key}"):
             await self._ask(key, Detach(subscriber=subscriber))
 

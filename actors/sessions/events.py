@@ -63,6 +63,7 @@ class EventLog:
         "_flushing",
         "fence",
         "on_fenced",
+        "on_stored",
     )
 
     def __init__(
@@ -90,6 +91,9 @@ class EventLog:
         self.fence: int | None = None
         #: Called once an append was refused because the lease moved (``Fenced``).
         self.on_fenced: Callable[[Fenced], None] | None = None
+        #: Called with the session id and the last seq after each stored batch (several
+        #: nodes: the announcement other nodes' followers wait for).
+        self.on_stored: Callable[[str, int], None] | None = None
 
     @property
     def idle(self) -> bool:
@@ -157,6 +161,8 @@ class EventLog:
                 self._session_id, batch.events, fence=self.fence
             )
             self._offer(records)
+            if self.on_stored is not None and records:
+                self.on_stored(self._session_id, records[-1].seq)
         except Fenced as exc:  # the session moved to another node: nothing was stored
             batch.error = exc
             if self.on_fenced is not None:

@@ -13,6 +13,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices
 from turnstile.actors.sessions.agents import Agent, Usage
 from turnstile.actors.sessions.directory import SessionDirectory
+from turnstile.actors.sessions.remote import RemoteSessions
 from turnstile.actors.sessions.routes import session_routes
 from turnstile.runtime.gateway.frames import encode_event
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -83,6 +84,17 @@ class SessionsFeature:
             metrics=metrics,
             hooks=hooks,
         )
+        if node.placement is not None:  # several nodes: reach sessions held elsewhere
+            remote = RemoteSessions(
+                node.store,
+                node.sessions,
+                node.placement,
+                services.encode_event,
+                max_content_chars=limits.max_content_chars,
+                max_queued_inputs=limits.max_queued_inputs,
+            )
+            services.remote = self.directory.remote = remote
+            node.start_soon(remote.run)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.directory is not None, "routes() after ready()"

@@ -27,6 +27,7 @@ __all__ = [
     "SessionStatus",
     "Wake",
     "Delivered",
+    "Arrived",
     "Publish",
     "DeleteSession",
 ]
@@ -129,6 +130,19 @@ class Delivered(Message, tag="delivered", kw_only=True):
     source: str
     job_update: SessionEvent
     events: list[SessionEvent] = msgspec.field(default_factory=list)
+
+
+class Arrived(Message, tag="arrived", kw_only=True):
+    """Another node stored an input of this session in the inbox (a client of that node sent
+    it; ``actors.sessions.remote``): say it is queued and run it.
+
+    Attributes:
+        input_id: the inbox row.
+        source: its source.
+    """
+
+    input_id: int
+    source: str
 
 
 class Publish(Message, tag="publish", kw_only=True):

@@ -128,3 +128,6 @@ class SessionServices:
     #: With several nodes: the placement whose lease each activation holds; its lease epoch
     #: fences the session's writes (``runtime.placement``). None on one node.
     placement: LeasePlacement | None = None
+    #: With several nodes: this node's side of sessions held elsewhere, and the announcements
+    #: of its own sessions' events (``actors.sessions.remote``). None on one node.
+    remote: Any = None

@@ -10,9 +10,11 @@ The multi-process version with a real SIGSTOP is tests/e2e/test_cluster.py.
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 
 import httpx
+import pytest
 import trio
 
 from tests.runtime.store._support import Backend
@@ -73,11 +75,15 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
         sent = await http_a.post("/sessions/s/messages", json={"content": "long"}, headers=AUTH)
         assert sent.status_code == 202
         await on_a.until(b'"stream_delta"')  # stored: a's turn is under way
-        # b does not hold the session: 421, naming a
-        refused = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
+        # b does not hold the session: a delete through b is 421, naming a, and ends nothing
+        refused = await http_b.delete("/sessions/s", headers=AUTH)
         assert refused.status_code == 421, refused.text
         error = refused.json()["error"]
         assert (error["code"], error["node"]) == ("placed_elsewhere", "a")
+        # a message through b is stored (and announced to a): it waits behind "long"
+        sent = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
+        assert sent.status_code == 202, sent.text
+        assert [i.state for i in await b.store.list_inputs("ada/s")] == ["running", "queued"]
         assert b_agent.turns == []
         # a is paused past its lease: for everyone else it is dead, and the session moves to b
         backend = Backend("sqlite" if store_url.startswith("sqlite") else "postgres", store_url)
@@ -89,15 +95,15 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
                 "/sessions/s/messages", json={"content": content}, headers=AUTH
             )
             assert sent.status_code == 202, sent.text
-        await seen.until(b'"stream_end"', 2)  # "after" ran, so "next" was closed before it
-        assert b_agent.turns == ["next", "after"]
+        await seen.until(b'"stream_end"', 3)  # "x", "next", "after" ran here, in order
+        assert b_agent.turns == ["x", "next", "after"]
         store = b.store
-        states = ["interrupted", "done", "done"]
-        assert [i.state for i in await store.list_inputs("ada/s")][:2] == states[:2]
+        states = ["interrupted", "done", "done", "done"]
+        assert [i.state for i in await store.list_inputs("ada/s")][:3] == states[:3]
         before = [(e.seq, e.type) for e in await store.read_events("ada/s")]
         # b closed a's cut-off turn visibly before it ran its own
-        types = [t for _, t in before]
-        assert types[:4] == ["turn_queued", "stream_start", "stream_delta", "stream_end"]
+        streams = [t for _, t in before if t.startswith("stream_")]
+        assert streams[:4] == ["stream_start", "stream_delta", "stream_end", "stream_start"]
         # a resumes: its turn ends, and nothing of it reaches the store
         fenced = trio.Event()
         count = a.context.placement.fenced
@@ -111,16 +117,16 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
         with trio.fail_after(10):
             await fenced.wait()
         assert a.metrics.value("turnstile_fencing_refusals_total") == 1
-        # a's activation stopped: a message through a is refused, naming b
-        again = await http_a.post("/sessions/s/messages", json={"content": "y"}, headers=AUTH)
+        # a's activation stopped: the session is b's now, for a too
+        again = await http_a.delete("/sessions/s", headers=AUTH)
         assert again.status_code == 421 and again.json()["error"]["node"] == "b"
-        await seen.until(b'"stream_end"', 2)
+        await seen.until(b'"stream_end"', 3)
         after = [(e.seq, e.type) for e in await store.read_events("ada/s")]
         assert after == before
         assert [i.state for i in await store.list_inputs("ada/s")] == states
         assert a_agent.turns == ["long"]
         assert b.metrics.value("turnstile_leases_moved_total") == 1
-        assert b.metrics.value("turnstile_leases_refused_total") == 1
+        assert b.metrics.value("turnstile_leases_refused_total") == 2  # the delete, the "x"
 
 
 async def expire_lease(backend: Backend, node_id: str) -> None:
@@ -157,3 +163,45 @@ async def test_an_input_another_node_stores_reaches_the_holder(store_url):
         with trio.fail_after(10):
             await seen.until(b'"stream_end"')
         assert a_agent.turns == ["stored by b"]
+
+
+def frames(recorder: Recorder) -> list[dict]:
+    return [json.loads(frame) for frame in recorder.frames]
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_client_of_another_node_watches_sends_and_stops(store_url):
+    """PostgreSQL's notifications carry a session's events, inputs and stop requests between
+    the node that holds it and the node a client is connected to."""
+    a_agent = GatedAgent()
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
+        )
+        b = await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        await a.directory.create_session("ada", session_id="s")
+        on_a = Recorder()
+        await a.directory.attach("ada", "s", on_a)  # a holds s
+        on_b = Recorder()
+        attached = await b.directory.attach("ada", "s", on_b)  # followed from b
+        assert (attached.busy, attached.queued) == (False, 0)
+        sent = await b.directory.submit("ada", "s", "long", idempotency_key="client:1")
+        again = await b.directory.submit("ada", "s", "long", idempotency_key="client:1")
+        assert again.replayed and again.input_id == sent.input_id
+        with trio.fail_after(10):
+            await on_b.until(b'"stream_delta"')  # a runs it; b's client sees it live
+            assert await b.directory.stop("ada", "s")
+            await on_b.until(b'"stream_end"')
+        await b.directory.submit("ada", "s", "short")
+        with trio.fail_after(10):
+            await on_b.until(b'"stream_end"', 2)
+        assert a_agent.turns == ["long", "short"]
+        seen = frames(on_b)
+        ends = [(f["input_id"], f["status"]) for f in seen if f["type"] == "stream_end"]
+        assert ends == [(sent.input_id, "stopped"), (sent.input_id + 1, "completed")]
+        # b's client saw exactly what a's did, in order, once each
+        assert [f["seq"] for f in seen] == [f["seq"] for f in frames(on_a)]
+        assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
+        await b.directory.detach("ada", "s", on_b)

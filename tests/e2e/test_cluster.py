@@ -237,10 +237,11 @@ async def test_a_second_process_with_the_same_node_id_takes_over_and_the_first_s
 @pytest.mark.guard(60)
 async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_path, pg_store):
     """Fencing with a real SIGSTOP: A holds session ``s`` and runs a turn of it; A is stopped
-    for twice its lease. B takes the session over (A's turn closed as interrupted, a new turn
-    runs on B). When A resumes, its heartbeat finds it declared dead and it exits 3; the turn it
-    was running closes as it stops, and the store refuses every write of it: the session's log
-    is exactly what it was, gapless, with A's input closed once."""
+    for twice its lease. A message sent through B meanwhile is stored at once; once A's lease
+    ran out, B takes the session over (A's turn closed as interrupted) and runs it. When A
+    resumes, its heartbeat finds it declared dead and it exits 3; the turn it was running
+    closes as it stops, and the store refuses every write of it: the session's log is exactly
+    what it was, gapless, with A's input closed once."""
     a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
     b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
     try:
@@ -253,21 +254,22 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
             await on_a.send(type="send", session_id="s", content="/sleep 600", client_msg_id="1")
             input_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
             await on_a.expect("stream_start", input_id=input_id)
-        async with b.node.http(TOKEN) as http:  # A holds s: B refuses, naming A
-            refused = await http.post("/sessions/s/messages", json={"content": "early"})
+        async with b.node.http(TOKEN) as http:  # A holds s: B will not delete it, naming A
+            refused = await http.delete("/sessions/s")
             assert refused.status_code == 421, refused.text
             assert refused.json()["error"]["node_address"] == a.node.url
         paused = trio.current_time()
         a.process.send_signal(signal.SIGSTOP)
         try:
-            async with b.node.http(TOKEN) as http:
+            async with b.node.http(TOKEN) as http:  # stored by B, for whoever holds s
+                sent = await http.post("/sessions/s/messages", json={"content": "on b"})
+                assert sent.status_code == 202, sent.text
+                on_b_id = sent.json()["input_id"]
 
-                async def moved_to_b() -> bool:
-                    sent = await http.post("/sessions/s/messages", json={"content": "on b"})
-                    assert sent.status_code in (202, 421), sent.text
-                    return sent.status_code == 202
+            async def ran_on_b() -> bool:
+                return (await input_row(pg_store, "dev/s", on_b_id)).state == "done"
 
-                await eventually(moved_to_b, LEASE + 10 * INTERVAL)
+            await eventually(ran_on_b, LEASE + 10 * INTERVAL)
             moved_after = trio.current_time() - paused
             async with connect(b.node, TOKEN) as on_b:
                 await on_b.send(type="attach", session_id="s", after_seq=0)

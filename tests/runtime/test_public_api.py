@@ -10,7 +10,8 @@ EXPECTED = {
     "Store", "open_store",
     "TurnstileError", "ActorError", "MailboxFull", "ActorStopped", "ActorCrashed",
     "SupervisorEscalation", "DecodeError", "TimerError", "StoreError", "NotFound",
-    "AlreadyExists", "ConflictError", "MigrationError", "InvalidArgument", "LimitExceeded",
+    "AlreadyExists", "ConflictError", "LeaseLost", "Fenced", "MigrationError",
+    "InvalidArgument", "LimitExceeded",
     "Busy", "Unauthorized", "BlockedByAutomations",
 }  # fmt: skip
 

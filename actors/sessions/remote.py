@@ -1,0 +1,285 @@
+"""Sessions another node holds, as this node's clients reach them (several nodes, leases).
+
+With session leases (``runtime.placement``) a session is active on one node at a time. A client
+connected to another node still attaches, sends and stops there, through the store and
+PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
+
+* **Live events.** The holder's sessions announce each stored batch (``e <key> <seq>``),
+  coalesced per session. A node with clients attached to a session it does not hold follows
+  it (:class:`_Feed`): it reads the events after the last one it offered from the store, by
+  ``seq``, on each announcement and every :data:`POLL_SECONDS` besides, and offers them to its
+  clients. A lost notification delays an event by at most that long; it never loses one, and
+  the order and gaplessness are the store's.
+* **Inputs.** A message sent through a node that does not hold the session is stored in the
+  session's inbox by that node (with its idempotency key, under the session's queue limit) and
+  announced (``i <key> <id> <source>``): the holder tells its activation, which emits
+  ``turn_queued`` and runs it. If the announcement is lost, the holder's periodic look for
+  queued inputs finds it (``actors.node``: every ``lease_seconds / 3``). The session's policy
+  (``reject``, ``inject``, ``interrupt``) is applied only to inputs sent through the holder:
+  through another node an input is queued.
+* **Stop.** ``s <key>``: the holder stops the turn it runs. A stop is a request: if its
+  notification is lost the turn runs on.
+
+Everything here is the sessions feature's; the kernel only carries the notifications.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from turnstile.actors.sessions.messages import Arrived, StopTurn
+from turnstile.runtime.errors import (
+    ActorStopped,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PlacedElsewhere,
+    StoreError,
+)
+from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
+from turnstile.runtime.placement import LeasePlacement
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.store import EventRecord, Store
+
+__all__ = ["CHANNEL", "POLL_SECONDS", "RemoteSessions"]
+
+log = logging.getLogger("turnstile.session")
+
+#: the notification channel of sessions across nodes
+CHANNEL = "turnstile_sessions"
+#: how often a followed session is read even without an announcement
+POLL_SECONDS = 1.0
+#: events read per store round trip when a feed catches up
+_PAGE = 500
+#: notifications waiting to be handled; beyond it they are dropped and every feed reads again
+_INBOX = 10_000
+
+
+class _Feed:
+    """One session another node holds, followed for this node's clients."""
+
+    __slots__ = ("key", "public_id", "subscribers", "last_seq", "poked")
+
+    def __init__(self, key: str, public_id: str, last_seq: int) -> None:
+        self.key = key
+        self.public_id = public_id
+        self.subscribers: set[Subscriber] = set()
+        self.last_seq = last_seq
+        self.poked = trio.Event()
+
+
+class RemoteSessions:
+    """This node's side of sessions held elsewhere, and its announcements of its own.
+
+    Args:
+        store: the shared store.
+        registry: this node's session activations.
+        placement: which sessions this node holds.
+        encode_event: the gateway frame of a stored event (``SessionServices.encode_event``).
+        max_content_chars, max_queued_inputs: the limits an input sent here is held to, as
+            the session's own actor holds one sent through its node.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        placement: LeasePlacement,
+        encode_event: Callable[[str, EventRecord], bytes],
+        *,
+        max_content_chars: int,
+        max_queued_inputs: int,
+    ) -> None:
+        self.max_content_chars = max_content_chars
+        self.max_queued_inputs = max_queued_inputs
+        self.store = store
+        self.registry = registry
+        self.placement = placement
+        self._encode = encode_event
+        self._feeds: dict[str, _Feed] = {}
+        self._pending: dict[str, int] = {}
+        self._announce = trio.Event()
+        self._heard_send, self._heard = trio.open_memory_channel[str | None](_INBOX)
+        self._nursery: trio.Nursery | None = None
+
+    # -- this node's sessions -------------------------------------------------------------------
+
+    def stored(self, key: str, last_seq: int) -> None:
+        """A session held here stored events up to ``last_seq``: announce it (coalesced)."""
+        if self._pending.get(key, 0) < last_seq:
+            self._pending[key] = last_seq
+            self._announce.set()
+
+    async def _announcer(self) -> None:
+        while True:
+            await self._announce.wait()
+            self._announce = trio.Event()
+            pending, self._pending = self._pending, {}
+            for key, seq in pending.items():
+                await self._notify(f"e {key} {seq}")
+
+    async def _notify(self, payload: str) -> None:
+        try:
+            await self.store.notify(CHANNEL, payload)
+        except StoreError as exc:  # a hint: the readers' polling catches up
+            log.warning("notification %r failed: %s", payload[:200], exc)
+
+    # -- sessions held elsewhere ----------------------------------------------------------------
+
+    async def attach(self, key: str, public_id: str, subscriber: Subscriber) -> Attached:
+        """Follow ``key`` for ``subscriber``: its state now, then its events as stored.
+
+        Raises:
+            NotFound: the session is gone.
+        """
+        session = await self.store.get_session(key)
+        feed = self._feeds.get(key)
+        if feed is None:
+            feed = self._feeds[key] = _Feed(key, public_id, session.last_seq)
+            assert self._nursery is not None, "RemoteSessions.run is not running"
+            self._nursery.start_soon(self._follow, feed, name=f"follow session {key}")
+        feed.subscribers.add(subscriber)
+        running = await self.store.list_inputs(key, ["running", "queued"])
+        current = next((i.id for i in running if i.state == "running"), None)
+        return Attached(
+            last_seq=feed.last_seq,
+            busy=current is not None,
+            policy=session.policy,
+            queued=sum(1 for i in running if i.state == "queued"),
+            current_input_id=current,
+        )
+
+    def detach(self, key: str, subscriber: Subscriber) -> bool:
+        """Stop following ``key`` for ``subscriber``; False if it was not following here."""
+        feed = self._feeds.get(key)
+        if feed is None or subscriber not in feed.subscribers:
+            return False
+        feed.subscribers.discard(subscriber)
+        feed.poked.set()  # the follower ends once nobody is left
+        return True
+
+    async def _follow(self, feed: _Feed) -> None:
+        try:
+            while feed.subscribers:
+                with trio.move_on_after(POLL_SECONDS):
+                    await feed.poked.wait()
+                feed.poked = trio.Event()
+                try:
+                    await self._catch_up(feed)
+                except NotFound:  # deleted: nothing more will come
+                    for subscriber in list(feed.subscribers):
+                        subscriber.deleted(feed.public_id)
+                    feed.subscribers.clear()
+                except StoreError as exc:
+                    log.warning("following session %s: %s", feed.key, exc)
+        finally:
+            if self._feeds.get(feed.key) is feed:
+                del self._feeds[feed.key]
+
+    async def _catch_up(self, feed: _Feed) -> None:
+        while feed.subscribers:
+            page = await self.store.read_events(feed.key, feed.last_seq, _PAGE)
+            for record in page:
+                frame = self._encode(feed.public_id, record)
+                for subscriber in list(feed.subscribers):
+                    if not subscriber.offer(feed.public_id, record.seq, frame):
+                        feed.subscribers.discard(subscriber)
+                        subscriber.lagged(feed.public_id, record.seq - 1)
+                feed.last_seq = record.seq
+            if len(page) < _PAGE:
+                return
+
+    async def submit(
+        self,
+        key: str,
+        source: str,
+        content: str,
+        payload: dict[str, Any],
+        *,
+        idempotency_key: str | None,
+    ) -> Submitted:
+        """Store an input of a session another node holds, and announce it to that node.
+
+        Raises:
+            InvalidArgument: the content is too long.
+            LimitExceeded: the session's queue is full (a resend of a stored input is not).
+            NotFound: the session is gone.
+        """
+        max_content_chars, max_queued_inputs = self.max_content_chars, self.max_queued_inputs
+        if len(content) > max_content_chars:
+            raise InvalidArgument(
+                f"content is longer than {max_content_chars} characters", field="content"
+            )
+        stored = {**payload, "content": content}
+        if idempotency_key is not None:
+            earlier = await self.store.keyed_input(
+                key, idempotency_key, source=source, payload=stored
+            )
+            if earlier is not None:
+                return Submitted(input_id=earlier.id, replayed=True)
+        queued = len(await self.store.list_inputs(key, ["queued"]))
+        if queued >= max_queued_inputs:
+            raise LimitExceeded(f"session has {queued} queued inputs (limit {max_queued_inputs})")
+        if idempotency_key is None:
+            item = await self.store.enqueue_input(key, source, stored)
+        else:
+            enqueued = await self.store.enqueue_keyed(key, source, stored, idempotency_key)
+            item = enqueued.item
+            if not enqueued.created:
+                return Submitted(input_id=item.id, replayed=True)
+        await self._notify(f"i {key} {item.id} {source}")
+        return Submitted(input_id=item.id)
+
+    async def stop(self, key: str) -> bool:
+        """Ask the holder of ``key`` to stop its turn (a request: see the module docstring)."""
+        await self._notify(f"s {key}")
+        return True
+
+    # -- the listener ---------------------------------------------------------------------------
+
+    def _hear(self, payload: str | None) -> None:
+        try:
+            self._heard_send.send_nowait(payload)
+        except trio.WouldBlock:  # too many at once: read everything again
+            self._poke_all()
+
+    def _poke_all(self) -> None:
+        for feed in self._feeds.values():
+            feed.poked.set()
+
+    async def _handle(self, payload: str | None) -> None:
+        if payload is None:  # (re)connected: something may have been missed
+            self._poke_all()
+            return
+        kind, _, rest = payload.partition(" ")
+        key, _, rest = rest.partition(" ")
+        if kind == "e":
+            feed = self._feeds.get(key)
+            if feed is not None:
+                feed.poked.set()
+            return
+        address = f"session:{key}"
+        if self.placement.fence(address) is None or not self.registry.is_active(address):
+            return  # not held here: the holder (or the catch-up look) deals with it
+        ref = self.registry.ref(address)
+        try:
+            if kind == "i":
+                input_id, _, source = rest.partition(" ")
+                await ref.tell(Arrived(input_id=int(input_id), source=source))
+            elif kind == "s":
+                await ref.ask(StopTurn())
+        except (ActorStopped, PlacedElsewhere, NotFound, StoreError, ValueError) as exc:
+            log.info("notification %r not delivered: %s", payload[:200], exc)
+
+    async def run(self) -> None:
+        """Listen, announce and follow, forever (a task of the node's nursery)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.store.listen, CHANNEL, self._hear)
+            nursery.start_soon(self._announcer)
+            async for payload in self._heard:
+                await self._handle(payload)
