@@ -3,21 +3,30 @@
 * ``serve`` — run a node (store, session actors, gateway) until Ctrl-C / SIGTERM.
 * ``attach SESSION`` — a terminal client: type messages, watch turns stream.
 * ``sessions`` — list your sessions.
+* ``jobs [list|show|cancel]``, ``watchers [list|show|pause|resume|stop]`` — your scheduled jobs
+  and watchers, from a running node (``actors/clients.py``).
 * ``bench`` — run benchmark scenarios.
 * ``memory list | search | put | forget | summary | extraction | delete-all | changes | watch``
   — a user's long-term memory, from a running node (``actors/memory/client.py``).
 * ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
 * ``nodes`` — the nodes sharing the config's store, alive or dead (``docs/cluster.md``).
 
+Exit status, for every command: 0 done; 2 a wrong command line, a bad config, or a request
+the node refused (a 4xx: a bad token, nothing by that id, a bad value); 1 the node (or the
+store) could not be reached or failed (a 5xx, a timeout); ``serve`` also exits 3 when the node
+lost its place among the nodes (``docs/cluster.md``). ``--json`` prints the answer as JSON
+(indented) instead of a table, on every command that lists or changes something.
+
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
 module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
-inside ``serve``, so ``attach`` and ``sessions`` start without loading the features.
+inside ``serve``, so ``attach`` and the clients start without loading the features.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import secrets
@@ -131,31 +140,60 @@ def _start_error(exc: BaseException) -> str | None:
     return None
 
 
-def _client_token(args: argparse.Namespace) -> str:
+def _client_token(args: argparse.Namespace) -> str | None:
+    """The bearer token (``--token``, else ``TURNSTILE_TOKEN``, else ``TURNSTILE_DEV_TOKEN``);
+    None, said on stderr, when there is none."""
     token = args.token or os.environ.get("TURNSTILE_TOKEN") or os.environ.get("TURNSTILE_DEV_TOKEN")
     if not token:
-        raise SystemExit("turnstile: give --token or set TURNSTILE_TOKEN")
+        print(f"turnstile {args.command}: give --token or set TURNSTILE_TOKEN", file=sys.stderr)
     return token
 
 
-def _sessions(args: argparse.Namespace) -> int:
-    import httpx
+def _client(run):
+    """A client command over ``run(args, token)`` (``actors/clients.py``): exit 2 without a
+    token; httpx's line per request silenced unless ``--verbose``."""
 
-    response = httpx.get(
-        f"{args.url}/sessions", headers={"Authorization": f"Bearer {_client_token(args)}"}
-    )
-    if response.status_code != 200:
-        print(f"turnstile: {response.status_code} {response.text}", file=sys.stderr)
-        return 1
-    for session in response.json()["sessions"]:
-        print(f"{session['id']}\t{session['policy']}\tlast_seq={session['last_seq']}")
-    return 0
+    def command(args: argparse.Namespace) -> int:
+        token = _client_token(args)
+        if not token:
+            return 2
+        httpx_log = logging.getLogger("httpx")
+        level = httpx_log.level
+        if not args.verbose:  # a line per request would bury the answer
+            httpx_log.setLevel(logging.WARNING)
+        try:
+            return run(args, token)
+        finally:  # main() is also called in-process (tests, embedding): leave logging as found
+            httpx_log.setLevel(level)
+
+    return command
+
+
+def _sessions(args: argparse.Namespace, token: str) -> int:
+    from turnstile.actors.clients import run_sessions
+
+    return run_sessions(args, token)
+
+
+def _jobs(args: argparse.Namespace, token: str) -> int:
+    from turnstile.actors.clients import run_jobs
+
+    return run_jobs(args, token)
+
+
+def _watchers(args: argparse.Namespace, token: str) -> int:
+    from turnstile.actors.clients import run_watchers
+
+    return run_watchers(args, token)
 
 
 def _attach(args: argparse.Namespace) -> int:
     from turnstile.runtime.attach import attach
 
-    return trio.run(attach, args.url, _client_token(args), args.session, args.after_seq)
+    token = _client_token(args)
+    if not token:
+        return 2
+    return trio.run(attach, args.url, token, args.session, args.after_seq)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -241,7 +279,7 @@ def _nodes(args: argparse.Namespace) -> int:
             view = await store.list_nodes()
             clock = "the database's clock" if store.backend == "postgres" else "this host's clock"
         if args.json:
-            print(msgspec.json.encode(view).decode())
+            print(json.dumps(msgspec.to_builtins(view), indent=2, ensure_ascii=False))
             return 0
         if not view.nodes:
             print("no node has registered with this store")
@@ -412,10 +450,43 @@ def main(argv: list[str] | None = None) -> int:
     attach.add_argument("--after-seq", type=int, help="replay events after this seq first")
     attach.set_defaults(func=_attach)
 
-    sessions = sub.add_parser("sessions", help="list your sessions")
-    sessions.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
-    sessions.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
-    sessions.set_defaults(func=_sessions)
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default=DEFAULT_URL, help=f"node URL (default {DEFAULT_URL})")
+    client.add_argument("--token", help="bearer token (or TURNSTILE_TOKEN)")
+    client.add_argument("--json", action="store_true", help="print the node's JSON answer")
+
+    sessions = sub.add_parser("sessions", help="list your sessions", parents=[client])
+    sessions.set_defaults(func=_client(_sessions))
+
+    jobs = sub.add_parser(
+        "jobs",
+        help="your scheduled jobs: list, show one with its runs, cancel one",
+        parents=[client],
+    )
+    jobs.add_argument("action", nargs="?", default="list", choices=["list", "show", "cancel"])
+    jobs.add_argument("id", nargs="?", metavar="JOB", help="the job (show, cancel)")
+    jobs.add_argument("--session", help="list: only this session's jobs")
+    jobs.add_argument(
+        "--state",
+        choices=["active", "paused", "completed", "cancelled"],
+        help="list: only jobs in this state",
+    )
+    jobs.set_defaults(func=_client(_jobs))
+
+    watchers = sub.add_parser(
+        "watchers",
+        help="your watchers: list, show one with its checks, pause, resume, stop",
+        parents=[client],
+    )
+    watchers.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "show", "pause", "resume", "stop"],
+    )
+    watchers.add_argument("id", nargs="?", metavar="WATCHER", help="the watcher (all but list)")
+    watchers.add_argument("--session", help="list: only this session's watchers")
+    watchers.set_defaults(func=_client(_watchers))
 
     memory = sub.add_parser("memory", help="your long-term memory; backfill of embeddings")
     memory_sub = memory.add_subparsers(dest="memory_command", required=True)
@@ -448,6 +519,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command != "bench":
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.rest = [*unknown, *args.rest]
+    if args.command in ("jobs", "watchers"):
+        chosen = jobs if args.command == "jobs" else watchers
+        if args.action == "list" and args.id is not None:
+            chosen.error(f"list takes no {args.command[:-1]} id (got {args.id!r})")
+        if args.action != "list" and args.id is None:
+            chosen.error(f"{args.action} needs the {args.command[:-1]}'s id")
+        if args.action != "list" and (args.session or getattr(args, "state", None)):
+            chosen.error("--session and --state are for list")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -2,6 +2,10 @@
 
 Type a line to send it; ``/stop`` stops the running turn; ``/quit`` (or end of input) leaves.
 Turns stream as they happen; the closing status of each turn is printed.
+
+Exit status, as every ``turnstile`` command: 0 left with ``/quit``; 2 refused (a bad token or
+origin, a session that is not yours, a name that cannot be created); 1 the node could not be
+reached, failed, or closed the connection.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ import sys
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 __all__ = ["attach", "render"]
+
+
+class _Refused(Exception):
+    """The node refused the attach (an ``error`` frame before ``attached``)."""
 
 
 def render(frame: dict) -> str | None:
@@ -44,16 +52,16 @@ def render(frame: dict) -> str | None:
 async def attach(url: str, token: str, session_id: str | None, after_seq: int | None) -> int:
     """Attach to ``session_id`` (creating a session when None) and relay the terminal."""
     headers = {"Authorization": f"Bearer {token}"}
-    if session_id is None:
-        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
-            response = await client.post("/sessions", json={})
+    try:
+        if session_id is None:
+            async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+                response = await client.post("/sessions", json={})
             if response.status_code != 201:
-                print(f"turnstile: {response.status_code} {response.text}", file=sys.stderr)
-                return 1
+                print(f"turnstile attach: {response.status_code} {response.text}", file=sys.stderr)
+                return 2 if response.status_code < 500 else 1
             session_id = response.json()["id"]
             print(f"[new session {session_id}]")
-    ws_url = url.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
-    try:
+        ws_url = url.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
         async with open_websocket_url(
             ws_url, extra_headers=[(b"authorization", f"Bearer {token}".encode())]
         ) as ws:
@@ -65,23 +73,60 @@ async def attach(url: str, token: str, session_id: str | None, after_seq: int | 
                 nursery.start_soon(_print_frames, ws)
                 await _relay_stdin(ws, session_id)
                 nursery.cancel_scope.cancel()
-    except ConnectionClosed as exc:
-        print(f"\n[connection closed: {exc.reason}]", file=sys.stderr)
-        return 1
+    except Exception as exc:  # a group when it came out of the nursery
+        return _exit_status(exc, url)
     return 0
 
 
+def _exit_status(exc: BaseException, url: str) -> int:
+    """Say why the attach ended on an error; the exit status it means (or re-raise a bug)."""
+    found = _find(exc, (_Refused, ConnectionClosed, httpx.ConnectError, HandshakeError, OSError))
+    if isinstance(found, _Refused):
+        print(f"turnstile attach: {found}", file=sys.stderr)
+        return 2
+    if isinstance(found, ConnectionClosed):
+        print(f"\n[connection closed: {found.reason}]", file=sys.stderr)
+        # the gateway closes with 4401 (bad token) or 4403 (origin) after an error frame
+        return 2 if getattr(found.reason, "code", None) in (4401, 4403) else 1
+    if found is not None:
+        print(f"turnstile attach: cannot reach the node at {url}: {found!r}", file=sys.stderr)
+        return 1
+    raise exc
+
+
+def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """``exc``, or the first of ``kinds`` in it when it is a (nested) group."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kinds)
+            if found is not None:
+                return found
+        return None
+    return exc if isinstance(exc, kinds) else None
+
+
 async def _print_frames(ws) -> None:
+    attached = False
     while True:
-        text = render(json.loads(await ws.get_message()))
+        frame = json.loads(await ws.get_message())
+        kind = frame.get("type")
+        if kind == "attached":
+            attached = True
+        elif kind == "error" and not attached and frame.get("code") != "unauthorized":
+            raise _Refused(f"{frame.get('code')}: {frame.get('message')}")
+        text = render(frame)
         if text:
             sys.stdout.write(text)
             sys.stdout.flush()
 
 
 async def _relay_stdin(ws, session_id: str) -> None:
-    stdin = trio.wrap_file(sys.stdin)
-    async for line in stdin:
+    while True:
+        # abandoned, not waited for, when the attach ends on its own (a refusal, a close):
+        # a thread blocked reading a terminal cannot be interrupted
+        line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        if not line:  # end of input
+            return
         line = line.rstrip("\n")
         if line == "/quit":
             return

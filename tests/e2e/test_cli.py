@@ -48,7 +48,8 @@ async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path)
         listed = await trio.run_process(
             [*cli, "sessions", "--url", node.url, "--token", ALICE], capture_stdout=True
         )
-        assert listed.stdout.decode().split("\t")[:2] == ["cli", "enqueue"]
+        rows = listed.stdout.decode().splitlines()[1:]  # under the table's header
+        assert [row.split()[:4] for row in rows] == [["cli", "idle", "0", "enqueue"]]
 
 
 def test_bench_hands_its_options_to_the_bench_from_a_checkout(monkeypatch):
