@@ -26,6 +26,7 @@ from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.gateway.topics import UserTopics
+from turnstile.runtime.membership import Membership
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
@@ -53,6 +54,8 @@ class NodeContext:
         placement: where sessions are activated with several nodes (``runtime.placement``:
             each activation holds its session's lease and fences its writes with it); None on
             one node.
+        membership: this node among the nodes sharing the store (live nodes, ``owns``: which
+            work that needs no lease is this node's); set with ``placement``.
         supervisor: the root supervisor; a feature spawns its actors under it.
         hooks: the sessions feature's hook points, filled in by the features.
         start_soon: starts a plain background task owned by the node (stopped when it closes).
@@ -82,6 +85,7 @@ class NodeContext:
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
     placement: LeasePlacement | None = None
+    membership: Membership | None = None
     topics: UserTopics = field(default_factory=UserTopics)
     started: trio.Event = field(default_factory=trio.Event)
 

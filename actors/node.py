@@ -333,6 +333,7 @@ async def open_node(
                         hooks=SessionHooks(),
                         start_soon=tasks.start_soon,
                         placement=placement,
+                        membership=membership if placement is not None else None,
                     )
                     register_builtin_tools(tools, clock)
 

@@ -30,6 +30,7 @@ Which id a node takes is :func:`default_node_id`'s choice unless it is configure
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
@@ -49,6 +50,7 @@ __all__ = [
     "Membership",
     "default_node_id",
     "open_membership",
+    "owner_of",
 ]
 
 log = logging.getLogger("turnstile.membership")
@@ -96,6 +98,7 @@ class Membership:
         record: the node's row as of the last registration or heartbeat.
         lease_seconds: the length of its lease.
         live_nodes: how many live nodes (this one included) the last sweep saw.
+        live_ids: their ids, sorted (this one's alone until the first sweep).
         heartbeat_failures: heartbeats the store did not answer, since start-up.
         on_takeover: gets the inputs each sweep interrupted (a dead node's running inputs);
             None until the node can close their turns: the sweep takes nothing over until
@@ -110,6 +113,7 @@ class Membership:
         self.record = record
         self.lease_seconds = lease_seconds
         self.live_nodes = 1
+        self.live_ids: tuple[str, ...] = (record.id,)
         self.heartbeat_failures = 0
         self.on_takeover: TakeoverHandler | None = None
         self.lost: LeaseLost | None = None
@@ -131,6 +135,15 @@ class Membership:
     def ref(self) -> NodeRef:
         """This incarnation: the node id and its current epoch."""
         return self.record.ref
+
+    def owns(self, key: str) -> bool:
+        """Whether this node is the one of the live nodes that owns ``key`` (rendezvous
+        hashing over :attr:`live_ids`: every node that saw the same live nodes agrees, and a
+        node joining or leaving moves only the keys it gains or had). Work that must be done
+        once but needs no lease (which node fires a job, runs a watcher) is split this way;
+        during a change of membership two nodes may briefly both think they own a key, so the
+        work itself must stay safe to do twice (a compare-and-set)."""
+        return owner_of(key, self.live_ids) == self.record.id
 
     @property
     def interval(self) -> float:
@@ -223,7 +236,19 @@ class Membership:
                         )
         view = await self.store.list_nodes()
         self.live_nodes = len(view.live)
+        ids = {node.id for node in view.live} | {self.record.id}  # a late sweep still counts us
+        self.live_ids = tuple(sorted(ids))
         self._metrics.inc("turnstile_node_sweeps_total")
+
+
+def owner_of(key: str, nodes: Sequence[str]) -> str:
+    """The node of ``nodes`` that owns ``key``: the highest ``blake2b(node, key)`` (rendezvous
+    hashing)."""
+
+    def weight(node: str) -> bytes:
+        return hashlib.blake2b(f"{node}\x00{key}".encode(), digest_size=8).digest()
+
+    return max(nodes, key=weight)
 
 
 def _claimer(item: InboxItem) -> str:

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -65,7 +65,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.codec import Message
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import Job, JobRun, Store
 from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
@@ -75,6 +75,7 @@ __all__ = [
     "Schedule",
     "SchedulerActor",
     "SchedulerLimits",
+    "JobShare",
     "AddJob",
     "CancelJob",
     "RescheduleJob",
@@ -91,6 +92,8 @@ MAX_CATCH_UP = 10
 MAX_RECORDED_MISSES = 100
 #: How many fires may be in flight at once (so group commit can batch them).
 MAX_CONCURRENT_FIRES = 64
+#: jobs read per look for jobs to take on (several nodes)
+_TAKE_ON_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,25 @@ class _Entry:
         return self._cron
 
 
+class JobShare(Protocol):
+    """Several nodes on one store: which jobs this node fires (``runtime.membership``'s
+    ``Membership``). Each job is fired by one live node, chosen by the job's id; a job whose
+    occurrence is overdue by more than a lease (its node died, or had not seen the job) is
+    fired by whichever node finds it first. The fire's compare-and-set keeps every occurrence
+    single either way."""
+
+    lease_seconds: float
+
+    @property
+    def interval(self) -> float:
+        """How often to look for jobs to take on (a third of the lease)."""
+        ...
+
+    def owns(self, key: str) -> bool:
+        """Whether this node fires the job ``key``."""
+        ...
+
+
 class SchedulerActor(Actor):
     """Owns every active job's timer. See the module docstring.
 
@@ -224,6 +246,7 @@ class SchedulerActor(Actor):
         fired_events: ``(job, run) -> [event, …]``: events a feature adds to the
             session's log when one of its jobs delivers a turn (recalls: ``recall_update``);
             the scheduler itself knows no job kind.
+        share: several nodes: which jobs this node fires (:class:`JobShare`); None: all.
     """
 
     uses_nursery = True
@@ -237,7 +260,9 @@ class SchedulerActor(Actor):
         limits: SchedulerLimits | None = None,
         metrics: Metrics | None = None,
         fired_events: Callable[[Job, JobRun], list[SessionEvent]] | None = None,
+        share: JobShare | None = None,
     ) -> None:
+        self.share = share
         self.store = store
         self.fired_events = fired_events
         self.clock = clock
@@ -266,7 +291,7 @@ class SchedulerActor(Actor):
         now = self.clock.now()
         overdue = 0
         for job in jobs:
-            if job.next_fire_at is None:
+            if job.next_fire_at is None or not self._mine(job, now):
                 continue
             entry = self._entry(job)
             if entry is None:
@@ -280,6 +305,40 @@ class SchedulerActor(Actor):
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
         self.nursery.start_soon(self._run, name="scheduler wheel")
+        if self.share is not None:
+            self.nursery.start_soon(self._take_on, name="scheduler: jobs to take on")
+
+    def _mine(self, job: Job, now: datetime) -> bool:
+        """Whether this node fires ``job`` now: always on one node; with several, the jobs its
+        share gives it, and any occurrence overdue by more than a lease (an orphan)."""
+        share = self.share
+        if share is None or share.owns(job.id):
+            return True
+        due = job.next_fire_at
+        return due is not None and due <= now - timedelta(seconds=share.lease_seconds)
+
+    async def _take_on(self) -> None:
+        """Several nodes: every share interval, index the jobs due within two intervals that
+        are this node's (created on another node, or moved here when a node left) and the
+        orphans; the wheel drops, when they come due, those that are not."""
+        share = self.share
+        assert share is not None
+        while True:
+            await trio.sleep(share.interval)
+            now = self.clock.now()
+            horizon = now + timedelta(seconds=2 * share.interval)
+            try:
+                due = await self.store.due_jobs(horizon, limit=_TAKE_ON_PAGE)
+            except StoreError as exc:
+                log.warning("looking for jobs to take on failed: %s", exc)
+                continue
+            for job in due:
+                if job.id in self.entries or not self._mine(job, now):
+                    continue
+                entry = self._entry(job)
+                if entry is not None:
+                    self.entries[job.id] = entry
+                    self._index(entry, self._due_at(entry))
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -417,6 +476,9 @@ class SchedulerActor(Actor):
                 self._wake = trio.Event()
                 for job_id in self.wheel.advance(trio.current_time()):
                     entry = self.entries.get(job_id)
+                    if entry is not None and not self._mine(entry.job, self.clock.now()):
+                        del self.entries[job_id]  # another node fires it
+                        entry = None
                     if entry is not None:
                         entry.handle = None
                         await self._fires.acquire_on_behalf_of(job_id)

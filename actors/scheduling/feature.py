@@ -62,6 +62,7 @@ class SchedulingFeature:
                 ),
                 metrics=node.metrics,
                 fired_events=recall_fired_events,
+                share=node.membership,
             ),
             name="scheduler",
         )
