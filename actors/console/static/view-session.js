@@ -37,6 +37,7 @@ export async function mount(root, { link, arg: sessionId }) {
   const turns = new Map(); // input_id -> Turn
   const sends = new Map(); // client_msg_id -> content, until acknowledged
   const approvals = new Map(); // approval_id -> card element
+  const resolved = new Set(); // approval ids seen resolved (a slower GET must not bring one back)
 
   // ---- layout ----
   const statusText = h("span", { class: "session-status", "data-status": "idle" }, "Idle");
@@ -403,7 +404,7 @@ export async function mount(root, { link, arg: sessionId }) {
 
   // ---- approvals ----
   function addApproval(event) {
-    if (approvals.has(event.approval_id)) return;
+    if (approvals.has(event.approval_id) || resolved.has(event.approval_id)) return;
     const decide = (approved) => async () => {
       for (const b of card.querySelectorAll("button")) b.disabled = true;
       try {
@@ -432,6 +433,7 @@ export async function mount(root, { link, arg: sessionId }) {
   }
 
   function resolveApproval(event) {
+    resolved.add(event.approval_id);
     const card = approvals.get(event.approval_id);
     if (card) card.remove();
     approvals.delete(event.approval_id);
@@ -452,12 +454,18 @@ export async function mount(root, { link, arg: sessionId }) {
   let recall = null;
   let ticker = null;
 
+  let asked = 0;
+
   async function loadRecall() {
+    const mine = ++asked;
+    let found;
     try {
-      recall = (await api("GET", `/sessions/${seg(sessionId)}/recall`)).recall;
+      found = (await api("GET", `/sessions/${seg(sessionId)}/recall`)).recall;
     } catch {
-      recall = null; // no scheduling on this node
+      found = null; // no scheduling on this node
     }
+    if (mine !== asked) return; // a later read is on its way: it wins
+    recall = found;
     drawRecall();
   }
 
