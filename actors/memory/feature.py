@@ -61,6 +61,9 @@ class MemoryFeature:
         topics.register(TOPIC, changes)
         self.memory = memory = Memory(node.store, node.clock, config, embedder, changes)
         await memory.start()
+        if memory.unindexed:
+            # facts from before the per-user search tokens; searches read them meanwhile
+            node.start_soon(memory.index_unindexed, name="memory search backfill")
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)
         self.summaries = summaries = SummaryCache(memory)

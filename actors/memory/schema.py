@@ -6,31 +6,34 @@
 ``memory_session_state``   when a session was last processed by extraction (``extracted_at``)
 =========================  ==============================================================
 
-Lexical search needs an index of its own on each backend:
+Lexical search (migration 5, ``docs/memory.md``, "Search at scale") indexes tokens made in
+Python (``tokens.py``): each word of a fact glued to its owner's tag, so that the index's list
+for a word holds only one user's facts and a search never reads another user's matches. Every
+write of category, key or value also writes the tokens (``queries.search_columns``,
+``queries.search_lexemes``):
 
-* **SQLite**: ``memory_facts_fts``, an FTS5 table over category, key and value (external
-  content: it stores only the index), kept in step by three triggers; ranked with ``bm25``.
-* **PostgreSQL**: GIN trigram indexes on category, key and value when the ``pg_trgm``
-  extension exists or can be created; otherwise none, and search is plain ``ILIKE``. The
-  reference says pg_trgm "may require superuser privileges", so the migration must not fail
-  without it: :data:`ENSURE_TRIGRAM` is one ``DO`` block that creates the extension only if
-  the server offers it, inside a sub-block whose ``EXCEPTION`` clause turns "not allowed" into
-  a notice (the sub-block is a savepoint, so the migration's transaction survives), and then
-  creates each missing index, schema-qualifying the operator class with the extension's own
-  schema (it need not be on the ``search_path``). The feature runs the same block again at
-  start-up, so an extension a DBA installs later gets its indexes at the next start, and then
-  decides the search path from what exists (``queries.DETECT``).
+* **SQLite**: three columns of ``memory_facts`` (``search_category``, ``search_key``,
+  ``search_value``: three, so bm25 keeps weighing the key double) and :data:`SEARCH_TABLE`, an
+  FTS5 table over them (external content: it stores only the index), kept in step by three
+  triggers in SQL, whichever process writes. It replaces migration 1's ``memory_facts_fts``
+  (an index of the words themselves, every user's matches in one list).
+* **PostgreSQL**: ``search_tokens tsvector`` with :data:`SEARCH_INDEX`, a GIN index: core
+  PostgreSQL, so every server has it. The owner's recency btree of migration 3,
+  :data:`RECENT_INDEX`, serves the newest-first stages; migration 3's trigram index on the
+  whole text (:data:`TEXT_INDEX`) is dropped. pg_trgm stays optional: with it, the
+  per-column trigram indexes of migration 1 serve the list's substring search
+  (``queries.LIST``) and ``word_similarity`` the search's similar-words stage. The reference
+  says pg_trgm "may require superuser privileges", so nothing may fail without it:
+  :data:`ENSURE_TRIGRAM` is one ``DO`` block that creates the extension only if the server
+  offers it, inside a sub-block whose ``EXCEPTION`` clause turns "not allowed" into a notice
+  (the sub-block is a savepoint, so the migration's transaction survives), and then creates
+  each missing index, schema-qualifying the operator class with the extension's own schema.
+  The feature runs it again at start-up (``queries.DETECT``).
 
-Search at scale (migration 3, ``docs/memory.md``): the lexical search on PostgreSQL
-(``queries.SEARCH``) matches one text per fact, :data:`SEARCH_TEXT` (category, key and value
-joined by spaces), newest first within a stage, so it needs two indexes: :data:`RECENT_INDEX`,
-a btree on ``(owner, updated_at DESC, id DESC)`` that lets a search of a common word walk the
-owner's facts newest first and stop after ``limit`` matches (created on every server), and
-:data:`TEXT_INDEX`, a GIN trigram index on exactly the expression the search filters on, which
-finds a rare word without reading the owner's other facts (only with pg_trgm:
-:data:`ENSURE_SEARCH_INDEXES`, run by the migration and again at every start, as
-``ENSURE_TRIGRAM`` is). The per-column trigram indexes of migration 1 stay: the list's
-substring search (``queries.LIST``) uses them.
+A database from before migration 5 has no tokens: the new columns are NULL, so
+:data:`UNINDEXED_INDEX` (a partial index of such rows by owner) lets a search read its user's
+unindexed facts, and the feature's start-up writes their tokens in batches
+(``Memory.index_unindexed``); then the partial index is empty.
 
 Embeddings (migration 2, ``docs/memory.md``):
 
@@ -58,9 +61,12 @@ __all__ = [
     "ENSURE_VECTOR",
     "MEMORY",
     "RECENT_INDEX",
+    "SEARCH_INDEX",
+    "SEARCH_TABLE",
     "SEARCH_TEXT",
     "TEXT_INDEX",
     "TRIGRAM_INDEXES",
+    "UNINDEXED_INDEX",
     "VECTOR_INDEX",
 ]
 
@@ -123,19 +129,18 @@ BEGIN
 END
 $memory$"""
 
-#: What the lexical search matches on PostgreSQL: one text per fact. ``TEXT_INDEX`` is on exactly
-#: this expression (the planner uses an expression index only for the same expression), so the
-#: queries write it with this text and no table alias.
+#: One text per fact (PostgreSQL): what migration 3's :data:`TEXT_INDEX` was on, and what the
+#: similar-words stage compares with ``word_similarity``.
 SEARCH_TEXT = "(category || ' ' || key || ' ' || value)"
 #: The owner's facts newest first (btree), for a search that stops after ``limit`` matches.
 RECENT_INDEX = "memory_facts_owner_recent"
-#: The GIN trigram index on ``SEARCH_TEXT`` (pg_trgm only).
+#: The GIN trigram index on ``SEARCH_TEXT`` (pg_trgm only; migration 3, dropped by 5).
 TEXT_INDEX = "memory_facts_text_trgm"
 
-#: Creates :data:`TEXT_INDEX` when pg_trgm is installed (in whatever schema) and the index is
-#: missing, then analyses the table (the planner needs the expression's statistics to tell a
-#: common word from a rare one); never fails for want of it (a notice says why; the start-up
-#: log names what is missing, ``queries.DETECT``).
+#: Migration 3's step, kept as it ran: creates :data:`TEXT_INDEX` when pg_trgm is installed
+#: (in whatever schema) and the index is missing, then analyses the table; never fails for
+#: want of it (a notice says why). Migration 5 drops the index; nothing runs this at start-up
+#: any more.
 ENSURE_SEARCH_INDEXES = f"""DO $memory$
 DECLARE
   ext_schema text;
@@ -264,6 +269,77 @@ _SQLITE_V4 = (
     END""",
 )
 
+#: The FTS5 table of migration 5 (SQLite): the tokens of ``tokens.fact_tokens``, per column.
+SEARCH_TABLE = "memory_facts_search"
+#: The GIN index on ``search_tokens`` (PostgreSQL, migration 5).
+SEARCH_INDEX = "memory_facts_search_gin"
+#: The owner's facts whose tokens are not written yet (both backends, migration 5): empty once
+#: the start-up backfill is done, so a search asks it for nothing in a few microseconds.
+UNINDEXED_INDEX = "memory_facts_unindexed"
+
+_SEARCH_COLUMNS = "search_category, search_key, search_value"
+
+
+def _fts(row: str) -> str:
+    return ", ".join(f"{row}.{c.strip()}" for c in _SEARCH_COLUMNS.split(","))
+
+
+#: Migration 5 (SQLite): the FTS5 index holds the owner-tagged tokens of ``tokens.py``, made in
+#: Python by every write into three columns of ``memory_facts`` (the FTS table's external
+#: content, so its delete sees exactly what was inserted); the triggers copy them in SQL, so
+#: every process's writes keep the index in step. A row whose ``search_value`` is NULL (every
+#: row of an older database, until the start-up backfill reaches it) is not in the index: the
+#: ``WHEN`` clauses keep it out, and the search reads such rows of the owner through
+#: ``UNINDEXED_INDEX``. The ``ascii`` tokenizer cuts only at ASCII non-alphanumerics, and a
+#: token holds none, so FTS5 keeps each as it was made. ``rank`` is bm25 with the key weighing
+#: double, as before, so ``ORDER BY rank LIMIT n`` ranks inside FTS5.
+_SQLITE_V5 = (
+    "ALTER TABLE memory_facts ADD COLUMN search_category TEXT",
+    "ALTER TABLE memory_facts ADD COLUMN search_key TEXT",
+    "ALTER TABLE memory_facts ADD COLUMN search_value TEXT",
+    "DROP TRIGGER memory_facts_fts_insert",
+    "DROP TRIGGER memory_facts_fts_delete",
+    "DROP TRIGGER memory_facts_fts_update",
+    "DROP TABLE memory_facts_fts",
+    f"""CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5(
+        {_SEARCH_COLUMNS},
+        content='memory_facts', content_rowid='id', tokenize='ascii'
+    )""",
+    f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rank) VALUES ('rank', 'bm25(1.0, 2.0, 1.0)')",
+    f"""CREATE TRIGGER memory_facts_search_insert AFTER INSERT ON memory_facts
+    WHEN new.search_value IS NOT NULL BEGIN
+        INSERT INTO {SEARCH_TABLE} (rowid, {_SEARCH_COLUMNS}) VALUES (new.id, {_fts("new")});
+    END""",
+    f"""CREATE TRIGGER memory_facts_search_delete AFTER DELETE ON memory_facts
+    WHEN old.search_value IS NOT NULL BEGIN
+        INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, {_SEARCH_COLUMNS})
+        VALUES ('delete', old.id, {_fts("old")});
+    END""",
+    f"""CREATE TRIGGER memory_facts_search_update AFTER UPDATE OF {_SEARCH_COLUMNS}
+    ON memory_facts BEGIN
+        INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, {_SEARCH_COLUMNS})
+        SELECT 'delete', old.id, {_fts("old")} WHERE old.search_value IS NOT NULL;
+        INSERT INTO {SEARCH_TABLE} (rowid, {_SEARCH_COLUMNS})
+        SELECT new.id, {_fts("new")} WHERE new.search_value IS NOT NULL;
+    END""",
+    f"CREATE INDEX {UNINDEXED_INDEX} ON memory_facts (owner) WHERE search_value IS NULL",
+)
+
+#: Migration 5 (PostgreSQL): the same tokens as a ``tsvector`` (``array_to_tsvector`` of the
+#: tokens made in Python: no parser, no dictionary, so PostgreSQL keeps each as it was made),
+#: with a GIN index: core PostgreSQL, so every server has it, pgserver too. ``fastupdate`` is
+#: off: a search never scans a pending list of recent inserts, at some cost to writes. The
+#: trigram index on the whole text (migration 3) served the regex search this replaces: it
+#: goes (the per-column ones stay, for the list's substring search). The new column is NULL
+#: in every existing row, so the index is built empty; the start-up backfill fills it.
+_POSTGRES_V5 = (
+    "ALTER TABLE memory_facts ADD COLUMN search_tokens tsvector",
+    f"CREATE INDEX {SEARCH_INDEX} ON memory_facts USING gin (search_tokens)"
+    " WITH (fastupdate = off)",
+    f"CREATE INDEX {UNINDEXED_INDEX} ON memory_facts (owner) WHERE search_tokens IS NULL",
+    f"DROP INDEX IF EXISTS {TEXT_INDEX}",
+)
+
 #: The feature's migration set.
 MEMORY = MigrationSet(
     "memory",
@@ -277,5 +353,6 @@ MEMORY = MigrationSet(
         ),
         Migration(3, "search indexes", sqlite=(), postgres=_POSTGRES_V3),
         Migration(4, "vector versions", sqlite=_SQLITE_V4, postgres=()),
+        Migration(5, "search tokens per user", sqlite=_SQLITE_V5, postgres=_POSTGRES_V5),
     ),
 )

@@ -51,6 +51,7 @@ from turnstile.actors.memory.queries import (
     EXTRACTED_AT,
     FORGET,
     GET_SUMMARY,
+    INDEX_UNINDEXED,
     LIST,
     MARK_EXTRACTED,
     MISSING_EMBEDDINGS,
@@ -59,6 +60,7 @@ from turnstile.actors.memory.queries import (
     SET_EMBEDDINGS,
     SET_SUMMARY,
     SORT_KEYS,
+    UNINDEXED,
     VECTOR_SEARCH,
     VECTOR_SETUP,
     Fact,
@@ -76,7 +78,7 @@ from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import Store
 
-__all__ = ["DEFAULT_CONFIDENCE", "RETRY_AFTER", "SOURCES", "Memory"]
+__all__ = ["DEFAULT_CONFIDENCE", "INDEX_BATCH", "RETRY_AFTER", "SOURCES", "Memory"]
 
 log = logging.getLogger("turnstile.memory")
 
@@ -90,6 +92,9 @@ _OTHER_CONFIDENCE = 70
 #: without a vector and search lexically), so an unresponsive one costs one timeout, not one
 #: per call; a backfill always tries, and its success ends the pause.
 RETRY_AFTER = 30.0
+
+#: Facts given their search tokens per transaction by ``Memory.index_unindexed``.
+INDEX_BATCH = 2000
 
 
 def default_confidence(source: str) -> int:
@@ -139,8 +144,11 @@ class Memory:
         self.config = config
         self.embedder = embedder
         self.changes = changes
-        #: decided by ``start``; ``fts5`` until then on SQLite, ``ilike`` on PostgreSQL.
-        self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "ilike")
+        #: decided by ``start``; ``fts5`` until then on SQLite, ``tsvector`` on PostgreSQL.
+        self.search_path = SearchPath("fts5" if store.backend == "sqlite" else "tsvector")
+        #: facts without search tokens at ``start`` (written before migration 5), which
+        #: ``index_unindexed`` gives them
+        self.unindexed = 0
         #: decided by ``start``: how embeddings are stored and searched (``none`` until then).
         self.vector_path = VectorPath("none", why="not started")
         #: when the embedder started failing (``trio.current_time()``), and when saves and
@@ -150,7 +158,9 @@ class Memory:
 
     async def start(self) -> SearchPath:
         """Decide the lexical and the vector search paths (creating pg_trgm, pgvector, the
-        vector column and the indexes where possible) and log each once."""
+        vector column and the indexes where possible) and log each once; count the facts
+        whose search tokens are not written yet (``unindexed``: the caller then runs
+        ``index_unindexed``, the node's feature in the background)."""
         self.search_path = await self.store.run_write(DETECT)
         log.info("memory search: %s", self.search_path.describe())
         if self.search_path.missing:
@@ -158,6 +168,13 @@ class Memory:
                 "memory search: could not create index %s: searches of a user with many facts"
                 " are slower (see docs/memory.md, 'Search at scale')",
                 ", ".join(self.search_path.missing),
+            )
+        self.unindexed = await self.store.run_read(UNINDEXED)
+        if self.unindexed:
+            log.info(
+                "memory search: %d facts from before the search tokens (migration 5) are not"
+                " indexed yet; until they are, a search reads its user's such facts directly",
+                self.unindexed,
             )
         dimensions = None
         if self.embedder is None:
@@ -195,6 +212,24 @@ class Memory:
                 path.dimensions,
             )
         return self.search_path
+
+    async def index_unindexed(self, batch_size: int = INDEX_BATCH) -> int:
+        """Write the search tokens of every fact that has none (a database from before
+        migration 5), ``batch_size`` a transaction, and log how many; safe to run again and
+        beside searches and saves (a save writes its fact's tokens itself). Returns how many
+        facts it indexed."""
+        done, after, started = 0, 0, trio.current_time()
+        while after is not None:
+            n, after = await self.store.run_write(INDEX_UNINDEXED, after=after, limit=batch_size)
+            done += n
+        if done:
+            log.info(
+                "memory search: indexed %d facts from before the search tokens in %.1f s",
+                done,
+                trio.current_time() - started,
+            )
+        self.unindexed = 0
+        return done
 
     async def _embed(self, texts: list[str], what: str) -> Any:
         """The texts' vectors, or None when there is no embedder or it failed (logged)."""
@@ -308,8 +343,9 @@ class Memory:
 
         The stages run in the reference's order: the vector stage (with an embedder: facts
         within ``max_distance`` of the query, nearest first), then the lexical one (FTS5 bm25
-        on SQLite, trigram/ILIKE on PostgreSQL); ``merge`` keeps the first occurrence of each
-        fact. An embedder that fails leaves the lexical stage alone.
+        on SQLite, tsvector stages on PostgreSQL, both over the user's own tokens); ``merge``
+        keeps the first occurrence of each fact. An embedder that fails leaves the lexical
+        stage alone.
 
         Raises:
             InvalidArgument: a limit outside 1–``max_search_limit``.

@@ -10,8 +10,10 @@ straight into the table (saving a million facts one by one would take most of an
 then 2,000 more saves are timed with the store full. Then searches for one word of the
 vocabulary run one after another, and their latency is measured:
 
-* Turnstile: ``Memory.search`` (SQLite: FTS5 ranked with bm25; PostgreSQL: word-prefix match,
-  trigram-indexed where pg_trgm exists, on this server it does).
+* Turnstile: ``Memory.search`` over per-user tokens (SQLite: FTS5 ranked with bm25;
+  PostgreSQL: tsvector stages on a GIN index and the owner's recency index, then similar words
+  where pg_trgm exists, on this server it does). Also two words, and a word no fact holds
+  (every stage runs), with no baseline.
 * Baseline, same table, same run: a plain ``LIKE '%word%'`` scan reading every match of that
   user's facts (what a store without a text index must do to rank), through the same store and
   bridge.
@@ -58,7 +60,7 @@ from bench.pgschema import PostgresUnavailable, temporary_schema
 from turnstile.actors.memory.changes import CHANGES, ChangeLog
 from turnstile.actors.memory.embeddings import Embedder, fact_text
 from turnstile.actors.memory.injection import SummaryCache
-from turnstile.actors.memory.queries import VECTOR_SEARCH
+from turnstile.actors.memory.queries import VECTOR_SEARCH, search_columns, search_lexemes
 from turnstile.actors.memory.schema import MEMORY, VECTOR_INDEX
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.settings import EmbeddingsConfig, MemoryConfig
@@ -135,40 +137,51 @@ LIKE = TableQuery("bench.like", sqlite=_like_sqlite, postgres=_like_postgres)
 _BULK_COLUMNS = (
     "owner, category, key, value, source, confidence, created_at, updated_at, last_verified_at"
 )
+_SQLITE_SEARCH = "search_category, search_key, search_value"
 
 
 def _bulk_sqlite(conn, *, rows: list, vectors: list | None, now: str, schema: str | None) -> None:
+    # the search tokens are written as a save writes them (queries.search_columns)
     if vectors is None:
         conn.executemany(
-            f"INSERT INTO memory_facts ({_BULK_COLUMNS}) VALUES (?, ?, ?, ?, 'conversation', 70,"
-            " ?, ?, ?)",
-            [(*r, now, now, now) for r in rows],
+            f"INSERT INTO memory_facts ({_BULK_COLUMNS}, {_SQLITE_SEARCH}) VALUES (?, ?, ?, ?,"
+            " 'conversation', 70, ?, ?, ?, ?, ?, ?)",
+            [(*r, now, now, now, *search_columns(*r)) for r in rows],
         )
         return
     conn.executemany(
-        f"INSERT INTO memory_facts ({_BULK_COLUMNS}, embedding) VALUES (?, ?, ?, ?,"
-        " 'conversation', 70, ?, ?, ?, ?)",
+        f"INSERT INTO memory_facts ({_BULK_COLUMNS}, embedding, {_SQLITE_SEARCH}) VALUES (?, ?,"
+        " ?, ?, 'conversation', 70, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (*r, now, now, now, np.asarray(v, dtype="<f4").tobytes())
+            (*r, now, now, now, np.asarray(v, dtype="<f4").tobytes(), *search_columns(*r))
             for r, v in zip(rows, vectors, strict=True)
         ],
     )
 
 
 async def _bulk_postgres(conn, *, rows: list, vectors: list | None, now, schema: str | None):
+    # the search tokens as a save writes them (queries.search_lexemes), one text per row
+    lexemes = [" ".join(search_lexemes(*r)) for r in rows]
+    columns = [[r[i] for r in rows] for i in range(4)]
     if vectors is None:
-        await conn.copy_records_to_table(
-            "memory_facts",
-            records=[(*r, "conversation", 70, now, now, now) for r in rows],
-            columns=[c.strip() for c in _BULK_COLUMNS.split(",")],
+        await conn.execute(
+            f"INSERT INTO memory_facts ({_BULK_COLUMNS}, search_tokens)"
+            " SELECT o, c, k, v, 'conversation', 70, $5, $5, $5,"
+            " array_to_tsvector(string_to_array(t, ' '))"
+            " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[])"
+            " AS r(o, c, k, v, t)",
+            *columns,
+            now,
+            lexemes,
         )
         return
     await conn.executemany(
-        f"INSERT INTO memory_facts ({_BULK_COLUMNS}, embedding) VALUES ($1, $2, $3, $4,"
-        f" 'conversation', 70, $5, $5, $5, $6::text::{schema}.vector)",
+        f"INSERT INTO memory_facts ({_BULK_COLUMNS}, embedding, search_tokens) VALUES ($1, $2,"
+        f" $3, $4, 'conversation', 70, $5, $5, $5, $6::text::{schema}.vector,"
+        " array_to_tsvector(string_to_array($7, ' ')))",
         [
-            (*r, now, "[" + ",".join(map(repr, v.tolist())) + "]")
-            for r, v in zip(rows, vectors, strict=True)
+            (*r, now, "[" + ",".join(map(repr, v.tolist())) + "]", t)
+            for r, v, t in zip(rows, vectors, lexemes, strict=True)
         ],
     )
 
@@ -209,10 +222,26 @@ async def _fill(memory: Memory, facts: list[tuple[str, str, str, str]]) -> float
     return len(facts) / (time.perf_counter() - start)
 
 
-async def _timed(call: Callable, rng: random.Random) -> list[float]:
+def _one_word(rng: random.Random) -> str:
+    return rng.choice(WORDS)
+
+
+def _two_words(rng: random.Random) -> str:
+    return f"{rng.choice(WORDS)} {rng.choice(WORDS)}"
+
+
+def _no_such_word(rng: random.Random) -> str:
+    # no fact holds it, so every stage runs (on PostgreSQL with pg_trgm the similar-words one
+    # finds the word it is made from)
+    return "zz" + rng.choice(WORDS)
+
+
+async def _timed(
+    call: Callable, rng: random.Random, query: Callable[[random.Random], str] = _one_word
+) -> list[float]:
     times = []
     for _ in range(SEARCHES):
-        word = rng.choice(WORDS)
+        word = query(rng)
         start = time.perf_counter()
         await call(word)
         times.append((time.perf_counter() - start) * 1000)
@@ -256,6 +285,8 @@ async def _measure(url: str, one_user: int, users: int, per_user: int) -> dict[s
         base = await _timed(like, random.Random(2))
         found = len(await memory.search("big", "coffee"))
         many_user = await _timed(lambda w: memory.search(f"u{users // 2}", w), random.Random(3))
+        two = await _timed(search, random.Random(4), _two_words)
+        absent = await _timed(search, random.Random(5), _no_such_word)
         cached, uncached = await _injection(memory)
     return {
         "path": path.describe(),
@@ -268,6 +299,10 @@ async def _measure(url: str, one_user: int, users: int, per_user: int) -> dict[s
         "base_p50": _pct(base, 0.5),
         "base_p99": _pct(base, 0.99),
         "many_p99": _pct(many_user, 0.99),
+        "two_p50": _pct(two, 0.5),
+        "two_p99": _pct(two, 0.99),
+        "absent_p50": _pct(absent, 0.5),
+        "absent_p99": _pct(absent, 0.99),
         "found": found,
         "inj_cached_p50": _pct(cached, 0.5),
         "inj_cached_p99": _pct(cached, 0.99),
@@ -324,6 +359,10 @@ def _add(result: ScenarioResult, label: str, m: dict, one_user: int, users: int,
             ok=m["p99"] <= TARGET_P99_MS,
         ),
         Measure(f"{label}: search p99, one of {users:,} users", m["many_p99"], "ms"),
+        Measure(f"{label}: search p50, two words, {big}", m["two_p50"], "ms"),
+        Measure(f"{label}: search p99, two words, {big}", m["two_p99"], "ms"),
+        Measure(f"{label}: search p50, a word no fact holds, {big}", m["absent_p50"], "ms"),
+        Measure(f"{label}: search p99, a word no fact holds, {big}", m["absent_p99"], "ms"),
         Measure(
             f"{label}: summary injection p50, cached",
             m["inj_cached_p50"],

@@ -1,7 +1,8 @@
 """The memory feature's tables and queries on both backends (``actors/memory``): upsert and
-the reference's confidence rules, expiry, search (FTS5 bm25 on SQLite, trigram/ILIKE on
-PostgreSQL), forget, list, summary, extraction state, a user's data deleted, and per-user
-isolation throughout."""
+the reference's confidence rules, expiry, search (FTS5 bm25 on SQLite, tsvector stages on
+PostgreSQL, both over per-user tokens: tests/actors/memory/test_search.py has more),
+forget, list, summary, extraction state, a user's data deleted, and per-user isolation
+throughout."""
 
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ async def memory(backend: Backend, clock: ManualClock):
 
 async def test_the_search_path_is_decided_at_start_up(memory, backend):
     if backend.kind == "sqlite":
-        assert memory.search_path == SearchPath("fts5")
+        assert memory.search_path == SearchPath("fts5", indexed=True)
     else:  # this machine's PostgreSQL offers pg_trgm and the tests run as superuser
-        assert memory.search_path.kind == "trigram" and memory.search_path.indexed
+        path = memory.search_path
+        assert path.kind == "tsvector" and path.indexed and path.trgm_schema is not None
 
 
 async def test_save_inserts_then_replaces_with_the_reference_confidence_defaults(memory, clock):
@@ -249,9 +251,10 @@ def test_merge_keeps_the_first_occurrence_of_each_fact():
 
 
 @pytest.mark.postgres
-async def test_postgres_without_pg_trgm_falls_back_to_ilike(pg_dsn, clock):
+async def test_postgres_without_pg_trgm_searches_without_the_similar_words_stage(pg_dsn, clock):
     """A role that may not create extensions: the migration still succeeds, no trigram index
-    exists, and search is plain ILIKE (the decision is made at start-up)."""
+    exists, and search uses the tsvector index (core PostgreSQL) without the similar-words
+    stage (the decision is made at start-up)."""
     suffix = secrets.token_hex(4)
     schema, role = f"t_{suffix}", f"memory_noext_{suffix}"
     installed = await pg_run(pg_dsn, "SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'")
@@ -261,12 +264,12 @@ async def test_postgres_without_pg_trgm_falls_back_to_ilike(pg_dsn, clock):
         host = pg_dsn.split("@", 1)[1]
         url = f"postgresql://{role}@{host}?search_path={schema}"
         async with open_memory(Backend("postgres", url), clock) as memory:
-            if installed:  # another schema holds it; this role cannot use its operators
-                assert memory.search_path.kind in ("trigram", "ilike")
+            if installed:  # another schema holds it; this role may not be able to use it
+                assert memory.search_path.kind == "tsvector" and memory.search_path.indexed
             else:
-                # the owner's recency index needs no extension: only the trigram one is absent
-                assert memory.search_path == SearchPath("ilike", indexed=True)
-                assert "plain ILIKE-style" in memory.search_path.describe()
+                # the search's indexes need no extension
+                assert memory.search_path == SearchPath("tsvector", indexed=True)
+                assert "no similar-words stage" in memory.search_path.describe()
             await memory.save("ada", category="drinks", key="coffee", value="dark roast")
             assert [f.key for f in await memory.search("ada", "ROAST")] == ["coffee"]
             assert await memory.search("bob", "roast") == []
