@@ -132,23 +132,28 @@ def nearest(
     entry: _Entry, vector: np.ndarray, *, now: str, limit: int, max_distance: float
 ) -> list[tuple[int, float]]:
     """``(fact id, cosine distance)`` of the ``limit`` nearest unexpired rows within
-    ``max_distance``, nearest first (ties in row order, as a stable sort gives)."""
+    ``max_distance``, nearest first (ties in row order).
+
+    What it costs is one pass over the matrix (float32 ``matrix @ vector``, BLAS's sgemv: at
+    100,000 x 384 that is 154 MB read, about 3 ms here, bound by memory bandwidth); the rest
+    (the cutoff, the partial sort of the few rows that pass it) is linear in the rows and
+    small beside it.
+    """
     if len(entry.ids) == 0 or limit <= 0:
         return []
-    distance = 1.0 - entry.matrix @ np.asarray(vector, dtype=np.float32)
+    similarity = entry.matrix @ np.asarray(vector, dtype=np.float32)
     for row, expires_at in entry.expiring:
         if expires_at <= now:
-            distance[row] = np.inf
-    if limit < len(distance):
+            similarity[row] = -np.inf
+    # within the cutoff: cosine distance 1 - similarity <= max_distance
+    rows = np.flatnonzero(similarity >= np.float32(1.0 - max_distance))
+    if len(rows) > limit:
         # argpartition finds the best `limit` in linear time; only they are sorted
-        part = np.argpartition(distance, limit - 1)[:limit]
-        order = part[np.lexsort((part, distance[part]))]
-    else:
-        order = np.argsort(distance, kind="stable")
-    found = []
-    for i in order:
-        d = float(distance[i])
-        if d > max_distance:
-            break
-        found.append((int(entry.ids[i]), d))
-    return found
+        rows = rows[np.argpartition(-similarity[rows], limit - 1)[:limit]]
+    rows = rows[np.lexsort((rows, -similarity[rows]))]
+    distance = 1.0 - similarity[rows]
+    return [
+        (int(i), float(d))
+        for i, d in zip(entry.ids[rows].tolist(), distance.tolist(), strict=True)
+        if d <= max_distance
+    ]
