@@ -57,6 +57,26 @@ def _tokens(config: Config, dev_token: str | None) -> tuple[dict[str, str], str 
     return tokens, generated
 
 
+async def _drain(node, seconds: float, signals) -> None:
+    """Drain before stopping (``Node.drain``); a second signal stops at once."""
+    print(
+        f"turnstile draining: up to {seconds:g} s for the turns running here"
+        " (signal again to stop now)",
+        file=sys.stderr,
+    )
+    async with trio.open_nursery() as nursery:
+
+        async def again() -> None:
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(again)
+        done = await node.drain(seconds)
+        print("turnstile drained" if done else "turnstile drain: time is up", file=sys.stderr)
+        nursery.cancel_scope.cancel()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from turnstile.actors.node import open_node
     from turnstile.runtime.server import tune_gc
@@ -97,6 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
                     print(f"dev token (user 'dev'): {generated}", flush=True)
                 async for signum in signals:
                     print(f"turnstile stopping ({signal.Signals(signum).name})", file=sys.stderr)
+                    seconds = config.node.drain_seconds
+                    if node.context.placement is not None and seconds > 0:
+                        await _drain(node, seconds, signals)
                     break
 
     try:

@@ -137,6 +137,10 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: its writes fenced by its lease; ``runtime.placement``) or ``single`` (no leases: only
     #: when this is the one node on its store, for the cost of one acquisition per activation).
     placement: Literal["auto", "leases", "single"] = "auto"
+    #: With leases: on SIGTERM, how long a node drains before it stops: it takes no new
+    #: sessions or jobs, lets the turns it runs finish, claims nothing more, then stops (what
+    #: is still running then is closed as ``interrupted``). 0: stop at once.
+    drain_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -56,7 +56,7 @@ from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.server import WS_SEND_MANY, package_version, serve_app
-from turnstile.runtime.store import InboxItem, NodeRef, Store, open_store
+from turnstile.runtime.store import InboxItem, NodeRef, Store, TakeOver, open_store
 from turnstile.runtime.supervisor import open_supervisor
 from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
@@ -117,7 +117,14 @@ async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = N
             dead.lease_expires_at.isoformat(),
         )
     await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+    await release_all(store, taken.leases)
     return await store.sessions_with_queued_inputs(node=node)
+
+
+async def release_all(store: Store, leases: dict[str, int]) -> None:
+    """Release the sessions a take-over leased to close their cut-off turns."""
+    for session_id, fence in leases.items():
+        await store.release_session(session_id, fence)
 
 
 async def close_cut_off(store: Store, items: Sequence[InboxItem], *, max_reruns: int = 0) -> None:
@@ -234,6 +241,29 @@ class Node:
     urls: list[str] = field(default_factory=list)
     membership: Membership | None = None
 
+    async def drain(self, seconds: float) -> bool:
+        """Begin a graceful stop (several nodes, leases; ``docs/cluster.md``): the node takes
+        no new sessions (their messages are stored for the other nodes) and no new jobs, its
+        sessions claim no more inputs, and the turns running here finish. Returns True once
+        none runs, False if ``seconds`` passed first. Closing the node afterwards stops it as
+        usual: its leases are free at once, and what waits moves to the nodes that stay.
+
+        On one node (no placement) there is nowhere for work to go: returns True at once.
+        """
+        placement, membership = self.context.placement, self.membership
+        if placement is None or membership is None:
+            return True
+        await membership.drain()
+        placement.draining = True
+        running = self.features["sessions"].services.running
+        running.draining = True
+        log.info("draining: %d turn(s) running here, up to %g s", running.count, seconds)
+        with trio.move_on_after(seconds):
+            await running.idle()
+            return True
+        log.warning("drain: %d turn(s) still running after %g s", running.count, seconds)
+        return False
+
     @property
     def url(self) -> str:
         """The first address the gateway listens on."""
@@ -306,7 +336,7 @@ async def open_node(
                     lambda: membership.ref,
                     _session_key,
                     metrics=metrics,
-                    on_moved=membership.sweep,
+                    on_moved=lambda items: close_cut_off(store, items, max_reruns=max_reruns),
                 )
             async with open_supervisor("root") as root:
                 sessions = await root.spawn_supervisor(
@@ -367,12 +397,14 @@ async def open_node(
                         except (PlacedElsewhere, ActorStopped, StoreError):
                             pass  # another node holds it: it runs what waits there
 
-                    async def take_over(items: Sequence[InboxItem]) -> None:
-                        # A dead node's cut-off turns: closed as at start-up, and what waits
-                        # behind them runs here. Woken from tasks of their own: the sweep may
-                        # run inside the placement's claim of one of these very sessions
-                        # (a lease moving here), which a wake-up would wait for.
-                        await close_cut_off(store, items, max_reruns=max_reruns)
+                    async def take_over(taken: TakeOver) -> None:
+                        # A dead node's cut-off turns: closed as at start-up (their sessions
+                        # leased here meanwhile, then released), and what waits behind them
+                        # runs here or anywhere. Woken from tasks of their own, so that a
+                        # wake-up never waits on a claim that waits on this.
+                        await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+                        await release_all(store, taken.leases)
+                        items = taken.inputs
                         for session_id in sorted({item.session_id for item in items}):
                             if await store.list_inputs(session_id, ["queued"]):
                                 tasks.start_soon(wake, session_id)

@@ -42,7 +42,7 @@ import trio
 
 from turnstile.runtime.errors import LeaseLost, StoreError
 from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.store import InboxItem, NodeRecord, NodeRef, Store
+from turnstile.runtime.store import InboxItem, NodeRecord, NodeRef, Store, TakeOver
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -66,8 +66,9 @@ _STOP_TIMEOUT = 5.0
 #: How long closing the turns a sweep took over may go on once the node is stopping.
 _TAKEOVER_GRACE = 10.0
 
-#: What ``on_takeover`` is: given the inputs interrupted by a sweep, closes their turns.
-TakeoverHandler = Callable[[Sequence[InboxItem]], Awaitable[None]]
+#: What ``on_takeover`` is: given what a sweep took over (the inputs it interrupted, and their
+#: sessions it leased meanwhile), closes their turns and releases those sessions.
+TakeoverHandler = Callable[[TakeOver], Awaitable[None]]
 
 
 def default_node_id(backend: str, *, port: int | None) -> str:
@@ -98,7 +99,9 @@ class Membership:
         record: the node's row as of the last registration or heartbeat.
         lease_seconds: the length of its lease.
         live_nodes: how many live nodes (this one included) the last sweep saw.
-        live_ids: their ids, sorted (this one's alone until the first sweep).
+        live_ids: the ids of the live nodes taking work (running, not draining), sorted (this
+            one's alone until the first sweep).
+        draining: a graceful stop has begun (:meth:`drain`): this node owns nothing new.
         heartbeat_failures: heartbeats the store did not answer, since start-up.
         on_takeover: gets the inputs each sweep interrupted (a dead node's running inputs);
             None until the node can close their turns: the sweep takes nothing over until
@@ -114,6 +117,7 @@ class Membership:
         self.lease_seconds = lease_seconds
         self.live_nodes = 1
         self.live_ids: tuple[str, ...] = (record.id,)
+        self.draining = False
         self.heartbeat_failures = 0
         self.on_takeover: TakeoverHandler | None = None
         self.lost: LeaseLost | None = None
@@ -143,7 +147,19 @@ class Membership:
         once but needs no lease (which node fires a job, runs a watcher) is split this way;
         during a change of membership two nodes may briefly both think they own a key, so the
         work itself must stay safe to do twice (a compare-and-set)."""
+        if self.draining or not self.live_ids:
+            return False
         return owner_of(key, self.live_ids) == self.record.id
+
+    async def drain(self) -> None:
+        """Begin a graceful stop: the node's row says ``draining`` (other nodes stop giving it
+        work at their next sweep), and from now on it owns nothing (:meth:`owns`)."""
+        self.draining = True
+        self.live_ids = tuple(i for i in self.live_ids if i != self.record.id)
+        try:
+            await self.store.drain_node(self.ref)
+        except StoreError as exc:  # its peers still learn it when it stops
+            log.warning("node %r: marking itself draining failed: %s", self.record.id, exc)
 
     @property
     def interval(self) -> float:
@@ -227,7 +243,7 @@ class Membership:
                 # by a shutdown that begins meanwhile, nor end the node if it fails.
                 with trio.move_on_after(_TAKEOVER_GRACE, shield=True):
                     try:
-                        await self.on_takeover(taken.inputs)
+                        await self.on_takeover(taken)
                     except Exception:
                         log.exception(
                             "node %r: closing the turns it took over failed (the inputs stay"
@@ -236,7 +252,11 @@ class Membership:
                         )
         view = await self.store.list_nodes()
         self.live_nodes = len(view.live)
-        ids = {node.id for node in view.live} | {self.record.id}  # a late sweep still counts us
+        ids = {node.id for node in view.live if node.state == "running"}
+        if not self.draining:
+            ids.add(self.record.id)  # a sweep that ran late still counts this node
+        else:
+            ids.discard(self.record.id)
         self.live_ids = tuple(sorted(ids))
         self._metrics.inc("turnstile_node_sweeps_total")
 

@@ -7,9 +7,9 @@ makes an activation here hold the lease of the row it stands for (``Store.acquir
 * **claim**: the lease is acquired unless another *live* node holds it (its current epoch, not
   stopped, lease unexpired by the database clock); then ``PlacedElsewhere`` names that node
   and its address, and nothing is activated here. A lease whose holder is not live any more
-  (its node crashed, or was paused past its lease) moves here; before the activation starts,
-  ``on_moved`` runs (the node sweeps for dead nodes, so the turn cut off there is closed
-  before a new one starts here).
+  (its node crashed, or was paused past its lease) moves here, and the session's turns cut off
+  there are interrupted in the same transaction; before the activation starts, ``on_moved``
+  closes them, so the session's log shows them closed before a new turn starts here.
 * **fence**: every acquisition gets a lease epoch one higher than the last. The activation's
   writes carry it (``fence(address)``) and the store refuses them once it is not the row's
   any more (``Fenced``): a node that resumes after its sessions moved can write nothing.
@@ -28,7 +28,7 @@ import trio
 
 from turnstile.runtime.errors import NotFound, PlacedElsewhere, StoreError
 from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.store import NodeRef, Store
+from turnstile.runtime.store import InboxItem, NodeRef, Store
 
 __all__ = ["LeasePlacement"]
 
@@ -48,8 +48,9 @@ class LeasePlacement:
         key_of: the row an address stands for (``session:42`` → ``42``), or None for an
             address that is not placed (activated here without asking).
         metrics: counts acquisitions, refusals, moves and fencing refusals.
-        on_moved: awaited after a lease moved here from a node that is not live, before the
-            activation starts (sweep for dead nodes, so their cut-off turns are closed).
+        on_moved: awaited with the session's inputs that were cut off on a node that is not
+            live (interrupted by the acquisition), before the activation starts: it closes
+            their turns, so that the session's log shows them closed before a new one.
     """
 
     def __init__(
@@ -59,13 +60,15 @@ class LeasePlacement:
         key_of: Callable[[str], str | None],
         *,
         metrics: Metrics | None = None,
-        on_moved: Callable[[], Awaitable[None]] | None = None,
+        on_moved: Callable[[list[InboxItem]], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self._node = node
         self._key_of = key_of
         self._fences: dict[str, int] = {}
         self.on_moved = on_moved
+        #: a graceful stop has begun: nothing more is activated here
+        self.draining = False
         self._send, self._receive = trio.open_memory_channel[tuple[str, int]](_RELEASE_QUEUE)
         self._metrics = metrics if metrics is not None else Metrics()
         for name in (  # present from the start, at 0
@@ -89,11 +92,15 @@ class LeasePlacement:
         """Acquire ``address``'s lease for an activation here.
 
         Raises:
-            PlacedElsewhere: a live node holds it; names that node and its address.
+            PlacedElsewhere: a live node holds it (names that node and its address), or this
+                node is draining (names none).
         """
         key = self._key_of(address)
         if key is None:
             return
+        if self.draining:  # the other nodes take it (through the store, meanwhile)
+            self._metrics.inc("turnstile_leases_refused_total")
+            raise PlacedElsewhere(address)
         me = self._node()
         try:
             lease = await self.store.acquire_session(key, me)
@@ -113,8 +120,8 @@ class LeasePlacement:
                 lease.holder,
                 lease.holder_epoch,
             )
-            if self.on_moved is not None:
-                await self.on_moved()
+        if lease.interrupted and self.on_moved is not None:
+            await self.on_moved(lease.interrupted)
 
     def released(self, address: str) -> None:
         """The activation of ``address`` ended: give its lease up in the background."""

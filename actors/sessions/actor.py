@@ -479,7 +479,9 @@ class SessionActor(Actor):
                 self.wakeup_pending = False
                 held = await self.slots.for_next()
                 try:
-                    if self.deleting or self.fenced:
+                    # a node that is draining claims nothing more: what waits is left in the
+                    # inbox for the nodes that stay
+                    if self.deleting or self.fenced or self.services.running.draining:
                         return
                     try:
                         item = await self.services.store.claim_next_input(
@@ -515,6 +517,13 @@ class SessionActor(Actor):
             self.runner_done.set()
 
     async def _run_turn(self, item: InboxItem) -> None:
+        self.services.running.started()
+        try:
+            await self._run_turn_counted(item)
+        finally:
+            self.services.running.ended()
+
+    async def _run_turn_counted(self, item: InboxItem) -> None:
         turn = Turn(item)
         self.turn = turn
         started = trio.current_time()

@@ -95,6 +95,32 @@ class SessionLimits:
     history_entries: int = 200
 
 
+class RunningTurns:
+    """How many turns run on this node, for a graceful stop: ``draining`` stops the sessions
+    from claiming more, and ``idle`` waits until the last one has closed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.draining = False
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def started(self) -> None:
+        self.count += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def ended(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once no turn runs here."""
+        while self.count:
+            await self._idle.wait()
+
+
 @dataclass
 class SessionServices:
     """Everything a session actor uses, shared by all sessions of a node."""
@@ -131,3 +157,5 @@ class SessionServices:
     #: With several nodes: this node's side of sessions held elsewhere, and the announcements
     #: of its own sessions' events (``actors.sessions.remote``). None on one node.
     remote: Any = None
+    #: The turns running on this node (a graceful stop waits for them).
+    running: RunningTurns = field(default_factory=RunningTurns)

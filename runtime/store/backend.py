@@ -66,12 +66,14 @@ WRITES: dict[str, str] = {
     " before | None)",
     "heartbeat_node": "(id, epoch, lease, address, now, expires) -> row | None unless that"
     " epoch is current and not stopped",
+    "drain_node": "(id, epoch) -> bool (False unless that epoch was current and running)",
     "stop_node": "(id, epoch, now) -> bool",
     "take_over_dead_nodes": "(node, epoch, unclaimed, now) -> (rows of the nodes declared"
-    " dead, rows of the inputs interrupted)",
+    " dead, rows of the inputs interrupted, rows (id, lease_epoch) of their sessions leased"
+    " to the node)",
     "acquire_session": "(session_id, node, epoch, now) -> (row with the new lease_epoch | None"
     " when a live node holds it, the row before with its holder's address and liveness | None"
-    " for no session)",
+    " for no session, rows of the session's inputs cut off on nodes not live, interrupted)",
     "release_session": "(session_id, fence) -> bool (False when the lease moved on)",
     "append_events": "(session_id, events, now, fence=None) -> the new last seq | None for no"
     " session; Fenced as claim_next_input",

@@ -368,6 +368,12 @@ class Store(Protocol):
         """
         ...
 
+    async def drain_node(self, node: NodeRef) -> bool:
+        """Mark ``node`` draining (a graceful stop has begun): still alive, so it keeps its
+        leases and its running turns, but no longer given new work (``Membership.owns``).
+        False unless that epoch was current and running."""
+        ...
+
     async def stop_node(self, node: NodeRef) -> bool:
         """Mark ``node`` stopped (a clean shutdown): dead for everyone at once, so another node
         may take whatever it left running. False when that epoch was not current or already

@@ -506,6 +506,9 @@ class StoreFront:
         current = await self.engine.read("get_node", id=node.id, now=self._now())
         raise _lease_lost(node, None if current is None else _node(current))
 
+    async def drain_node(self, node: NodeRef) -> bool:
+        return await self.engine.write("drain_node", id=node.id, epoch=node.epoch)
+
     async def stop_node(self, node: NodeRef) -> bool:
         return await self.engine.write("stop_node", id=node.id, epoch=node.epoch, now=self._now())
 
@@ -514,7 +517,7 @@ class StoreFront:
         return ClusterView(now=_ts(now), nodes=[_node(r) for r in rows])
 
     async def take_over_dead_nodes(self, node: NodeRef, *, unclaimed: bool = False) -> TakeOver:
-        dead, items = await self.engine.write(
+        dead, items, leases = await self.engine.write(
             "take_over_dead_nodes",
             node=node.id,
             epoch=node.epoch,
@@ -524,13 +527,14 @@ class StoreFront:
         return TakeOver(
             nodes=[_node(r) for r in dead],
             inputs=sorted((_input(r) for r in items), key=lambda item: item.id),
+            leases={r["id"]: r["lease_epoch"] for r in leases},
         )
 
     # ---- session leases ----
 
     async def acquire_session(self, session_id: str, node: NodeRef) -> SessionLease:
         u.check_text(session_id, "session_id")
-        row, current_row = await self.engine.write(
+        row, current_row, cut_off = await self.engine.write(
             "acquire_session",
             session_id=session_id,
             node=node.id,
@@ -546,6 +550,7 @@ class StoreFront:
             holder_epoch=current_row["lease_node_epoch"],
             holder_address=current_row["address"],
             holder_live=bool(current_row["live"]),
+            interrupted=sorted((_input(r) for r in cut_off), key=lambda item: item.id),
         )
 
     async def release_session(self, session_id: str, fence: int) -> bool:

@@ -335,6 +335,16 @@ async def heartbeat_node(
     )
 
 
+async def drain_node(conn: Conn, id: str, epoch: int) -> bool:
+    drained = await conn.fetchval(
+        "UPDATE nodes SET state = 'draining' WHERE id = $1 AND epoch = $2 AND state = 'running'"
+        " RETURNING 1",
+        id,
+        epoch,
+    )
+    return drained is not None
+
+
 async def stop_node(conn: Conn, id: str, epoch: int, now: datetime) -> bool:
     stopped = await conn.fetchval(
         "UPDATE nodes SET state = 'stopped', heartbeat_at = now(),"
@@ -357,9 +367,17 @@ async def list_nodes(conn: Conn, now: datetime) -> tuple[datetime, list[Row]]:
     return db_now, rows
 
 
+_CUT_OFF_PG = (
+    "state = 'running' AND CASE WHEN claimed_by IS NULL THEN $4::boolean"
+    " ELSE NOT (claimed_by = $2 AND claimed_epoch = $3) AND NOT EXISTS ("
+    " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
+    " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped') END"
+)
+
+
 async def take_over_dead_nodes(
     conn: Conn, node: str, epoch: int, unclaimed: bool, now: datetime
-) -> tuple[list[Row], list[Row]]:
+) -> tuple[list[Row], list[Row], list[Row]]:
     # First the nodes whose lease expired become ``stopped`` (their heartbeat can no longer
     # renew: they stop serving); the row lock orders this against a concurrent heartbeat,
     # which either renewed first (then the lease is live again and the node is left alone)
@@ -371,19 +389,38 @@ async def take_over_dead_nodes(
             " AND lease_expires_at <= now() AND id <> $1 RETURNING *, false AS alive",
             node,
         )
+        # The sessions of the cut-off inputs are locked first (in id order, as an acquisition
+        # locks its one session before its inputs), and the ones no live node holds are leased
+        # to this node in the same transaction: no other node starts a turn of them before
+        # this one has closed the cut-off turn and released them (``release_session``).
+        await conn.execute(
+            # ($1, the time, is not needed here; typed so that the statement prepares)
+            "SELECT 1 FROM sessions WHERE $1::timestamptz IS NOT NULL AND id IN ("
+            f"SELECT session_id FROM inbox WHERE {_CUT_OFF_PG}) ORDER BY id FOR UPDATE",
+            now,
+            node,
+            epoch,
+            unclaimed,
+        )
         items = await conn.fetch(
-            "UPDATE inbox SET state = 'interrupted', updated_at = $1 WHERE state = 'running'"
-            " AND CASE WHEN claimed_by IS NULL THEN $4::boolean"
-            " ELSE NOT (claimed_by = $2 AND claimed_epoch = $3) AND NOT EXISTS ("
-            " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
-            " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped') END"
+            f"UPDATE inbox SET state = 'interrupted', updated_at = $1 WHERE {_CUT_OFF_PG}"
             " RETURNING *",
             now,
             node,
             epoch,
             unclaimed,
         )
-    return dead, items
+        leases = await conn.fetch(
+            "UPDATE sessions s SET lease_node = $1, lease_node_epoch = $2,"
+            " lease_epoch = s.lease_epoch + 1 WHERE s.id = ANY($3::text[]) AND NOT EXISTS ("
+            " SELECT 1 FROM nodes n WHERE n.id = s.lease_node AND n.epoch = s.lease_node_epoch"
+            " AND n.state <> 'stopped' AND n.lease_expires_at > now())"
+            " RETURNING s.id, s.lease_epoch",
+            node,
+            epoch,
+            sorted({r["session_id"] for r in items}),
+        )
+    return dead, items, leases
 
 
 async def acquire_session(
@@ -397,7 +434,7 @@ async def acquire_session(
         # locking statement would be re-checked against the node row it read before the wait
         locked = await conn.fetchval("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", session_id)
         if locked is None:
-            return None, None
+            return None, None, []
         current = await conn.fetchrow(
             "SELECT s.lease_node, s.lease_node_epoch, s.lease_epoch, n.address,"
             " coalesce(n.state <> 'stopped' AND n.lease_expires_at > now(), false) AS live"
@@ -411,7 +448,7 @@ async def acquire_session(
         if current["live"] and not (
             current["lease_node"] == node and current["lease_node_epoch"] == epoch
         ):
-            return None, current
+            return None, current, []
         row = await conn.fetchrow(
             "UPDATE sessions SET lease_node = $2, lease_node_epoch = $3,"
             " lease_epoch = lease_epoch + 1 WHERE id = $1 RETURNING lease_epoch",
@@ -419,7 +456,21 @@ async def acquire_session(
             node,
             epoch,
         )
-    return row, current
+        # the session's turns cut off on a node that is not live: the new holder closes them
+        # before it starts one (its claim and their closure cannot interleave with a sweep's)
+        cut_off = await conn.fetch(
+            "UPDATE inbox SET state = 'interrupted', updated_at = $4 WHERE session_id = $1"
+            " AND state = 'running' AND claimed_by IS NOT NULL"
+            " AND NOT (claimed_by = $2 AND claimed_epoch = $3) AND NOT EXISTS ("
+            " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
+            " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped'"
+            " AND n.lease_expires_at > now()) RETURNING *",
+            session_id,
+            node,
+            epoch,
+            now,
+        )
+    return row, current, cut_off
 
 
 async def release_session(conn: Conn, session_id: str, fence: int) -> bool:

@@ -242,10 +242,14 @@ class TakeOver(msgspec.Struct, frozen=True, kw_only=True):
         inputs: the running inputs it moved to ``interrupted``, by id: those claimed by an
             epoch that is not current and running any more (a dead node's, or an earlier
             incarnation of a node's), and, when asked, those no node claimed.
+        leases: the sessions of those inputs that no live node held, leased to the asking
+            node in the same transaction (session id → lease epoch): no other node starts a
+            turn of them until it has closed the cut-off turns and released them.
     """
 
     nodes: list[NodeRecord]
     inputs: list[InboxItem]
+    leases: dict[str, int] = {}
 
 
 class SessionLease(msgspec.Struct, frozen=True, kw_only=True):
@@ -261,6 +265,9 @@ class SessionLease(msgspec.Struct, frozen=True, kw_only=True):
         holder_address: where that node can be reached, when it said (``nodes.address``).
         holder_live: whether that node was live when asked (with ``fence``: True only when
             the lease was already this node's).
+        interrupted: with ``fence``: the session's running inputs claimed by a node that is
+            not live, moved to ``interrupted`` in the same transaction; the new holder closes
+            their turns before it starts one.
     """
 
     session_id: str
@@ -269,6 +276,7 @@ class SessionLease(msgspec.Struct, frozen=True, kw_only=True):
     holder_epoch: int | None = None
     holder_address: str | None = None
     holder_live: bool = False
+    interrupted: list[InboxItem] = []
 
     @property
     def acquired(self) -> bool:

@@ -324,6 +324,17 @@ def heartbeat_node(
     )
 
 
+def drain_node(conn: Conn, id: str, epoch: int) -> bool:
+    row = _one(
+        conn,
+        "UPDATE nodes SET state = 'draining' WHERE id = ? AND epoch = ? AND state = 'running'"
+        " RETURNING 1",
+        id,
+        epoch,
+    )
+    return row is not None
+
+
 def stop_node(conn: Conn, id: str, epoch: int, now: str) -> bool:
     row = _one(
         conn,
@@ -347,7 +358,7 @@ def list_nodes(conn: Conn, now: str) -> tuple[str, list[Row]]:
 
 def take_over_dead_nodes(
     conn: Conn, node: str, epoch: int, unclaimed: bool, now: str
-) -> tuple[list[Row], list[Row]]:
+) -> tuple[list[Row], list[Row], list[Row]]:
     # As on PostgreSQL (see postgres_queries.take_over_dead_nodes); the writer runs one
     # transaction at a time, so nothing interleaves.
     dead = _all(
@@ -370,7 +381,23 @@ def take_over_dead_nodes(
         epoch,
         1 if unclaimed else 0,
     )
-    return dead, items
+    leases = []
+    for session_id in sorted({r["session_id"] for r in items}):
+        leased = _one(
+            conn,
+            "UPDATE sessions SET lease_node = ?1, lease_node_epoch = ?2,"
+            " lease_epoch = lease_epoch + 1 WHERE id = ?3 AND NOT EXISTS ("
+            " SELECT 1 FROM nodes n WHERE n.id = sessions.lease_node"
+            " AND n.epoch = sessions.lease_node_epoch AND n.state <> 'stopped'"
+            " AND n.lease_expires_at > ?4) RETURNING id, lease_epoch",
+            node,
+            epoch,
+            session_id,
+            now,
+        )
+        if leased is not None:
+            leases.append(leased)
+    return dead, items, leases
 
 
 def acquire_session(
@@ -387,11 +414,11 @@ def acquire_session(
         now,
     )
     if current is None:
-        return None, None
+        return None, None, []
     if current["live"] and not (
         current["lease_node"] == node and current["lease_node_epoch"] == epoch
     ):
-        return None, current
+        return None, current, []
     row = _one(
         conn,
         "UPDATE sessions SET lease_node = ?2, lease_node_epoch = ?3, lease_epoch = lease_epoch + 1"
@@ -400,7 +427,20 @@ def acquire_session(
         node,
         epoch,
     )
-    return row, current
+    cut_off = _all(  # as on PostgreSQL: the new holder closes them before it starts a turn
+        conn,
+        "UPDATE inbox SET state = 'interrupted', updated_at = ?4 WHERE session_id = ?1"
+        " AND state = 'running' AND claimed_by IS NOT NULL"
+        " AND NOT (claimed_by = ?2 AND claimed_epoch = ?3) AND NOT EXISTS ("
+        " SELECT 1 FROM nodes n WHERE n.id = inbox.claimed_by"
+        " AND n.epoch = inbox.claimed_epoch AND n.state <> 'stopped'"
+        " AND n.lease_expires_at > ?4) RETURNING *",
+        session_id,
+        node,
+        epoch,
+        now,
+    )
+    return row, current, cut_off
 
 
 def release_session(conn: Conn, session_id: str, fence: int) -> bool:

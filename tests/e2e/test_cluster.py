@@ -296,7 +296,7 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
         assert [e["status"] for e in ends] == ["interrupted"]  # closed once, by B
         assert inputs[input_id] == "interrupted"
         assert sorted(inputs.values()) == ["done", "interrupted"]
-        assert await b.metric("turnstile_leases_moved_total") == 1
+        assert await b.metric("turnstile_leases_acquired_total") >= 1  # s is held by B now
         print(f"session s moved to B {moved_after:.2f} s after SIGSTOP (lease {LEASE} s)")
         assert await b.stop() == 0
     finally:
@@ -422,3 +422,43 @@ async def test_three_nodes_under_load_lose_nothing_when_one_is_killed(tmp_path, 
     finally:
         for node in nodes:
             node.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(60)
+async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_path, pg_store):
+    """A graceful stop with several nodes: on SIGTERM node A takes no new work, lets the turn
+    it runs finish (completed, not interrupted), claims nothing more, and exits 0; a message
+    sent through A while it drains runs on B once A has stopped."""
+    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
+    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
+    try:
+        await a.start()
+        await b.start()
+        await new_session(a.node, "s", token=TOKEN)
+        async with connect(a.node, TOKEN) as on_a:
+            await on_a.send(type="attach", session_id="s")
+            await on_a.expect("session_sync")
+            await on_a.send(type="send", session_id="s", content="/sleep 2", client_msg_id="1")
+            long_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
+            await on_a.expect("stream_start", input_id=long_id)
+            a.process.send_signal(signal.SIGTERM)
+            await on_a.send(type="send", session_id="s", content="after", client_msg_id="2")
+            after_id = (await on_a.expect("ack", client_msg_id="2"))["input_id"]
+            end = await on_a.expect("stream_end", input_id=long_id)
+            assert (end["status"], end["text"]) == ("completed", "Slept 2s.")
+        with trio.fail_after(20):
+            assert await a.process.wait() == 0
+        log = a.log.read_text()
+        assert "turnstile draining" in log and "turnstile drained" in log
+        async with connect(b.node, TOKEN) as on_b:  # what waited runs on B
+            await on_b.send(type="attach", session_id="s", after_seq=0)
+            done = await on_b.expect("stream_end", input_id=after_id)
+            assert done["text"] == "You said: after"
+        item = await input_row(pg_store, "dev/s", long_id)
+        assert item.state == "done"
+        assert await b.stop() == 0
+    finally:
+        a.close()
+        b.close()

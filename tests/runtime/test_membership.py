@@ -104,8 +104,8 @@ async def test_the_sweep_takes_over_a_dead_nodes_running_inputs_within_its_lease
     metrics = Metrics()
     async with open_membership(store, "b", lease_seconds=LEASE, metrics=metrics) as membership:
 
-        async def on_takeover(items) -> None:
-            taken.extend((item.id, item.state, trio.current_time()) for item in items)
+        async def on_takeover(took) -> None:
+            taken.extend((item.id, item.state, trio.current_time()) for item in took.inputs)
             done.set()
 
         await trio.sleep(membership.interval * 1.5)
@@ -155,7 +155,7 @@ async def test_a_failing_takeover_handler_is_logged_and_the_node_serves_on(store
     failed = trio.Event()
     async with open_membership(store, "b", lease_seconds=LEASE) as membership:
 
-        async def on_takeover(items) -> None:
+        async def on_takeover(took) -> None:
             failed.set()
             raise RuntimeError("the registry is gone")
 

@@ -131,3 +131,35 @@ async def test_concurrent_acquisitions_give_one_holder(store):
     won = [answer for answer in answers if answer.acquired]
     assert len(won) == 1 and won[0].fence == 1
     assert all(answer.holder_live for answer in answers if not answer.acquired)
+
+
+async def test_the_turns_a_dead_holder_left_are_closed_by_whoever_takes_the_session(
+    store, backend, clock
+):
+    """A session's cut-off turn and the next turn must not interleave in its log: whoever
+    interrupts the dead node's input (an acquisition, or a sweep) holds the session while it
+    closes it."""
+    for name in ("one", "two"):
+        await store.create_session(name, "ada")
+    a, b = await two_nodes(store)
+    for name in ("one", "two"):
+        await store.acquire_session(name, a)
+        await store.enqueue_input(name, "user", {"content": "cut off"})
+        store.claimer = a
+        await store.claim_next_input(name)
+        store.claimer = None
+    await expire(store, backend, clock, a)
+    if backend.kind == "sqlite":
+        await store.heartbeat_node(b, lease_seconds=LEASE)
+    # b acquires "one": a's running input is interrupted in the same transaction, for b
+    taken = await store.acquire_session("one", b)
+    assert [(i.session_id, i.state) for i in taken.interrupted] == [("one", "interrupted")]
+    # b's sweep takes "two"'s input and leases "two" to b until it has closed it
+    swept = await store.take_over_dead_nodes(b)
+    assert [(i.session_id, i.state) for i in swept.inputs] == [("two", "interrupted")]
+    assert list(swept.leases) == ["two"]
+    c, _ = await store.register_node("c", lease_seconds=LEASE)
+    held = await store.acquire_session("two", c.ref)
+    assert not held.acquired and held.holder == "b"  # not before b has closed it
+    assert await store.release_session("two", swept.leases["two"])
+    assert (await store.acquire_session("two", c.ref)).acquired
