@@ -17,7 +17,7 @@ import secrets
 import signal
 import subprocess
 import sys
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -235,6 +235,30 @@ async def test_a_second_process_with_the_same_node_id_takes_over_and_the_first_s
         second.close()
 
 
+@asynccontextmanager
+async def two_nodes_with_session(tmp_path: Path, pg_store: str):
+    """Nodes A and B serving one store, and a session ``s`` created through A; both are
+    killed on the way out if they still run."""
+    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
+    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
+    try:
+        await a.start()
+        await b.start()
+        await new_session(a.node, "s", token=TOKEN)
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+async def start_turn(client, content: str, msg_id: str) -> int:
+    """Send ``content`` to ``s`` as attached ``client``; its input id once its turn started."""
+    await client.send(type="send", session_id="s", content=content, client_msg_id=msg_id)
+    input_id = (await client.expect("ack", client_msg_id=msg_id))["input_id"]
+    await client.expect("stream_start", input_id=input_id)
+    return input_id
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.guard(60)
@@ -245,18 +269,11 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
     resumes, its heartbeat finds it declared dead and it exits 3; the turn it was running
     closes as it stops, and the store refuses every write of it: the session's log is exactly
     what it was, gapless, with A's input closed once."""
-    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
-    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
-    try:
-        await a.start()
-        await b.start()
-        await new_session(a.node, "s", token=TOKEN)
+    async with two_nodes_with_session(tmp_path, pg_store) as (a, b):
         async with connect(a.node, TOKEN) as on_a:
             await on_a.send(type="attach", session_id="s")
             await on_a.expect("session_sync")
-            await on_a.send(type="send", session_id="s", content="/sleep 600", client_msg_id="1")
-            input_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
-            await on_a.expect("stream_start", input_id=input_id)
+            input_id = await start_turn(on_a, "/sleep 600", "1")
         async with b.node.http(TOKEN) as http:  # A holds s: B will not delete it, naming A
             refused = await http.delete("/sessions/s")
             assert refused.status_code == 421, refused.text
@@ -299,9 +316,6 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
         assert await b.metric("turnstile_leases_acquired_total") >= 1  # s is held by B now
         print(f"session s moved to B {moved_after:.2f} s after SIGSTOP (lease {LEASE} s)")
         assert await b.stop() == 0
-    finally:
-        a.close()
-        b.close()
 
 
 SESSIONS = 200
@@ -431,18 +445,11 @@ async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_
     """A graceful stop with several nodes: on SIGTERM node A takes no new work, lets the turn
     it runs finish (completed, not interrupted), claims nothing more, and exits 0; a message
     sent through A while it drains runs on B once A has stopped."""
-    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
-    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
-    try:
-        await a.start()
-        await b.start()
-        await new_session(a.node, "s", token=TOKEN)
+    async with two_nodes_with_session(tmp_path, pg_store) as (a, b):
         async with connect(a.node, TOKEN) as on_a:
             await on_a.send(type="attach", session_id="s")
             await on_a.expect("session_sync")
-            await on_a.send(type="send", session_id="s", content="/sleep 2", client_msg_id="1")
-            long_id = (await on_a.expect("ack", client_msg_id="1"))["input_id"]
-            await on_a.expect("stream_start", input_id=long_id)
+            long_id = await start_turn(on_a, "/sleep 2", "1")
             a.process.send_signal(signal.SIGTERM)
             await on_a.send(type="send", session_id="s", content="after", client_msg_id="2")
             after_id = (await on_a.expect("ack", client_msg_id="2"))["input_id"]
@@ -459,6 +466,3 @@ async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_
         item = await input_row(pg_store, "dev/s", long_id)
         assert item.state == "done"
         assert await b.stop() == 0
-    finally:
-        a.close()
-        b.close()
