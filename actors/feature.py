@@ -24,6 +24,7 @@ import trio
 
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.runtime.clock import Clock
+from turnstile.runtime.errors import PlacedElsewhere
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.gateway.topics import UserTopics
 from turnstile.runtime.membership import Membership
@@ -90,8 +91,16 @@ class NodeContext:
     started: trio.Event = field(default_factory=trio.Event)
 
     async def tell_session(self, key: str, message: Any) -> None:
-        """Send ``message`` to the session actor with key ``key`` (activating it)."""
-        await self.sessions.ref(f"session:{key}").tell(message)
+        """Send ``message`` to the session actor with key ``key`` (activating it). With several
+        nodes, a session another node holds gets it through the store and a notification
+        (``actors.sessions.remote``)."""
+        try:
+            await self.sessions.ref(f"session:{key}").tell(message)
+        except PlacedElsewhere:
+            remote = getattr(self.directory, "remote", None)
+            if remote is None:
+                raise
+            await remote.deliver(key, message)
 
     async def ask_session(self, key: str, message: Any) -> Any:
         """Ask the session actor with key ``key`` and wait for its answer."""

@@ -110,9 +110,17 @@ class Membership:
     """
 
     def __init__(
-        self, store: Store, record: NodeRecord, lease_seconds: float, metrics: Metrics | None
+        self,
+        store: Store,
+        record: NodeRecord,
+        lease_seconds: float,
+        metrics: Metrics | None,
+        beat_store: Store | None = None,
     ) -> None:
         self.store = store
+        #: where heartbeats go: a store of their own (its own connections) keeps them from
+        #: queueing behind the node's work when the pool is busy, which would lose the lease
+        self.beat_store = beat_store if beat_store is not None else store
         self.record = record
         self.lease_seconds = lease_seconds
         self.live_nodes = 1
@@ -176,7 +184,7 @@ class Membership:
 
     async def _renew(self, address: str | None = None) -> NodeRecord:
         try:
-            return await self.store.heartbeat_node(
+            return await self.beat_store.heartbeat_node(
                 self.ref, lease_seconds=self.lease_seconds, address=address
             )
         except LeaseLost as exc:
@@ -285,6 +293,7 @@ async def open_membership(
     address: str | None = None,
     metrics: Metrics | None = None,
     private: bool = False,
+    beat_store: Store | None = None,
 ) -> AsyncIterator[Membership]:
     """Register ``node_id`` with a new epoch and hold its lease for the ``async with`` block.
 
@@ -297,6 +306,8 @@ async def open_membership(
         private: no other process can open this store (in-memory SQLite): there is nobody to
             keep a lease for or to take work over from, so neither the heartbeat nor the sweep
             runs (the node still registers, and its claims are stamped).
+        beat_store: the same database opened apart, for the heartbeats alone (PostgreSQL: a
+            pool busy with fires and turns must not hold a heartbeat back past the lease).
 
     Raises:
         LeaseLost: from the block, when the heartbeat found the node taken over or declared
@@ -323,7 +334,7 @@ async def open_membership(
         lease_seconds,
         lease_seconds / 3,
     )
-    membership = Membership(store, record, lease_seconds, metrics)
+    membership = Membership(store, record, lease_seconds, metrics, beat_store)
     store.claimer = membership.ref
     try:
         async with trio.open_nursery() as nursery:

@@ -203,8 +203,11 @@ class Registry:
     async def _resolve(self, address: str) -> ActorRef:
         while True:
             cell = self._live.get(address)
-            if cell is not None and not cell.mailbox.closed:
-                return cell.ref
+            if cell is not None:
+                if not cell.mailbox.closed:
+                    return cell.ref
+                await cell.wait_stopped()  # it stops itself (deleted, fenced): start after it
+                continue
             saving = self._passivating.get(address)
             if saving is not None:
                 await saving.wait_stopped()  # the old activation is saving; start after it

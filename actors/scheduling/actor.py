@@ -92,8 +92,9 @@ MAX_CATCH_UP = 10
 MAX_RECORDED_MISSES = 100
 #: How many fires may be in flight at once (so group commit can batch them).
 MAX_CONCURRENT_FIRES = 64
-#: jobs read per look for jobs to take on (several nodes)
-_TAKE_ON_PAGE = 1000
+#: jobs read per look for jobs to take on (several nodes): every node reads the due ones of
+#: all nodes, oldest first, so a backlog of others' jobs must not hide its own
+_TAKE_ON_PAGE = 10_000
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,14 @@ from turnstile.actors.sessions.services import (
 )
 from turnstile.actors.sessions.turn import Turn, TurnContext
 from turnstile.runtime.actor import Actor
-from turnstile.runtime.errors import Busy, Fenced, InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import (
+    Busy,
+    Fenced,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PlacedElsewhere,
+)
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
 from turnstile.runtime.store import InboxItem, Session
 
@@ -244,6 +251,15 @@ class SessionActor(Actor):
     async def receive(self, message: Any) -> Any:
         if self.session is None:
             return self._gone(message)
+        if self.fenced:  # the session is another node's now: the caller goes there
+            raise PlacedElsewhere(f"session:{self.session_id}")
+        try:
+            return await self._receive(message)
+        except Fenced as exc:  # a write of this message was refused: the lease moved
+            self._lost_lease(exc)
+            raise PlacedElsewhere(f"session:{self.session_id}") from exc
+
+    async def _receive(self, message: Any) -> Any:
         match message:
             case Submit():
                 return await self._submit(message)

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from turnstile.actors.sessions.messages import Arrived, StopTurn
+from turnstile.actors.sessions.messages import Arrived, Delivered, Inject, StopTurn
 from turnstile.runtime.errors import (
     ActorStopped,
     InvalidArgument,
@@ -233,6 +233,27 @@ class RemoteSessions:
                 return Submitted(input_id=item.id, replayed=True)
         await self._notify(f"i {key} {item.id} {source}")
         return Submitted(input_id=item.id)
+
+    async def deliver(self, key: str, message: Any) -> None:
+        """What another feature tells a session another node holds (``NodeContext.
+        tell_session``): a fire's input (``Delivered``: already in the inbox) is announced to
+        the holder, which says ``turn_queued`` and runs it; a notice (``Inject``) is stored as
+        an input of its own and announced (it cannot fold into a turn running elsewhere); the
+        events a fire adds for clients (``job_update``) and ``Publish`` are not carried: the
+        store has the truth, and the holder's clients see the turn itself."""
+        match message:
+            case Delivered(input_id=input_id, source=source):
+                await self._notify(f"i {key} {input_id} {source}")
+            case Inject():
+                await self.submit(
+                    key,
+                    message.source,
+                    message.content,
+                    message.payload,
+                    idempotency_key=message.idempotency_key,
+                )
+            case _:
+                log.debug("%s for session %s, held elsewhere: dropped", type(message).__name__, key)
 
     async def stop(self, key: str) -> bool:
         """Ask the holder of ``key`` to stop its turn (a request: see the module docstring)."""

@@ -178,3 +178,31 @@ async def test_without_a_placement_every_address_activates_here(autojump_clock):
         registry = await open_registry(sup, {}, [])
         registry.ref("account:carol").tell_nowait(1)  # no claim to wait for: at once
         assert registry.is_active("account:carol")
+
+
+class Quitter(Account):
+    """Stops itself on "quit" (as a session does when it is deleted or its lease moved)."""
+
+    async def receive(self, message):
+        if message == "quit":
+            self.ref.stop_nowait()
+            return "bye"
+        return await super().receive(message)
+
+
+async def test_an_actor_that_stops_itself_is_replaced_only_once_it_is_gone(autojump_clock):
+    """A message for an address whose actor is stopping itself waits for it (its on_stop
+    saves), then activates a new one: never two at once (the supervisor would refuse the
+    second with 'already running', and a placement would be told of an overlap)."""
+    store: dict = {}
+    log: list = []
+    lease = Lease({})
+    async with open_supervisor("actors", escalate=False) as sup:
+        registry = Registry(sup, idle_timeout=10.0, placement=lease)
+        registry.register("account", lambda key: Quitter(key, store, log))
+        ref = registry.ref("account:alice")
+        assert await ref.ask(4) == 4
+        assert await ref.ask("quit") == "bye"
+        assert await ref.ask(1) == 5  # the new activation loaded what the old one saved
+        assert [entry[0] for entry in log] == ["activate", "passivate", "activate"]
+        assert lease.released_ == ["account:alice"]
