@@ -560,3 +560,89 @@ async def test_three_nodes_fire_ten_thousand_timers_once_each(tmp_path, pg_store
     finally:
         for node in nodes:
             node.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(180)
+async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_nothing(
+    tmp_path, pg_store
+):
+    """Three nodes; clients keep sending (each message with its idempotency key, sent again
+    through another node if the first did not answer); each node in turn gets SIGTERM
+    (drains), exits 0 and starts again. Every message is acknowledged, stored once and run
+    once, and completes."""
+    extra = "[limits]\nmax_sessions_per_user = 500\n"
+    nodes = [
+        Serving(config_file(tmp_path, name, pg_store, name, extra), tmp_path / f"{name}.log")
+        for name in ("a", "b", "c")
+    ]
+    up = [True, True, True]
+    sessions = [f"r{i}" for i in range(30)]
+    acked: dict[str, int] = {}
+    try:
+        for node in nodes:
+            await node.start()
+        async with nodes[0].node.http(TOKEN) as http:
+            for name in sessions:
+                assert (await http.post("/sessions", json={"id": name})).status_code == 201
+
+        async def send(key: str, name: str, first: int) -> None:
+            for attempt in range(30):  # through the next node that is up, until acknowledged
+                i = (first + attempt) % 3
+                if not up[i]:
+                    await trio.sleep(0.05)
+                    continue
+                try:
+                    async with nodes[i].node.http(TOKEN) as http:
+                        http.timeout = httpx.Timeout(10)
+                        sent = await http.post(
+                            f"/sessions/{name}/messages",
+                            json={"content": "/sleep 0.2"},
+                            headers={"Idempotency-Key": key},
+                        )
+                except httpx.TransportError:
+                    continue
+                if sent.status_code == 202:
+                    acked[key] = sent.json()["input_id"]
+                    return
+            raise AssertionError(f"{key} was never acknowledged")
+
+        async def clients(stop: trio.Event) -> None:
+            n = 0
+            async with trio.open_nursery() as nursery:
+                while not stop.is_set():
+                    for j, name in enumerate(sessions):
+                        nursery.start_soon(send, f"{name}-{n}", name, n + j)
+                    n += 1
+                    with trio.move_on_after(0.5):
+                        await stop.wait()
+
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(clients, stop)
+            for i, node in enumerate(nodes):
+                await trio.sleep(1)
+                up[i] = False
+                assert await node.stop(signal.SIGTERM) == 0  # drained, then stopped
+                await node.start()
+                up[i] = True
+            await trio.sleep(1)
+            stop.set()
+        logs = await session_logs(pg_store, sessions)
+
+        async def all_done() -> bool:
+            nonlocal logs
+            logs = await session_logs(pg_store, sessions)
+            return all(i.state == "done" for _, inputs in logs.values() for i in inputs)
+
+        await eventually(all_done, LEASE + 60)
+        stored = {i.id for _, inputs in logs.values() for i in inputs}
+        assert set(acked.values()) == stored  # each acknowledged once, nothing else stored
+        for name, (events, _) in logs.items():
+            starts = [e.payload["input_id"] for e in events if e.type == "stream_start"]
+            assert len(starts) == len(set(starts)), name  # nothing ran twice
+        print(f"{len(acked)} messages through a rolling restart of three nodes, each run once")
+    finally:
+        for node in nodes:
+            node.close()
