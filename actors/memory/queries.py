@@ -376,9 +376,9 @@ async def _index_unindexed_postgres(conn: Any, *, after: int, limit: int) -> tup
             [r[0] for r in rows],
             [" ".join(search_lexemes(r[1], r[2], r[3], r[4])) for r in rows],
         )
-        if len(rows) < limit:
-            # the planner's statistics of the new tokens: what tells a common word from a rare
-            # one (autovacuum would get there, later)
+        if len(rows) < limit and (rows or after):
+            # the last batch of a run that wrote tokens: the planner's statistics of them
+            # (autovacuum would get there, later)
             await conn.execute("ANALYZE memory_facts")
     return len(rows), (rows[-1][0] if len(rows) == limit else None)
 
@@ -679,6 +679,17 @@ def _newest_sql(how: Literal["recent", "tokens"], where: str, columns: str) -> s
     )
 
 
+#: For each tsquery of ``$4`` (words rare among the owner's newest facts), the ids of the
+#: ``CANDIDATES`` newest of the owner's (``$1``) unexpired facts matching it that no earlier
+#: stage returned (``$3``), read from the GIN index (``_source("tokens")``), one word after
+#: another in one query.
+_RARE_WORDS_SQL = (
+    "SELECT m.id FROM unnest($4::tsquery[]) AS w(q), LATERAL (SELECT f.id FROM"
+    " (SELECT * FROM memory_facts f WHERE f.search_tokens @@ w.q OFFSET 0) f"
+    f" WHERE f.owner = $1 AND {_LIVE} ORDER BY {_NEWEST} LIMIT {CANDIDATES}) AS m"
+)
+
+
 def _some_words_sql(words: int) -> str:
     """The facts of ids ``$5`` (the owner's, unexpired, not yet returned) ranked by how many
     of the ``words`` tsqueries ``$6``… they match, then newest first, at most ``$4``; ``id``
@@ -765,20 +776,18 @@ async def _search_postgres(
                 *each,
             )
             candidates: set[int] = set()
+            rare = []
             for i, tsquery in enumerate(each):
                 holding = [r[0] for r in recent if r[1 + i]][:CANDIDATES]
                 if len(holding) < CANDIDATES and not await everything_recent():
-                    # the word is rare among the newest facts: its matches, from the index
-                    rows = await conn.fetch(
-                        _newest_sql("tokens", every, "f.id"),
-                        owner,
-                        now,
-                        [r[0] for r in found],
-                        CANDIDATES,
-                        tsquery,
-                    )
-                    holding = [r[0] for r in rows]
-                candidates.update(holding)
+                    rare.append(tsquery)
+                else:
+                    candidates.update(holding)
+            if rare:
+                # the words rare among the newest facts: their newest matches, from the index,
+                # all in one query
+                rows = await conn.fetch(_RARE_WORDS_SQL, owner, now, [r[0] for r in found], rare)
+                candidates.update(r[0] for r in rows)
             if candidates:
                 rows = await conn.fetch(
                     _some_words_sql(len(terms)),
