@@ -1,15 +1,22 @@
-"""The PostgreSQL backend, on asyncpg: the pool, the trio-asyncio loop and migrations.
+"""The PostgreSQL backend, on asyncpg: the pool, the asyncio thread and migrations.
 
 It only runs queries (:mod:`runtime.store.postgres_queries`); the front
 (:mod:`runtime.store.front`) checks arguments and builds records.
 
-asyncpg is an asyncio library; it runs here on a trio-asyncio loop. :meth:`PostgresBackend.read`
-and :meth:`~PostgresBackend.write` are trio-flavoured: they wrap an asyncio coroutine with
-``trio_asyncio.aio_as_trio(..., loop=...)`` bound to the backend's own loop reference, so they
-may be called from any trio task (even one started before the loop was opened).
-:func:`open_postgres_backend` uses the trio-asyncio loop of the calling context when there is
-one, and otherwise opens one for the lifetime of the store. asyncio is confined to this module
-and its query module.
+asyncpg is an asyncio library. It runs here on a plain asyncio event loop in a thread of its
+own (:class:`AsyncioThread`), which the store starts when it opens and stops when it closes. A
+trio task runs an operation by handing the coroutine to that loop (``call_soon_threadsafe``) and
+sleeping until the loop hands the outcome back (``TrioToken.run_sync_soon``): two wake-ups
+per operation, however many statements it sends, where trio-asyncio took about sixteen passes
+of its loop per statement (``bench/scenarios/pgdriver.py`` measures both). Any trio task of
+the run that opened the store may call it. asyncio is confined to this module and its query
+module; nothing on the asyncio side touches trio except through the run's token.
+
+Cancellation: a trio task cancelled while its operation runs asks the loop to cancel it and
+waits until it has ended, so no connection is left in use behind the caller (asyncpg's pool
+resets or closes a connection whose query was interrupted). If the operation finished first,
+its answer is returned and the cancellation is seen at the caller's next checkpoint: a
+committed write is never reported as cancelled.
 
 Migrations run at start-up in one transaction under ``pg_advisory_xact_lock`` keyed by the
 current schema, so concurrent start-ups apply them once.
@@ -17,15 +24,17 @@ current schema, so concurrent start-ups apply them once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
+import outcome
 import trio
-import trio_asyncio
 
 from turnstile.runtime.errors import MigrationError, StoreError
 from turnstile.runtime.store import postgres_queries as queries
@@ -36,7 +45,7 @@ from turnstile.runtime.store.migrations import (
     plan,
 )
 
-__all__ = ["PostgresBackend", "open_postgres_backend"]
+__all__ = ["AsyncioThread", "PostgresBackend", "open_asyncio_thread", "open_postgres_backend"]
 
 T = TypeVar("T")
 
@@ -47,6 +56,131 @@ _CLOSE_TIMEOUT = 10.0
 #: which no termination callback reports), and how long to wait before connecting again
 _LISTEN_PING = 5.0
 _LISTEN_RETRY = 1.0
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+class _Cancelled:
+    """The outcome of an operation the loop cancelled."""
+
+
+_CANCELLED = _Cancelled()
+
+
+class AsyncioThread:
+    """A plain asyncio event loop running in a thread of its own, callable from trio.
+
+    Started and stopped by :func:`open_asyncio_thread` (the store does it); :meth:`call` runs a
+    coroutine function on the loop from any task of the trio run that started it.
+    """
+
+    def __init__(self) -> None:
+        # the loop's class, not asyncio.new_event_loop(): once trio-asyncio is imported (tests,
+        # the bench's baseline), its policy would make a trio-asyncio loop
+        self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop()
+        self._thread = threading.Thread(
+            target=self._main, name="turnstile postgres (asyncio)", daemon=True
+        )
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stopped = False
+
+    def _main(self) -> None:
+        loop = self.loop
+        try:
+            loop.run_forever()
+        finally:
+            # stop() is only asked once the store has closed its pool; whatever is left (a
+            # task still ending) is cancelled and given a pass to finish
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+
+    def start(self) -> None:
+        """Start the loop's thread; later calls come from this trio run."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the loop, wait for its thread and close it (bounded; shielded)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if not self._thread.is_alive():
+            self.loop.close()
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        if self._thread.is_alive():
+            log.warning("postgres: the asyncio thread did not stop; leaving it")
+        else:
+            self.loop.close()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run the plain function ``fn(*args)`` on the loop, soon (fire and forget)."""
+        if not self._stopped:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """``await fn(*args, **kwargs)`` on the loop; its answer or exception comes back here.
+
+        Raises:
+            StoreError: the loop is stopped, or the operation was cancelled on the loop's side.
+        """
+        if self._stopped:
+            raise StoreError("store is closed")
+        token = self._token
+        task = trio.lowlevel.current_task()
+        loop = self.loop
+        running: list[asyncio.Task] = []
+
+        def done(fut: asyncio.Task) -> None:  # asyncio thread
+            if fut.cancelled():
+                result: outcome.Outcome = outcome.Value(_CANCELLED)
+            else:
+                exc = fut.exception()
+                result = outcome.Value(fut.result()) if exc is None else outcome.Error(exc)
+            try:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            except trio.RunFinishedError:  # pragma: no cover - the trio run is gone
+                pass
+
+        def begin() -> None:  # asyncio thread
+            fut = loop.create_task(fn(*args, **kwargs))
+            running.append(fut)
+            fut.add_done_callback(done)
+
+        def cancel() -> None:  # asyncio thread, after begin (the loop runs them in order)
+            running[0].cancel()
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            # wait for the operation to end: its connection goes back to the pool before the
+            # caller moves on; the answer (if it finished first) is still the caller's
+            try:
+                loop.call_soon_threadsafe(cancel)
+            except RuntimeError:  # pragma: no cover - the loop is closed: nothing runs there
+                pass
+            return trio.lowlevel.Abort.FAILED
+
+        loop.call_soon_threadsafe(begin)
+        answer = await trio.lowlevel.wait_task_rescheduled(abort)
+        if answer is _CANCELLED:
+            await trio.lowlevel.checkpoint()  # raises Cancelled when the caller was cancelled
+            raise StoreError("postgres: operation cancelled")
+        return answer
+
+
+@asynccontextmanager
+async def open_asyncio_thread() -> AsyncIterator[AsyncioThread]:
+    """An :class:`AsyncioThread`, started for the block and stopped after it."""
+    thread = AsyncioThread()
+    thread.start()
+    try:
+        yield thread
+    finally:
+        await thread.stop()
 
 
 async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: datetime) -> None:
@@ -79,6 +213,17 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
+async def _create_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), _CLOSE_TIMEOUT)
+    except TimeoutError:
+        pool.terminate()
+
+
 class PostgresBackend:
     """Runs the store's queries on a PostgreSQL pool (see the module docstring).
 
@@ -96,7 +241,7 @@ class PostgresBackend:
         self.dsn = dsn
         self._min_size = min_size
         self._max_size = max_size
-        self._loop: trio_asyncio.TrioEventLoop | None = None
+        self._aio: AsyncioThread | None = None
         self._pool: asyncpg.Pool | None = None
         self._closed = False
 
@@ -109,16 +254,12 @@ class PostgresBackend:
 
     # ---- lifecycle ----
 
-    async def open(
-        self, loop: trio_asyncio.TrioEventLoop, sets: Sequence[MigrationSet], now: datetime
-    ) -> None:
-        """Create the pool on ``loop`` and apply ``sets``' pending migrations."""
-        self._loop = loop
+    async def open(self, aio: AsyncioThread, sets: Sequence[MigrationSet], now: datetime) -> None:
+        """Create the pool on ``aio``'s loop and apply ``sets``' pending migrations."""
+        self._aio = aio
         try:
-            self._pool = await self._aio(asyncpg.create_pool)(
-                self.dsn, min_size=self._min_size, max_size=self._max_size
-            )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self._pool = await aio.call(_create_pool, self.dsn, self._min_size, self._max_size)
+        except _DRIVER_ERRORS as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
         try:
             await self._call(_migrate, sets, now)
@@ -137,13 +278,10 @@ class PostgresBackend:
             return
         self._closed = True
         pool, self._pool = self._pool, None
-        if pool is None:
+        if pool is None or self._aio is None:
             return
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(_CLOSE_TIMEOUT) as scope:
-                await self._aio(pool.close)()
-            if scope.cancelled_caught:
-                pool.terminate()
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT + 1):
+            await self._aio.call(_close_pool, pool)
 
     # ---- running queries ----
 
@@ -167,100 +305,128 @@ class PostgresBackend:
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
         """Listen on ``channel`` forever, on a connection of its own (not the pool's).
 
-        ``on_message(payload)`` is called for each notification, and ``on_message(None)`` after
-        every connect: notifications sent while no connection listened are lost, so the
-        caller must look for what it may have missed. A connection that closes, or stops
-        answering the periodic check, is replaced after a pause. Never returns; cancel it.
+        ``on_message(payload)`` is called (in the trio thread, in the order they arrived) for
+        each notification, and ``on_message(None)`` after every connect: notifications sent
+        while no connection listened are lost, so the caller must look for what it may have
+        missed. A connection that closes, or stops answering the periodic check, is replaced
+        after a pause. Never returns; cancel it.
         """
+        aio = self._aio
+        if aio is None or self._closed:
+            raise StoreError("store is closed")
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(payload: str | None) -> None:  # trio thread
+            try:
+                on_message(payload)
+            except Exception:
+                log.exception("listen on %s: the handler failed", channel)
+
+        def notified(_conn: Any, _pid: int, _channel: str, payload: str) -> None:  # asyncio
+            try:
+                token.run_sync_soon(deliver, payload)
+            except trio.RunFinishedError:  # pragma: no cover - the trio run is gone
+                pass
+
         while True:
             try:
-                conn = await self._aio(asyncpg.connect)(
-                    self.dsn, server_settings={"application_name": f"turnstile listen {channel}"}
+                conn = await aio.call(
+                    asyncpg.connect,
+                    self.dsn,
+                    server_settings={"application_name": f"turnstile listen {channel}"},
                 )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except _DRIVER_ERRORS as exc:
                 log.warning("listen on %s: cannot connect (%s); retrying", channel, exc)
                 await trio.sleep(_LISTEN_RETRY)
                 continue
             closed = trio.Event()
+
+            def terminated(_conn: Any, closed: trio.Event = closed) -> None:  # asyncio thread
+                try:
+                    token.run_sync_soon(closed.set)
+                except trio.RunFinishedError:  # pragma: no cover
+                    pass
+
             try:
-                await self._aio(conn.add_listener)(
-                    channel, lambda _conn, _pid, _channel, payload: on_message(payload)
-                )
-                conn.add_termination_listener(lambda _conn, closed=closed: closed.set())
-                on_message(None)
+                await aio.call(_subscribe, conn, channel, notified, terminated)
+                deliver(None)
                 while not conn.is_closed():
                     with trio.move_on_after(_LISTEN_PING):
                         await closed.wait()
                     if closed.is_set() or conn.is_closed():
                         break
                     with trio.move_on_after(_LISTEN_PING) as ping:
-                        await self._aio(conn.fetchval)("SELECT 1")
+                        await aio.call(conn.fetchval, "SELECT 1")
                     if ping.cancelled_caught:
                         break
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except _DRIVER_ERRORS as exc:
                 log.warning("listen on %s: connection lost (%s); reconnecting", channel, exc)
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
-                    if not conn.is_closed():
-                        try:
-                            await self._aio(conn.close)()
-                        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                            conn.terminate()
+                    await aio.call(_close_conn, conn)
             log.warning("listen on %s: connection closed; reconnecting", channel)
             await trio.sleep(_LISTEN_RETRY)
 
-    def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        return trio_asyncio.aio_as_trio(fn, loop=self._loop)
-
     async def _call(self, op: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        if self._pool is None:
+        if self._pool is None or self._aio is None:
             raise StoreError("store is closed")
-        return await self._aio(self._with_conn)(self._pool, op, args, kwargs)
+        return await self._aio.call(_with_conn, self._pool, op, args, kwargs)
 
-    @staticmethod
-    async def _with_conn(
-        pool: asyncpg.Pool, op: Callable[..., Awaitable[T]], args: tuple, kwargs: dict[str, Any]
-    ) -> T:
-        """asyncio side: run ``op`` on a pooled connection, map driver errors to StoreError."""
+
+async def _with_conn(
+    pool: asyncpg.Pool, op: Callable[..., Awaitable[T]], args: tuple, kwargs: dict[str, Any]
+) -> T:
+    """asyncio side: run ``op`` on a pooled connection, map driver errors to StoreError."""
+    try:
+        conn = await pool.acquire()
+    except _DRIVER_ERRORS as exc:
+        raise StoreError(f"postgres: {exc}") from exc
+    try:
+        return await op(conn, *args, **kwargs)
+    except _DRIVER_ERRORS as exc:
+        raise StoreError(f"postgres: {exc}") from exc
+    finally:
         try:
-            async with pool.acquire() as conn:
-                return await op(conn, *args, **kwargs)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            await pool.release(conn)
+        except asyncio.CancelledError:
+            # the caller was cancelled once the operation had ended: pool.release shields the
+            # release itself, which goes on, and the operation's answer (or error) stands
+            pass
+        except _DRIVER_ERRORS as exc:
             raise StoreError(f"postgres: {exc}") from exc
+
+
+async def _subscribe(
+    conn: asyncpg.Connection,
+    channel: str,
+    notified: Callable[..., None],
+    terminated: Callable[..., None],
+) -> None:
+    await conn.add_listener(channel, notified)
+    conn.add_termination_listener(terminated)
+
+
+async def _close_conn(conn: asyncpg.Connection) -> None:
+    if conn.is_closed():
+        return
+    try:
+        await asyncio.wait_for(conn.close(), _CLOSE_TIMEOUT)
+    except (TimeoutError, *_DRIVER_ERRORS):
+        conn.terminate()
 
 
 @asynccontextmanager
 async def open_postgres_backend(
     dsn: str, sets: Sequence[MigrationSet], now: datetime, **pool_options: Any
 ) -> AsyncIterator[PostgresBackend]:
-    """Open a :class:`PostgresBackend`, on the current trio-asyncio loop or a new one.
+    """Open a :class:`PostgresBackend` with an asyncio thread of its own, for the block.
 
-    When it opens its own loop, the loop's nursery would wrap every exception raised inside
-    the ``async with`` block (the caller's included) in an ``ExceptionGroup``; a group holding
-    a single exception is unwrapped so that callers see ``MigrationError``, ``NotFound``... as
-    they would with SQLite.
+    The thread is started before the pool is created and stopped after it is closed.
     """
-    try:
-        async with AsyncExitStack() as stack:
-            loop = trio_asyncio.current_loop.get()
-            if loop is None or loop.is_closed():
-                loop = await stack.enter_async_context(trio_asyncio.open_loop())
-            backend = PostgresBackend(dsn, **pool_options)
-            await backend.open(loop, sets, now)
-            stack.push_async_callback(backend.aclose)
+    async with open_asyncio_thread() as aio:
+        backend = PostgresBackend(dsn, **pool_options)
+        await backend.open(aio, sets, now)
+        try:
             yield backend
-    except BaseExceptionGroup as group:
-        leaf = _only_exception(group)
-        if leaf is None:
-            raise
-        raise leaf from leaf.__cause__
-
-
-def _only_exception(group: BaseExceptionGroup) -> BaseException | None:
-    """The one exception in a (nested) group, or None when there are several."""
-    while len(group.exceptions) == 1:
-        inner = group.exceptions[0]
-        if not isinstance(inner, BaseExceptionGroup):
-            return inner
-        group = inner
-    return None
+        finally:
+            await backend.aclose()

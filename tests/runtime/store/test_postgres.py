@@ -1,16 +1,21 @@
-"""PostgreSQL-only behaviour: the trio-asyncio loop, concurrent start-ups, connection errors."""
+"""PostgreSQL-only behaviour: the asyncio thread, cancellation, concurrent start-ups, connection
+errors."""
 
 from __future__ import annotations
 
 import secrets
+import threading
 
 import pytest
 import trio
+import trio.testing
 import trio_asyncio
 
-from tests.runtime.store._support import pg_run
+from tests.runtime.store._support import T0, pg_run
 from turnstile.runtime.errors import StoreError
 from turnstile.runtime.store import SCHEMA_VERSION, open_store
+from turnstile.runtime.store.kernel import KERNEL
+from turnstile.runtime.store.postgres import open_postgres_backend
 
 pytestmark = pytest.mark.postgres
 
@@ -26,29 +31,82 @@ async def pg_url(pg_dsn):
             await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
 
 
-async def test_opens_its_own_loop(pg_url):
-    assert trio_asyncio.current_loop.get() is None
+async def test_runs_its_own_asyncio_thread(pg_url):
     async with open_store(pg_url) as store:
-        assert store.engine._loop is not None
+        aio = store.engine._aio
+        assert aio._thread.is_alive()
+        assert aio._thread is not threading.current_thread()
         await store.create_session("s1", "ada")
-    assert trio_asyncio.current_loop.get() is None
-    assert store.engine._loop.is_closed()
+    assert not aio._thread.is_alive()
+    assert aio.loop.is_closed()
+    with pytest.raises(StoreError, match="^store is closed$"):
+        await store.create_session("s2", "ada")
 
 
-async def test_uses_the_running_loop(pg_url):
-    async with trio_asyncio.open_loop() as loop:
+async def test_works_beside_a_trio_asyncio_loop(pg_url):
+    # the tests and the bench's baseline import trio-asyncio, whose policy patches asyncio
+    async with trio_asyncio.open_loop():
         async with open_store(pg_url) as store:
-            assert store.engine._loop is loop
             await store.create_session("s1", "ada")
-        assert not loop.is_closed()
+            assert [s.id for s in await store.list_sessions()] == ["s1"]
 
 
-async def test_callable_from_tasks_started_before_the_loop(pg_url):
+async def test_a_cancelled_query_gives_its_connection_back(pg_url):
+    started = threading.Event()
+
+    async def slow(conn):  # asyncio side
+        started.set()
+        await conn.execute("SELECT pg_sleep(30)")
+
+    async def quick(conn):
+        return await conn.fetchval("SELECT 41 + 1")
+
+    async with open_postgres_backend(pg_url, [KERNEL], T0, max_size=1) as backend:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(backend.run_read, slow)
+                await trio.to_thread.run_sync(started.wait)
+                scope.cancel()
+        assert scope.cancelled_caught
+        with trio.fail_after(5):  # the pool's one connection is free again
+            assert await backend.run_read(quick) == 42
+
+
+async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_url):
+    started, release = threading.Event(), threading.Event()
+
+    async def write(conn):  # asyncio side
+        await conn.execute("CREATE TABLE marks (n int)")
+        await conn.execute("INSERT INTO marks VALUES (1)")
+        started.set()
+        release.wait(5)  # holds the loop: the cancellation reaches it only after the return
+        return "written"
+
+    async with open_postgres_backend(pg_url, [KERNEL], T0) as backend:
+        answers = []
+
+        async def caller():
+            answers.append(await backend.run_write(write))
+            await trio.lowlevel.checkpoint()
+            answers.append("not cancelled")
+
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                await trio.to_thread.run_sync(started.wait)
+                scope.cancel()
+                release.set()
+        assert scope.cancelled_caught
+        assert answers == ["written"]  # a committed write is not reported as cancelled
+        assert [tuple(r) for r in await pg_run(pg_url, "SELECT n FROM marks")] == [(1,)]
+
+
+async def test_callable_from_tasks_started_before_the_store(pg_url):
     send, receive = trio.open_memory_channel(1)
     done = trio.Event()
 
     async def worker():
-        store = await receive.receive()  # this task's context has no trio-asyncio loop
+        store = await receive.receive()  # a task the store was not opened in
         await store.create_session("s1", "ada")
         done.set()
 
