@@ -490,6 +490,21 @@ async def notify(conn: Conn, channel: str, payload: str) -> None:
 # -- events -----------------------------------------------------------------------------------
 
 
+# One statement, one round trip (it was BEGIN, UPDATE, INSERT, COMMIT: four): the UPDATE of
+# the session's row takes its lock, allocates the seqs and checks the fence; the INSERT gets
+# the new last_seq from its RETURNING, so it writes nothing when the UPDATE matched nothing.
+# A statement is atomic, as the transaction was.
+_APPEND_EVENTS = (
+    "WITH s AS (UPDATE sessions SET last_seq = last_seq + $2, updated_at = $3 WHERE id = $1{held}"
+    " RETURNING last_seq), ins AS (INSERT INTO events (session_id, seq, type, payload, ts)"
+    " SELECT $1, s.last_seq - $2 + x.n, x.t, x.p::jsonb, $3"
+    " FROM s, unnest($4::text[], $5::text[]) WITH ORDINALITY AS x(t, p, n))"
+    " SELECT last_seq FROM s"
+)
+_APPEND_EVENTS_FREE = _APPEND_EVENTS.format(held="")
+_APPEND_EVENTS_FENCED = _APPEND_EVENTS.format(held=" AND lease_epoch = $6")
+
+
 async def append_events(
     conn: Conn,
     session_id: str,
@@ -497,32 +512,19 @@ async def append_events(
     now: datetime,
     fence: int | None = None,
 ) -> int | None:
-    held = "" if fence is None else " AND lease_epoch = $4"
-    async with conn.transaction():
-        # the UPDATE locks the session's row and re-reads it after a concurrent acquisition:
-        # the seq allocation and the fence check are one step
-        last = await conn.fetchval(
-            f"UPDATE sessions SET last_seq = last_seq + $2, updated_at = $3 WHERE id = $1{held}"
-            " RETURNING last_seq",
-            session_id,
-            len(events),
-            now,
-            *(() if fence is None else (fence,)),
-        )
-        if last is None:
-            if fence is not None:
-                await _fenced(conn, session_id, fence)
-            return None
-        await conn.execute(
-            "INSERT INTO events (session_id, seq, type, payload, ts)"
-            " SELECT $1, s, t, p::jsonb, $5"
-            " FROM unnest($2::bigint[], $3::text[], $4::text[]) AS x(s, t, p)",
-            session_id,
-            list(range(last - len(events) + 1, last + 1)),
-            [t for t, _ in events],
-            [p for _, p in events],
-            now,
-        )
+    # the UPDATE locks the session's row and re-reads it after a concurrent acquisition:
+    # the seq allocation and the fence check are one step
+    last = await conn.fetchval(
+        _APPEND_EVENTS_FREE if fence is None else _APPEND_EVENTS_FENCED,
+        session_id,
+        len(events),
+        now,
+        [t for t, _ in events],
+        [p for _, p in events],
+        *(() if fence is None else (fence,)),
+    )
+    if last is None and fence is not None:
+        await _fenced(conn, session_id, fence)
     return last
 
 
