@@ -10,4 +10,5 @@ SCENARIOS: dict[str, str] = {
     "parallel": "bench.scenarios.parallel",
     "schemas": "bench.scenarios.schemas",
     "memory": "bench.scenarios.memory",
+    "pgdriver": "bench.scenarios.pgdriver",
 }
