@@ -29,7 +29,7 @@ time so they are published in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -100,6 +100,31 @@ INDEX_BATCH = 2000
 def default_confidence(source: str) -> int:
     """The confidence a fact from ``source`` gets when the caller names none."""
     return DEFAULT_CONFIDENCE.get(source, _OTHER_CONFIDENCE)
+
+
+async def _both(
+    first: Callable[[], Awaitable[None]], second: Callable[[], Awaitable[None]]
+) -> None:
+    """Run ``first()`` and ``second()`` at once; when one fails, the other is cancelled and the
+    failure is raised as itself (not wrapped in the nursery's exception group), so callers see
+    the store's typed errors (when both fail, the first, from the group). Cancellation from
+    outside passes through untouched."""
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            nursery.start_soon(second)
+    except BaseExceptionGroup as group:
+        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        if failures:
+            raise failures[0] from (group if len(failures) > 1 else None)
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def merge(stages: Iterable[list[Fact]], limit: int) -> list[Fact]:
@@ -341,40 +366,41 @@ class Memory:
     async def search(self, owner: str, query: str, limit: int | None = None) -> list[Fact]:
         """``owner``'s facts matching ``query``, best first, never expired, each once.
 
-        The stages run in the reference's order: the vector stage (with an embedder: facts
-        within ``max_distance`` of the query, nearest first), then the lexical one (FTS5 bm25
-        on SQLite, tsvector stages on PostgreSQL, both over the user's own tokens); ``merge``
-        keeps the first occurrence of each fact. An embedder that fails leaves the lexical
+        The stages' results come in the reference's order: the vector stage's (with an
+        embedder: facts within ``max_distance`` of the query, nearest first), then the lexical
+        one's (FTS5 bm25 on SQLite, tsvector stages on PostgreSQL, both over the user's own
+        tokens); ``merge`` keeps the first occurrence of each fact. The two run at once (the
+        lexical stage needs no embedding, so it also overlaps the embedder's answer): a search
+        takes the longer of them, not their sum. An embedder that fails leaves the lexical
         stage alone.
 
         Raises:
             InvalidArgument: a limit outside 1–``max_search_limit``.
         """
         limit = self.check_limit(limit)
-        stages = []
-        vectors = await self._embed([query], "search") if query.strip() else None
-        if vectors is not None:
-            stages.append(
-                await self.store.run_read(
+        now = self.store.db_time(self._now())
+        found: dict[str, list[Fact]] = {"vector": [], "lexical": []}
+
+        async def vector() -> None:
+            vectors = await self._embed([query], "search") if query.strip() else None
+            if vectors is not None:
+                found["vector"] = await self.store.run_read(
                     VECTOR_SEARCH,
                     owner=owner,
                     vector=vectors[0],
-                    now=self.store.db_time(self._now()),
+                    now=now,
                     limit=limit,
                     max_distance=self.config.embeddings.max_distance,
                     path=self.vector_path,
                 )
+
+        async def lexical() -> None:
+            found["lexical"] = await self.store.run_read(
+                SEARCH, owner=owner, query=query, now=now, limit=limit, path=self.search_path
             )
-        lexical = await self.store.run_read(
-            SEARCH,
-            owner=owner,
-            query=query,
-            now=self.store.db_time(self._now()),
-            limit=limit,
-            path=self.search_path,
-        )
-        stages.append(lexical)
-        return merge(stages, limit)
+
+        await _both(vector, lexical)
+        return merge([found["vector"], found["lexical"]], limit)
 
     async def forget(self, owner: str, key: str, category: str | None = None) -> int:
         """Delete ``owner``'s facts with ``key`` (in ``category`` if given); how many went."""

@@ -27,6 +27,7 @@ from turnstile.actors.memory.tokens import (
     query_words,
     words,
 )
+from turnstile.runtime.errors import StoreError
 from turnstile.runtime.store import MigrationSet, TableQuery, open_store
 
 T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
@@ -163,6 +164,15 @@ async def test_a_word_only_in_older_facts_is_found_past_the_newest(store_url, mo
         assert len(await keys(memory, "ada", "lion")) == 11
         if store_url.startswith("postgres"):  # newest first within a stage
             assert await keys(memory, "ada", "lion", limit=2) == ["new9", "new8"]
+
+
+async def test_a_failing_stage_raises_the_stores_own_error(store_url):
+    """The vector and lexical stages run at once (``Memory.search``); a failure comes out as
+    the store's typed error, not wrapped in an exception group."""
+    async with open_memory(store_url) as memory:
+        await memory.save("ada", category="drinks", key="coffee", value="espresso")
+    with pytest.raises(StoreError, match="store is closed"):
+        await memory.search("ada", "espresso")
 
 
 # ---- one user's tokens are theirs -----------------------------------------------------------
