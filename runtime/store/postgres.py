@@ -213,8 +213,17 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset: nothing beyond what asyncpg always does (roll back a transaction
+    left open, drop listeners). Its default sends ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` after every operation: a round trip and four statements each time,
+    for session state that no query of the store or of a feature leaves behind (they use
+    ``SET LOCAL`` and ``pg_advisory_xact_lock``, which end with their transaction; ``listen``
+    has a connection of its own)."""
+
+
 async def _create_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
-    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
 
 
 async def _close_pool(pool: asyncpg.Pool) -> None:
