@@ -524,9 +524,11 @@ class SessionActor(Actor):
                 finally:
                     if held:
                         self.slots.release()
-                if self.queued == 0 and not self.wakeup_pending:
+                if self.queued == 0 and not self.wakeup_pending and self.services.remote is None:
                     # Nothing was enqueued here since (that counts, and every other way in
                     # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
+                    # With several nodes another node may have stored one (its announcement
+                    # can be lost), so the store is asked until it has nothing.
                     return
         finally:
             self.runner_active = False

@@ -4,12 +4,14 @@ With session leases (``runtime.placement``) a session is active on one node at a
 connected to another node still attaches, sends and stops there, through the store and
 PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
 
-* **Live events.** The holder's sessions announce each stored batch (``e <key> <seq>``),
-  coalesced per session. A node with clients attached to a session it does not hold follows
-  it (:class:`_Feed`): it reads the events after the last one it offered from the store, by
-  ``seq``, on each announcement and every :data:`POLL_SECONDS` besides, and offers them to its
-  clients. A lost notification delays an event by at most that long; it never loses one, and
-  the order and gaplessness are the store's.
+* **Live events.** A node with clients attached to a session it does not hold follows it
+  (:class:`_Feed`): it says so (``w <key>``, again every :data:`WATCH_SECONDS`), and the
+  holder then announces each stored batch of that session (``e <key> <seq>``, coalesced per
+  session; sessions nobody follows elsewhere cost nothing). The follower reads the events after
+  the last one it offered from the store, by ``seq``, on each announcement and every
+  :data:`POLL_SECONDS` besides, and offers them to its clients. A lost notification delays an
+  event by at most that long; it never loses one, and the order and gaplessness are the
+  store's.
 * **Inputs.** A message sent through a node that does not hold the session is stored in the
   session's inbox by that node (with its idempotency key, under the session's queue limit) and
   announced (``i <key> <id> <source>``): the holder tells its activation, which emits
@@ -26,6 +28,7 @@ Everything here is the sessions feature's; the kernel only carries the notificat
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +56,9 @@ log = logging.getLogger("turnstile.session")
 CHANNEL = "turnstile_sessions"
 #: how often a followed session is read even without an announcement
 POLL_SECONDS = 1.0
+#: how often a follower says again that it follows; a holder announces a session's batches
+#: for three times as long after it last heard so
+WATCH_SECONDS = 10.0
 #: events read per store round trip when a feed catches up
 _PAGE = 500
 #: notifications waiting to be handled; beyond it they are dropped and every feed reads again
@@ -102,6 +108,8 @@ class RemoteSessions:
         self._encode = encode_event
         self._feeds: dict[str, _Feed] = {}
         self._pending: dict[str, int] = {}
+        #: sessions held here that another node follows, until when (trio time)
+        self._watched: dict[str, float] = {}
         self._announce = trio.Event()
         self._heard_send, self._heard = trio.open_memory_channel[str | None](_INBOX)
         self._nursery: trio.Nursery | None = None
@@ -109,7 +117,14 @@ class RemoteSessions:
     # -- this node's sessions -------------------------------------------------------------------
 
     def stored(self, key: str, last_seq: int) -> None:
-        """A session held here stored events up to ``last_seq``: announce it (coalesced)."""
+        """A session held here stored events up to ``last_seq``: announce it (coalesced), if
+        another node follows it."""
+        until = self._watched.get(key)
+        if until is None:
+            return
+        if until < trio.current_time():
+            del self._watched[key]
+            return
         if self._pending.get(key, 0) < last_seq:
             self._pending[key] = last_seq
             self._announce.set()
@@ -163,8 +178,12 @@ class RemoteSessions:
         return True
 
     async def _follow(self, feed: _Feed) -> None:
+        said = -math.inf
         try:
             while feed.subscribers:
+                if trio.current_time() - said >= WATCH_SECONDS:
+                    said = trio.current_time()
+                    await self._notify(f"w {feed.key}")
                 with trio.move_on_after(POLL_SECONDS):
                     await feed.poked.wait()
                 feed.poked = trio.Event()
@@ -282,6 +301,9 @@ class RemoteSessions:
             feed = self._feeds.get(key)
             if feed is not None:
                 feed.poked.set()
+            return
+        if kind == "w":  # another node follows this session: announce its batches a while
+            self._watched[key] = trio.current_time() + 3 * WATCH_SECONDS
             return
         address = f"session:{key}"
         if self.placement.fence(address) is None or not self.registry.is_active(address):
