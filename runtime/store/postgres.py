@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -71,6 +72,12 @@ class AsyncioThread:
 
     Started and stopped by :func:`open_asyncio_thread` (the store does it); :meth:`call` runs a
     coroutine function on the loop from any task of the trio run that started it.
+
+    Both directions are batched: requests wait in a deque that the loop drains in one callback,
+    and outcomes in a deque that trio drains in one callback, so a burst of operations costs
+    one wake-up each way, not one per operation. A wake-up is a byte written to the other
+    side's socket, and every such system call makes the writing thread give up the GIL and
+    wait for it again while the other thread computes (up to ``sys.getswitchinterval()``).
     """
 
     def __init__(self) -> None:
@@ -82,6 +89,12 @@ class AsyncioThread:
         )
         self._token: trio.lowlevel.TrioToken | None = None
         self._stopped = False
+        # trio -> loop: callables to run on the loop, and whether a drain is scheduled there
+        self._requests: deque[Callable[[], None]] = deque()
+        self._requests_armed = False
+        # loop -> trio: (task, outcome) to reschedule, and whether a drain is scheduled in trio
+        self._outcomes: deque[tuple[trio.lowlevel.Task, outcome.Outcome]] = deque()
+        self._outcomes_armed = False
 
     def _main(self) -> None:
         loop = self.loop
@@ -118,10 +131,39 @@ class AsyncioThread:
         else:
             self.loop.close()
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run the plain function ``fn(*args)`` on the loop, soon (fire and forget)."""
-        if not self._stopped:
-            self.loop.call_soon_threadsafe(fn, *args)
+    # The flags are cleared before their deque is drained and set after an append is made:
+    # an item appended while a drain runs is either seen by it or schedules the next one.
+
+    def _request(self, fn: Callable[[], None]) -> None:  # trio thread
+        self._requests.append(fn)
+        if not self._requests_armed:
+            self._requests_armed = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain_requests)
+            except RuntimeError:  # pragma: no cover - the loop is closed: nothing runs there
+                pass
+
+    def _drain_requests(self) -> None:  # asyncio thread
+        self._requests_armed = False
+        requests = self._requests
+        while requests:
+            requests.popleft()()
+
+    def _reply(self, task: trio.lowlevel.Task, result: outcome.Outcome) -> None:  # asyncio
+        self._outcomes.append((task, result))
+        if not self._outcomes_armed:
+            self._outcomes_armed = True
+            try:
+                self._token.run_sync_soon(self._drain_outcomes)
+            except trio.RunFinishedError:  # pragma: no cover - the trio run is gone
+                pass
+
+    def _drain_outcomes(self) -> None:  # trio thread
+        self._outcomes_armed = False
+        outcomes = self._outcomes
+        reschedule = trio.lowlevel.reschedule
+        while outcomes:
+            reschedule(*outcomes.popleft())
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """``await fn(*args, **kwargs)`` on the loop; its answer or exception comes back here.
@@ -131,40 +173,33 @@ class AsyncioThread:
         """
         if self._stopped:
             raise StoreError("store is closed")
-        token = self._token
         task = trio.lowlevel.current_task()
         loop = self.loop
+        reply = self._reply
         running: list[asyncio.Task] = []
 
         def done(fut: asyncio.Task) -> None:  # asyncio thread
             if fut.cancelled():
-                result: outcome.Outcome = outcome.Value(_CANCELLED)
-            else:
-                exc = fut.exception()
-                result = outcome.Value(fut.result()) if exc is None else outcome.Error(exc)
-            try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-            except trio.RunFinishedError:  # pragma: no cover - the trio run is gone
-                pass
+                reply(task, outcome.Value(_CANCELLED))
+                return
+            exc = fut.exception()
+            reply(task, outcome.Value(fut.result()) if exc is None else outcome.Error(exc))
 
         def begin() -> None:  # asyncio thread
             fut = loop.create_task(fn(*args, **kwargs))
             running.append(fut)
             fut.add_done_callback(done)
 
-        def cancel() -> None:  # asyncio thread, after begin (the loop runs them in order)
+        def cancel() -> None:  # asyncio thread, after begin (requests run in order)
             running[0].cancel()
 
         def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
             # wait for the operation to end: its connection goes back to the pool before the
             # caller moves on; the answer (if it finished first) is still the caller's
-            try:
-                loop.call_soon_threadsafe(cancel)
-            except RuntimeError:  # pragma: no cover - the loop is closed: nothing runs there
-                pass
+            self._request(cancel)
             return trio.lowlevel.Abort.FAILED
 
-        loop.call_soon_threadsafe(begin)
+        self._request(begin)
         answer = await trio.lowlevel.wait_task_rescheduled(abort)
         if answer is _CANCELLED:
             await trio.lowlevel.checkpoint()  # raises Cancelled when the caller was cancelled
@@ -213,24 +248,105 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """The pool's reset: nothing beyond what asyncpg always does (roll back a transaction
-    left open, drop listeners). Its default sends ``pg_advisory_unlock_all(); CLOSE ALL;
-    UNLISTEN *; RESET ALL`` after every operation: a round trip and four statements each time,
-    for session state that no query of the store or of a feature leaves behind (they use
-    ``SET LOCAL`` and ``pg_advisory_xact_lock``, which end with their transaction; ``listen``
-    has a connection of its own)."""
+class _Pool:
+    """asyncio side: up to ``max_size`` asyncpg connections, one operation at a time each.
 
+    Lighter than ``asyncpg.Pool``, whose acquire and release (a shielded task, holders,
+    proxies, an idle timer re-armed each time, and by default a reset query sending
+    ``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) cost as much CPU as the
+    query they wrap. No reset is needed: nothing the store or a feature runs leaves session
+    state behind (``SET LOCAL`` and ``pg_advisory_xact_lock`` end with their transaction;
+    ``listen`` has a connection of its own). A connection is dropped (terminated, and replaced
+    on demand) when it is closed, left inside a transaction, or its operation was cancelled
+    mid-query.
+    """
 
-async def _create_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
-    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
+    def __init__(self, dsn: str, min_size: int, max_size: int) -> None:
+        self._dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._idle: list[asyncpg.Connection] = []
+        self._size = 0  # connections open or being opened
+        self._in_use = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+        self._returned: asyncio.Event | None = None
 
+    async def open(self) -> None:
+        conns = await asyncio.gather(
+            *(asyncpg.connect(self._dsn) for _ in range(self._min_size)), return_exceptions=True
+        )
+        errors = [c for c in conns if isinstance(c, BaseException)]
+        opened = [c for c in conns if not isinstance(c, BaseException)]
+        if errors:
+            for conn in opened:
+                conn.terminate()
+            raise errors[0]
+        self._idle.extend(opened)
+        self._size = len(opened)
 
-async def _close_pool(pool: asyncpg.Pool) -> None:
-    try:
-        await asyncio.wait_for(pool.close(), _CLOSE_TIMEOUT)
-    except TimeoutError:
-        pool.terminate()
+    async def acquire(self) -> asyncpg.Connection:
+        while True:
+            if self._closed:
+                raise StoreError("store is closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.is_closed():
+                    self._in_use += 1
+                    return conn
+                self._size -= 1
+            if self._size < self._max_size:
+                self._size += 1
+                try:
+                    conn = await asyncpg.connect(self._dsn)
+                except BaseException:
+                    self._size -= 1
+                    self._wake()
+                    raise
+                self._in_use += 1
+                return conn
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # it was woken for a connection: pass the turn on
+                raise
+
+    def release(self, conn: asyncpg.Connection, clean: bool) -> None:
+        self._in_use -= 1
+        if clean and not self._closed and not conn.is_closed() and not conn.is_in_transaction():
+            self._idle.append(conn)
+        else:
+            conn.terminate()
+            self._size -= 1
+        self._wake()
+        if self._in_use == 0 and self._returned is not None:
+            self._returned.set()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        """Refuse new operations, let those in flight end (bounded), close every connection."""
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._in_use:
+            self._returned = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._returned.wait(), _CLOSE_TIMEOUT)
+            except TimeoutError:
+                log.warning("postgres: %d operations still running at close", self._in_use)
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(_close_conn(conn) for conn in idle))
 
 
 class PostgresBackend:
@@ -251,7 +367,7 @@ class PostgresBackend:
         self._min_size = min_size
         self._max_size = max_size
         self._aio: AsyncioThread | None = None
-        self._pool: asyncpg.Pool | None = None
+        self._pool: _Pool | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -267,9 +383,11 @@ class PostgresBackend:
         """Create the pool on ``aio``'s loop and apply ``sets``' pending migrations."""
         self._aio = aio
         try:
-            self._pool = await aio.call(_create_pool, self.dsn, self._min_size, self._max_size)
+            pool = _Pool(self.dsn, self._min_size, self._max_size)
+            await aio.call(pool.open)
         except _DRIVER_ERRORS as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
+        self._pool = pool
         try:
             await self._call(_migrate, sets, now)
         except MigrationError:
@@ -290,7 +408,7 @@ class PostgresBackend:
         if pool is None or self._aio is None:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT + 1):
-            await self._aio.call(_close_pool, pool)
+            await self._aio.call(pool.close)
 
     # ---- running queries ----
 
@@ -383,26 +501,27 @@ class PostgresBackend:
 
 
 async def _with_conn(
-    pool: asyncpg.Pool, op: Callable[..., Awaitable[T]], args: tuple, kwargs: dict[str, Any]
+    pool: _Pool, op: Callable[..., Awaitable[T]], args: tuple, kwargs: dict[str, Any]
 ) -> T:
     """asyncio side: run ``op`` on a pooled connection, map driver errors to StoreError."""
     try:
         conn = await pool.acquire()
     except _DRIVER_ERRORS as exc:
         raise StoreError(f"postgres: {exc}") from exc
+    # kept unless the link may be unusable: a query cut off by cancellation, or an error of the
+    # connection itself rather than the server's answer (release also drops a connection that
+    # is closed or still inside a transaction)
+    clean = True
     try:
         return await op(conn, *args, **kwargs)
+    except asyncio.CancelledError:
+        clean = False
+        raise
     except _DRIVER_ERRORS as exc:
+        clean = isinstance(exc, asyncpg.PostgresError)
         raise StoreError(f"postgres: {exc}") from exc
     finally:
-        try:
-            await pool.release(conn)
-        except asyncio.CancelledError:
-            # the caller was cancelled once the operation had ended: pool.release shields the
-            # release itself, which goes on, and the operation's answer (or error) stands
-            pass
-        except _DRIVER_ERRORS as exc:
-            raise StoreError(f"postgres: {exc}") from exc
+        pool.release(conn, clean)
 
 
 async def _subscribe(

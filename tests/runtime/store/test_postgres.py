@@ -68,7 +68,7 @@ async def test_a_cancelled_query_gives_its_connection_back(pg_url):
                 await trio.to_thread.run_sync(started.wait)
                 scope.cancel()
         assert scope.cancelled_caught
-        with trio.fail_after(5):  # the pool's one connection is free again
+        with trio.fail_after(5):  # the pool has its one connection again (a new one)
             assert await backend.run_read(quick) == 42
 
 
