@@ -47,6 +47,7 @@ _STATUS_TEXT = {
     408: "The request body did not arrive in time",
     409: "Busy, or a conflict with the current state",
     413: "The body is larger than the limit",
+    421: "Several nodes: another node holds the session; `node` and `node_address` name it",
     429: "A limit was reached",
     503: "Unavailable",
 }

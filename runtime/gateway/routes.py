@@ -105,6 +105,10 @@ class ApiError(msgspec.Struct, omit_defaults=True):
     code: str
     message: str
     field: str | None = None
+    #: ``placed_elsewhere`` (421, several nodes): the node that holds the session, and where
+    #: it can be reached
+    node: str | None = None
+    node_address: str | None = None
 
 
 class ErrorAnswer(msgspec.Struct):
