@@ -390,14 +390,15 @@ async def open_node(
                         lambda: len(root.crash_reports) + len(sessions.crash_reports),
                         "Actors that crashed (their supervisors' crash reports).",
                     )
-                    for session_id in waiting:
-                        await registry.ref(f"session:{session_id}").tell(Wake())
 
                     async def wake(session_id: str) -> None:
                         try:
                             await registry.ref(f"session:{session_id}").tell(Wake())
                         except (PlacedElsewhere, ActorStopped, StoreError):
                             pass  # another node holds it: it runs what waits there
+
+                    for session_id in waiting:  # (another node may have taken one meanwhile)
+                        await wake(session_id)
 
                     async def take_over(taken: TakeOver) -> None:
                         # A dead node's cut-off turns: closed as at start-up (their sessions

@@ -205,3 +205,20 @@ async def test_a_client_of_another_node_watches_sends_and_stops(store_url):
         assert [f["seq"] for f in seen] == [f["seq"] for f in frames(on_a)]
         assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
         await b.directory.detach("ada", "s", on_b)
+
+
+async def test_a_node_starts_while_another_holds_a_session_with_inputs_waiting(store_url):
+    """Start-up wakes the sessions with queued inputs; one another live node holds is left to
+    it (the start-up failed with 'lives on node a' before)."""
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        await a.directory.create_session("ada", session_id="s")
+        await a.directory.attach("ada", "s", Recorder())  # a holds s
+        await a.store.enqueue_input("ada/s", "user", {"content": "waiting"})  # nobody told a
+        b = await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        assert not b.context.sessions.is_active("session:ada/s")
+        assert [i.state for i in await b.store.list_inputs("ada/s")] == ["queued"]
