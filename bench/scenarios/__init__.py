@@ -11,4 +11,5 @@ SCENARIOS: dict[str, str] = {
     "schemas": "bench.scenarios.schemas",
     "memory": "bench.scenarios.memory",
     "pgdriver": "bench.scenarios.pgdriver",
+    "cluster": "bench.scenarios.cluster",
 }
