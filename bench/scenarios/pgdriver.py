@@ -8,13 +8,15 @@ through each candidate way of reaching PostgreSQL, with the same SQL:
 
 * ``trio-asyncio`` (the baseline: the store before this scenario): asyncpg's pool on a
   trio-asyncio loop, every operation through ``trio_asyncio.aio_as_trio``;
-* ``asyncio thread``: asyncpg's pool on a plain asyncio loop in a thread of its own, each
-  operation handed over with ``call_soon_threadsafe`` and its outcome handed back with
-  ``TrioToken.run_sync_soon`` (the store's :class:`~runtime.store.postgres.AsyncioThread`);
-* ``asyncio thread, 1 round trip``: the same, with ``append_events``' two statements sent as one
-  (a data-modifying ``WITH``: the same row lock, seqs and rows, in one round trip instead of
-  BEGIN, UPDATE, INSERT, COMMIT): the store's ``append_events`` now; the other asyncpg
-  candidates run it as it was (``_append_tx``);
+* ``asyncio thread (asyncpg.Pool)``: asyncpg's pool on a plain asyncio loop in a thread of its
+  own, each operation handed over with ``call_soon_threadsafe`` and its outcome handed back
+  with ``TrioToken.run_sync_soon`` (the store's :class:`~runtime.store.postgres.AsyncioThread`);
+* ``the store``: the store's PostgreSQL backend as it ships: that thread with its wake-ups
+  batched both ways, its own light pool (no reset query after every operation), and
+  ``append_events`` as one statement (a data-modifying ``WITH``: the same row lock, seqs and
+  rows in one round trip instead of BEGIN, UPDATE, INSERT, COMMIT); ``the store, append_events
+  as a transaction`` runs it with the old four-round-trip ``append_events`` (``_append_tx``),
+  as the two candidates above do;
 * ``psycopg threads``: psycopg 3 (libpq, C speed-ups) with its ``ConnectionPool``, each
   operation a blocking call in a trio worker thread (``trio.to_thread.run_sync``);
 * ``psycopg asyncio thread``: psycopg 3's ``AsyncConnectionPool`` on the same asyncio thread
@@ -53,8 +55,9 @@ WORK_SLICE = 0.0001
 
 CANDIDATES = {
     "trio-asyncio": "asyncpg on trio-asyncio (today)",
-    "thread": "asyncpg on an asyncio thread",
-    "thread-1rt": "asyncpg on an asyncio thread, append_events in 1 round trip",
+    "thread": "asyncpg on an asyncio thread (asyncpg.Pool)",
+    "store-tx": "the store, append_events as a transaction",
+    "store": "the store (asyncio thread, batched wake-ups, own pool, 1-statement append)",
     "psycopg-threads": "psycopg 3 pool in trio worker threads",
     "psycopg-aio-thread": "psycopg 3 async pool on an asyncio thread",
     "psycopg-pipeline": "psycopg 3 threads, append_events pipelined",
@@ -241,12 +244,13 @@ async def _run_trio_asyncio(url: str, body) -> Any:
             await trio_asyncio.aio_as_trio(pool.close, loop=loop)()
 
 
-async def _run_thread(url: str, body, one_round_trip: bool) -> Any:
+async def _run_thread(url: str, body) -> Any:
+    """asyncpg.Pool (its default reset after every operation) on the store's asyncio thread."""
     import asyncpg
 
     from turnstile.runtime.store.postgres import open_asyncio_thread
 
-    ops = _asyncpg_ops(one_round_trip)
+    ops = _asyncpg_ops(False)
     async with open_asyncio_thread() as aio:
 
         async def create():
@@ -265,6 +269,21 @@ async def _run_thread(url: str, body, one_round_trip: bool) -> Any:
             return await body(call)
         finally:
             await aio.call(pool.close)
+
+
+async def _run_store(url: str, body, one_round_trip: bool) -> Any:
+    """The store's own PostgreSQL backend, as it ships (operations without the front)."""
+    from turnstile.runtime.store.kernel import KERNEL
+    from turnstile.runtime.store.postgres import open_postgres_backend
+
+    ops = _asyncpg_ops(one_round_trip)
+    now = datetime.now(UTC)
+    async with open_postgres_backend(url, [KERNEL], now, max_size=POOL_SIZE) as backend:
+
+        async def call(name: str, **kwargs: Any) -> Any:
+            return await backend.run_write(ops[name], **kwargs)
+
+        return await body(call)
 
 
 async def _run_psycopg_threads(url: str, body, pipeline: bool) -> Any:
@@ -337,8 +356,9 @@ async def _run_psycopg_aio_thread(url: str, body) -> Any:
 
 RUNNERS = {
     "trio-asyncio": _run_trio_asyncio,
-    "thread": lambda url, body: _run_thread(url, body, False),
-    "thread-1rt": lambda url, body: _run_thread(url, body, True),
+    "thread": _run_thread,
+    "store-tx": lambda url, body: _run_store(url, body, False),
+    "store": lambda url, body: _run_store(url, body, True),
     "psycopg-threads": lambda url, body: _run_psycopg_threads(url, body, False),
     "psycopg-aio-thread": _run_psycopg_aio_thread,
     "psycopg-pipeline": lambda url, body: _run_psycopg_threads(url, body, True),
