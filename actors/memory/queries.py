@@ -579,15 +579,13 @@ def _search_sqlite(
     # phrase, with the same IDF and sizes), so a candidate's score is exact for every word
     # whose window holds it.
     per_word = " UNION ALL ".join(
-        f"SELECT rowid, rank, count(*) OVER () AS seen FROM (SELECT rowid, rank"
-        f" FROM {SEARCH_TABLE} WHERE {SEARCH_TABLE} MATCH ?{i + 3} ORDER BY rowid DESC LIMIT ?1)"
+        f"SELECT rowid, rank FROM (SELECT rowid, rank FROM {SEARCH_TABLE}"
+        f" WHERE {SEARCH_TABLE} MATCH ?{i + 3} ORDER BY rowid DESC LIMIT ?1)"
         for i in range(len(terms))
     )
-    # best first (bm25 is negative: lower is better), then the most recently created;
-    # `more`: some word had more matches than its window
+    # best first (bm25 is negative: lower is better), then the most recently created
     ranked_sql = (
-        "SELECT rowid, max(seen = ?1) OVER () AS more FROM (SELECT rowid, sum(rank) AS score,"
-        f" max(seen) AS seen FROM ({per_word}) GROUP BY rowid)"
+        f"SELECT rowid, sum(rank) AS score FROM ({per_word}) GROUP BY rowid"
         " ORDER BY score, rowid DESC LIMIT ?2"
     )
     phrases = [f'"{tag}{term}"*' for term in terms]
@@ -613,8 +611,9 @@ def _search_sqlite(
             break
         if n > 0 and len(ranked) == n:
             n = -1  # every candidate of the windows
-        elif window > 0 and ranked and ranked[0][1]:
-            window = n = -1  # every match of every word
+        elif window > 0 and len(ranked) >= window:
+            # as many candidates as a window holds: some word may have more matches
+            window = n = -1
         else:
             break
     found = found[:limit]
