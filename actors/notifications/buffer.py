@@ -9,9 +9,11 @@ the running turn, or a turn of its own when the session is idle) whose text star
 fallback) as an ``Inject``, whether or not a client is attached — the agent never misses one.
 The *client-facing* ``notification`` event is published at once when the session has an
 attached client; when it has none, the event is not written to the session log but kept in the
-store's key-value table (namespace ``notify:<session_id>``, keys zero-padded sequence numbers so
-key order is arrival order, expiring after ``buffer_ttl_seconds``, at most ``max_buffered`` per
-session, oldest dropped first). ``deliver_buffered`` publishes them, in order, when a client
+store's key-value table (namespace ``notify:<session_id>``, keys a zero-padded number — the
+arrival time in nanoseconds, or one more than the newest key's if that is later — and a random
+suffix, so key order is arrival order and two nodes buffering for one session at once never
+take the same key; expiring after ``buffer_ttl_seconds``, at most ``max_buffered`` per session,
+oldest dropped first). ``deliver_buffered`` publishes them, in order, when a client
 attaches: a ``notifications_dropped`` event first when some were dropped (``dropped: 5``), then
 each as a ``notification`` event with ``buffered: true`` and its original ``created_at``.
 Notifications to external channels (webhook, log, email) that succeed produce no session event.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -152,10 +155,15 @@ class SessionBufferMixin:
         namespace, meta = self._namespaces(session_id)
         items = await self._buffered(session_id)
         # Expired items are older than every live one (one TTL for all), so numbering on from
-        # the newest live key keeps key order = arrival order.
-        seq = int(items[-1][0]) + 1 if items else 0
-        expires = self.clock.now() + timedelta(seconds=self.config.buffer_ttl_seconds)
-        await self.store.kv_put(namespace, [(f"{seq:012d}", event.stored()[1], expires)])
+        # the newest live key keeps key order = arrival order; the time keeps it across nodes,
+        # and the suffix keeps two nodes' writes at once apart (an upsert would lose one).
+        # (Keys of older releases are 12 digits: they parse, and sort first.)
+        now = self.clock.now()
+        last = int(items[-1][0][:20]) if items else -1
+        seq = max(last + 1, int(now.timestamp() * 1_000_000_000))
+        key = f"{seq:020d}{secrets.token_hex(4)}"
+        expires = now + timedelta(seconds=self.config.buffer_ttl_seconds)
+        await self.store.kv_put(namespace, [(key, event.stored()[1], expires)])
         overflow = len(items) + 1 - self.config.max_buffered
         if overflow > 0:
             await self.store.kv_delete(namespace, [key for key, _ in items[:overflow]])

@@ -307,7 +307,8 @@ async def test_buffered_notifications_expire_after_24_hours(autojump_clock):
         await n.registry.ref("session:t").ask(Detach(subscriber=client))
         await notifier.notify("t", "ada", "llm_notification", "forgotten")
         await trio.sleep(25 * HOUR)
-        assert await n.store.kv_purge_expired() == 1
+        # "old" (expired, never delivered) and "forgotten": each kept its own key
+        assert await n.store.kv_purge_expired() == 2
         assert await notifier.deliver_buffered("t") == 0
 
 
@@ -652,3 +653,19 @@ async def test_email_failures_fall_back(nursery):
 
 def test_notification_text_without_extras():
     assert notification_text(message="m") == "[NOTIFICATION] (priority=normal)\nm"
+
+
+async def test_two_nodes_buffering_for_one_session_at_once_keep_both(autojump_clock):
+    """Several nodes: two notifiers (one per node) buffer for the same unattached session at
+    the same instant; each notification keeps a key of its own (the numbering read the newest
+    key and wrote the next one, so the second write replaced the first)."""
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        first, second = make_notifier(n), make_notifier(n)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.notify, "t", "ada", "llm_notification", "from a")
+            nursery.start_soon(second.notify, "t", "ada", "llm_notification", "from b")
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        assert await first.deliver_buffered("t") == 2
+        assert sorted(e["message"] for e in events(client, "notification")) == ["from a", "from b"]
