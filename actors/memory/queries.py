@@ -694,10 +694,13 @@ def _some_words_sql(words: int) -> str:
     of the ``words`` tsqueries ``$6``… they match, then newest first, at most ``$4``; ``id``
     first, then the fact's columns, then the rank."""
     hits = " + ".join(f"(f.search_tokens @@ ${6 + i}::tsquery)::int" for i in range(words))
+    # the rows by primary key alone (OFFSET 0 keeps the owner test out of the inner query:
+    # with statistics that underestimate the owner's facts, the planner read all of them
+    # through the owner's index to intersect with the ids, 4 ms at 100,000)
     return (
-        f"SELECT f.id, {_FACT}, {hits} AS rank FROM memory_facts f"
-        f" WHERE f.id = ANY($5::bigint[]) AND f.owner = $1 AND {_LIVE}"
-        f" ORDER BY rank DESC, {_NEWEST} LIMIT $4"
+        f"SELECT f.id, {_FACT}, {hits} AS rank"
+        " FROM (SELECT * FROM memory_facts f WHERE f.id = ANY($5::bigint[]) OFFSET 0) f"
+        f" WHERE f.owner = $1 AND {_LIVE} ORDER BY rank DESC, {_NEWEST} LIMIT $4"
     )
 
 
