@@ -367,6 +367,9 @@ class SessionActor(Actor):
         )
         key = msg.idempotency_key
         busy = self.turn is not None  # a turn is running right now (not merely queued)
+        if busy and from_user and self.services.remote is not None:
+            # several nodes: the policy may have been changed through another node
+            self.session = await self.services.store.get_session(self.session_id)
         policy = self.session.policy
         if busy and from_user:
             if policy == "reject":

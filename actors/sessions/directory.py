@@ -232,8 +232,28 @@ class SessionDirectory:
         """
         key = await self.owned_key(user, session_id)
         # with several nodes, only the node that holds the session deletes it: find out before
-        # anything ends (PlacedElsewhere names the holder)
-        await self.registry.resolve(f"session:{key}")
+        # anything ends, and ask that node (through the store) when it is another
+        try:
+            await self.registry.resolve(f"session:{key}")
+        except PlacedElsewhere:
+            if self.remote is None:
+                raise
+            await self._check_automations(await self._with_derived(key), session_id, confirm)
+            await self.remote.delete(key)
+            self._owners.pop(key, None)
+            return
+        keys = await self._with_derived(key)
+        await self._check_automations(keys, session_id, confirm)
+        await self._delete_keys(keys)
+
+    async def delete_here(self, key: str) -> None:
+        """Delete the session ``key`` that this node holds, for another node that was asked
+        (and has checked the confirmation): with its derived sessions and their jobs."""
+        await self._delete_keys(await self._with_derived(key))
+        self._owners.pop(key, None)
+
+    async def _with_derived(self, key: str) -> list[str]:
+        """``key`` and the keys of its derived sessions that exist."""
         keys = [key]
         for suffix in DERIVED_SUFFIXES:
             try:
@@ -245,17 +265,24 @@ class SessionDirectory:
             except NotFound:
                 continue
             keys.append(derived)
-        automations, cancel = self.hooks.automations, self.hooks.cancel_automations
-        if automations is not None and cancel is not None:
-            bound = [job for k in keys for job in await automations(k)]
-            if bound and not confirm:
-                raise BlockedByAutomations(
-                    f"session {session_id!r} has {len(bound)} scheduled job(s); "
-                    "delete with confirm=true to remove them too",
-                    [public_view(job) for job in bound],
-                )
+        return keys
+
+    async def _check_automations(self, keys: list[str], session_id: str, confirm: bool) -> None:
+        """Raise ``BlockedByAutomations`` when jobs are bound to ``keys`` and not ``confirm``."""
+        if self.hooks.automations is None or confirm:
+            return
+        bound = [job for k in keys for job in await self.hooks.automations(k)]
+        if bound:
+            raise BlockedByAutomations(
+                f"session {session_id!r} has {len(bound)} scheduled job(s); "
+                "delete with confirm=true to remove them too",
+                [public_view(job) for job in bound],
+            )
+
+    async def _delete_keys(self, keys: list[str]) -> None:
+        if self.hooks.cancel_automations is not None:
             for k in keys:
-                await cancel(k)
+                await self.hooks.cancel_automations(k)
         for k in reversed(keys):  # derived first: the parent goes last
             await self._end(k)
 
@@ -328,7 +355,12 @@ class SessionDirectory:
 
     async def set_policy(self, user: str, session_id: str, policy: str) -> str:
         key = await self.owned_key(user, session_id)
-        return await self._ask(key, SetPolicy(policy=policy))
+        try:
+            return await self._ask(key, SetPolicy(policy=policy))
+        except PlacedElsewhere:
+            if self.remote is None:
+                raise
+            return await self.remote.set_policy(key, policy)
 
     # -- watching --
 

@@ -94,6 +94,7 @@ class SessionsFeature:
                 max_queued_inputs=limits.max_queued_inputs,
             )
             services.remote = self.directory.remote = remote
+            remote.on_delete = self.directory.delete_here
             node.start_soon(remote.run)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:

@@ -21,6 +21,11 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
   through another node an input is queued.
 * **Stop.** ``s <key>``: the holder stops the turn it runs. A stop is a request: if its
   notification is lost the turn runs on.
+* **Policy.** Written to the session's row, then announced (``p <key>``); the holder also reads
+  it from the store when a message arrives mid-turn, so a lost announcement changes nothing.
+* **Delete.** ``x <key>``: the holder deletes the session (with its derived sessions and jobs;
+  the confirmation was checked where it was asked), and the asking node waits until the row
+  is gone; if it is not within :data:`DELETE_WAIT_SECONDS`, the client is told to try again.
 
 Everything here is the sessions feature's; the kernel only carries the notifications.
 """
@@ -29,14 +34,22 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from turnstile.actors.sessions.messages import Arrived, Delivered, Inject, StopTurn
+from turnstile.actors.sessions.messages import (
+    POLICIES,
+    Arrived,
+    Delivered,
+    Inject,
+    SetPolicy,
+    StopTurn,
+)
 from turnstile.runtime.errors import (
     ActorStopped,
+    Busy,
     InvalidArgument,
     LimitExceeded,
     NotFound,
@@ -59,6 +72,8 @@ POLL_SECONDS = 1.0
 #: how often a follower says again that it follows; a holder announces a session's batches
 #: for three times as long after it last heard so
 WATCH_SECONDS = 10.0
+#: how long a delete through another node waits for the holder to have deleted the session
+DELETE_WAIT_SECONDS = 10.0
 #: events read per store round trip when a feed catches up
 _PAGE = 500
 #: notifications waiting to be handled; beyond it they are dropped and every feed reads again
@@ -113,6 +128,8 @@ class RemoteSessions:
         self._announce = trio.Event()
         self._heard_send, self._heard = trio.open_memory_channel[str | None](_INBOX)
         self._nursery: trio.Nursery | None = None
+        #: deletes a session this node holds (``SessionDirectory.delete_here``), for ``x``
+        self.on_delete: Callable[[str], Awaitable[None]] | None = None
 
     # -- this node's sessions -------------------------------------------------------------------
 
@@ -274,6 +291,39 @@ class RemoteSessions:
             case _:
                 log.debug("%s for session %s, held elsewhere: dropped", type(message).__name__, key)
 
+    async def set_policy(self, key: str, policy: str) -> str:
+        """Change the policy of a session another node holds: in the store (which the holder
+        reads when a message arrives mid-turn), then announced (``p <key>``).
+
+        Raises:
+            InvalidArgument: not a policy.
+        """
+        if policy not in POLICIES:
+            raise InvalidArgument(
+                f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy"
+            )
+        await self.store.update_session(key, policy=policy)
+        await self._notify(f"p {key}")
+        return policy
+
+    async def delete(self, key: str) -> None:
+        """Ask the node that holds ``key`` to delete it (``x <key>``) and wait until it is gone
+        from the store.
+
+        Raises:
+            Busy: it was not gone within :data:`DELETE_WAIT_SECONDS` (the holder did not hear,
+                or is slow): nothing is lost, the client tries again.
+        """
+        await self._notify(f"x {key}")
+        with trio.move_on_after(DELETE_WAIT_SECONDS):
+            while True:
+                try:
+                    await self.store.get_session(key)
+                except NotFound:
+                    return
+                await trio.sleep(0.05)
+        raise Busy(f"the node holding session {key!r} did not delete it in time; try again")
+
     async def stop(self, key: str) -> bool:
         """Ask the holder of ``key`` to stop its turn (a request: see the module docstring)."""
         await self._notify(f"s {key}")
@@ -315,6 +365,11 @@ class RemoteSessions:
                 await ref.tell(Arrived(input_id=int(input_id), source=source))
             elif kind == "s":
                 await ref.ask(StopTurn())
+            elif kind == "p":
+                session = await self.store.get_session(key)
+                await ref.ask(SetPolicy(policy=session.policy))
+            elif kind == "x" and self.on_delete is not None:
+                await self.on_delete(key)
         except (ActorStopped, PlacedElsewhere, NotFound, StoreError, ValueError) as exc:
             log.info("notification %r not delivered: %s", payload[:200], exc)
 

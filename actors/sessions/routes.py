@@ -369,7 +369,7 @@ def session_routes(directory: SessionDirectory) -> list[HttpRoute]:
             summary="Delete a session and everything it owns",
             query=DeleteQuery,
             responses={409: Reply(BlockedDelete, "Jobs a user created are bound to it")},
-            errors=(404, 421),
+            errors=(404,),
         ),
         HttpRoute(
             "GET",

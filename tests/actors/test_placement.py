@@ -22,6 +22,7 @@ from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents.base import TurnContext
+from turnstile.runtime.errors import InvalidArgument, NotFound, PlacedElsewhere
 
 TOKEN = "placement-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -75,11 +76,10 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
         sent = await http_a.post("/sessions/s/messages", json={"content": "long"}, headers=AUTH)
         assert sent.status_code == 202
         await on_a.until(b'"stream_delta"')  # stored: a's turn is under way
-        # b does not hold the session: a delete through b is 421, naming a, and ends nothing
-        refused = await http_b.delete("/sessions/s", headers=AUTH)
-        assert refused.status_code == 421, refused.text
-        error = refused.json()["error"]
-        assert (error["code"], error["node"]) == ("placed_elsewhere", "a")
+        # b does not hold the session: b activates nothing, and is told who does
+        with pytest.raises(PlacedElsewhere) as refused:
+            await b.context.sessions.resolve("session:ada/s")
+        assert refused.value.node == "a"
         # a message through b is stored (and announced to a): it waits behind "long"
         sent = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
         assert sent.status_code == 202, sent.text
@@ -118,15 +118,16 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
             await fenced.wait()
         assert a.metrics.value("turnstile_fencing_refusals_total") == 1
         # a's activation stopped: the session is b's now, for a too
-        again = await http_a.delete("/sessions/s", headers=AUTH)
-        assert again.status_code == 421 and again.json()["error"]["node"] == "b"
+        with pytest.raises(PlacedElsewhere) as again:
+            await a.context.sessions.resolve("session:ada/s")
+        assert again.value.node == "b"
         await seen.until(b'"stream_end"', 3)
         after = [(e.seq, e.type) for e in await store.read_events("ada/s")]
         assert after == before
         assert [i.state for i in await store.list_inputs("ada/s")] == states
         assert a_agent.turns == ["long"]
         assert b.metrics.value("turnstile_leases_moved_total") == 1
-        assert b.metrics.value("turnstile_leases_refused_total") == 2  # the delete, the "x"
+        assert b.metrics.value("turnstile_leases_refused_total") == 2  # the resolve, the "x"
 
 
 async def expire_lease(backend: Backend, node_id: str) -> None:
@@ -204,7 +205,16 @@ async def test_a_client_of_another_node_watches_sends_and_stops(store_url):
         # b's client saw exactly what a's did, in order, once each
         assert [f["seq"] for f in seen] == [f["seq"] for f in frames(on_a)]
         assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
-        await b.directory.detach("ada", "s", on_b)
+        # the policy and the delete, through b, reach the session a holds
+        assert await b.directory.set_policy("ada", "s", "reject") == "reject"
+        assert (await a.store.get_session("ada/s")).policy == "reject"
+        with pytest.raises(InvalidArgument):
+            await b.directory.set_policy("ada", "s", "sometimes")
+        await b.directory.delete_session("ada", "s")
+        with pytest.raises(NotFound):
+            await a.store.get_session("ada/s")
+        with trio.fail_after(10):
+            await on_a.deleted_event.wait()
 
 
 async def test_a_node_starts_while_another_holds_a_session_with_inputs_waiting(store_url):

@@ -24,6 +24,8 @@ class Recorder:
         self.accept = accept
         self.lagged_at: int | None = None
         self._arrived = trio.Event()
+        #: set when the session says it was deleted
+        self.deleted_event = trio.Event()
 
     def offer(self, session_id, seq, frame) -> bool:
         if len(self.frames) >= self.accept:
@@ -43,3 +45,6 @@ class Recorder:
 
     def lagged(self, session_id, last_seq) -> None:
         self.lagged_at = last_seq
+
+    def deleted(self, session_id) -> None:
+        self.deleted_event.set()
