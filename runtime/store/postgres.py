@@ -248,6 +248,13 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
+#: Operations served before the others waiting for a connection: firing a job occurrence is
+#: the scheduler's promise to be on time (its lateness is measured due -> commit), and it is one
+#: short transaction among the many a busy node's sessions queue (a thousand sessions can hold
+#: a thousand operations in the queue; behind them a fire waited hundreds of milliseconds).
+_FIRST = frozenset({"fire_job"})
+
+
 class _Pool:
     """asyncio side: up to ``max_size`` asyncpg connections, one operation at a time each.
 
@@ -285,7 +292,8 @@ class _Pool:
         self._idle.extend(opened)
         self._size = len(opened)
 
-    async def acquire(self) -> asyncpg.Connection:
+    async def acquire(self, first: bool = False) -> asyncpg.Connection:
+        """A connection for one operation; ``first`` puts it ahead of those waiting."""
         while True:
             if self._closed:
                 raise StoreError("store is closed")
@@ -306,7 +314,10 @@ class _Pool:
                 self._in_use += 1
                 return conn
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            if first:
+                self._waiters.appendleft(waiter)
+            else:
+                self._waiters.append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -415,7 +426,11 @@ class PostgresBackend:
     async def read(self, op: str, /, **args: Any) -> Any:
         return await self._call(getattr(queries, op), **args)
 
-    write = read  # every operation manages its own transaction where it needs one
+    async def write(self, op: str, /, **args: Any) -> Any:
+        # every operation manages its own transaction where it needs one
+        if op in _FIRST:
+            return await self._call_first(getattr(queries, op), **args)
+        return await self._call(getattr(queries, op), **args)
 
     async def run_read(self, fn: Callable[..., Awaitable[T]], /, **args: Any) -> T:
         """Run a feature's ``await fn(conn, **args)`` (see :mod:`runtime.store.tables`)."""
@@ -499,13 +514,22 @@ class PostgresBackend:
             raise StoreError("store is closed")
         return await self._aio.call(_with_conn, self._pool, op, args, kwargs)
 
+    async def _call_first(self, op: Callable[..., Awaitable[T]], **kwargs: Any) -> T:
+        if self._pool is None or self._aio is None:
+            raise StoreError("store is closed")
+        return await self._aio.call(_with_conn, self._pool, op, (), kwargs, True)
+
 
 async def _with_conn(
-    pool: _Pool, op: Callable[..., Awaitable[T]], args: tuple, kwargs: dict[str, Any]
+    pool: _Pool,
+    op: Callable[..., Awaitable[T]],
+    args: tuple,
+    kwargs: dict[str, Any],
+    first: bool = False,
 ) -> T:
     """asyncio side: run ``op`` on a pooled connection, map driver errors to StoreError."""
     try:
-        conn = await pool.acquire()
+        conn = await pool.acquire(first)
     except _DRIVER_ERRORS as exc:
         raise StoreError(f"postgres: {exc}") from exc
     # kept unless the link may be unusable: a query cut off by cancellation, or an error of the

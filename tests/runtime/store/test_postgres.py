@@ -101,6 +101,37 @@ async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_url):
         assert [tuple(r) for r in await pg_run(pg_url, "SELECT n FROM marks")] == [(1,)]
 
 
+async def test_a_fire_is_served_before_operations_already_waiting(pg_url):
+    async with open_store(pg_url) as store:
+        await store.create_session("s1", "ada")
+        await store.create_job("j1", kind="once", spec={}, session_id="s1", next_fire_at=T0)
+        pool = store.engine._pool
+        assert pool._size == 1
+        pool._max_size = 1  # one connection: every other operation waits for it
+        held = threading.Event()
+
+        async def hold(conn):  # asyncio side
+            held.set()
+            await conn.execute("SELECT pg_sleep(0.3)")
+
+        answers = {}
+
+        async def enqueue():
+            answers["queued"] = await store.enqueue_input("s1", "user", {"text": "waiting"})
+
+        async def fire():
+            answers["fired"] = await store.fire_job("j1", T0, None, input=("job", {"n": 1}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.engine.run_write, hold)
+            await trio.to_thread.run_sync(held.wait)
+            nursery.start_soon(enqueue)
+            await trio.testing.wait_all_tasks_blocked()  # its request is in before the fire's
+            nursery.start_soon(fire)
+        # the inbox ids give the order: the fire's input was inserted first
+        assert answers["fired"].input.id < answers["queued"].id
+
+
 async def test_callable_from_tasks_started_before_the_store(pg_url):
     send, receive = trio.open_memory_channel(1)
     done = trio.Event()
