@@ -11,6 +11,9 @@ way it runs its own operations, so they keep the store's guarantees:
 * **PostgreSQL**: ``postgres(conn, **args)`` is a coroutine run on a pooled asyncpg connection on
   the asyncio side of the store's bridge; it opens ``async with conn.transaction():`` itself
   when it needs more than one statement. Placeholders are ``$1``…; rows are ``asyncpg.Record``.
+  The connection goes back to the pool without a reset, so leave no session state behind:
+  ``SET LOCAL`` and ``pg_advisory_xact_lock`` (they end with the transaction), never ``SET``,
+  session advisory locks, ``LISTEN`` or cursors ``WITH HOLD``.
 
 Either way a database error reaches the caller as ``StoreError``. Arguments are passed as
 given (convert times with ``store.db_time``), and what the function returns is the answer, so a
