@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import msgspec
@@ -405,8 +405,16 @@ async def open_node(
                         # leased here meanwhile, then released), and what waits behind them
                         # runs here or anywhere. Woken from tasks of their own, so that a
                         # wake-up never waits on a claim that waits on this.
-                        await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
-                        await release_all(store, taken.leases)
+                        holding = (
+                            nullcontext()
+                            if placement is None
+                            else placement.closing(
+                                taken.leases  # this node's own activations wait for it too
+                            )
+                        )
+                        async with holding:
+                            await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+                            await release_all(store, taken.leases)
                         items = taken.inputs
                         for session_id in sorted({item.session_id for item in items}):
                             if await store.list_inputs(session_id, ["queued"]):

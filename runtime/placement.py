@@ -22,7 +22,8 @@ Which addresses are placed is the caller's choice (``key_of``): the kernel names
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -69,6 +70,10 @@ class LeasePlacement:
         self.on_moved = on_moved
         #: a graceful stop has begun: nothing more is activated here
         self.draining = False
+        #: sessions a sweep of this node leased to close their cut-off turns: an activation
+        #: here waits until they are closed (the lease is this node's, so the store would not
+        #: stop it)
+        self._closing: dict[str, trio.Event] = {}
         self._send, self._receive = trio.open_memory_channel[tuple[str, int]](_RELEASE_QUEUE)
         self._metrics = metrics if metrics is not None else Metrics()
         for name in (  # present from the start, at 0
@@ -101,6 +106,8 @@ class LeasePlacement:
         if self.draining:  # the other nodes take it (through the store, meanwhile)
             self._metrics.inc("turnstile_leases_refused_total")
             raise PlacedElsewhere(address)
+        while (closing := self._closing.get(key)) is not None:
+            await closing.wait()
         me = self._node()
         try:
             lease = await self.store.acquire_session(key, me)
@@ -122,6 +129,19 @@ class LeasePlacement:
             )
         if lease.interrupted and self.on_moved is not None:
             await self.on_moved(lease.interrupted)
+
+    @asynccontextmanager
+    async def closing(self, keys: Iterable[str]) -> AsyncIterator[None]:
+        """Hold activations of ``keys`` here back for the block: a sweep closing the turns a
+        dead node left in them (their leases are this node's meanwhile)."""
+        events = {key: trio.Event() for key in keys if key not in self._closing}
+        self._closing.update(events)
+        try:
+            yield
+        finally:
+            for key, event in events.items():
+                del self._closing[key]
+                event.set()
 
     def released(self, address: str) -> None:
         """The activation of ``address`` ended: give its lease up in the background."""
