@@ -276,7 +276,8 @@ class _Pool:
         self._size = 0  # connections open or being opened
         self._in_use = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._closed = False
+        self._closed = False  # no new operations
+        self._finished = False  # every connection closed: one coming back is terminated
         self._returned: asyncio.Event | None = None
 
     async def open(self) -> None:
@@ -327,8 +328,8 @@ class _Pool:
 
     def release(self, conn: asyncpg.Connection, clean: bool) -> None:
         self._in_use -= 1
-        if clean and not self._closed and not conn.is_closed() and not conn.is_in_transaction():
-            self._idle.append(conn)
+        if clean and not self._finished and not conn.is_closed() and not conn.is_in_transaction():
+            self._idle.append(conn)  # (during close too: close() closes it gracefully)
         else:
             conn.terminate()
             self._size -= 1
@@ -357,6 +358,7 @@ class _Pool:
             except TimeoutError:
                 log.warning("postgres: %d operations still running at close", self._in_use)
         idle, self._idle = self._idle, []
+        self._finished = True
         await asyncio.gather(*(_close_conn(conn) for conn in idle))
 
 
@@ -501,7 +503,9 @@ class PostgresBackend:
                         await aio.call(conn.fetchval, "SELECT 1")
                     if ping.cancelled_caught:
                         break
-            except _DRIVER_ERRORS as exc:
+            except (*_DRIVER_ERRORS, asyncpg.exceptions.InternalClientError) as exc:
+                # (asyncpg's "another operation is in progress", seen when the connection is
+                # cut in the middle of LISTEN: the listener reconnects, never ends the node)
                 log.warning("listen on %s: connection lost (%s); reconnecting", channel, exc)
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
