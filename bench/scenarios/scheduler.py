@@ -620,7 +620,16 @@ def run(quick: bool = False) -> ScenarioResult:
         start_b = [x * 1e3 for x in wb.get("start", [])]
         measures += [
             Measure(f"{label}+sessions: due->inbox commit p50", _pct(lat_b, 0.5), "ms"),
-            Measure(f"{label}+sessions: due->inbox commit p99", _pct(lat_b, 0.99), "ms"),
+            Measure(
+                f"{label}+sessions: due->inbox commit p99",
+                _pct(lat_b, 0.99),
+                "ms",
+                # issue 14's target for PostgreSQL: 1,000 fires/s next to 1,000 active sessions
+                target=None if sqlite_targets else f"<= {TARGET_P99_MS:g} ms",
+                ok=None
+                if sqlite_targets
+                else (_pct(lat_b, 0.99) <= TARGET_P99_MS and len(lat_b) == wb["count"]),
+            ),
             Measure(f"{label}+sessions: due->stream_start p50", _pct(start_b, 0.5), "ms"),
             Measure(f"{label}+sessions: due->stream_start p99", _pct(start_b, 0.99), "ms"),
             Measure(

@@ -371,8 +371,10 @@ class _StalledClient:
 
 
 @asynccontextmanager
-async def _node(tmp: str, agent: ScriptedAgent) -> AsyncIterator[tuple[str, int]]:
-    config = Config(port=0, store=f"sqlite:///{tmp}/node.db", limits=_limits())
+async def _node(
+    tmp: str, agent: ScriptedAgent, store_url: str | None = None
+) -> AsyncIterator[tuple[str, int]]:
+    config = Config(port=0, store=store_url or f"sqlite:///{tmp}/node.db", limits=_limits())
     async with open_node(config, tokens=TOKENS, agent=agent) as node:
         yield node.url, int(node.url.rsplit(":", 1)[1])
 
@@ -411,12 +413,13 @@ async def _gateway(
     stall_rounds: int,
     stall_m: int,
     stream_m: int = 0,
+    store_url: str | None = None,
 ) -> _GatewayRun:
     agent = ScriptedAgent()
     ids = [f"s{n}-{i:04d}" for i in range(n)]
     rss_before = _rss_mb()
     with tempfile.TemporaryDirectory(prefix="turnstile-bench-") as tmp:
-        async with _node(tmp, agent) as (url, port):
+        async with _node(tmp, agent, store_url) as (url, port):
             ws_url = url.replace("http://", "ws://") + "/ws"
             async with trio.open_nursery() as ws_nursery:
                 with trio.fail_after(120):
@@ -586,16 +589,21 @@ async def _store_phases(store_url: str, n: int, m: int, stream_m: int) -> tuple[
     return short, streamed
 
 
-def _store_comparison(n: int, m: int, stream_m: int) -> tuple[list[Measure], str]:
-    """The same in-process turns on SQLite and on PostgreSQL (a throw-away schema)."""
+def _store_comparison(n: int, m: int, stream_m: int, lite_gw: _Tally) -> tuple[list[Measure], str]:
+    """The same in-process turns on SQLite and on PostgreSQL (a throw-away schema), then the
+    gateway's turns on PostgreSQL against ``lite_gw``, the same phase on SQLite in this run."""
     with tempfile.TemporaryDirectory(prefix="turnstile-bench-") as tmp:
         lite = trio.run(_store_phases, f"sqlite:///{tmp}/node.db", n, m, stream_m)
     try:
         with temporary_schema() as url:
             pg = trio.run(_store_phases, url, n, m, stream_m)
+        with temporary_schema() as url:
+            pg_gw = trio.run(_gateway, n, m, [0.0], 0, 0, 0, 0, url).phases[0.0]
     except PostgresUnavailable as exc:
         return [], f"PostgreSQL: no figures ({exc})."
     tag = f"in-process, N={n:,}, model 0 ms"
+    gw_tag = f"gateway, N={n:,}, model 0 ms"
+    ratio = pg[0].turns_per_s / lite[0].turns_per_s if lite[0].turns_per_s else 0.0
     measures = [
         Measure(
             f"PostgreSQL turns/s, 3-word replies ({tag})",
@@ -603,6 +611,8 @@ def _store_comparison(n: int, m: int, stream_m: int) -> tuple[list[Measure], str
             "turns/s",
             "SQLite",
             lite[0].turns_per_s,
+            target=">= 60% of SQLite",
+            ok=ratio >= 0.6,
         ),
         Measure(
             f"PostgreSQL events/s, {STREAM_WORDS}-word replies ({tag})",
@@ -612,13 +622,46 @@ def _store_comparison(n: int, m: int, stream_m: int) -> tuple[list[Measure], str
             lite[1].events_per_s,
         ),
         _lost(f"PostgreSQL, {tag}", _bad(pg[0], n * m) + _bad(pg[1], n * stream_m)),
+        Measure(
+            f"PostgreSQL turns/s, 3-word replies ({gw_tag})",
+            pg_gw.turns_per_s,
+            "turns/s",
+            "SQLite",
+            lite_gw.turns_per_s,
+        ),
+        Measure(
+            f"PostgreSQL gateway turns/s ({gw_tag})",
+            pg_gw.turns_per_s,
+            "turns/s",
+            "PostgreSQL in-process",
+            pg[0].turns_per_s,
+        ),
+        Measure(
+            f"PostgreSQL send->stream_start p50 ({gw_tag})",
+            _ms(_pct(pg_gw.to_start, 0.5)),
+            "ms",
+            "SQLite",
+            _ms(_pct(lite_gw.to_start, 0.5)),
+        ),
+        Measure(
+            f"PostgreSQL send->stream_start p99 ({gw_tag})",
+            _ms(_pct(pg_gw.to_start, 0.99)),
+            "ms",
+            "SQLite",
+            _ms(_pct(lite_gw.to_start, 0.99)),
+        ),
+        _lost(f"PostgreSQL, {gw_tag}", _bad(pg_gw, n * m)),
     ]
     note = (
         f"Stores, in-process (no gateway), N={n:,}: M={m} 3-word turns then {stream_m} "
         f"{STREAM_WORDS}-word turns per session. PostgreSQL ({PG_DSN}, a throw-away schema; "
-        f"asyncpg through trio-asyncio) {pg[0].turns:,} turns in {pg[0].seconds:.2f}s, then "
-        f"{pg[1].events:,} events in {pg[1].seconds:.2f}s; SQLite {lite[0].turns:,} turns in "
-        f"{lite[0].seconds:.2f}s, then {lite[1].events:,} events in {lite[1].seconds:.2f}s."
+        f"asyncpg on the store's asyncio thread) {pg[0].turns:,} turns in {pg[0].seconds:.2f}s, "
+        f"then {pg[1].events:,} events in {pg[1].seconds:.2f}s; SQLite {lite[0].turns:,} turns "
+        f"in {lite[0].seconds:.2f}s, then {lite[1].events:,} events in {lite[1].seconds:.2f}s. "
+        f"Gateway on PostgreSQL, N={n:,}, M={m}, model 0 ms: {pg_gw.turns:,} turns in "
+        f"{pg_gw.seconds:.2f}s [{_gc(pg_gw)}] (gaps {pg_gw.gaps}, disorder {pg_gw.disorder}, "
+        f"missing {pg_gw.missing_ends}); its SQLite baseline is the gateway phase above "
+        "(same run, same N and M)."
     )
     return measures, note
 
@@ -783,7 +826,7 @@ def run(quick: bool = False) -> ScenarioResult:
             measures += _stall_measures(n, gw.stall)
             notes.append(_stall_note(n, gw.stall))
         if first:
-            store_measures, store_note = _store_comparison(n, m, stream_m)
+            store_measures, store_note = _store_comparison(n, m, stream_m, gw.phases[0.0])
             measures += store_measures
             notes.append(store_note)
     notes.append(
