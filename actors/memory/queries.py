@@ -944,27 +944,30 @@ async def _vector_search_postgres(
     rows: list[Any] | None = None
     async with conn.transaction(readonly=True):
         # the plan depends on the owner (the index for a large one), so one per search
-        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        few = not path.indexed
-        if not few:
-            # counted along the recency index, never by sorting all the owner's facts
-            await conn.execute("SET LOCAL enable_sort = off; SET LOCAL jit = off")
-            few = await conn.fetchval(_AT_MOST, owner, path.exact_up_to)
-            await conn.execute("RESET enable_sort; RESET jit")
-        ef = EF_SEARCH_FIRST
-        if not few:
-            # the planner's statistics know the share of an owner among the most common ones
-            share = await conn.fetchval(
-                "SELECT m.freq FROM pg_stats s, unnest(s.most_common_vals::text::text[],"
-                " s.most_common_freqs) AS m(owner, freq) WHERE s.schemaname = current_schema()"
-                " AND s.tablename = 'memory_facts' AND s.attname = 'owner' AND m.owner = $1",
+        if not path.indexed:
+            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            few, share = True, None
+        else:
+            # the owner's facts counted along the recency index, never by sorting all of them
+            # (sort and JIT off for that query only); and the share of the owner among the
+            # most common ones, which the planner's statistics know: one round trip
+            await conn.execute(_SEARCH_SETTINGS)
+            few, share = await conn.fetchrow(
+                f"SELECT ({_AT_MOST}), (SELECT m.freq FROM pg_stats s,"
+                " unnest(s.most_common_vals::text::text[], s.most_common_freqs)"
+                " AS m(owner, freq) WHERE s.schemaname = current_schema()"
+                " AND s.tablename = 'memory_facts' AND s.attname = 'owner' AND m.owner = $1)",
                 owner,
+                path.exact_up_to,
             )
-            if share:
-                ef = min(max(math.ceil(limit / share * EF_SEARCH_MARGIN), ef), EF_SEARCH_MAX)
+        ef = EF_SEARCH_FIRST
+        if not few and share:
+            ef = min(max(math.ceil(limit / share * EF_SEARCH_MARGIN), ef), EF_SEARCH_MAX)
+        reset = "RESET enable_sort; RESET jit; "
         while not few:
             # the index yields at most ef_search rows of every user, the owner's kept after
-            await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+            await conn.execute(f"{reset}SET LOCAL hnsw.ef_search = {int(ef)}")
+            reset = ""
             rows = await conn.fetch(f"{mine} ORDER BY distance LIMIT $4", *args)
             if len(rows) >= limit:
                 break
@@ -973,6 +976,8 @@ async def _vector_search_postgres(
             if ef > EF_SEARCH_MAX:
                 rows = None  # more than the index may return: the exact scan
                 break
+        if reset and path.indexed:
+            await conn.execute(reset)  # a user with few facts: the exact scan, as planned
         if rows is None or len(rows) < limit:
             # every one of the owner's facts compared (OFFSET 0 keeps the index out of it)
             rows = await conn.fetch(
