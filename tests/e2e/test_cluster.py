@@ -317,6 +317,15 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
         assert await b.stop() == 0
 
 
+def three_nodes(tmp_path: Path, pg_store: str) -> list[Serving]:
+    """Nodes a, b and c on one store (not started), room for many sessions per user."""
+    extra = "[limits]\nmax_sessions_per_user = 500\n"
+    return [
+        Serving(config_file(tmp_path, name, pg_store, name, extra), tmp_path / f"{name}.log")
+        for name in ("a", "b", "c")
+    ]
+
+
 SESSIONS = 200
 
 
@@ -373,13 +382,7 @@ async def test_three_nodes_under_load_lose_nothing_when_one_is_killed(tmp_path, 
     (done, or interrupted where C was running it), no session ever ran two turns at once, no
     session's log has a gap, and a message sent to each session after the kill runs within a
     lease plus five seconds."""
-    nodes = [
-        Serving(
-            config_file(tmp_path, name, pg_store, name, "[limits]\nmax_sessions_per_user = 500\n"),
-            tmp_path / f"{name}.log",
-        )
-        for name in ("a", "b", "c")
-    ]
+    nodes = three_nodes(tmp_path, pg_store)
     sessions = [f"s{i}" for i in range(SESSIONS)]
     try:
         for node in nodes:
@@ -478,11 +481,7 @@ async def test_three_nodes_fire_ten_thousand_timers_once_each(tmp_path, pg_store
     second and 10% cancelled (through the HTTP API of any node) before they are due: each
     other one fires exactly once, none cancelled fires, and every node takes a share. The p99
     lateness (due to the fire's commit) is printed."""
-    extra = "[limits]\nmax_sessions_per_user = 500\n"
-    nodes = [
-        Serving(config_file(tmp_path, name, pg_store, name, extra), tmp_path / f"{name}.log")
-        for name in ("a", "b", "c")
-    ]
+    nodes = three_nodes(tmp_path, pg_store)
     try:
         for node in nodes:
             await node.start()
@@ -568,11 +567,7 @@ async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_not
     through another node if the first did not answer); each node in turn gets SIGTERM
     (drains), exits 0 and starts again. Every message is acknowledged, stored once and run
     once, and completes."""
-    extra = "[limits]\nmax_sessions_per_user = 500\n"
-    nodes = [
-        Serving(config_file(tmp_path, name, pg_store, name, extra), tmp_path / f"{name}.log")
-        for name in ("a", "b", "c")
-    ]
+    nodes = three_nodes(tmp_path, pg_store)
     up = [True, True, True]
     sessions = [f"r{i}" for i in range(30)]
     acked: dict[str, int] = {}
