@@ -35,10 +35,13 @@ __all__ = [
     "EXIT_USAGE",
     "NodeClient",
     "NodeError",
+    "cell",
+    "reason",
     "run_jobs",
     "run_sessions",
     "run_watchers",
     "table",
+    "when",
 ]
 
 #: Done.
@@ -98,7 +101,7 @@ class NodeClient:
         try:
             response = self._http.request(method, path, params=query, json=body)
         except httpx.ConnectError as exc:
-            raise NodeError(f"cannot reach the node at {self.url}: {_reason(exc)}", 1) from None
+            raise NodeError(f"cannot reach the node at {self.url}: {reason(exc)}", 1) from None
         except httpx.TimeoutException:
             raise NodeError(f"the node at {self.url} did not answer in time", 1) from None
         except httpx.HTTPError as exc:
@@ -115,7 +118,8 @@ def _param(value: Any) -> str:
     return str(value)
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
+    """Why a connection failed, in a few words."""
     text = str(exc)
     return "connection refused" if "refused" in text.lower() else text or type(exc).__name__
 
@@ -135,7 +139,7 @@ def _error_text(response: httpx.Response) -> str:
 # ---- rendering ------------------------------------------------------------------------------
 
 
-def _when(value: str | None) -> str:
+def when(value: str | None) -> str:
     """An ISO time from the node as ``YYYY-MM-DD HH:MM`` (UTC); ``-`` for none."""
     if not value:
         return "-"
@@ -145,7 +149,8 @@ def _when(value: str | None) -> str:
         return value
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """``value`` as one line of at most ``MAX_CELL`` characters; ``-`` for nothing."""
     if value is None or value == "":
         return "-"
     text = " ".join(str(value).split())  # one line: no newlines or tabs in a table
@@ -156,7 +161,7 @@ def table(
     headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Collection[int] = ()
 ) -> list[str]:
     """Lines of a plain text table; columns in ``right`` are right-aligned."""
-    cells = [[_cell(v) for v in row] for row in rows]
+    cells = [[cell(v) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
@@ -190,9 +195,9 @@ def _sessions(client: NodeClient, args: Any, out: TextIO) -> Any:
             s.get("status"),
             s.get("queued"),
             s["policy"],
-            _when(s.get("recall_trigger_at")) if s.get("has_recall") else "-",
+            when(s.get("recall_trigger_at")) if s.get("has_recall") else "-",
             s["last_seq"],
-            _when(s["updated_at"]),
+            when(s["updated_at"]),
         ]
         for s in sessions
     ]
@@ -211,7 +216,7 @@ def _job_schedule(job: dict[str, Any]) -> str:
     if schedule.get("type") == "interval":
         return f"every {schedule.get('interval_seconds'):g}s"
     if schedule.get("type") == "once":
-        return f"once {_when(schedule.get('run_at'))}"
+        return f"once {when(schedule.get('run_at'))}"
     return schedule.get("type") or "-"
 
 
@@ -228,7 +233,7 @@ def _job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
             j["kind"],
             j["state"],
             _job_schedule(j),
-            _when(j["next_fire_at"]),
+            when(j["next_fire_at"]),
             j["run_count"],
             _job_label(j),
         ]
@@ -261,7 +266,7 @@ def _jobs(client: NodeClient, args: Any, out: TextIO) -> Any:
             return None
         print(file=out)
         rows = [
-            [r["id"], _when(r["scheduled_for"]), r["state"], r["input_id"], _when(r["updated_at"])]
+            [r["id"], when(r["scheduled_for"]), r["state"], r["input_id"], when(r["updated_at"])]
             for r in runs
         ]
         _print_table(out, ["RUN", "SCHEDULED FOR", "STATE", "INPUT", "UPDATED"], rows, {0, 3})
@@ -286,8 +291,8 @@ def _watcher_rows(watchers: list[dict[str, Any]]) -> list[list[Any]]:
             f"{w['interval']:g}s",
             w["notify_when"],
             w["check_count"],
-            _when(w["last_check_at"]),
-            _when(w["next_check_at"]),
+            when(w["last_check_at"]),
+            when(w["next_check_at"]),
             w["label"],
         ]
         for w in watchers
@@ -332,7 +337,7 @@ def _watchers(client: NodeClient, args: Any, out: TextIO) -> Any:
             rows = [
                 [
                     c["check"],
-                    _when(c["at"]),
+                    when(c["at"]),
                     "ok" if c["ok"] else "error",
                     "yes" if c["escalated"] else "no",
                     c.get("result", c.get("error")),

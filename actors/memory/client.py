@@ -17,139 +17,30 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+from turnstile.actors.clients import NodeClient, NodeError, cell, reason, table, when
+
 __all__ = ["MemoryClient", "NodeError", "run"]
 
-#: Longest value shown in a table cell; ``--json`` shows everything.
-MAX_CELL = 60
 
-
-class NodeError(Exception):
-    """A request that did not succeed, with the exit status it means.
-
-    Attributes:
-        status: the exit status (2: refused by the node; 1: unreachable or failed).
-    """
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class MemoryClient:
-    """The ``/memory`` routes of one node, for one token.
-
-    Args:
-        url: the node's base URL (``http://127.0.0.1:8765``).
-        token: the user's bearer token.
-        transport: an httpx transport (tests); None talks to ``url`` over the network.
-    """
-
-    def __init__(self, url: str, token: str, transport: httpx.BaseTransport | None = None):
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            timeout=30.0,
-        )
-
-    def close(self) -> None:
-        self._http.close()
+class MemoryClient(NodeClient):
+    """The ``/memory`` routes of one node, for one token (``NodeClient``, which also knows the
+    token again for the WebSocket of ``watch``)."""
 
     def token(self) -> str:
         return self._http.headers["Authorization"].removeprefix("Bearer ")
-
-    def request(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
-    ) -> Any:
-        """The JSON answer of ``method path``.
-
-        Raises:
-            NodeError: no connection, or an error answer (its code, message and field).
-        """
-        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
-        try:
-            response = self._http.request(method, path, params=query, json=body)
-        except httpx.ConnectError as exc:
-            raise NodeError(f"cannot reach the node at {self.url}: {_reason(exc)}", 1) from None
-        except httpx.TimeoutException:
-            raise NodeError(f"the node at {self.url} did not answer in time", 1) from None
-        except httpx.HTTPError as exc:
-            raise NodeError(f"request to {self.url} failed: {exc}", 1) from None
-        if response.is_success:
-            return response.json()
-        raise NodeError(_error_text(response), 2 if response.status_code < 500 else 1)
-
-
-def _param(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    return "connection refused" if "refused" in text.lower() else text or type(exc).__name__
-
-
-def _error_text(response: httpx.Response) -> str:
-    """``<status> <code>: <message> (field <field>)`` from the gateway's error body."""
-    try:
-        error = response.json()["error"]
-        text = f"{error['code']}: {error['message']}"
-        if error.get("field"):
-            text += f" (field {error['field']})"
-    except (ValueError, KeyError, TypeError):
-        text = response.text.strip()[:200] or response.reason_phrase
-    return f"{response.status_code} {text}"
-
-
-# ---- rendering ------------------------------------------------------------------------------
-
-
-def _when(value: str | None) -> str:
-    """An ISO time from the node as ``YYYY-MM-DD HH:MM`` (UTC); ``-`` for none."""
-    if not value:
-        return "-"
-    try:
-        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return value
-
-
-def _cell(value: Any) -> str:
-    text = " ".join(str(value).split())  # one line: no newlines or tabs in a table
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
-
-
-def table(
-    headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Collection[int] = ()
-) -> list[str]:
-    """Lines of a plain text table; columns in ``right`` are right-aligned."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [
-            v.rjust(widths[i]) if i in right else v.ljust(widths[i]) for i, v in enumerate(values)
-        ]
-        return "  ".join(parts).rstrip()
-
-    return [line(headers), *(line(r) for r in cells)]
 
 
 def _fact_rows(facts: list[dict[str, Any]], owners: bool) -> list[str]:
     headers = ["CATEGORY", "KEY", "VALUE", "CONF", "SOURCE", "UPDATED"]
     rows = [
-        [f["category"], f["key"], f["value"], f["confidence"], f["source"], _when(f["updated_at"])]
+        [f["category"], f["key"], f["value"], f["confidence"], f["source"], when(f["updated_at"])]
         for f in facts
     ]
     if owners:
@@ -220,7 +111,7 @@ def _put(client: MemoryClient, args: Any, out: TextIO) -> Any:
     if args.json:
         return body
     saved = body["fact"]
-    expiry = f", expires {_when(saved['expires_at'])}" if saved.get("expires_at") else ""
+    expiry = f", expires {when(saved['expires_at'])}" if saved.get("expires_at") else ""
     print(
         f"saved {saved['category']} / {saved['key']}: {saved['value']}"
         f" (confidence {saved['confidence']}, {saved['source']}{expiry})",
@@ -286,7 +177,7 @@ def _extraction(client: MemoryClient, args: Any, out: TextIO) -> Any:
         return None
     headers = ["SESSION", "STATE", "LAST ACTIVITY", "EXTRACTED", "DUE AT"]
     rows = [
-        [s["id"], s["state"], _when(s["updated_at"]), _when(s["extracted_at"]), _when(s["due_at"])]
+        [s["id"], s["state"], when(s["updated_at"]), when(s["extracted_at"]), when(s["due_at"])]
         for s in sessions
     ]
     if args.all_users:
@@ -321,12 +212,12 @@ def _delete_all(client: MemoryClient, args: Any, out: TextIO) -> Any:
 def describe_change(change: dict[str, Any]) -> str:
     """One line for a change of the ``memory`` topic (``docs/memory.md``)."""
     kind = change.get("type")
-    head = f"#{change.get('seq')} {_when(change.get('ts'))}"
+    head = f"#{change.get('seq')} {when(change.get('ts'))}"
     if kind == "fact_saved":
         fact = change["fact"]
         how = "new" if change.get("created") else "replaced"
         return (
-            f"{head} saved {fact['category']} / {fact['key']}: {_cell(fact['value'])}"
+            f"{head} saved {fact['category']} / {fact['key']}: {cell(fact['value'])}"
             f" ({how}, confidence {fact['confidence']})"
         )
     if kind == "fact_forgotten":
@@ -420,7 +311,7 @@ async def _follow(
             raise NodeError(f"cannot reach the node at {url}: connection refused", 1) from None
         raise NodeError(f"cannot open a WebSocket to {ws_url}: {exc!r}", 1) from None
     except OSError as exc:
-        raise NodeError(f"cannot reach the node at {url}: {_reason(exc)}", 1) from None
+        raise NodeError(f"cannot reach the node at {url}: {reason(exc)}", 1) from None
     except ConnectionClosed as exc:
         # the gateway closes with 4401 (bad token) or 4403 (origin) after an error frame
         code = getattr(exc.reason, "code", None)
