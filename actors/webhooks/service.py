@@ -444,8 +444,8 @@ class Ingress:
 
     async def _announce(self, key: str, action: str, source: str, via: str) -> None:
         event = SourceBinding(action=action, source=source, via=via)
-        try:
-            await self.tell_session(key, Publish(event=event))
+        try:  # asked, not told: whoever bound it reads the notice in the log once this returns
+            await self.ask_session(key, Publish(event=event))
         except TurnstileError as exc:  # the binding stands; only the notice is lost
             log.info("could not announce %s of %s in %s: %s", action, source, key, exc)
 
