@@ -71,7 +71,7 @@ from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import DecodeError, NotFound
 from turnstile.runtime.gateway.frames import MAX_SEQ, SESSION_ID_PATTERN, encode_topic_event
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute
+from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, decode_query
 
 __all__ = ["memory_routes"]
 
@@ -270,29 +270,11 @@ class DeletedMemory(msgspec.Struct):
 
 _FACT = Codec(FactBody, max_depth=4)
 _SUMMARY = Codec(SummaryBody, max_depth=4)
-_AT = re.compile(r" - at `\$\.?(?P<field>[^`]*)`$")
 
 
 def _query(request: ApiRequest, type_: type[msgspec.Struct]) -> Any:
-    """The query string as ``type_`` (strings converted: ``limit=5``, ``all_users=true``).
-
-    Raises:
-        DecodeError: an unknown parameter or a bad value; ``field`` names it.
-    """
-    try:
-        return msgspec.convert(dict(request.query), type_, strict=False)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = _AT.search(text)
-        if text.startswith("Object contains unknown field"):
-            name = text.split("`")[1]
-            raise DecodeError("unknown query parameter", field=name) from None
-        if text.startswith("Object missing required field"):
-            name = text.split("`")[1]
-            raise DecodeError("missing query parameter", field=name) from None
-        field = match["field"] if match else None
-        message = text[: match.start()] if match else text
-        raise DecodeError(message[:1].lower() + message[1:], field=field) from None
+    """The query string as ``type_`` (the gateway's ``decode_query``)."""
+    return decode_query(request.query, type_)
 
 
 def _forbidden(message: str, field: str) -> Response:

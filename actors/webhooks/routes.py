@@ -68,6 +68,7 @@ from turnstile.runtime.gateway.routes import (
     Param,
     Reply,
     RouteHandler,
+    decode_query,
 )
 
 __all__ = ["SignedHook", "webhook_routes"]
@@ -222,20 +223,8 @@ def _json(value: Any, status: int, headers: dict[str, str] | None = None) -> Res
 
 
 def _query(request: ApiRequest, type_: type[msgspec.Struct]) -> Any:
-    """The query string as ``type_``.
-
-    Raises:
-        DecodeError: an unknown or missing parameter, or a bad value; ``field`` names it.
-    """
-    try:
-        return msgspec.convert(dict(request.query), type_, strict=False)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        if "`" in text and text.startswith(("Object contains unknown", "Object missing")):
-            name = text.split("`")[1]
-            raise DecodeError(text.split(" - ")[0].lower(), field=name) from None
-        match = re.search(r" - at `\$\.(?P<field>[^`]*)`$", text)
-        raise DecodeError(text, field=match["field"] if match else None) from None
+    """The query string as ``type_`` (the gateway's ``decode_query``)."""
+    return decode_query(request.query, type_)
 
 
 def _reason(exc: TurnstileError) -> str | None:
