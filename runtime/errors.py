@@ -15,6 +15,7 @@ The hierarchy::
     ├── LimitExceeded              a configured limit was reached (sessions per user, queue depth)
     ├── Busy                       the target refuses work now (a session with policy reject)
     ├── Unauthorized               no valid token
+    ├── Forbidden                  a valid token, but not allowed this (HTTP 403)
     ├── RequestTimeout             a client took too long to send its request (HTTP 408)
     ├── TimerError                 misuse of the timer wheel (past deadline, unknown handle)
     └── StoreError
@@ -160,6 +161,20 @@ class Unauthorized(TurnstileError):
     """The request carries no valid token."""
 
     code = "unauthorized"
+
+
+class Forbidden(TurnstileError):
+    """A valid token whose user may not do this (an admin-only option): HTTP 403.
+
+    Attributes:
+        field: the option at fault (``all_users``), when one is.
+    """
+
+    code = "forbidden"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class RequestTimeout(TurnstileError):

@@ -28,9 +28,7 @@ must follow the gateway's id rule, and keys and categories may hold spaces, slas
 printable character; a query string carries them percent-encoded, and a body on ``DELETE`` is
 something many clients and proxies drop.
 
-There is no error type for "forbidden" in ``runtime/errors.py`` (the gateway maps its errors
-to 400, 401, 404, 408, 409 and 429), so the 403 for ``all_users`` without the permission is
-answered here, in the same ``{"error": {...}}`` shape.
+``all_users`` without the permission raises ``Forbidden`` (the gateway's 403).
 
 Search over HTTP is the owner's own only: the vector and lexical stages take one owner, and
 what an admin needs across users is the list (``all_users=true`` with ``search``).
@@ -47,7 +45,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
-from starlette.responses import Response
 
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.memory.changes import TOPIC
@@ -69,7 +66,7 @@ from turnstile.actors.memory.tools import (
 )
 from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.runtime.codec import Codec
-from turnstile.runtime.errors import DecodeError, NotFound
+from turnstile.runtime.errors import DecodeError, Forbidden, NotFound
 from turnstile.runtime.gateway.frames import MAX_SEQ, SESSION_ID_PATTERN, encode_topic_event
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, decode_query
 
@@ -277,11 +274,6 @@ def _query(request: ApiRequest, type_: type[msgspec.Struct]) -> Any:
     return decode_query(request.query, type_)
 
 
-def _forbidden(message: str, field: str) -> Response:
-    body = {"error": {"code": "forbidden", "message": message, "field": field}}
-    return Response(msgspec.json.encode(body), 403, media_type="application/json")
-
-
 def _cursor(q: ExtractionQuery, user: str) -> str | None:
     """``after`` as a session key: the caller's name turned into their key, or (all users)
     a key as given.
@@ -353,7 +345,7 @@ def memory_routes(
     async def list_facts(request: ApiRequest) -> Any:
         q = _query(request, FactsQuery)
         if q.all_users and not memory.is_admin(request.user):
-            return _forbidden("all_users needs the memory.read_all permission", "all_users")
+            raise Forbidden("all_users needs the memory.read_all permission", "all_users")
         facts, total = await memory.list_facts(
             None if q.all_users else request.user,
             limit=q.limit,
@@ -374,7 +366,7 @@ def memory_routes(
     async def extraction_state(request: ApiRequest) -> Any:
         q = _query(request, ExtractionQuery)
         if q.all_users and not memory.is_admin(request.user):
-            return _forbidden("all_users needs the memory.read_all permission", "all_users")
+            raise Forbidden("all_users needs the memory.read_all permission", "all_users")
         sessions, cutoff = await memory.extraction_state(
             None if q.all_users else request.user,
             after=_cursor(q, request.user),

@@ -56,6 +56,7 @@ from turnstile.actors.webhooks.tools import Source, binding_view
 from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
 from turnstile.runtime.errors import (
     DecodeError,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
@@ -363,12 +364,7 @@ def webhook_routes(
     async def unrouted(request: ApiRequest) -> Any:
         query = _query(request, UnroutedQuery)
         if query.all_users and request.user not in config.admins:
-            error = {
-                "code": "forbidden",
-                "message": "all_users is for [webhooks] admins",
-                "field": "all_users",
-            }
-            return _json({"error": error}, 403)
+            raise Forbidden("all_users is for [webhooks] admins", "all_users")
         found = await ingress.unrouted(None if query.all_users else request.user, query.limit)
         return {
             "unrouted": [
@@ -390,12 +386,7 @@ def webhook_routes(
     async def deliveries(request: ApiRequest) -> Any:
         query = _query(request, DeliveriesQuery)
         if query.all_users and request.user not in config.admins:
-            error = {
-                "code": "forbidden",
-                "message": "all_users is for [webhooks] admins",
-                "field": "all_users",
-            }
-            return _json({"error": error}, 403)
+            raise Forbidden("all_users is for [webhooks] admins", "all_users")
         found = await ingress.deliveries(None if query.all_users else request.user, query.limit)
         answer: dict[str, Any] = {
             "deliveries": [

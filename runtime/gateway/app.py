@@ -45,6 +45,7 @@ from turnstile.runtime.errors import (
     Busy,
     ConflictError,
     DecodeError,
+    Forbidden,
     LimitExceeded,
     NotFound,
     PayloadTooLarge,
@@ -75,6 +76,7 @@ ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . : -"
 
 _STATUS = {
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     Busy: 409,
     ConflictError: 409,
