@@ -42,6 +42,15 @@ def pg_dsn() -> str:
     return dsn
 
 
+@pytest.fixture
+async def pg_store(pg_dsn):
+    """A PostgreSQL store URL on a schema of its own (``?search_path=``), dropped afterwards."""
+    from tests.runtime.store._support import pg_schema
+
+    async with pg_schema(pg_dsn) as (url, _):
+        yield url
+
+
 GUARD_SECONDS = 60
 
 

@@ -13,7 +13,6 @@ synchronise: the test waits for frames, for metrics and for rows, each with a de
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import subprocess
 import sys
@@ -115,17 +114,6 @@ async def turnstile_nodes(config: Path) -> dict[str, dict]:
         capture_stderr=True,
     )
     return {node["id"]: node for node in json.loads(done.stdout)["nodes"]}
-
-
-@pytest.fixture
-async def pg_store(pg_dsn):
-    schema = f"t_{secrets.token_hex(6)}"
-    await pg_run(pg_dsn, f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}search_path={schema}"
-    finally:
-        with trio.CancelScope(shield=True):
-            await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
 
 
 async def input_row(store_url: str, session_key: str, input_id: int):

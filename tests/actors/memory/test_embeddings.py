@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import trio
 
-from tests.runtime.store._support import ManualClock, pg_run
+from tests.runtime.store._support import ManualClock, pg_run, pg_schema
 from tests.support.embedding_server import MODEL, minilm, start_embedding_server
 from tests.support.pgvector import pgvector_server
 from turnstile.actors.cli import main
@@ -267,14 +267,8 @@ async def test_the_cli_backfills(tmp_path, server, capsys):
 
 @pytest.fixture
 async def plain_pg_url(pg_dsn):
-    schema = f"t_{secrets.token_hex(6)}"
-    await pg_run(pg_dsn, f"CREATE SCHEMA {schema}")
-    try:
-        sep = "&" if "?" in pg_dsn else "?"
-        yield f"{pg_dsn}{sep}search_path={schema}", schema
-    finally:
-        with trio.CancelScope(shield=True):
-            await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
+    async with pg_schema(pg_dsn) as url_and_schema:
+        yield url_and_schema
 
 
 @pytest.mark.postgres

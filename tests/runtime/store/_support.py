@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -71,3 +74,17 @@ async def pg_run(dsn: str, query: str, *args: Any) -> list[Any]:
             return await aio(conn.fetch, loop=loop)(query, *args)
         finally:
             await aio(conn.close, loop=loop)()
+
+
+@asynccontextmanager
+async def pg_schema(dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """A schema of its own on ``dsn`` for the block: ``(store URL, schema)``; the URL carries
+    ``search_path`` (asyncpg passes unknown DSN parameters on as server settings, so every
+    pooled connection lives in it). Dropped afterwards, whatever happened."""
+    schema = f"t_{secrets.token_hex(6)}"
+    await pg_run(dsn, f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{dsn}{'&' if '?' in dsn else '?'}search_path={schema}", schema
+    finally:
+        with trio.CancelScope(shield=True):
+            await pg_run(dsn, f"DROP SCHEMA {schema} CASCADE")

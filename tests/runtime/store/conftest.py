@@ -7,12 +7,9 @@ parameters on as server settings, so every pooled connection lives in that schem
 
 from __future__ import annotations
 
-import secrets
-
 import pytest
-import trio
 
-from tests.runtime.store._support import Backend, ManualClock, pg_run
+from tests.runtime.store._support import Backend, ManualClock, pg_schema
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -29,14 +26,8 @@ async def backend(backend_kind: tuple[str, str | None], tmp_path) -> Backend:
         yield Backend("sqlite", f"sqlite:///{tmp_path}/store.db")
         return
     assert dsn is not None
-    schema = f"t_{secrets.token_hex(6)}"
-    await pg_run(dsn, f"CREATE SCHEMA {schema}")
-    try:
-        sep = "&" if "?" in dsn else "?"
-        yield Backend("postgres", f"{dsn}{sep}search_path={schema}", admin_dsn=dsn)
-    finally:
-        with trio.CancelScope(shield=True):
-            await pg_run(dsn, f"DROP SCHEMA {schema} CASCADE")
+    async with pg_schema(dsn) as (url, _):
+        yield Backend("postgres", url, admin_dsn=dsn)
 
 
 @pytest.fixture

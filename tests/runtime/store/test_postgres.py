@@ -3,7 +3,6 @@ errors."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 
 import pytest
@@ -20,19 +19,8 @@ from turnstile.runtime.store.postgres import open_postgres_backend
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-async def pg_url(pg_dsn):
-    schema = f"t_{secrets.token_hex(6)}"
-    await pg_run(pg_dsn, f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}search_path={schema}"
-    finally:
-        with trio.CancelScope(shield=True):
-            await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
-
-
-async def test_runs_its_own_asyncio_thread(pg_url):
-    async with open_store(pg_url) as store:
+async def test_runs_its_own_asyncio_thread(pg_store):
+    async with open_store(pg_store) as store:
         aio = store.engine._aio
         assert aio._thread.is_alive()
         assert aio._thread is not threading.current_thread()
@@ -43,15 +31,15 @@ async def test_runs_its_own_asyncio_thread(pg_url):
         await store.create_session("s2", "ada")
 
 
-async def test_works_beside_a_trio_asyncio_loop(pg_url):
+async def test_works_beside_a_trio_asyncio_loop(pg_store):
     # the tests and the bench's baseline import trio-asyncio, whose policy patches asyncio
     async with trio_asyncio.open_loop():
-        async with open_store(pg_url) as store:
+        async with open_store(pg_store) as store:
             await store.create_session("s1", "ada")
             assert [s.id for s in await store.list_sessions()] == ["s1"]
 
 
-async def test_a_cancelled_query_gives_its_connection_back(pg_url):
+async def test_a_cancelled_query_gives_its_connection_back(pg_store):
     started = threading.Event()
 
     async def slow(conn):  # asyncio side
@@ -61,7 +49,7 @@ async def test_a_cancelled_query_gives_its_connection_back(pg_url):
     async def quick(conn):
         return await conn.fetchval("SELECT 41 + 1")
 
-    async with open_postgres_backend(pg_url, [KERNEL], T0, max_size=1) as backend:
+    async with open_postgres_backend(pg_store, [KERNEL], T0, max_size=1) as backend:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(backend.run_read, slow)
@@ -72,7 +60,7 @@ async def test_a_cancelled_query_gives_its_connection_back(pg_url):
             assert await backend.run_read(quick) == 42
 
 
-async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_url):
+async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_store):
     started, release = threading.Event(), threading.Event()
 
     async def write(conn):  # asyncio side
@@ -82,7 +70,7 @@ async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_url):
         release.wait(5)  # holds the loop: the cancellation reaches it only after the return
         return "written"
 
-    async with open_postgres_backend(pg_url, [KERNEL], T0) as backend:
+    async with open_postgres_backend(pg_store, [KERNEL], T0) as backend:
         answers = []
 
         async def caller():
@@ -98,11 +86,11 @@ async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_url):
                 release.set()
         assert scope.cancelled_caught
         assert answers == ["written"]  # a committed write is not reported as cancelled
-        assert [tuple(r) for r in await pg_run(pg_url, "SELECT n FROM marks")] == [(1,)]
+        assert [tuple(r) for r in await pg_run(pg_store, "SELECT n FROM marks")] == [(1,)]
 
 
-async def test_a_fire_is_served_before_operations_already_waiting(pg_url):
-    async with open_store(pg_url) as store:
+async def test_a_fire_is_served_before_operations_already_waiting(pg_store):
+    async with open_store(pg_store) as store:
         await store.create_session("s1", "ada")
         await store.create_job("j1", kind="once", spec={}, session_id="s1", next_fire_at=T0)
         pool = store.engine._pool
@@ -132,7 +120,7 @@ async def test_a_fire_is_served_before_operations_already_waiting(pg_url):
         assert answers["fired"].input.id < answers["queued"].id
 
 
-async def test_callable_from_tasks_started_before_the_store(pg_url):
+async def test_callable_from_tasks_started_before_the_store(pg_store):
     send, receive = trio.open_memory_channel(1)
     done = trio.Event()
 
@@ -143,24 +131,24 @@ async def test_callable_from_tasks_started_before_the_store(pg_url):
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker)
-        async with open_store(pg_url) as store:
+        async with open_store(pg_store) as store:
             await send.send(store)
             await done.wait()
             assert [s.id for s in await store.list_sessions()] == ["s1"]
 
 
-async def test_concurrent_start_ups_migrate_once(pg_url):
+async def test_concurrent_start_ups_migrate_once(pg_store):
     counts = []
 
     async def start():
-        async with open_store(pg_url) as store:
+        async with open_store(pg_store) as store:
             counts.append(len(await store.migrations()))
 
     async with trio.open_nursery() as nursery:
         for _ in range(4):
             nursery.start_soon(start)
     assert counts == [SCHEMA_VERSION] * 4
-    rows = await pg_run(pg_url, "SELECT count(*) FROM schema_migrations")
+    rows = await pg_run(pg_store, "SELECT count(*) FROM schema_migrations")
     assert rows[0][0] == SCHEMA_VERSION
 
 
