@@ -445,6 +445,7 @@ async def open_node(
                             ws_send_many=WS_SEND_MANY,
                             body_timeout=limits.body_timeout_seconds,
                             topics=context.topics,
+                            draining=lambda: membership.draining,
                         )
                     node = Node(
                         config=config,

@@ -1,9 +1,9 @@
 """The HTTP and WebSocket surface of a node (Starlette, served by hypercorn's trio worker).
 
-Every route but ``/healthz``, ``/metrics`` and the routes a feature deliberately declares
-``auth="signature"`` (webhook receivers, which verify a signature over the raw body instead)
-or ``auth="public"`` (static files that belong to nobody, such as the console's page and
-scripts: ``routes.HttpRoute``) needs a bearer token. Errors are JSON
+Every route but the probes (``/healthz``, ``/readyz``), ``/metrics`` and the routes a feature
+deliberately declares ``auth="signature"`` (webhook receivers, which verify a signature over
+the raw body instead) or ``auth="public"`` (static files that belong to nobody, such as the
+console's page and scripts: ``routes.HttpRoute``) needs a bearer token. Errors are JSON
 ``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
 token (or signature), 404 unknown (including someone else's session: ids do not leak), 409 busy
 or conflict, 413 a body over its route's limit, 429 a limit reached.
@@ -107,6 +107,20 @@ class Health(msgspec.Struct):
     protocol: int
 
 
+class Ready(msgspec.Struct):
+    """``GET /readyz`` when the node takes new work: its store answers and it is not draining."""
+
+    status: Literal["ready"]
+
+
+class NotReady(msgspec.Struct):
+    """``GET /readyz`` when a load balancer should send new clients elsewhere: the node is
+    draining (a graceful stop has begun), or its store does not answer."""
+
+    status: Literal["draining", "unhealthy"]
+    error: ApiError
+
+
 class Unhealthy(msgspec.Struct):
     """``GET /healthz`` when the store does not answer: why."""
 
@@ -191,6 +205,7 @@ def build_app(
     ws_send_many: str | None = None,
     body_timeout: float = 30.0,
     topics: UserTopics | None = None,
+    draining: Callable[[], bool] | None = None,
 ) -> Starlette:
     """Build the ASGI app over a session backend.
 
@@ -209,6 +224,8 @@ def build_app(
             sends them one ``websocket.send`` at a time, which any ASGI server understands.
         body_timeout: seconds a request body may take to arrive, from the first read.
         topics: the user topics a WebSocket client may subscribe to (None: none).
+        draining: whether a graceful stop has begun (``/readyz`` then answers 503, so that a
+            load balancer sends new clients to the other nodes); None: never.
     """
 
     metrics = metrics if metrics is not None else Metrics()
@@ -317,6 +334,18 @@ def build_app(
             return _Json(Unhealthy(status="unhealthy", error=error), 503)
         return Health(status="ok", version=version, protocol=PROTOCOL_VERSION)
 
+    async def readyz(_: ApiRequest) -> Any:
+        if draining is not None and draining():
+            message = "this node is draining: it finishes its turns and stops; use another node"
+            error = ApiError(code="draining", message=message)
+            return _Json(NotReady(status="draining", error=error), 503)
+        try:
+            await backend.ping()
+        except Exception as exc:  # report, don't crash: this is the probe
+            error = ApiError(code="unhealthy", message=str(exc))
+            return _Json(NotReady(status="unhealthy", error=error), 503)
+        return Ready(status="ready")
+
     async def scrape(_: ApiRequest) -> Any:
         return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
 
@@ -337,6 +366,15 @@ def build_app(
             summary="Whether the node can serve (its store answers)",
             response=Health,
             responses={503: Reply(Unhealthy, "The store does not answer")},
+        ),
+        HttpRoute(
+            "GET",
+            "/readyz",
+            readyz,
+            auth="public",
+            summary="Whether a load balancer should send the node new clients (not draining)",
+            response=Ready,
+            responses={503: Reply(NotReady, "Draining, or the store does not answer")},
         ),
         HttpRoute(
             "GET",

@@ -433,8 +433,9 @@ async def test_three_nodes_under_load_lose_nothing_when_one_is_killed(tmp_path, 
 @pytest.mark.guard(60)
 async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_path, pg_store):
     """A graceful stop with several nodes: on SIGTERM node A takes no new work, lets the turn
-    it runs finish (completed, not interrupted), claims nothing more, and exits 0; a message
-    sent through A while it drains runs on B once A has stopped."""
+    it runs finish (completed, not interrupted), claims nothing more, answers its readiness
+    probe 503 `draining`, and exits 0; a message sent through A while it drains runs on B once
+    A has stopped."""
     async with two_nodes_with_session(tmp_path, pg_store) as (a, b):
         async with connect(a.node, TOKEN) as on_a:
             await on_a.send(type="attach", session_id="s")
@@ -443,6 +444,16 @@ async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_
             a.process.send_signal(signal.SIGTERM)
             await on_a.send(type="send", session_id="s", content="after", client_msg_id="2")
             after_id = (await on_a.expect("ack", client_msg_id="2"))["input_id"]
+            async with a.node.http(TOKEN) as http_a, b.node.http(TOKEN) as http_b:
+                # a load balancer's readiness probe sends new clients to B meanwhile (the
+                # signal is handled in its own time: ask until it says so, within the turn)
+                for _ in range(50):
+                    if (not_ready := await http_a.get("/readyz")).status_code != 200:
+                        break
+                    await trio.sleep(0.02)
+                assert not_ready.status_code == 503
+                assert not_ready.json()["status"] == "draining"
+                assert (await http_b.get("/readyz")).json() == {"status": "ready"}
             end = await on_a.expect("stream_end", input_id=long_id)
             assert (end["status"], end["text"]) == ("completed", "Slept 2s.")
         with trio.fail_after(20):
