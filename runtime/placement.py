@@ -80,6 +80,7 @@ class LeasePlacement:
             "turnstile_leases_acquired_total",  # session leases acquired by this node
             "turnstile_leases_refused_total",  # activations refused: another node holds it
             "turnstile_leases_moved_total",  # leases taken from a node that was not live
+            "turnstile_leases_released_total",  # handed over: free for any node to take
             "turnstile_fencing_refusals_total",  # writes refused: the lease had moved on
         ):
             self._metrics.inc(name, 0)
@@ -158,6 +159,7 @@ class LeasePlacement:
         """Write the releases, forever (a task of the node's nursery)."""
         async for key, fence in self._receive:
             try:
-                await self.store.release_session(key, fence)
+                if await self.store.release_session(key, fence):
+                    self._metrics.inc("turnstile_leases_released_total")
             except StoreError as exc:  # the lease then ends with the node's, or is re-taken
                 log.warning("release of session %r failed: %s", key, exc)
