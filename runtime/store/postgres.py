@@ -250,8 +250,9 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
 
 #: Operations served before the others waiting for a connection: firing a job occurrence is
 #: the scheduler's promise to be on time (its lateness is measured due -> commit), and it is one
-#: short transaction among the many a busy node's sessions queue (a thousand sessions can hold
+#: short statement among the many a busy node's sessions queue (a thousand sessions can hold
 #: a thousand operations in the queue; behind them a fire waited hundreds of milliseconds).
+#: Among themselves they are served in the order they came (the oldest fire is the latest).
 _FIRST = frozenset({"fire_job"})
 
 
@@ -275,6 +276,9 @@ class _Pool:
         self._idle: list[asyncpg.Connection] = []
         self._size = 0  # connections open or being opened
         self._in_use = 0
+        # operations waiting for a connection: first those served first (fires), each queue
+        # in the order they came
+        self._first_waiters: deque[asyncio.Future[None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False  # no new operations
         self._finished = False  # every connection closed: one coming back is terminated
@@ -315,10 +319,7 @@ class _Pool:
                 self._in_use += 1
                 return conn
             waiter = asyncio.get_running_loop().create_future()
-            if first:
-                self._waiters.appendleft(waiter)
-            else:
-                self._waiters.append(waiter)
+            (self._first_waiters if first else self._waiters).append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -338,19 +339,21 @@ class _Pool:
             self._returned.set()
 
     def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        for waiters in (self._first_waiters, self._waiters):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
 
     async def close(self) -> None:
         """Refuse new operations, let those in flight end (bounded), close every connection."""
         self._closed = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        for waiters in (self._first_waiters, self._waiters):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
         if self._in_use:
             self._returned = asyncio.Event()
             try:

@@ -120,6 +120,48 @@ async def test_a_fire_is_served_before_operations_already_waiting(pg_store):
         assert answers["fired"].input.id < answers["queued"].id
 
 
+async def test_fires_waiting_for_a_connection_are_served_in_the_order_they_came(pg_store):
+    # under a steady stream of fires, the oldest waiting fire is the latest: it goes first
+    async with open_store(pg_store) as store:
+        await store.create_session("s1", "ada")
+        for job_id in ("j1", "j2", "j3"):
+            await store.create_job(job_id, kind="once", spec={}, session_id="s1", next_fire_at=T0)
+        pool = store.engine._pool
+        assert pool._size == 1
+        pool._max_size = 1  # one connection: every other operation waits for it
+        held, release = threading.Event(), threading.Event()
+
+        async def hold(conn):  # asyncio side: keeps the connection until released
+            held.set()
+            while not release.is_set():
+                await conn.execute("SELECT pg_sleep(0.005)")
+
+        async def let_go():  # asyncio side, after the requests made before it
+            release.set()
+
+        answers = {}
+
+        async def fire(job_id):
+            answers[job_id] = await store.fire_job(job_id, T0, None, input=("job", {}))
+
+        async def enqueue():
+            answers["queued"] = await store.enqueue_input("s1", "user", {"text": "waiting"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.engine.run_write, hold)
+            await trio.to_thread.run_sync(held.wait)
+            for job_id in ("j1", "j2"):
+                nursery.start_soon(fire, job_id)
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(enqueue)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(fire, "j3")
+            await trio.testing.wait_all_tasks_blocked()
+            await store.engine._aio.call(let_go)
+        order = sorted(answers, key=lambda k: getattr(answers[k], "input", answers[k]).id)
+        assert order == ["j1", "j2", "j3", "queued"]
+
+
 async def test_callable_from_tasks_started_before_the_store(pg_store):
     send, receive = trio.open_memory_channel(1)
     done = trio.Event()
