@@ -1,8 +1,8 @@
 """The PostgreSQL backend's operations (see :mod:`runtime.store.backend` for what each answers).
 
-asyncio-flavoured: each is given a pooled asyncpg connection and runs on the store's
-trio-asyncio loop. Arguments arrive checked and encoded (JSON as text, cast to jsonb here;
-times as aware datetimes); rows go back as ``asyncpg.Record``.
+asyncio-flavoured: each is given a pooled asyncpg connection and runs on the store's asyncio
+thread (:mod:`runtime.store.postgres`). Arguments arrive checked and encoded (JSON as text,
+cast to jsonb here; times as aware datetimes); rows go back as ``asyncpg.Record``.
 
 Concurrency rests on PostgreSQL itself:
 
@@ -11,7 +11,9 @@ Concurrency rests on PostgreSQL itself:
   and seqs stay gap-free;
 * ``claim_next_input``: ``FOR UPDATE SKIP LOCKED`` - concurrent claimers never share an item;
 * ``fire_job``: a conditional ``UPDATE`` (the compare-and-set) whose row lock makes a second
-  firer re-check the condition after the first commits, and lose.
+  firer re-check the condition after the first commits, and lose; the input and the run are
+  written in the same statement (CTEs that read the ``UPDATE``'s row), so a lost race writes
+  nothing.
 """
 
 from __future__ import annotations
@@ -633,7 +635,104 @@ async def update_run(
     )
 
 
+# fire_job's one statement: the compare-and-set on the job, then (only if it matched) the input
+# and the run, each CTE's row returned whole (a composite value asyncpg decodes to a Record with
+# the table's column names). The run's id is drawn first, so the input's payload carries it and
+# the run names the input, without the UPDATE of the input the transaction needs. A job without
+# a session does not match here when an input is asked for: the transaction below says why.
+_FIRE_JOB = """
+WITH job AS (
+    UPDATE jobs SET next_fire_at = $1::timestamptz,
+        state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,
+        run_count = run_count + $5, updated_at = $2
+    WHERE id = $3 AND state = 'active' AND next_fire_at = $4 AND session_id IS NOT NULL
+    RETURNING jobs
+), run_id AS (
+    SELECT nextval(pg_get_serial_sequence('job_runs', 'id')) AS id FROM job
+), item AS (
+    INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at)
+    SELECT (job.jobs).session_id, $6, $7::jsonb || jsonb_build_object('run_id', run_id.id),
+        'queued', $2, $2
+    FROM job, run_id
+    RETURNING inbox
+), run AS (
+    INSERT INTO job_runs (id, job_id, scheduled_for, state, input_id, detail, created_at,
+        updated_at) OVERRIDING SYSTEM VALUE
+    SELECT run_id.id, $3, $4, $8, (item.inbox).id, $9::jsonb, $2, $2 FROM run_id, item
+    RETURNING job_runs
+)
+SELECT job.jobs, run.job_runs, item.inbox FROM job, run, item
+"""
+
+# The same without an input (a skipped or missed occurrence, a job that delivers nothing).
+_FIRE_JOB_NO_INPUT = """
+WITH job AS (
+    UPDATE jobs SET next_fire_at = $1::timestamptz,
+        state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,
+        run_count = run_count + $5, updated_at = $2
+    WHERE id = $3 AND state = 'active' AND next_fire_at = $4
+    RETURNING jobs
+), run AS (
+    INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,
+        updated_at)
+    SELECT $3, $4, $6, NULL, $7::jsonb, $2, $2 FROM job
+    RETURNING job_runs
+)
+SELECT job.jobs, run.job_runs FROM job, run
+"""
+
+
 async def fire_job(
+    conn: Conn,
+    job_id: str,
+    expected: datetime,
+    new: datetime | None,
+    run_state: str,
+    input: tuple[str, str] | None,
+    detail: str | None,
+    now: datetime,
+    counts: bool,
+    extra_runs: list[tuple[datetime, str, str | None]],
+) -> tuple[Row, Row, Row | None] | None:
+    """One statement, one round trip, when the compare-and-set matches and there are no extra
+    runs (an occurrence fired on time): under load every round trip waits for the asyncio
+    thread's turn at the GIL, and the transaction's six did. Otherwise (extra runs, or nothing
+    matched: lost, paused, no such job, no session) the transaction below decides, with the
+    same compare-and-set, so its answer and its errors are the same."""
+    if not extra_runs:
+        if input is None:
+            row = await conn.fetchrow(
+                _FIRE_JOB_NO_INPUT,
+                new,
+                now,
+                job_id,
+                expected,
+                1 if counts else 0,
+                run_state,
+                detail,
+            )
+            if row is not None:
+                return row[0], row[1], None
+        else:
+            row = await conn.fetchrow(
+                _FIRE_JOB,
+                new,
+                now,
+                job_id,
+                expected,
+                1 if counts else 0,
+                *input,
+                run_state,
+                detail,
+            )
+            if row is not None:
+                return row[0], row[1], row[2]
+    return await _fire_job_transaction(
+        conn, job_id, expected, new, run_state, input, detail, now, counts, extra_runs
+    )
+
+
+async def _fire_job_transaction(
     conn: Conn,
     job_id: str,
     expected: datetime,
