@@ -111,6 +111,9 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         config: channels and bounds.
         webhook_post: sends one webhook POST (``notifications.tools.guarded_webhook_post``);
             needed when a webhook channel is configured.
+        tell_session: ``async (session_id, message)`` that reaches a session another node
+            holds (``NodeContext.tell_session``): a notification for it is buffered here and
+            its ``Inject`` stored as the session's input there. None: one node.
 
     Raises:
         ValueError: a webhook channel is configured but no ``webhook_post`` given.
@@ -124,11 +127,13 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         config: NotifierConfig | None = None,
         *,
         webhook_post: WebhookPost | None = None,
+        tell_session: Callable[[str, Any], Awaitable[Any]] | None = None,
     ) -> None:
         config = config or NotifierConfig()
         self.store = store
         self.clock = clock
         self.ask_session = ask_session
+        self.tell_session = tell_session
         self.config = config
         channels = {c.name: c for c in config.channels}
         channels.setdefault(LLM, ChannelConfig(name=LLM, type=LLM))

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -45,8 +44,12 @@ from msgspec import UNSET
 from turnstile.actors.notifications.config import LLM, ChannelConfig, _Notification
 from turnstile.actors.notifications.events import Notification, NotificationsDropped
 from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
+from turnstile.runtime.errors import PlacedElsewhere
 
 log = logging.getLogger("turnstile.notifications")
+
+#: A buffer key is its number, zero-padded to this many digits (``Store.kv_append``).
+_KEY_DIGITS = 20
 
 #: Shielded clean-up after a cancelled buffer delivery is bounded by this.
 CLEANUP_GRACE_SECONDS = 5.0
@@ -113,18 +116,23 @@ class SessionBufferMixin:
             failed=failed,
         )
         session_id = note.session_id
+        inject = Inject(source="notification", content=text, payload={"notification_id": note.id})
         async with self._lock(session_id):
-            status = await self.ask_session(session_id, GetStatus())
-            buffered = status.subscribers == 0
+            try:
+                status = await self.ask_session(session_id, GetStatus())
+            except PlacedElsewhere:  # another node holds the session (several nodes)
+                status = None
+            buffered = status is None or status.subscribers == 0
             if buffered:
                 await self._buffer(session_id, event)
             else:
                 await self._flush(session_id)  # anything older goes first
                 await self.ask_session(session_id, Publish(event=event))
-            await self.ask_session(
-                session_id,
-                Inject(source="notification", content=text, payload={"notification_id": note.id}),
-            )
+            if status is None and self.tell_session is not None:
+                # stored as the session's input and announced to its node (NodeContext)
+                await self.tell_session(session_id, inject)
+            else:
+                await self.ask_session(session_id, inject)
         return {
             "notification_id": note.id,
             "channel": LLM,
@@ -149,34 +157,43 @@ class SessionBufferMixin:
                 return items
             after = page[-1][0]
 
-    async def _buffer(self, session_id: str, event: Notification) -> None:
+    async def _buffer(self, session_id: str, event: Notification) -> int:
         """Keep ``event`` for the next attach (its stored payload: ``_flush`` converts it
-        back); drop the oldest beyond ``max_buffered``."""
+        back) under the session's next buffer number; the oldest beyond ``max_buffered`` go
+        in the same transaction. Returns the number."""
+        namespace, _ = self._namespaces(session_id)
+        expires = self.clock.now() + timedelta(seconds=self.config.buffer_ttl_seconds)
+        return await self.store.kv_append(
+            namespace, event.stored()[1], expires_at=expires, keep=self.config.max_buffered
+        )
+
+    async def _pending(self, session_id: str) -> tuple[list[tuple[str, dict[str, Any]]], int, int]:
+        """What waits: the buffered items up to the newest number, how many of the numbers
+        since the last delivery are gone (dropped beyond ``max_buffered``, or expired), and
+        that newest number (0 when nothing was numbered yet).
+
+        Numbers are gapless per session whichever node buffered (``Store.kv_append``), so
+        what is missing between the last delivered number and the newest one was dropped.
+        """
         namespace, meta = self._namespaces(session_id)
-        items = await self._buffered(session_id)
-        # Expired items are older than every live one (one TTL for all), so numbering on from
-        # the newest live key keeps key order = arrival order; the time keeps it across nodes,
-        # and the suffix keeps two nodes' writes at once apart (an upsert would lose one).
-        # (Keys of older releases are 12 digits: they parse, and sort first.)
-        now = self.clock.now()
-        last = int(items[-1][0][:20]) if items else -1
-        seq = max(last + 1, int(now.timestamp() * 1_000_000_000))
-        key = f"{seq:020d}{secrets.token_hex(4)}"
-        expires = now + timedelta(seconds=self.config.buffer_ttl_seconds)
-        await self.store.kv_put(namespace, [(key, event.stored()[1], expires)])
-        overflow = len(items) + 1 - self.config.max_buffered
-        if overflow > 0:
-            await self.store.kv_delete(namespace, [key for key, _ in items[:overflow]])
-            previous = await self.store.kv_get(meta, "dropped") or {}
-            dropped = int(previous.get("dropped", 0)) + overflow
-            await self.store.kv_put(meta, [("dropped", {"dropped": dropped}, expires)])
+        counter = await self.store.kv_get(namespace, "")  # read first: items after it wait
+        top = int(counter["seq"]) if counter else 0
+        older, numbered = [], []  # an older release's keys (time and suffix) came first
+        for key, stored in await self._buffered(session_id):
+            if len(key) != _KEY_DIGITS:
+                older.append((key, stored))
+            elif int(key) <= top:
+                numbered.append((key, stored))
+        seen = await self.store.kv_get(meta, "delivered")
+        legacy = await self.store.kv_get(meta, "dropped")  # an older release's count
+        dropped = int(legacy.get("dropped", 0)) if legacy else 0
+        dropped += top - (int(seen["seq"]) if seen else 0) - len(numbered)
+        return older + numbered, max(dropped, 0), top
 
     async def _flush(self, session_id: str) -> int:
         """Publish the buffered events in order, then forget them (the lock is held)."""
         namespace, meta = self._namespaces(session_id)
-        items = await self._buffered(session_id)
-        counted = await self.store.kv_get(meta, "dropped")
-        dropped = int(counted.get("dropped", 0)) if counted else 0
+        items, dropped, top = await self._pending(session_id)
         if dropped:
             await self.ask_session(
                 session_id,
@@ -186,11 +203,14 @@ class SessionBufferMixin:
                         max_buffered=self.config.max_buffered,
                         message=f"{dropped} dropped: more than "
                         f"{self.config.max_buffered} notifications arrived while no client "
-                        "was attached; the oldest were dropped",
+                        "was attached (the oldest were dropped), or they waited longer than "
+                        f"{self.config.buffer_ttl_seconds:g} s",
                     )
                 ),
             )
             await self.store.kv_delete(meta, ["dropped"])
+        if top:  # what is missing up to here is accounted for
+            await self.store.kv_put(meta, [("delivered", {"seq": top}, None)])
         delivered = 0
         try:
             for key, stored in items:
@@ -216,7 +236,10 @@ class SessionBufferMixin:
             How many notifications were delivered.
         """
         async with self._lock(session_id):
-            return await self._flush(session_id)
+            try:
+                return await self._flush(session_id)
+            except PlacedElsewhere:  # (a client of a node that does not hold the session)
+                return 0  # nothing was published: the buffer waits for the holder's next attach
 
     async def buffered(self, session_id: str) -> tuple[list[Notification], int]:
         """What waits for a client to attach, without delivering or forgetting any of it.
@@ -226,12 +249,9 @@ class SessionBufferMixin:
             them, ``buffered: true``), and how many were dropped from the buffer since it was
             last delivered.
         """
-        _, meta = self._namespaces(session_id)
         async with self._lock(session_id):
-            items = await self._buffered(session_id)
-            counted = await self.store.kv_get(meta, "dropped")
+            items, dropped, _ = await self._pending(session_id)
         waiting = [_from_buffer(session_id, key, stored) for key, stored in items]
-        dropped = int(counted.get("dropped", 0)) if counted else 0
         return [event for event in waiting if event is not None], dropped
 
     async def discard_buffered(self, session_id: str) -> int:
@@ -243,7 +263,8 @@ class SessionBufferMixin:
         namespace, meta = self._namespaces(session_id)
         async with self._lock(session_id):
             items = await self._buffered(session_id)
-            await self.store.kv_delete(meta, ["dropped"])
+            await self.store.kv_delete(meta, ["dropped", "delivered"])
+            await self.store.kv_delete(namespace, [""])  # the numbering ends with the session
             return await self.store.kv_delete(namespace, [key for key, _ in items])
 
 

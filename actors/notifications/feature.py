@@ -79,6 +79,7 @@ def make_notifier(config: Config, store: Store, clock, node: NodeContext) -> Not
         webhook_post=guarded_webhook_post(
             NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))
         ),
+        tell_session=node.tell_session if node.placement is not None else None,
     )
 
 

@@ -88,6 +88,8 @@ WRITES: dict[str, str] = {
     "kv_put": "(namespace, rows, now) -> None",
     "kv_delete": "(namespace, keys) -> int",
     "kv_purge": "(now) -> int",
+    "kv_append": "(namespace, value, expires, keep, now) -> int: the item's number, one more"
+    " than the namespace's last (its counter row, key '', is locked for the transaction)",
 }
 
 

@@ -667,3 +667,26 @@ class Store(Protocol):
     async def kv_purge_expired(self) -> int:
         """Delete every expired item; returns how many."""
         ...
+
+    async def kv_append(
+        self,
+        namespace: str,
+        value: dict[str, Any],
+        *,
+        expires_at: datetime | None = None,
+        keep: int | None = None,
+    ) -> int:
+        """Append ``value`` to ``namespace`` under the next number, in one transaction.
+
+        Numbers are 1, 2, 3, … per namespace, without a gap or a repeat however many writers
+        (nodes) append at once: a counter row (key ``""``, which ``kv_list`` never returns)
+        is incremented and locked by the transaction that stores the item. The item's key is
+        the number, zero-padded to 20 digits, so key order is number order. With ``keep``,
+        only the newest ``keep`` items stay (the oldest are deleted in the same transaction);
+        a reader tells what was dropped or expired from the gaps between the numbers it sees
+        and the counter (``kv_get(namespace, "")`` is ``{"seq": <last number>}``).
+
+        Returns:
+            The item's number.
+        """
+        ...

@@ -652,6 +652,26 @@ class StoreFront:
     async def kv_purge_expired(self) -> int:
         return await self.engine.write("kv_purge", now=self._now())
 
+    async def kv_append(
+        self,
+        namespace: str,
+        value: dict[str, Any],
+        *,
+        expires_at: datetime | None = None,
+        keep: int | None = None,
+    ) -> int:
+        u.check_text(namespace, "namespace")
+        if keep is not None and keep < 1:
+            raise InvalidArgument("keep must be at least 1", field="keep")
+        return await self.engine.write(
+            "kv_append",
+            namespace=namespace,
+            value=u.encode_json(value, "value"),
+            expires=self._optional_time(expires_at, "expires_at"),
+            keep=keep,
+            now=self._now(),
+        )
+
     # ---- jobs ----
 
     async def create_job(

@@ -824,6 +824,52 @@ async def kv_list(conn: Conn, namespace: str, after: str, limit: int, now: datet
     return await conn.fetch(sql + " ORDER BY key LIMIT $4", namespace, after, now, limit)
 
 
+async def kv_append(
+    conn: Conn,
+    namespace: str,
+    value: str,
+    expires: datetime | None,
+    keep: int | None,
+    now: datetime,
+) -> int:
+    # The counter row's lock (its UPDATE, or the INSERT's conflict) orders concurrent appends
+    # until the transaction ends: gapless, never repeated.
+    async with conn.transaction():
+        seq = await conn.fetchval(
+            "UPDATE kv SET value = jsonb_build_object('seq', (value->>'seq')::bigint + 1),"
+            " updated_at = $2 WHERE namespace = $1 AND key = '' RETURNING (value->>'seq')::bigint",
+            namespace,
+            now,
+        )
+        if seq is None:
+            seq = await conn.fetchval(
+                "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+                " VALUES ($1, '', '{\"seq\": 1}', NULL, $2)"
+                " ON CONFLICT (namespace, key) DO UPDATE SET updated_at = $2,"
+                " value = jsonb_build_object('seq', (kv.value->>'seq')::bigint + 1)"
+                " RETURNING (value->>'seq')::bigint",
+                namespace,
+                now,
+            )
+        await conn.execute(
+            "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+            " VALUES ($1, $2, $3::jsonb, $4, $5)",
+            namespace,
+            f"{seq:020d}",
+            value,
+            expires,
+            now,
+        )
+        if keep is not None:
+            await conn.execute(
+                "DELETE FROM kv WHERE namespace = $1 AND key IN (SELECT key FROM kv"
+                " WHERE namespace = $1 AND key <> '' ORDER BY key DESC OFFSET $2)",
+                namespace,
+                keep,
+            )
+    return seq
+
+
 async def kv_purge(conn: Conn, now: datetime) -> int:
     return await conn.fetchval(
         "WITH gone AS (DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= $1"

@@ -683,6 +683,33 @@ def kv_list(conn: Conn, namespace: str, after: str, limit: int, now: str) -> lis
     return _all(conn, sql + " ORDER BY key LIMIT ?", namespace, after, now, limit)
 
 
+def kv_append(
+    conn: Conn, namespace: str, value: str, expires: str | None, keep: int | None, now: str
+) -> int:
+    # One writer at a time (the store's writer thread): the counter needs no lock of its own.
+    (seq,) = _one(
+        conn,
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+        " VALUES (?1, '', '{\"seq\":1}', NULL, ?2)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET updated_at = excluded.updated_at,"
+        " value = json_object('seq', json_extract(kv.value, '$.seq') + 1)"
+        " RETURNING json_extract(value, '$.seq')",
+        namespace,
+        now,
+    )
+    conn.execute(
+        "INSERT INTO kv (namespace, key, value, expires_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+        (namespace, f"{seq:020d}", value, expires, now),
+    )
+    if keep is not None:
+        conn.execute(
+            "DELETE FROM kv WHERE namespace = ?1 AND key IN (SELECT key FROM kv"
+            " WHERE namespace = ?1 AND key <> '' ORDER BY key DESC LIMIT -1 OFFSET ?2)",
+            (namespace, keep),
+        )
+    return seq
+
+
 def kv_purge(conn: Conn, now: str) -> int:
     sql = "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?"
     return conn.execute(sql, (now,)).rowcount

@@ -288,6 +288,60 @@ async def test_105_while_detached_100_delivered_in_order_on_attach_5_dropped(aut
         assert notifier._locks == {}
 
 
+@pytest.mark.guard(DAY)
+async def test_two_nodes_buffering_for_one_session_number_gapless_and_none_is_lost(autojump_clock):
+    """Two notifiers on one store (two nodes: each has its own in-memory locks) buffer for the
+    same detached session at once: the buffer numbers are 1..N without a gap or a repeat,
+    every notification is delivered once on attach, and none is reported dropped."""
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        a, b = make_notifier(n), make_notifier(n)
+
+        async def send(notifier, name: str) -> None:
+            for i in range(20):
+                await notifier.notify("t", "ada", "llm_notification", f"{name}{i}")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, a, "a")
+            nursery.start_soon(send, b, "b")
+        keys = [key for key, _ in await n.store.kv_list("notify:t")]
+        assert keys == [f"{seq:020d}" for seq in range(1, 41)]
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        assert await a.deliver_buffered("t") == 40
+        assert await b.deliver_buffered("t") == 0  # delivered once, whichever node asks
+        messages = [e["message"] for e in events(client, "notification")]
+        assert sorted(messages) == sorted(
+            [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)]
+        )
+        assert [m for m in messages if m[0] == "a"] == [f"a{i}" for i in range(20)]  # in order
+        assert events(client, "notifications_dropped") == []
+
+
+@pytest.mark.guard(DAY)
+async def test_expired_notifications_are_reported_dropped_on_attach(autojump_clock):
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n, buffer_ttl_seconds=60)
+        for i in range(3):
+            await notifier.notify("t", "ada", "llm_notification", f"old{i}")
+        await trio.sleep(61)  # (mock time) they expire unseen
+        await notifier.notify("t", "ada", "llm_notification", "new")
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        assert await notifier.deliver_buffered("t") == 1
+        (dropped,) = events(client, "notifications_dropped")
+        assert dropped["dropped"] == 3 and "longer than 60 s" in dropped["message"]
+        assert [e["message"] for e in events(client, "notification")] == ["new"]
+        await notifier.notify("t", "ada", "llm_notification", "later")  # attached: published
+        await n.registry.ref("session:t").ask(Detach(subscriber=client))
+        await notifier.notify("t", "ada", "llm_notification", "after")
+        again = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=again))
+        assert await notifier.deliver_buffered("t") == 1
+        assert events(again, "notifications_dropped") == []  # counted from the last delivery
+
+
 @pytest.mark.guard(3 * DAY)
 async def test_buffered_notifications_expire_after_24_hours(autojump_clock):
     async with node() as n:

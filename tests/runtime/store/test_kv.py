@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from datetime import timedelta
+
+import trio
 
 from tests.runtime.store._support import T0
 
@@ -30,3 +33,39 @@ async def test_put_get_list_delete_and_expiry(store, clock):
     assert await store.kv_delete("ns", ["a", "missing"]) == 1
     assert await store.kv_list("ns") == [("b", {"n": 2})]
     assert await store.kv_list("other") == [("a", {"n": 9})]
+
+
+async def test_append_numbers_items_gapless_and_keeps_the_newest(store, clock):
+    assert [await store.kv_append("buf", {"n": i}) for i in range(3)] == [1, 2, 3]
+    assert await store.kv_list("buf") == [(f"{i + 1:020d}", {"n": i}) for i in range(3)]
+    assert await store.kv_get("buf", "") == {"seq": 3}  # the counter, never listed
+    # keep: the oldest go in the same transaction; the numbers go on
+    assert await store.kv_append("buf", {"n": 3}, keep=2) == 4
+    assert [k for k, _ in await store.kv_list("buf")] == [f"{3:020d}", f"{4:020d}"]
+    # deleting every item keeps the counter: a number is never given twice
+    await store.kv_delete("buf", [k for k, _ in await store.kv_list("buf")])
+    assert await store.kv_append("buf", {"n": 4}, expires_at=T0 + timedelta(seconds=5)) == 5
+    clock.advance(seconds=6)
+    assert await store.kv_list("buf") == []  # expired: a reader sees the gap (5 of 5)
+
+
+async def test_append_from_several_stores_at_once_is_gapless(backend, clock):
+    """Several writers (nodes, each with its store) appending to one namespace at once get
+    every number once, 1 to N, and every item is stored under its own."""
+    async with AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(backend.open(clock)) for _ in range(3)]
+        numbers: list[int] = []
+
+        async def writer(s, w: int) -> None:
+            for i in range(40):
+                numbers.append(await s.kv_append("shared", {"w": w, "i": i}))
+
+        async with trio.open_nursery() as nursery:
+            for w, s in enumerate(stores):
+                nursery.start_soon(writer, s, w)
+        assert sorted(numbers) == list(range(1, 121))
+        items = await stores[0].kv_list("shared")
+        assert [k for k, _ in items] == [f"{n:020d}" for n in range(1, 121)]
+        assert sorted((v["w"], v["i"]) for _, v in items) == [
+            (w, i) for w in range(3) for i in range(40)
+        ]

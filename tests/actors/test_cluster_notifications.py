@@ -1,0 +1,72 @@
+"""Notifications for a session another node holds (two nodes in-process on PostgreSQL, with
+session leases): the agent gets the notification at once (stored as the session's input and
+announced to the holder), the client-facing event is buffered with the session's next gapless
+number and reaches the clients at their next attach through the holder, and a client
+attaching through the other node is served (the buffer waits for the holder)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from tests.support.sessions import Recorder
+from turnstile.actors.config import Config, NodeConfig
+from turnstile.actors.node import open_node
+
+TOKEN = "cluster-notify-token-0123456789"
+
+
+def config(url: str, node_id: str) -> Config:
+    return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=600, placement="leases"))
+
+
+async def eventually(check, seconds: float = 10) -> None:
+    """The nodes progress on their own: look every 50 ms, with a deadline."""
+    with trio.fail_after(seconds):
+        while True:
+            if await check():
+                return
+            await trio.sleep(0.05)
+
+
+async def done_inputs(node) -> list:
+    return [i for i in await node.store.list_inputs("ada/s") if i.state == "done"]
+
+
+def notifications(recorder: Recorder) -> list[str]:
+    decoded = [json.loads(frame) for frame in recorder.frames]
+    return [f["message"] for f in decoded if f["type"] == "notification"]
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_notification_sent_through_another_node_reaches_the_agent_and_the_client(
+    store_url,
+):
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        b = await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
+        )
+        await a.directory.create_session("ada", session_id="s")
+        await a.context.sessions.resolve("session:ada/s")  # a holds s; nobody watches
+        result = await b.context.notify("ada/s", "ada", "llm_notification", "build is green")
+        assert (result["injected"], result["buffered"]) == (True, True)
+        assert [key for key, _ in await b.store.kv_list("notify:ada/s")] == [f"{1:020d}"]
+        # the agent got it on a, as a turn of its own
+        await eventually(lambda: done_inputs(a))
+        (item,) = await a.store.list_inputs("ada/s")
+        assert item.source == "notification" and "build is green" in item.payload["content"]
+        # a client attaching through b is served; the event waits for the holder
+        on_b = Recorder()
+        await b.directory.attach("ada", "s", on_b)
+        assert notifications(on_b) == []
+        # a client attaching through a gets it, once
+        on_a = Recorder()
+        await a.directory.attach("ada", "s", on_a)
+        assert notifications(on_a) == ["build is green"]
+        assert await a.store.kv_list("notify:ada/s") == []
