@@ -23,7 +23,10 @@ node's lifetime:
   interrupted in the same transaction; :attr:`Membership.on_takeover` (set by whoever can close
   those turns and run what waits behind them) gets them. So a dead node's running inputs are
   recovered at most one sweep interval after its lease expired, even if it never comes back.
-  The sweep also counts the live nodes it sees.
+  The sweep also counts the live nodes it sees, and then calls every hook in
+  :attr:`Membership.after_sweep` with the cluster as it saw it: a feature whose work is
+  recorded with the node incarnation doing it (a background task) closes there the work of
+  incarnations that have ended (:func:`ended_by`), whoever ended them.
 
 Which id a node takes is :func:`default_node_id`'s choice unless it is configured.
 """
@@ -42,13 +45,15 @@ import trio
 
 from turnstile.runtime.errors import LeaseLost, StoreError
 from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.store import InboxItem, NodeRecord, NodeRef, Store, TakeOver
+from turnstile.runtime.store import ClusterView, InboxItem, NodeRecord, NodeRef, Store, TakeOver
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "SQLITE_NODE_ID",
     "Membership",
+    "SweepHook",
     "default_node_id",
+    "ended_by",
     "open_membership",
     "owner_of",
 ]
@@ -69,6 +74,9 @@ _TAKEOVER_GRACE = 10.0
 #: What ``on_takeover`` is: given what a sweep took over (the inputs it interrupted, and their
 #: sessions it leased meanwhile), closes their turns and releases those sessions.
 TakeoverHandler = Callable[[TakeOver], Awaitable[None]]
+#: What an ``after_sweep`` hook is: given the cluster as a sweep saw it (after declaring the
+#: expired nodes dead), closes the work of ended incarnations (:func:`ended_by`).
+SweepHook = Callable[[ClusterView], Awaitable[None]]
 
 
 def default_node_id(backend: str, *, port: int | None) -> str:
@@ -107,6 +115,11 @@ class Membership:
             None until the node can close their turns: the sweep takes nothing over until
             then.
         lost: the :class:`LeaseLost` that ended the node, if one did.
+        after_sweep: called after every sweep, in order, with the :class:`ClusterView` it
+            read (the nodes it declared dead show as ``stopped``). Each runs shielded for at
+            most ``_TAKEOVER_GRACE`` seconds; what it raises is logged and ends nothing. A hook
+            that needs more time or talks to sessions should hand the view to a task of its
+            own.
     """
 
     def __init__(
@@ -128,6 +141,7 @@ class Membership:
         self.draining = False
         self.heartbeat_failures = 0
         self.on_takeover: TakeoverHandler | None = None
+        self.after_sweep: list[SweepHook] = []
         self.lost: LeaseLost | None = None
         self._metrics = metrics if metrics is not None else Metrics()
         metrics = self._metrics
@@ -267,6 +281,32 @@ class Membership:
             ids.discard(self.record.id)
         self.live_ids = tuple(sorted(ids))
         self._metrics.inc("turnstile_node_sweeps_total")
+        for hook in list(self.after_sweep):
+            with trio.move_on_after(_TAKEOVER_GRACE, shield=True):
+                try:
+                    await hook(view)
+                except Exception:
+                    log.exception("node %r: a sweep hook failed", self.record.id)
+
+
+def ended_by(view: ClusterView, ref: NodeRef) -> NodeRecord | None:
+    """The row of ``view`` showing that incarnation ``ref`` has ended for good, or None while
+    it may still be live.
+
+    An incarnation has ended when its node has a newer epoch (it started again, or another
+    process took its id over) or its epoch is ``stopped`` (a clean shutdown, or declared dead
+    by a sweep): the same rule that decides whether an input's claim is live. Neither ever
+    comes back, so the answer holds however old ``view`` is; a node ``view`` does not list
+    (it registered after ``view`` was read) has not ended. An epoch whose lease merely
+    expired has not ended either until a sweep declares it dead: until then it renews
+    normally, and its work stays its own.
+    """
+    for node in view.nodes:
+        if node.id == ref.id:
+            if node.epoch > ref.epoch or (node.epoch == ref.epoch and node.state == "stopped"):
+                return node
+            return None
+    return None
 
 
 def owner_of(key: str, nodes: Sequence[str]) -> str:

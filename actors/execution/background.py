@@ -13,24 +13,49 @@ When a task finishes, its session is told with the reference's text::
 ``background_result``). The notification is folded into the session's running turn before its
 next model call, or starts a turn when the session is idle. Tasks that finish within the same
 ``BATCH_WINDOW`` are delivered as one notification.
+
+With a store, every task is also a row of ``background_tasks`` (``background_schema.py``),
+written when it starts and when it ends, with the node incarnation that runs it: any node
+answers a task it does not hold from there (same session, same isolation), and a task whose
+node ended before it did (a crash, a clean stop, a node declared dead) is closed as ``lost`` by
+:class:`LostTasks` — at the next start of that node, or by the next sweep of any node — and
+its session is told, once::
+
+    [BACKGROUND TASK FAILED] task_id=bg-…, tool=http.get, elapsed=31.0s
+    Error: lost: node 'a' stopped before the task finished
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import trio
 
+from turnstile.actors.execution.queries import (
+    CLOSE_LOST,
+    DROP_SESSION,
+    FINISH,
+    GET,
+    LIST,
+    LOOK,
+    MARK_TOLD,
+    START,
+    StoredTask,
+)
 from turnstile.actors.sessions.actor import Inject
 from turnstile.actors.sessions.agents.base import ToolResult
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.codec import Message
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
+from turnstile.runtime.membership import ended_by
+from turnstile.runtime.store import ClusterView, NodeRecord, NodeRef, Store
 
 __all__ = [
     "BackgroundActor",
@@ -39,15 +64,27 @@ __all__ = [
     "CancelTask",
     "GetTask",
     "ListTasks",
+    "LostTasks",
     "notification_text",
 ]
+
+log = logging.getLogger("turnstile.background")
 
 #: Results longer than this are cut in the notification (background_result has them whole).
 NOTIFY_RESULT_CHARS = 2000
 #: Completions this close together reach the session as one notification.
 BATCH_WINDOW = 0.05
-#: Finished tasks kept per session for background_result.
+#: Finished tasks kept per session for background_result (in memory, and in the store).
 KEEP_FINISHED = 100
+#: A stored task's arguments are a summary: their JSON, cut here.
+STORED_ARGS_CHARS = 1000
+#: A stored result longer than this (as JSON) is kept cut, as text: ``{"success", "truncated",
+#: "chars", "text"}``; the node that ran the task keeps it whole in memory.
+STORED_RESULT_CHARS = 64_000
+#: How long the write that ends a task may go on once the node is stopping.
+_WRITE_GRACE = 5.0
+#: Lost tasks told per pass of :class:`LostTasks` (the rest at the next one).
+_TELL_PER_PASS = 200
 
 
 @dataclass
@@ -63,11 +100,17 @@ class BackgroundTask:
     started: float
     preapproved: bool = False
     idempotency_key: str | None = None
-    status: str = "running"  # running | completed | failed | cancelled
+    status: str = "running"  # running | completed | failed | cancelled | lost
     result: ToolResult | None = None
     finished: float | None = None
     done: trio.Event = field(default_factory=trio.Event)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: when it started, by the node's clock (what the store records)
+    started_on: datetime | None = None
+    #: its row was written when it started (so its end is written too)
+    recorded: bool = False
+    #: read from the store: run by another node (or an earlier incarnation of this one)
+    stored: bool = False
 
     def elapsed(self, now: float) -> float:
         return round((self.finished if self.finished is not None else now) - self.started, 3)
@@ -127,9 +170,20 @@ class ListTasks(Message, tag="list_tasks", kw_only=True):
 
 def notification_text(task: BackgroundTask, now: float) -> str:
     """The reference's notification for a finished task."""
-    head = f"task_id={task.id}, tool={task.tool}, elapsed={task.elapsed(now):.1f}s"
-    result = task.result
-    if task.status == "cancelled":
+    return _text(task.id, task.tool, task.status, task.elapsed(now), task.result)
+
+
+def lost_text(task: StoredTask) -> str:
+    """The notification for a task closed as lost: a failure, read from its row alone (so
+    every node that tells it tells the same words)."""
+    assert task.finished_at is not None
+    elapsed = (task.finished_at - task.started_at).total_seconds()
+    return _text(task.id, task.tool, task.state, elapsed, _result_of(task.result))
+
+
+def _text(task_id: str, tool: str, status: str, elapsed: float, result: ToolResult | None) -> str:
+    head = f"task_id={task_id}, tool={tool}, elapsed={elapsed:.1f}s"
+    if status == "cancelled":
         return f"[BACKGROUND TASK CANCELLED] {head}"
     if result is None or not result.ok:
         message = (result.error or {}).get("message") if result else "the task failed"
@@ -140,8 +194,72 @@ def notification_text(task: BackgroundTask, now: float) -> str:
     return (
         f"[BACKGROUND TASK COMPLETED] {head}\n"
         f"Result (truncated): {body[:NOTIFY_RESULT_CHARS]}... ({len(body)} chars total)\n"
-        f'Use background_result(task_id="{task.id}") to get the full output.'
+        f'Use background_result(task_id="{task_id}") to get the full output.'
     )
+
+
+def _stored_result(result: ToolResult | None) -> str | None:
+    """A result as the store keeps it: JSON, cut past :data:`STORED_RESULT_CHARS`."""
+    if result is None:
+        return None
+    body: dict[str, Any] = {"success": result.ok}
+    if result.ok:
+        body["data"] = result.data
+    else:
+        body["error"] = result.error
+    text = json.dumps(body, default=str)
+    if len(text) <= STORED_RESULT_CHARS:
+        return text
+    cut = {
+        "success": result.ok,
+        "truncated": True,
+        "chars": len(text),
+        "text": text[:STORED_RESULT_CHARS],
+    }
+    return json.dumps(cut)
+
+
+def _result_of(stored: dict[str, Any] | None) -> ToolResult | None:
+    if stored is None:
+        return None
+    if stored.get("truncated"):
+        cut = {k: stored[k] for k in ("truncated", "chars", "text")}
+        if stored["success"]:
+            return ToolResult(ok=True, data=cut)
+        return ToolResult(ok=False, error={"code": "truncated", "message": stored["text"], **cut})
+    if stored["success"]:
+        return ToolResult(ok=True, data=stored.get("data"))
+    return ToolResult(ok=False, error=stored.get("error"))
+
+
+def _from_store(row: StoredTask, clock: Clock) -> BackgroundTask:
+    """A stored task as the tools and routes read one: its times on this node's trio clock."""
+    now = trio.current_time()
+    started = now - (clock.now() - row.started_at).total_seconds()
+    finished = None
+    if row.finished_at is not None:
+        finished = started + (row.finished_at - row.started_at).total_seconds()
+    task = BackgroundTask(
+        id=row.id,
+        session_id=row.session_key,
+        owner=row.owner,
+        tool=row.tool,
+        params={},
+        started_at=_iso(row.started_at),
+        started=started,
+        status=row.state,
+        result=_result_of(row.result),
+        finished=finished,
+        started_on=row.started_at,
+        stored=True,
+    )
+    if row.state != "running":
+        task.done.set()
+    return task
+
+
+def _iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
 
 
 class BackgroundActor(Actor):
@@ -153,6 +271,10 @@ class BackgroundActor(Actor):
         publish: ``async (session_id, message)`` — tells a session actor (``Inject``).
         clock: for ``started_at``.
         max_running_per_session: running tasks one session may have.
+        store: where tasks are recorded (``background_tasks``) and read when they are not
+            held here; None keeps them in memory alone.
+        node: ``() -> NodeRef | None``, the node incarnation that runs the tasks it starts
+            (recorded with each); a task started while it answers None is not recorded.
     """
 
     uses_nursery = True
@@ -164,11 +286,15 @@ class BackgroundActor(Actor):
         clock: Clock,
         *,
         max_running_per_session: int = 20,
+        store: Store | None = None,
+        node: Callable[[], NodeRef | None] | None = None,
     ) -> None:
         self.run_tool = run_tool
         self.publish = publish
         self.clock = clock
         self.max_running = max_running_per_session
+        self.store = store
+        self.node = node
         self.tasks: dict[str, BackgroundTask] = {}
         self._outbox: dict[str, list[BackgroundTask]] = {}
 
@@ -177,26 +303,32 @@ class BackgroundActor(Actor):
             case StartTask():
                 return self._start(message)
             case GetTask():
-                return self._get(message.session_id, message.task_id)
+                return await self._find(message.session_id, message.task_id)
             case CancelTask():
-                task = self._get(message.session_id, message.task_id)
-                if task.status != "running":
-                    return False
+                task = await self._find(message.session_id, message.task_id)
+                if task.status != "running" or task.stored:
+                    return False  # ended, or run by another node: only that one can cancel it
                 task.scope.cancel()
                 return True
             case DropSessionTasks(session_id=session_id):
-                return self._drop_session(session_id)
+                return await self._drop_session(session_id)
             case ListTasks():
-                mine = [t for t in self.tasks.values() if t.session_id == message.session_id]
-                return sorted(mine, key=lambda t: (t.status != "running", -t.started))
+                return await self._list(message.session_id)
         raise InvalidArgument(f"background actor cannot handle {type(message).__name__}")
 
-    def _drop_session(self, session_id: str) -> int:
+    async def _drop_session(self, session_id: str) -> int:
         mine = [t for t in self.tasks.values() if t.session_id == session_id]
         for task in mine:
             task.scope.cancel()
             del self.tasks[task.id]
         self._outbox.pop(session_id, None)
+        if self.store is not None:
+            try:
+                return max(
+                    len(mine), await self.store.run_write(DROP_SESSION, session_key=session_id)
+                )
+            except StoreError as exc:
+                log.warning("forgetting the background tasks of %s failed: %s", session_id, exc)
         return len(mine)
 
     def _get(self, session_id: str, task_id: str) -> BackgroundTask:
@@ -204,6 +336,33 @@ class BackgroundActor(Actor):
         if task is None or task.session_id != session_id:
             raise NotFound(f"no background task with id {task_id!r}")
         return task
+
+    async def _find(self, session_id: str, task_id: str) -> BackgroundTask:
+        """The session's task: held here, else as the store has it (another node runs it, or
+        an earlier incarnation of this one did)."""
+        try:
+            return self._get(session_id, task_id)
+        except NotFound:
+            if self.store is None:
+                raise
+        row = await self.store.run_read(GET, session_key=session_id, id=task_id)
+        if row is None:
+            raise NotFound(f"no background task with id {task_id!r}")
+        return _from_store(row, self.clock)
+
+    async def _list(self, session_id: str) -> list[BackgroundTask]:
+        mine = {t.id: t for t in self.tasks.values() if t.session_id == session_id}
+        if self.store is not None:
+            try:
+                limit = KEEP_FINISHED + self.max_running
+                rows = await self.store.run_read(LIST, session_key=session_id, limit=limit)
+            except StoreError as exc:
+                log.warning("listing the stored background tasks of %s failed: %s", session_id, exc)
+                rows = []
+            for row in rows:
+                if row.id not in mine:
+                    mine[row.id] = _from_store(row, self.clock)
+        return sorted(mine.values(), key=lambda t: (t.status != "running", -t.started))
 
     def _start(self, msg: StartTask) -> BackgroundTask:
         running = sum(
@@ -215,6 +374,7 @@ class BackgroundActor(Actor):
             raise LimitExceeded(
                 f"session has {running} background tasks running (limit {self.max_running})"
             )
+        now = self.clock.now()
         task = BackgroundTask(
             id=f"bg-{uuid.uuid4().hex[:8]}",
             session_id=msg.session_id,
@@ -223,8 +383,9 @@ class BackgroundActor(Actor):
             params=msg.params,
             preapproved=msg.preapproved,
             idempotency_key=msg.idempotency_key,
-            started_at=self.clock.now().isoformat().replace("+00:00", "Z"),
+            started_at=_iso(now),
             started=trio.current_time(),
+            started_on=now,
         )
         self.tasks[task.id] = task
         self._forget_old(msg.session_id)
@@ -241,6 +402,7 @@ class BackgroundActor(Actor):
             del self.tasks[task.id]
 
     async def _run(self, task: BackgroundTask) -> None:
+        await self._record_start(task)
         with task.scope:
             try:
                 task.result = await self.run_tool(
@@ -258,11 +420,65 @@ class BackgroundActor(Actor):
                     ok=False, error={"code": "internal", "message": type(exc).__name__}
                 )
                 task.status = "failed"
+        # Cancelled with the node (a shutdown) ends here, its row still ``running``: once the
+        # node is stopped, whoever sweeps next closes it as lost and tells the session.
         if task.scope.cancelled_caught:
             task.status = "cancelled"
         task.finished = trio.current_time()
         task.done.set()
-        await self._notify(task)
+        if await self._record_end(task):
+            await self._notify(task)
+
+    async def _record_start(self, task: BackgroundTask) -> None:
+        """One ``INSERT``; a store that fails it costs the task its row, never its run."""
+        ref = self.node() if self.node is not None else None
+        if self.store is None or ref is None:
+            return
+        started = {
+            "id": task.id,
+            "session_key": task.session_id,
+            "owner": task.owner,
+            "tool": task.tool,
+            "args": json.dumps(task.params, default=str)[:STORED_ARGS_CHARS],
+            "started_at": self.store.db_time(task.started_on or self.clock.now()),
+            "node_id": ref.id,
+            "node_epoch": ref.epoch,
+        }
+        try:
+            await self.store.run_write(START, task=started, keep=KEEP_FINISHED)
+        except StoreError as exc:
+            log.warning("background task %s: recording its start failed: %s", task.id, exc)
+            return
+        task.recorded = True
+
+    async def _record_end(self, task: BackgroundTask) -> bool:
+        """One ``UPDATE`` of the task's row; whether its session is to be told here (False: the
+        row was closed as lost by another node meanwhile, which told the session, or it is
+        gone with its session)."""
+        if self.store is None or not task.recorded:
+            return True
+        with trio.move_on_after(_WRITE_GRACE, shield=True):
+            try:
+                ended = await self.store.run_write(
+                    FINISH,
+                    session_key=task.session_id,
+                    id=task.id,
+                    state=task.status,
+                    result=_stored_result(task.result),
+                    now=self.store.db_time(self.clock.now()),
+                )
+            except StoreError as exc:
+                log.warning("background task %s: recording its end failed: %s", task.id, exc)
+                return True
+            if not ended:
+                log.warning(
+                    "background task %s ended (%s) after it was closed as lost or deleted:"
+                    " its session is not told again",
+                    task.id,
+                    task.status,
+                )
+            return ended
+        return True
 
     async def _notify(self, task: BackgroundTask) -> None:
         """Batch completions per session for ``BATCH_WINDOW``, then tell the session once.
@@ -291,3 +507,104 @@ class BackgroundActor(Actor):
                     payload={"background_tasks": [t.id for t in batch]},
                 ),
             )
+
+
+class LostTasks:
+    """Closes as ``lost`` the running tasks of node incarnations that have ended, and tells
+    their sessions, once.
+
+    A pass (:meth:`close`) reads which incarnations run tasks and which lost tasks were not
+    told yet (one read); closes the tasks of every incarnation that ``view`` shows ended
+    (:func:`~runtime.membership.ended_by`) with one conditional ``UPDATE`` each, so however
+    many nodes pass at once each task is closed by one; then tells each lost task's session
+    its failure and marks it told. A tell that fails (the session's queue is full, the store
+    did not answer) is tried again at the next pass, by this node or another; the notice
+    carries the idempotency key ``background-lost:<task id>``, so a session told twice (two
+    nodes passing at once over an untold task) stores it once.
+
+    Args:
+        store: the node's store.
+        clock: the node's clock (``finished_at`` of the tasks it closes).
+        tell: ``async (session_key, Inject)``: delivers the notice, on this node or another.
+    """
+
+    def __init__(
+        self, store: Store, clock: Clock, tell: Callable[[str, Any], Awaitable[Any]]
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.tell = tell
+
+    async def close(self, view: ClusterView) -> list[StoredTask]:
+        """One pass over ``view`` (a fresh or older ``store.list_nodes()``: an incarnation it
+        shows ended never comes back). Returns the tasks it closed.
+
+        Raises:
+            StoreError: the store did not answer (nothing is lost: the next pass redoes it).
+        """
+        running, untold = await self.store.run_read(LOOK, limit=_TELL_PER_PASS)
+        pending = {(t.session_key, t.id): t for t in untold}
+        closed: list[StoredTask] = []
+        for node_id, epoch in running:
+            current = ended_by(view, NodeRef(node_id, epoch))
+            if current is None:
+                continue
+            why = _lost_because(current, epoch)
+            result = ToolResult(ok=False, error={"code": "lost", "message": why})
+            rows = await self.store.run_write(
+                CLOSE_LOST,
+                node_id=node_id,
+                node_epoch=epoch,
+                result=_stored_result(result),
+                now=self.store.db_time(self.clock.now()),
+            )
+            if rows:
+                log.warning(
+                    "closed %d background task(s) of node %r epoch %d as lost (%s): %s",
+                    len(rows),
+                    node_id,
+                    epoch,
+                    why,
+                    ", ".join(f"{t.id} (session {t.session_key})" for t in rows),
+                )
+            closed.extend(rows)
+            pending.update({(t.session_key, t.id): t for t in rows})
+        for task in sorted(pending.values(), key=lambda t: (t.finished_at, t.id)):
+            await self._tell(task)
+        return closed
+
+    async def _tell(self, task: StoredTask) -> None:
+        notice = Inject(
+            source="notification",
+            content=lost_text(task),
+            payload={"background_tasks": [task.id]},
+            idempotency_key=f"background-lost:{task.id}",
+        )
+        try:
+            await self.tell(task.session_key, notice)
+        except NotFound:
+            pass  # the session is gone: nobody to tell
+        except Exception as exc:
+            log.warning(
+                "telling session %s that background task %s was lost failed (tried again at"
+                " the next sweep): %s",
+                task.session_key,
+                task.id,
+                exc,
+            )
+            return
+        await self.store.run_write(
+            MARK_TOLD,
+            session_key=task.session_key,
+            id=task.id,
+            now=self.store.db_time(self.clock.now()),
+        )
+
+
+def _lost_because(current: NodeRecord, epoch: int) -> str:
+    if current.epoch > epoch:
+        return (
+            f"lost: node {current.id!r} epoch {epoch} ended before the task finished (the node"
+            f" started again as epoch {current.epoch})"
+        )
+    return f"lost: node {current.id!r} stopped before the task finished"

@@ -5,24 +5,44 @@ It makes ``APPROVE`` tool calls wait for a person (the WebSocket ``approve``/``d
 and the approval endpoints), runs long calls as background tasks (``http.download`` among
 them), and, once every feature has registered its tools, builds the turn shaper sessions use.
 A deleted session's tasks are cancelled and its pending approvals denied.
+
+It owns the ``background_tasks`` table (the ``background`` migration set,
+``background_schema.py``): every background task is recorded there with the node incarnation
+running it, so any node can read it, and the tasks of an incarnation that ended before them are
+closed as lost and their sessions told (``LostTasks``): once the node has started (what an
+earlier start of this node left running) and, with several nodes, after every membership sweep
+(``Membership.after_sweep``).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
 from turnstile.actors.execution.approvals import ApprovalDesk
-from turnstile.actors.execution.background import BackgroundActor, DropSessionTasks, StartTask
+from turnstile.actors.execution.background import (
+    BackgroundActor,
+    DropSessionTasks,
+    LostTasks,
+    StartTask,
+)
+from turnstile.actors.execution.background_schema import BACKGROUND
 from turnstile.actors.execution.routes import execution_routes
 from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
 from turnstile.runtime.actor import ActorRef
+from turnstile.runtime.errors import PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
+from turnstile.runtime.store import ClusterView
 
 __all__ = ["ExecutionFeature"]
+
+log = logging.getLogger("turnstile.background")
 
 
 class ExecutionFeature:
@@ -30,10 +50,12 @@ class ExecutionFeature:
     tools its shaper should know (``ready`` runs once all have started)."""
 
     name = "execution"
+    migrations = [BACKGROUND]
 
     def __init__(self) -> None:
         self.background: ActorRef | None = None
         self.approvals: ApprovalDesk | None = None
+        self.lost: LostTasks | None = None
 
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
@@ -42,7 +64,14 @@ class ExecutionFeature:
         )
         tools.approver = approvals.request
         self.background = background = await node.supervisor.spawn(
-            lambda: BackgroundActor(tools.call, node.tell_session, node.clock), name="background"
+            lambda: BackgroundActor(
+                tools.call,
+                node.tell_session,
+                node.clock,
+                store=node.store,
+                node=lambda: node.store.claimer,
+            ),
+            name="background",
         )
 
         async def start_background(call, tool: str, params: dict) -> dict:
@@ -68,6 +97,48 @@ class ExecutionFeature:
 
         node.hooks.on_session_end.append(end)
         node.hooks.resolve_approval = approvals.resolve
+
+        async def tell(key: str, notice: Any) -> None:
+            # asked where the session lives here, so that it is stored before the task is
+            # marked told; told through the store where another node holds it
+            try:
+                await node.ask_session(key, notice)
+            except PlacedElsewhere:
+                await node.tell_session(key, notice)
+
+        self.lost = LostTasks(node.store, node.clock, tell)
+        sweeps: trio.MemorySendChannel[ClusterView | None]
+        sweeps, passes = trio.open_memory_channel(math.inf)
+        sweeps.send_nowait(None)  # the start-up pass: what an earlier start left running
+        if node.membership is not None:
+
+            async def after_sweep(view: ClusterView) -> None:
+                sweeps.send_nowait(view)  # the pass runs in the node's task, not the sweep's
+
+            node.membership.after_sweep.append(after_sweep)
+        node.start_soon(self._close_lost, node, passes, name="lost background tasks")
+
+    async def _close_lost(
+        self, node: NodeContext, passes: trio.MemoryReceiveChannel[ClusterView | None]
+    ) -> None:
+        """Once the node has started, and after every sweep: close the tasks of ended
+        incarnations as lost and tell their sessions (``LostTasks``). Views that queued up
+        while a pass ran are taken together: the newest says all they did."""
+        assert self.lost is not None
+        await node.started.wait()
+        async for view in passes:
+            while True:
+                try:
+                    view = passes.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            with trio.move_on_after(10, shield=True):  # a pass is not cut in half by a stop
+                try:
+                    await self.lost.close(
+                        view if view is not None else await node.store.list_nodes()
+                    )
+                except StoreError as exc:
+                    log.warning("closing lost background tasks failed (next sweep): %s", exc)
 
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""

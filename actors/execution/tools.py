@@ -8,7 +8,9 @@ concurrency limit apply exactly as for a direct call. Total time is about the sl
 
 The ``background_*`` tools drive the background actor (``actors.execution.background``): start
 a tool and get a ``task_id`` at once, then status, result, cancel, list, or wait (timeout
-default 60 s, at most 3,600 s). The session is notified automatically when a task ends.
+default 60 s, at most 3,600 s). The session is notified automatically when a task ends. A task
+another node runs (or ran) is read from the store: status, result, list and wait work through
+any node; only the node running a task can cancel it (elsewhere ``cancelled`` is false).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from turnstile.runtime.errors import InvalidArgument
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = ["register_execution_tools", "register_shell_background", "PRIMITIVES"]
+
+#: How often ``background_wait`` looks at the store for a task another node runs.
+STORED_WAIT_POLL = 1.0
 
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
@@ -172,6 +177,9 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
     async def background_wait(call: ToolCall, args: Wait) -> dict[str, Any]:
         task = await get(call, args.task_id)
         with trio.move_on_after(args.timeout):  # waits here, never in the actor's mailbox
+            while task.stored and task.status == "running":  # another node runs it
+                await trio.sleep(STORED_WAIT_POLL)
+                task = await get(call, args.task_id)
             await task.done.wait()
         out = finished_view(task)
         if task.status == "running":

@@ -1,0 +1,301 @@
+"""The execution feature's queries on ``background_tasks``: ``TableQuery`` objects, one function
+per backend.
+
+Times are passed in as the store keeps them (``store.db_time``) and come back as aware
+datetimes; ``args`` and ``result`` are JSON text, bounded by the caller.
+
+A task is written twice on its way: :data:`START` (one ``INSERT``, which also forgets the
+session's oldest finished tasks past the ones kept) and :data:`FINISH` (one ``UPDATE`` of a row
+that is still ``running``: a row another node closed as ``lost`` meanwhile stays lost, and the
+caller learns it). :data:`CLOSE_LOST` closes the running tasks of one ended incarnation with a
+conditional ``UPDATE … WHERE state = 'running' AND node_id = … AND node_epoch = …``, so of any
+number of nodes sweeping at once exactly one gets each row back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from turnstile.runtime.store import TableQuery
+
+__all__ = [
+    "CLOSE_LOST",
+    "DROP_SESSION",
+    "FINISH",
+    "GET",
+    "LIST",
+    "LOOK",
+    "MARK_TOLD",
+    "START",
+    "StoredTask",
+]
+
+
+class StoredTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``background_tasks``.
+
+    Attributes:
+        id: the task's id (unique within its session).
+        session_key: the session that started it.
+        owner: that session's user.
+        tool: the tool it runs.
+        args: a bounded JSON summary of its arguments.
+        state: ``running``, ``completed``, ``failed``, ``cancelled`` or ``lost``.
+        result: ``{"success": …, "data" | "error": …}`` once it ended (None while running and
+            for a cancelled task).
+        started_at: when it started.
+        finished_at: when it ended, or was found lost.
+        node_id: the node that runs (ran) it.
+        node_epoch: that node's epoch when it started the task.
+    """
+
+    id: str
+    session_key: str
+    owner: str
+    tool: str
+    args: str
+    state: str
+    result: dict[str, Any] | None
+    started_at: datetime
+    finished_at: datetime | None
+    node_id: str
+    node_epoch: int
+
+
+_COLUMNS = (
+    "id, session_key, owner, tool, args, state, result, started_at, finished_at, node_id,"
+    " node_epoch"
+)
+
+
+def _time(value: str | datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value)
+
+
+def _task(row: Any) -> StoredTask:
+    return StoredTask(
+        id=row[0],
+        session_key=row[1],
+        owner=row[2],
+        tool=row[3],
+        args=row[4],
+        state=row[5],
+        result=None if row[6] is None else msgspec.json.decode(row[6]),
+        started_at=_time(row[7]),
+        finished_at=_time(row[8]),
+        node_id=row[9],
+        node_epoch=row[10],
+    )
+
+
+def _count(status: str) -> int:
+    return int(status.split()[-1])
+
+
+# ---- start, finish ------------------------------------------------------------------------------
+
+_INSERT = (
+    "INSERT INTO background_tasks (id, session_key, owner, tool, args, state, started_at,"
+    " node_id, node_epoch) VALUES ({}, 'running', {}, {}, {})"
+)
+#: the session's finished tasks past the newest ``keep``
+_OLD = (
+    "DELETE FROM background_tasks WHERE session_key = {key} AND id IN (SELECT id FROM"
+    " background_tasks WHERE session_key = {key} AND state <> 'running'"
+    " ORDER BY started_at DESC, id LIMIT -1 OFFSET {keep})"
+)
+
+
+def _start_sqlite(conn: Any, *, task: dict[str, Any], keep: int) -> None:
+    conn.execute(
+        _INSERT.format("?, ?, ?, ?, ?", "?", "?", "?"),
+        (
+            task["id"],
+            task["session_key"],
+            task["owner"],
+            task["tool"],
+            task["args"],
+            task["started_at"],
+            task["node_id"],
+            task["node_epoch"],
+        ),
+    )
+    conn.execute(_OLD.format(key="?1", keep="?2"), (task["session_key"], keep))
+
+
+async def _start_postgres(conn: Any, *, task: dict[str, Any], keep: int) -> None:
+    # one statement, one round trip: the INSERT and the pruning in a data-modifying WITH
+    await conn.execute(
+        "WITH started AS ("
+        + _INSERT.format("$1, $2, $3, $4, $5", "$6", "$7", "$8")
+        + ") "
+        + _OLD.format(key="$2", keep="$9").replace("LIMIT -1 ", ""),
+        task["id"],
+        task["session_key"],
+        task["owner"],
+        task["tool"],
+        task["args"],
+        task["started_at"],
+        task["node_id"],
+        task["node_epoch"],
+        keep,
+    )
+
+
+#: ``(task: {id, session_key, owner, tool, args, started_at, node_id, node_epoch}, keep)``:
+#: records a task as ``running`` and forgets the session's finished tasks past the newest
+#: ``keep``.
+START = TableQuery("execution.start", sqlite=_start_sqlite, postgres=_start_postgres)
+
+_FINISH = (
+    "UPDATE background_tasks SET state = {state}, result = {result}, finished_at = {now},"
+    " notified_at = {now} WHERE session_key = {key} AND id = {id} AND state = 'running'"
+)
+
+
+def _finish_sqlite(
+    conn: Any, *, session_key: str, id: str, state: str, result: str | None, now: str
+) -> bool:
+    sql = _FINISH.format(state="?1", result="?2", now="?3", key="?4", id="?5")
+    return conn.execute(sql, (state, result, now, session_key, id)).rowcount == 1
+
+
+async def _finish_postgres(
+    conn: Any, *, session_key: str, id: str, state: str, result: str | None, now: datetime
+) -> bool:
+    sql = _FINISH.format(state="$1", result="$2", now="$3", key="$4", id="$5")
+    return _count(await conn.execute(sql, state, result, now, session_key, id)) == 1
+
+
+#: ``(session_key, id, state, result, now) -> bool``: the task ended (its node tells the
+#: session); False when the row is not ``running`` any more (closed as lost by another node,
+#: which told the session) or is gone (the session was deleted).
+FINISH = TableQuery("execution.finish", sqlite=_finish_sqlite, postgres=_finish_postgres)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+_GET = f"SELECT {_COLUMNS} FROM background_tasks WHERE session_key = {{}} AND id = {{}}"
+
+
+def _get_sqlite(conn: Any, *, session_key: str, id: str) -> StoredTask | None:
+    row = conn.execute(_GET.format("?", "?"), (session_key, id)).fetchone()
+    return None if row is None else _task(row)
+
+
+async def _get_postgres(conn: Any, *, session_key: str, id: str) -> StoredTask | None:
+    row = await conn.fetchrow(_GET.format("$1", "$2"), session_key, id)
+    return None if row is None else _task(row)
+
+
+#: ``(session_key, id) -> StoredTask | None``: only the session's own task.
+GET = TableQuery("execution.get", sqlite=_get_sqlite, postgres=_get_postgres)
+
+_LIST = (
+    f"SELECT {_COLUMNS} FROM background_tasks WHERE session_key = {{}}"
+    " ORDER BY started_at DESC, id LIMIT {}"
+)
+
+
+def _list_sqlite(conn: Any, *, session_key: str, limit: int) -> list[StoredTask]:
+    return [_task(row) for row in conn.execute(_LIST.format("?", "?"), (session_key, limit))]
+
+
+async def _list_postgres(conn: Any, *, session_key: str, limit: int) -> list[StoredTask]:
+    return [_task(row) for row in await conn.fetch(_LIST.format("$1", "$2"), session_key, limit)]
+
+
+#: ``(session_key, limit) -> [StoredTask]``: the session's tasks, newest first.
+LIST = TableQuery("execution.list", sqlite=_list_sqlite, postgres=_list_postgres)
+
+
+# ---- lost tasks ---------------------------------------------------------------------------------
+
+_RUNNING = "SELECT DISTINCT node_id, node_epoch FROM background_tasks WHERE state = 'running'"
+_UNTOLD = (
+    f"SELECT {_COLUMNS} FROM background_tasks WHERE state = 'lost' AND notified_at IS NULL"
+    " ORDER BY finished_at LIMIT {}"
+)
+
+
+def _look_sqlite(conn: Any, *, limit: int) -> tuple[list[tuple[str, int]], list[StoredTask]]:
+    running = [(row[0], row[1]) for row in conn.execute(_RUNNING)]
+    return running, [_task(row) for row in conn.execute(_UNTOLD.format("?"), (limit,))]
+
+
+async def _look_postgres(
+    conn: Any, *, limit: int
+) -> tuple[list[tuple[str, int]], list[StoredTask]]:
+    running = [(row[0], row[1]) for row in await conn.fetch(_RUNNING)]
+    return running, [_task(row) for row in await conn.fetch(_UNTOLD.format("$1"), limit)]
+
+
+#: ``(limit) -> ([(node_id, node_epoch)], [StoredTask])``: the incarnations that run tasks,
+#: and up to ``limit`` lost tasks whose session was not told yet.
+LOOK = TableQuery("execution.look", sqlite=_look_sqlite, postgres=_look_postgres)
+
+_CLOSE_LOST = (
+    "UPDATE background_tasks SET state = 'lost', result = {result}, finished_at = {now}"
+    " WHERE state = 'running' AND node_id = {node} AND node_epoch = {epoch}"
+    f" RETURNING {_COLUMNS}"
+)
+
+
+def _close_lost_sqlite(
+    conn: Any, *, node_id: str, node_epoch: int, result: str, now: str
+) -> list[StoredTask]:
+    sql = _CLOSE_LOST.format(result="?1", now="?2", node="?3", epoch="?4")
+    return [_task(row) for row in conn.execute(sql, (result, now, node_id, node_epoch))]
+
+
+async def _close_lost_postgres(
+    conn: Any, *, node_id: str, node_epoch: int, result: str, now: datetime
+) -> list[StoredTask]:
+    sql = _CLOSE_LOST.format(result="$1", now="$2", node="$3", epoch="$4")
+    return [_task(row) for row in await conn.fetch(sql, result, now, node_id, node_epoch)]
+
+
+#: ``(node_id, node_epoch, result, now) -> [StoredTask]``: closes as ``lost`` (with ``result``)
+#: the tasks that incarnation was running; answers the rows this call closed (none when another
+#: node closed them first).
+CLOSE_LOST = TableQuery(
+    "execution.close_lost", sqlite=_close_lost_sqlite, postgres=_close_lost_postgres
+)
+
+_MARK_TOLD = (
+    "UPDATE background_tasks SET notified_at = {now}"
+    " WHERE session_key = {key} AND id = {id} AND notified_at IS NULL"
+)
+
+
+def _mark_told_sqlite(conn: Any, *, session_key: str, id: str, now: str) -> None:
+    conn.execute(_MARK_TOLD.format(now="?1", key="?2", id="?3"), (now, session_key, id))
+
+
+async def _mark_told_postgres(conn: Any, *, session_key: str, id: str, now: datetime) -> None:
+    await conn.execute(_MARK_TOLD.format(now="$1", key="$2", id="$3"), now, session_key, id)
+
+
+#: ``(session_key, id, now)``: the session of a lost task was told.
+MARK_TOLD = TableQuery(
+    "execution.mark_told", sqlite=_mark_told_sqlite, postgres=_mark_told_postgres
+)
+
+
+def _drop_sqlite(conn: Any, *, session_key: str) -> int:
+    sql = "DELETE FROM background_tasks WHERE session_key = ?"
+    return conn.execute(sql, (session_key,)).rowcount
+
+
+async def _drop_postgres(conn: Any, *, session_key: str) -> int:
+    sql = "DELETE FROM background_tasks WHERE session_key = $1"
+    return _count(await conn.execute(sql, session_key))
+
+
+#: ``(session_key) -> rows deleted``: a deleted session's tasks.
+DROP_SESSION = TableQuery("execution.drop_session", sqlite=_drop_sqlite, postgres=_drop_postgres)
