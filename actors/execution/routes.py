@@ -47,14 +47,15 @@ class TaskView(msgspec.Struct):
     Attributes:
         task_id: its id in the session.
         tool_name: the tool it runs.
-        status: ``running``, ``completed``, ``failed`` or ``cancelled``.
+        status: ``running``, ``completed``, ``failed``, ``cancelled`` or ``lost`` (its node
+            ended before it did: docs/tools.md).
         started_at: when it started (ISO 8601, UTC).
         elapsed_seconds: how long it ran (so far).
     """
 
     task_id: str
     tool_name: str
-    status: Literal["running", "completed", "failed", "cancelled"]
+    status: Literal["running", "completed", "failed", "cancelled", "lost"]
     started_at: str
     elapsed_seconds: float
 
