@@ -14,7 +14,7 @@ import trio
 
 from turnstile.runtime.clock import MockWallClock
 from turnstile.runtime.errors import LeaseLost, StoreError
-from turnstile.runtime.membership import default_node_id, open_membership
+from turnstile.runtime.membership import default_node_id, ended_by, open_membership
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import NodeRef, open_store
 
@@ -165,3 +165,42 @@ async def test_a_failing_takeover_handler_is_logged_and_the_node_serves_on(store
         await trio.sleep(2 * membership.interval)
         assert membership.record.heartbeat_at > before  # still heartbeating
     assert [i.state for i in await store.list_inputs("s")] == ["interrupted"]
+
+
+async def test_every_sweep_hands_its_view_to_the_after_sweep_hooks(store, autojump_clock):
+    """A feature closes the work of ended incarnations there: the view shows the nodes this
+    sweep declared dead as stopped, and a hook that fails ends neither the sweep nor the
+    hooks after it."""
+    dead, _ = await store.register_node("dead", lease_seconds=LEASE)
+    seen: list[tuple[float, dict[str, str]]] = []
+    async with open_membership(store, "b", lease_seconds=LEASE) as membership:
+
+        async def failing(view) -> None:
+            raise RuntimeError("a feature's bug")
+
+        async def recording(view) -> None:
+            seen.append((trio.current_time(), {n.id: n.state for n in view.nodes}))
+
+        async def take_over(took) -> None:
+            pass
+
+        membership.on_takeover = take_over
+        membership.after_sweep.extend([failing, recording])
+        await trio.sleep(LEASE + 2 * membership.interval)
+    assert seen[0] == (membership.interval, {"dead": "running", "b": "running"})
+    assert [states for _, states in seen][-1] == {"dead": "stopped", "b": "running"}
+    assert ended_by((await store.list_nodes()), dead.ref) is not None
+
+
+async def test_an_incarnation_has_ended_once_stopped_or_superseded(store):
+    a, _ = await store.register_node("a", lease_seconds=LEASE)
+    b1, _ = await store.register_node("b", lease_seconds=LEASE)
+    before = await store.list_nodes()
+    b2, _ = await store.register_node("b", lease_seconds=LEASE)
+    await store.stop_node(a.ref)
+    after = await store.list_nodes()
+    assert ended_by(before, a.ref) is None and ended_by(after, a.ref).state == "stopped"
+    assert ended_by(before, b1.ref) is None  # b's epoch 2 is not in that view yet
+    assert ended_by(after, b1.ref).epoch == 2
+    assert ended_by(after, b2.ref) is None
+    assert ended_by(after, NodeRef("c", 1)) is None  # registered after the view was read
