@@ -198,3 +198,26 @@ async def test_a_dead_nodes_task_is_closed_as_lost_once_and_its_session_told(sto
         other = await http_b.get(f"/sessions/t/tasks/{task_id}", headers=AUTH)
         assert other.status_code == 404
         assert (await call(b, "ada/t", "background_status", task_id=task_id)).ok is False
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_node_that_stops_cleanly_leaves_its_tasks_to_the_next_sweep(store_url):
+    hang_a, hang_b = Hang(), Hang()
+    config_a = cluster_config(store_url, "a", 600)
+    config_b = cluster_config(store_url, "b", 1)
+    async with AsyncExitStack() as stack:
+        b = await stack.enter_async_context(
+            open_node(config_b, features=features(config_b, hang_b), serve=False)
+        )
+        async with open_node(config_a, features=features(config_a, hang_a), serve=False) as a:
+            await a.directory.create_session("ada", session_id="s")
+            started = await call(a, "ada/s", "background_run", name="test.hang")
+            task_id = started.data["task_id"]
+            await hang_a.running.wait()
+        # a stopped: its task was cancelled with it; b's next sweep finds it and tells s
+        told = await eventually(lambda: notices(b, "ada/s"))
+        assert told[0].startswith(f"[BACKGROUND TASK FAILED] task_id={task_id}, tool=test.hang")
+        assert told[0].endswith("\nError: lost: node 'a' stopped before the task finished")
+        status = await call(b, "ada/s", "background_status", task_id=task_id)
+        assert status.data["status"] == "lost"
+        assert len(await notices(b, "ada/s")) == 1

@@ -137,3 +137,31 @@ async def test_a_tell_that_fails_is_tried_again_at_the_next_pass(store_url):
         assert await lost.close(await store.list_nodes()) == []  # nothing more to close…
         assert len(told) == 1  # …but the session is told now
         assert (await store.run_read(LOOK, limit=10))[1] == []
+
+
+async def test_a_start_forgets_the_sessions_oldest_finished_tasks_past_those_kept(store_url):
+    async with open_store(store_url, migrations=[BACKGROUND]) as store:
+        a, _ = await store.register_node("a", lease_seconds=LEASE)
+        clock = SystemClock()
+        for n in range(4):
+            row = {
+                "id": f"bg-{n}",
+                "session_key": "ada/s",
+                "owner": "ada",
+                "tool": "echo",
+                "args": "{}",
+                "started_at": store.db_time(clock.now() + timedelta(seconds=n)),
+                "node_id": a.id,
+                "node_epoch": a.epoch,
+            }
+            await store.run_write(START, task=row, keep=2)
+            if n < 3:  # the newest stays running
+                done = {"state": "completed", "result": None, "now": store.db_time(clock.now())}
+                assert await store.run_write(FINISH, session_key="ada/s", id=f"bg-{n}", **done)
+        await start(store, "ada/t", "bg-t", a.ref)  # another session's are not counted
+        kept = await store.run_read(LIST, session_key="ada/s", limit=10)
+        assert [(t.id, t.state) for t in kept] == [
+            ("bg-3", "running"),
+            ("bg-2", "completed"),
+            ("bg-1", "completed"),
+        ]
