@@ -60,6 +60,8 @@ WRITES: dict[str, str] = {
     " lease epoch",
     "finish_input": "(input_id, state, detail, now, fence=None) -> row | None unless it was"
     " running; Fenced as claim_next_input",
+    "fold_input": "(input_id, detail, now, fence=None) -> row | None unless it was queued;"
+    " Fenced as claim_next_input",
     "requeue_input": "(input_id, detail, now) -> row | None unless it was interrupted",
     "interrupt_running": "(now) -> rows",
     "register_node": "(id, address, lease, now, expires) -> (row with its new epoch, the row"

@@ -284,6 +284,26 @@ class Store(Protocol):
         """
         ...
 
+    async def fold_input(
+        self, input_id: int, detail: dict[str, Any] | None = None, *, fence: int | None = None
+    ) -> InboxItem | None:
+        """Move a ``queued`` input straight to ``done`` without a turn of its own: it was folded
+        into the session's running turn (an ``inject`` message stored by another node).
+
+        Args:
+            input_id: the item.
+            detail: replaces its detail (which turn it went into).
+            fence: as ``claim_next_input``.
+
+        Returns:
+            The item as stored after the change, or None when it was no longer ``queued``
+            (claimed meanwhile: it runs as a turn of its own) or does not exist.
+
+        Raises:
+            Fenced: ``fence`` was given and is no longer the session's lease epoch.
+        """
+        ...
+
     async def requeue_input(self, input_id: int, detail: dict[str, Any] | None = None) -> InboxItem:
         """Crash recovery that runs a cut-off turn again: move an ``interrupted`` input back
         to ``queued`` (the one way out of a final state). Its id keeps its place: it is the

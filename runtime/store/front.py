@@ -434,6 +434,19 @@ class StoreFront:
                 raise u.transition_error(input_id, current, state)
             # it was claimed between the two statements: try the move again
 
+    async def fold_input(
+        self, input_id: int, detail: dict[str, Any] | None = None, *, fence: int | None = None
+    ) -> InboxItem | None:
+        u.check_int(input_id, "input_id")
+        row = await self.engine.write(
+            "fold_input",
+            input_id=input_id,
+            detail=u.encode_optional_json(detail),
+            now=self._now(),
+            **_fence(fence),
+        )
+        return None if row is None else _input(row)
+
     async def requeue_input(self, input_id: int, detail: dict[str, Any] | None = None) -> InboxItem:
         u.check_int(input_id, "input_id")
         data = u.encode_optional_json(detail)

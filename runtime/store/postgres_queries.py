@@ -236,6 +236,31 @@ async def finish_input(
     return row
 
 
+async def fold_input(
+    conn: Conn, input_id: int, detail: str | None, now: datetime, fence: int | None = None
+) -> Row | None:
+    lease, held = "", ""
+    if fence is not None:
+        lease = (
+            "WITH lease AS (SELECT 1 FROM sessions s JOIN inbox i ON i.session_id = s.id"
+            " WHERE i.id = $1 AND s.lease_epoch = $4 FOR SHARE OF s) "
+        )
+        held = " AND EXISTS (SELECT 1 FROM lease)"
+    row = await conn.fetchrow(
+        f"{lease}UPDATE inbox SET state = 'done', detail = $2::jsonb, updated_at = $3"
+        f" WHERE id = $1 AND state = 'queued'{held} RETURNING *",
+        input_id,
+        detail,
+        now,
+        *(() if fence is None else (fence,)),
+    )
+    if row is None and fence is not None:
+        session_id = await conn.fetchval("SELECT session_id FROM inbox WHERE id = $1", input_id)
+        if session_id is not None:
+            await _fenced(conn, session_id, fence)
+    return row
+
+
 async def requeue_input(conn: Conn, input_id: int, detail: str | None, now: datetime) -> Row | None:
     return await conn.fetchrow(
         "UPDATE inbox SET state = 'queued', detail = $2::jsonb, updated_at = $3"

@@ -228,6 +228,28 @@ def finish_input(
     return row
 
 
+def fold_input(
+    conn: Conn, input_id: int, detail: str | None, now: str, fence: int | None = None
+) -> Row | None:
+    held = ""
+    if fence is not None:
+        held = " AND " + _LEASE_HELD.format(session="inbox.session_id", fence="?4")
+    row = _one(
+        conn,
+        "UPDATE inbox SET state = 'done', detail = ?1, updated_at = ?2"
+        f" WHERE id = ?3 AND state = 'queued'{held} RETURNING *",
+        detail,
+        now,
+        input_id,
+        *(() if fence is None else (fence,)),
+    )
+    if row is None and fence is not None:
+        owner = _one(conn, "SELECT session_id FROM inbox WHERE id = ?", input_id)
+        if owner is not None:
+            _fenced(conn, owner[0], fence)
+    return row
+
+
 def requeue_input(conn: Conn, input_id: int, detail: str | None, now: str) -> Row | None:
     return _one(
         conn,
