@@ -77,12 +77,14 @@ from turnstile.actors.sessions.messages import (
     DeleteSession,
     Delivered,
     Detach,
+    FoldInput,
     GetStatus,
     Inject,
     Policy,
     Publish,
     SessionStatus,
     SetPolicy,
+    StopInput,
     StopTurn,
     Submit,
     Wake,
@@ -175,6 +177,8 @@ class SessionActor(Actor):
         self.history: list[HistoryEntry] = []
         self.subscribers: set[Subscriber] = set()
         self.turn: Turn | None = None
+        #: the input of the last turn this activation started (requests from other nodes)
+        self.last_turn_id: int | None = None
         self.runner_active = False
         self.runner_done: trio.Event | None = None
         self.wakeup_pending = False
@@ -276,6 +280,13 @@ class SessionActor(Actor):
                 return True
             case SetPolicy(policy=policy):
                 return await self._set_policy(policy)
+            case StopInput(input_id=input_id, status=status):
+                if self.turn is not None and self.turn.item.id == input_id:
+                    self.turn.cancel(status)
+                    return True
+                return self._ended(input_id)
+            case FoldInput():
+                return await self._fold_stored(message.input_id, message.into)
             case Inject():
                 return await self._inject(message)
             case GetStatus():
@@ -467,6 +478,31 @@ class SessionActor(Actor):
         self._remember(entry)
         return Submitted(injected=True)
 
+    def _ended(self, input_id: int) -> bool:
+        """Whether the turn of ``input_id`` ran here and ended (turns start in id order)."""
+        return self.last_turn_id is not None and self.last_turn_id >= input_id
+
+    async def _fold_stored(self, input_id: int, into: int) -> bool:
+        """Fold an input another node stored (``FoldInput``) into the turn of ``into``."""
+        turn = self.turn
+        if turn is None or turn.item.id != into:
+            return self._ended(into)  # it ended first: the input runs as a turn of its own
+        item = await self.services.store.fold_input(
+            input_id, {"injected_into": into}, fence=self.fence
+        )
+        if item is None:  # no longer queued: it runs (or ran) as a turn of its own
+            return True
+        payload = {k: v for k, v in item.payload.items() if k != "content"}
+        content = _raw_content(item)
+        if self.turn is not turn:  # the turn closed while the row moved: a turn of its own
+            await self._enqueue(item.source, content, {**payload, "was_injected": True})
+            return True
+        await self._emit(InjectedMessage.of(item.source, content, into, payload))
+        entry = HistoryEntry(role="user", content=content, source=item.source)
+        turn.injections.append(entry)
+        self._remember(entry)
+        return True
+
     async def _delete(self) -> None:
         self.deleting = True  # the runner takes no further input
         if self.turn is not None:
@@ -547,6 +583,7 @@ class SessionActor(Actor):
     async def _run_turn_counted(self, item: InboxItem) -> None:
         turn = Turn(item)
         self.turn = turn
+        self.last_turn_id = item.id
         started = trio.current_time()
         #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
         #: that attach during or after it may have missed its beginning.

@@ -92,6 +92,7 @@ class SessionsFeature:
                 services.encode_event,
                 max_content_chars=limits.max_content_chars,
                 max_queued_inputs=limits.max_queued_inputs,
+                clock=node.clock,
             )
             services.remote = self.directory.remote = remote
             remote.on_delete = self.directory.delete_here

@@ -28,6 +28,8 @@ __all__ = [
     "Wake",
     "Delivered",
     "Arrived",
+    "StopInput",
+    "FoldInput",
     "Publish",
     "DeleteSession",
 ]
@@ -143,6 +145,35 @@ class Arrived(Message, tag="arrived", kw_only=True):
 
     input_id: int
     source: str
+
+
+class StopInput(Message, tag="stop_input", kw_only=True):
+    """Another node recorded a stop (or an ``interrupt`` message) for the turn of one input
+    (``actors.sessions.remote``): cancel that turn if it is the one running. Answers True
+    once the request is settled (done, or that turn ended: the next one is never stopped),
+    False while that turn has not started here yet.
+
+    Attributes:
+        input_id: the input whose turn to stop.
+        status: what the turn closes as: ``stopped`` or ``interrupted``.
+    """
+
+    input_id: int
+    status: str = "stopped"
+
+
+class FoldInput(Message, tag="fold_input", kw_only=True):
+    """Another node stored a user message while the turn of ``into`` ran and the session's
+    policy was ``inject``: fold the stored input into that turn if it still runs (otherwise
+    it runs as a turn of its own). Answers as ``StopInput``.
+
+    Attributes:
+        input_id: the stored (queued) input.
+        into: the input whose turn was running when it was stored.
+    """
+
+    input_id: int
+    into: int
 
 
 class Publish(Message, tag="publish", kw_only=True):

@@ -16,11 +16,19 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
   session's inbox by that node (with its idempotency key, under the session's queue limit) and
   announced (``i <key> <id> <source>``): the holder tells its activation, which emits
   ``turn_queued`` and runs it. If the announcement is lost, the holder's periodic look for
-  queued inputs finds it (``actors.node``: every ``lease_seconds / 3``). The session's policy
-  (``reject``, ``inject``, ``interrupt``) is applied only to inputs sent through the holder:
-  through another node an input is queued.
-* **Stop.** ``s <key>``: the holder stops the turn it runs. A stop is a request: if its
-  notification is lost the turn runs on.
+  queued inputs finds it (``actors.node``: every ``lease_seconds / 3``).
+* **Policy of a message.** The sending node reads whether a turn is running (an input
+  ``running`` in the store) and the session's policy: ``reject`` refuses the message there
+  (``Busy``, nothing stored); ``interrupt`` stores it and records a request to stop the running
+  turn as ``interrupted``; ``inject`` stores it and records a request to fold it into the
+  running turn (the holder moves the row to ``done`` and emits ``injected_message``; if that
+  turn ended first, the input runs as a turn of its own).
+* **Requests** (stops, interrupts, folds) are durable: rows of the store's key-value table
+  (namespace :data:`REQUESTS`), each naming the input whose turn it is for, announced
+  (``r <key>``) and read by every node on each announcement and every :data:`POLL_SECONDS`
+  besides. The holder acts on those of the sessions it runs and deletes them once settled; a
+  request for a turn that ended meanwhile is dropped (it never reaches the next turn). A lost
+  announcement delays a stop by at most a second.
 * **Policy.** Written to the session's row, then announced (``p <key>``); the holder also reads
   it from the store when a message arrives mid-turn, so a lost announcement changes nothing.
 * **Delete.** ``x <key>``: the holder deletes the session (with its derived sessions and jobs;
@@ -35,18 +43,22 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import trio
 
+from turnstile.actors.sessions.inputs import UserMessage, decode_payload
 from turnstile.actors.sessions.messages import (
     POLICIES,
     Arrived,
     Delivered,
+    FoldInput,
     Inject,
     SetPolicy,
-    StopTurn,
+    StopInput,
 )
+from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import (
     ActorStopped,
     Busy,
@@ -61,7 +73,7 @@ from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import EventRecord, Store
 
-__all__ = ["CHANNEL", "POLL_SECONDS", "RemoteSessions"]
+__all__ = ["CHANNEL", "POLL_SECONDS", "REQUESTS", "RemoteSessions"]
 
 log = logging.getLogger("turnstile.session")
 
@@ -72,6 +84,10 @@ POLL_SECONDS = 1.0
 #: how often a follower says again that it follows; a holder announces a session's batches
 #: for three times as long after it last heard so
 WATCH_SECONDS = 10.0
+#: the key-value namespace of requests to the holder of a session (stop, interrupt, fold)
+REQUESTS = "sessions.requests"
+#: how long a request nobody settled is kept (its session was deleted, or passivated)
+REQUEST_SECONDS = 3600.0
 #: how long a delete through another node waits for the holder to have deleted the session
 DELETE_WAIT_SECONDS = 10.0
 #: events read per store round trip when a feed catches up
@@ -103,6 +119,7 @@ class RemoteSessions:
         encode_event: the gateway frame of a stored event (``SessionServices.encode_event``).
         max_content_chars, max_queued_inputs: the limits an input sent here is held to, as
             the session's own actor holds one sent through its node.
+        clock: the wall clock requests expire by.
     """
 
     def __init__(
@@ -114,7 +131,9 @@ class RemoteSessions:
         *,
         max_content_chars: int,
         max_queued_inputs: int,
+        clock: Clock,
     ) -> None:
+        self.clock = clock
         self.max_content_chars = max_content_chars
         self.max_queued_inputs = max_queued_inputs
         self.store = store
@@ -126,10 +145,14 @@ class RemoteSessions:
         #: sessions held here that another node follows, until when (trio time)
         self._watched: dict[str, float] = {}
         self._announce = trio.Event()
+        self._requested = trio.Event()
         self._heard_send, self._heard = trio.open_memory_channel[str | None](_INBOX)
         self._nursery: trio.Nursery | None = None
         #: deletes a session this node holds (``SessionDirectory.delete_here``), for ``x``
         self.on_delete: Callable[[str], Awaitable[None]] | None = None
+        #: an approval was answered through some node (``a <key> <approval id>``): the node
+        #: whose call waits for it reads the answer (the execution feature's desk)
+        self.on_approval: Callable[[str], None] | None = None
 
     # -- this node's sessions -------------------------------------------------------------------
 
@@ -240,8 +263,14 @@ class RemoteSessions:
     ) -> Submitted:
         """Store an input of a session another node holds, and announce it to that node.
 
+        A user message that arrives while a turn runs follows the session's policy, as on the
+        holder (see the module docstring): whether a turn runs is read from the store, so a
+        turn that starts or ends in the moment between that read and the write is seen as
+        the holder would have seen a message arriving a moment earlier.
+
         Raises:
             InvalidArgument: the content is too long.
+            Busy: a turn is running and the policy is ``reject`` (nothing is stored).
             LimitExceeded: the session's queue is full (a resend of a stored input is not).
             NotFound: the session is gone.
         """
@@ -257,7 +286,14 @@ class RemoteSessions:
             )
             if earlier is not None:
                 return Submitted(input_id=earlier.id, replayed=True)
-        queued = len(await self.store.list_inputs(key, ["queued"]))
+        waiting = await self.store.list_inputs(key, ["running", "queued"])
+        running = next((i.id for i in waiting if i.state == "running"), None)
+        queued = sum(1 for i in waiting if i.state == "queued")
+        policy = "enqueue"
+        if running is not None and isinstance(decode_payload(source, stored), UserMessage):
+            policy = (await self.store.get_session(key)).policy
+            if policy == "reject":
+                raise Busy("session is busy with a turn and its policy is reject")
         if queued >= max_queued_inputs:
             raise LimitExceeded(f"session has {queued} queued inputs (limit {max_queued_inputs})")
         if idempotency_key is None:
@@ -267,7 +303,14 @@ class RemoteSessions:
             item = enqueued.item
             if not enqueued.created:
                 return Submitted(input_id=item.id, replayed=True)
+        if policy == "inject":  # no turn_queued: it goes into the running turn if it can
+            await self._request(key, f"fold {item.id}", {"input_id": item.id, "into": running})
+            return Submitted(input_id=item.id)
         await self._notify(f"i {key} {item.id} {source}")
+        if policy == "interrupt":
+            await self._request(
+                key, f"stop {running}", {"input_id": running, "status": "interrupted"}
+            )
         return Submitted(input_id=item.id)
 
     async def deliver(self, key: str, message: Any) -> None:
@@ -325,9 +368,64 @@ class RemoteSessions:
         raise Busy(f"the node holding session {key!r} did not delete it in time; try again")
 
     async def stop(self, key: str) -> bool:
-        """Ask the holder of ``key`` to stop its turn (a request: see the module docstring)."""
-        await self._notify(f"s {key}")
+        """Stop the turn running in ``key`` (held by another node): recorded in the store for
+        the input it runs, announced, and carried out by the holder (see the module
+        docstring). Returns whether a turn was running."""
+        running = await self.store.list_inputs(key, ["running"])
+        if not running:
+            return False
+        input_id = running[0].id
+        await self._request(key, f"stop {input_id}", {"input_id": input_id, "status": "stopped"})
         return True
+
+    async def _request(self, key: str, name: str, value: dict[str, Any]) -> None:
+        """Record a request to the holder of ``key`` (durable), then announce it (a hint)."""
+        expires = self.clock.now() + timedelta(seconds=REQUEST_SECONDS)
+        await self.store.kv_put(REQUESTS, [(name, {**value, "session": key}, expires)])
+        await self._notify(f"r {key}")
+
+    async def _requests(self) -> None:
+        """Carry out the requests for the sessions this node runs: on each announcement, and
+        every :data:`POLL_SECONDS` besides (a lost announcement delays, never loses one)."""
+        while True:
+            with trio.move_on_after(POLL_SECONDS):
+                await self._requested.wait()
+            self._requested = trio.Event()
+            try:
+                requests = await self.store.kv_list(REQUESTS)
+            except StoreError as exc:
+                log.warning("reading requests for sessions: %s", exc)
+                continue
+            settled = []
+            for name, value in requests:
+                if await self._carry_out(name, value):
+                    settled.append(name)
+            if settled:
+                try:
+                    await self.store.kv_delete(REQUESTS, settled)
+                except StoreError as exc:  # done already: they are settled again next time
+                    log.warning("deleting settled requests: %s", exc)
+
+    async def _carry_out(self, name: str, value: dict[str, Any]) -> bool:
+        """Hand one request to the session's activation if it runs here; True once settled."""
+        key = value.get("session")
+        address = f"session:{key}"
+        if not isinstance(key, str) or self.placement.fence(address) is None:
+            return False  # not held here: the holder settles it
+        if not self.registry.is_active(address):
+            return False
+        kind = name.partition(" ")[0]
+        try:
+            if kind == "stop":
+                message: Any = StopInput(input_id=value["input_id"], status=value["status"])
+            else:
+                message = FoldInput(input_id=value["input_id"], into=value["into"])
+            return bool(await self.registry.ref(address).ask(message))
+        except NotFound:  # the session is gone: so is its turn
+            return True
+        except (ActorStopped, PlacedElsewhere, StoreError, KeyError, TypeError) as exc:
+            log.info("request %r for session %s not carried out yet: %s", name, key, exc)
+            return False
 
     # -- the listener ---------------------------------------------------------------------------
 
@@ -355,6 +453,13 @@ class RemoteSessions:
         if kind == "w":  # another node follows this session: announce its batches a while
             self._watched[key] = trio.current_time() + 3 * WATCH_SECONDS
             return
+        if kind == "r":  # a request for a session's holder: read them now
+            self._requested.set()
+            return
+        if kind == "a":  # an approval was answered: the node whose call waits reads it
+            if self.on_approval is not None:
+                self.on_approval(rest)
+            return
         address = f"session:{key}"
         if self.placement.fence(address) is None or not self.registry.is_active(address):
             return  # not held here: the holder (or the catch-up look) deals with it
@@ -363,8 +468,6 @@ class RemoteSessions:
             if kind == "i":
                 input_id, _, source = rest.partition(" ")
                 await ref.tell(Arrived(input_id=int(input_id), source=source))
-            elif kind == "s":
-                await ref.ask(StopTurn())
             elif kind == "p":
                 session = await self.store.get_session(key)
                 await ref.ask(SetPolicy(policy=session.policy))
@@ -379,5 +482,6 @@ class RemoteSessions:
             self._nursery = nursery
             nursery.start_soon(self.store.listen, CHANNEL, self._hear)
             nursery.start_soon(self._announcer)
+            nursery.start_soon(self._requests)
             async for payload in self._heard:
                 await self._handle(payload)
