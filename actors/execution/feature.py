@@ -32,6 +32,7 @@ from turnstile.actors.execution.background import (
 )
 from turnstile.actors.execution.background_schema import BACKGROUND
 from turnstile.actors.execution.routes import execution_routes
+from turnstile.actors.execution.schema import EXECUTION
 from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
@@ -50,7 +51,7 @@ class ExecutionFeature:
     tools its shaper should know (``ready`` runs once all have started)."""
 
     name = "execution"
-    migrations = [BACKGROUND]
+    migrations = [BACKGROUND, EXECUTION]
 
     def __init__(self) -> None:
         self.background: ActorRef | None = None
@@ -60,7 +61,11 @@ class ExecutionFeature:
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
         self.approvals = approvals = ApprovalDesk(
-            node.tell_session, node.clock, timeout=node.config.approval_timeout_seconds
+            node.tell_session,
+            node.clock,
+            timeout=node.config.approval_timeout_seconds,
+            store=node.store,
+            shared=node.placement is not None,
         )
         tools.approver = approvals.request
         self.background = background = await node.supervisor.spawn(
@@ -96,7 +101,8 @@ class ExecutionFeature:
             approvals.drop_session(key)
 
         node.hooks.on_session_end.append(end)
-        node.hooks.resolve_approval = approvals.resolve
+        node.hooks.resolve_approval = approvals.answer
+        node.hooks.approval_heard = approvals.poke
 
         async def tell(key: str, notice: Any) -> None:
             # asked where the session lives here, so that it is stored before the task is

@@ -1,7 +1,8 @@
-"""The execution feature's HTTP endpoints: a session's pending approvals, approve or deny one,
-and a session's background tasks (list, read, cancel). Another user's session, approval or task
-is ``404`` like one that does not exist. Each route describes its answers for the API
-document (``/openapi.json``) with the Structs below."""
+"""The execution feature's HTTP endpoints: a session's pending approvals, approve or deny one
+(through any node: the approvals are in the store), and a session's background tasks (list,
+read, cancel). Another user's session, approval or task is ``404`` like one that does not
+exist. Each route describes its answers for the API document (``/openapi.json``) with the
+Structs below."""
 
 from __future__ import annotations
 
@@ -86,12 +87,13 @@ def execution_routes(
         return await node.directory.owned_key(request.user, request.path["id"])
 
     async def pending(request: ApiRequest) -> Any:
-        waiting = approvals.pending(await owned(request))
+        waiting = await approvals.list_pending(await owned(request))
         return PendingApprovals(approvals=[PendingApproval(**p) for p in waiting])
 
     def decide(approved: bool):
         async def endpoint(request: ApiRequest) -> Any:
-            decided = public_view(approvals.resolve(request.user, request.path["id"], approved))
+            answer = await approvals.answer(request.user, request.path["id"], approved)
+            decided = public_view(answer)
             return Decision(**decided)
 
         return endpoint

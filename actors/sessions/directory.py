@@ -405,7 +405,7 @@ class SessionDirectory:
     async def resolve_approval(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
         if self.hooks.resolve_approval is None:
             raise NotFound(f"no pending approval with id {approval_id!r}")
-        return public_view(self.hooks.resolve_approval(user, approval_id, approved))
+        return public_view(await self.hooks.resolve_approval(user, approval_id, approved))
 
 
 def _public_session(session: Session) -> Session:

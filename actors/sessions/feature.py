@@ -96,6 +96,7 @@ class SessionsFeature:
             )
             services.remote = self.directory.remote = remote
             remote.on_delete = self.directory.delete_here
+            remote.on_approval = hooks.approval_heard
             node.start_soon(remote.run)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:

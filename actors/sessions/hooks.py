@@ -27,8 +27,10 @@ class SessionHooks:
         cancel_automations: ``async (key)``: cancels that work (a confirmed delete).
         pending_recall: ``async (key) -> dict | None``: the session's pending recall (listings
             show it and can filter on it).
-        resolve_approval: ``(user, approval_id, approved) -> dict``: the WebSocket
+        resolve_approval: ``async (user, approval_id, approved) -> dict``: the WebSocket
             ``approve``/``deny`` frames.
+        approval_heard: ``(approval_id)``: another node says it recorded an answer to an
+            approval (several nodes): the node whose call waits for it reads it.
         tool_profiles: tool profiles by name that a turn input may ask for (None allows all).
         shaper: chooses each turn's tools, default prompt and history budget.
         disable_job: ``async (job_id)``: stops a job whose turn asked to be disabled.
@@ -47,7 +49,8 @@ class SessionHooks:
     automations: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None
     cancel_automations: Callable[[str], Awaitable[Any]] | None = None
     pending_recall: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None
-    resolve_approval: Callable[[str, str, bool], dict[str, Any]] | None = None
+    resolve_approval: Callable[[str, str, bool], Awaitable[dict[str, Any]]] | None = None
+    approval_heard: Callable[[str], None] | None = None
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
     shaper: Any = None
     disable_job: Callable[[str], Awaitable[None]] | None = None

@@ -1,0 +1,193 @@
+"""The execution feature's approvals table: its migration set ``"execution"`` (the background
+tasks' table is a set of its own, ``background_schema.py``).
+
+=============  ===================================================================================
+``approvals``  one tool call waiting for a person (``actors.execution.approvals``): written when
+               the call asks, deleted when it stops waiting (decided, timed out, withdrawn).
+               ``decision`` is set once, by the first answer, through any node (a
+               compare-and-set on ``decision IS NULL``); the node whose call waits reads it.
+               ``owner`` is the session's owner: only they answer or see it. A row whose node
+               died is left behind; it reads as gone once ``expires_at`` is :data:`STALE`
+               past, and the next request deletes it.
+=============  ===================================================================================
+
+The queries (``TableQuery``, one function per backend) take times already converted with
+``store.db_time``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from turnstile.runtime.store import Migration, MigrationSet, TableQuery
+
+__all__ = ["CLOSE", "DECIDE", "EXECUTION", "PENDING", "READ", "REQUEST", "STALE"]
+
+#: How long after its expiry a row still counts: the call waiting for it deletes it at its
+#: timeout, so only a row whose node died outlives it (and then reads as gone).
+STALE = timedelta(seconds=60)
+
+
+def _tables(time: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE approvals (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            requested_at {time} NOT NULL,
+            expires_at {time} NOT NULL,
+            decision TEXT CHECK (decision IN ('approved', 'denied')),
+            decided_by TEXT
+        )""",
+        "CREATE INDEX approvals_session ON approvals (session_id)",
+        "CREATE INDEX approvals_expires ON approvals (expires_at)",
+    )
+
+
+#: The feature's migration set (the approvals).
+EXECUTION = MigrationSet(
+    "execution",
+    (
+        Migration(
+            1,
+            "approvals",
+            sqlite=_tables("TEXT"),
+            postgres=_tables("TIMESTAMPTZ"),
+        ),
+    ),
+)
+
+# ---- request: a call starts waiting ------------------------------------------------------------
+
+_PURGE = "DELETE FROM approvals WHERE expires_at < {}"
+_INSERT = (
+    "INSERT INTO approvals (id, session_id, owner, tool, requested_at, expires_at)"
+    " VALUES ({}, {}, {}, {}, {}, {})"
+)
+
+
+def _request_sqlite(conn: Any, **a: Any) -> None:
+    conn.execute(_PURGE.format("?"), (a["stale_before"],))
+    conn.execute(
+        _INSERT.format(*"??????"),
+        (a["id"], a["session_id"], a["owner"], a["tool"], a["now"], a["expires_at"]),
+    )
+
+
+async def _request_postgres(conn: Any, **a: Any) -> None:
+    async with conn.transaction():
+        await conn.execute(_PURGE.format("$1"), a["stale_before"])
+        await conn.execute(
+            _INSERT.format("$1", "$2", "$3", "$4", "$5", "$6"),
+            a["id"],
+            a["session_id"],
+            a["owner"],
+            a["tool"],
+            a["now"],
+            a["expires_at"],
+        )
+
+
+#: ``(id, session_id, owner, tool, now, expires_at, stale_before)``: records a waiting call
+#: (and deletes the rows dead nodes left, expired before ``stale_before``).
+REQUEST = TableQuery("execution.request", sqlite=_request_sqlite, postgres=_request_postgres)
+
+# ---- decide: the first answer wins -------------------------------------------------------------
+
+_DECIDE = (
+    "UPDATE approvals SET decision = {decision}, decided_by = {owner} WHERE id = {id}"
+    " AND owner = {owner} AND decision IS NULL AND expires_at > {live} RETURNING session_id"
+)
+_FOUND = (
+    "SELECT session_id FROM approvals WHERE id = {id} AND owner = {owner} AND expires_at > {live}"
+)
+
+
+def _decide_sqlite(conn: Any, *, id: str, owner: str, decision: str, live_after: str) -> Any:
+    won = conn.execute(
+        _DECIDE.format(decision="?1", owner="?2", id="?3", live="?4"),
+        (decision, owner, id, live_after),
+    ).fetchone()
+    if won is not None:
+        return (True, won[0])
+    found = conn.execute(
+        _FOUND.format(id="?1", owner="?2", live="?3"), (id, owner, live_after)
+    ).fetchone()
+    return None if found is None else (False, found[0])
+
+
+async def _decide_postgres(
+    conn: Any, *, id: str, owner: str, decision: str, live_after: Any
+) -> Any:
+    won = await conn.fetchval(
+        _DECIDE.format(decision="$1", owner="$2", id="$3", live="$4"),
+        decision,
+        owner,
+        id,
+        live_after,
+    )
+    if won is not None:
+        return (True, won)
+    found = await conn.fetchval(
+        _FOUND.format(id="$1", owner="$2", live="$3"), id, owner, live_after
+    )
+    return None if found is None else (False, found)
+
+
+#: ``(id, owner, decision, live_after) -> (won, session_id) | None``: records ``decision``
+#: unless one is recorded already (``won`` False); None when ``owner`` has no such approval.
+DECIDE = TableQuery("execution.decide", sqlite=_decide_sqlite, postgres=_decide_postgres)
+
+# ---- read, close, list -------------------------------------------------------------------------
+
+_READ = "SELECT decision, decided_by FROM approvals WHERE id = {}"
+_CLOSE = "DELETE FROM approvals WHERE id = {} RETURNING decision, decided_by"
+
+
+def _read_sqlite(conn: Any, *, id: str) -> tuple[str | None, str | None] | None:
+    row = conn.execute(_READ.format("?"), (id,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+async def _read_postgres(conn: Any, *, id: str) -> tuple[str | None, str | None] | None:
+    row = await conn.fetchrow(_READ.format("$1"), id)
+    return None if row is None else (row[0], row[1])
+
+
+def _close_sqlite(conn: Any, *, id: str) -> tuple[str | None, str | None] | None:
+    row = conn.execute(_CLOSE.format("?"), (id,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+async def _close_postgres(conn: Any, *, id: str) -> tuple[str | None, str | None] | None:
+    row = await conn.fetchrow(_CLOSE.format("$1"), id)
+    return None if row is None else (row[0], row[1])
+
+
+#: ``(id) -> (decision, decided_by) | None``: the answer recorded so far (None: no row).
+READ = TableQuery("execution.read", sqlite=_read_sqlite, postgres=_read_postgres)
+#: ``(id) -> (decision, decided_by) | None``: deletes the row, answering what it held.
+CLOSE = TableQuery("execution.close", sqlite=_close_sqlite, postgres=_close_postgres)
+
+_PENDING = (
+    "SELECT id, tool FROM approvals WHERE session_id = {} AND decision IS NULL"
+    " AND expires_at > {} ORDER BY requested_at, id"
+)
+
+
+def _pending_sqlite(conn: Any, *, session_id: str, live_after: str) -> list[tuple[str, str]]:
+    rows = conn.execute(_PENDING.format("?", "?"), (session_id, live_after))
+    return [(row[0], row[1]) for row in rows]
+
+
+async def _pending_postgres(
+    conn: Any, *, session_id: str, live_after: Any
+) -> list[tuple[str, str]]:
+    rows = await conn.fetch(_PENDING.format("$1", "$2"), session_id, live_after)
+    return [(row[0], row[1]) for row in rows]
+
+
+#: ``(session_id, live_after) -> [(id, tool)]``: the session's undecided approvals.
+PENDING = TableQuery("execution.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
