@@ -13,6 +13,8 @@ lives beside it, each part in its own module:
 * ``escalation.py`` — the strategies, debounce, cooldown, the notification and its delivery
   (``EscalationMixin``).
 * ``persistence.py`` — the store: write-through, write-behind, reload (``PersistenceMixin``).
+* ``cluster.py`` — several nodes on one store: which node checks which watcher, handovers,
+  controls through any node (``ClusterMixin``; idle on one node).
 
 The names other modules imported from here before that split (the watch tools' bounds among
 them) are still importable from here.
@@ -37,8 +39,9 @@ from typing import Any
 import trio
 
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.actors.watchers.cluster import LOCAL, ClusterMixin, WatcherShare
 from turnstile.actors.watchers.escalation import EscalationMixin, _Outbox, notification_text
-from turnstile.actors.watchers.persistence import NAMESPACE, PersistenceMixin
+from turnstile.actors.watchers.persistence import INDEX, NAMESPACE, PersistenceMixin, index_key
 from turnstile.actors.watchers.spec import (
     DEFAULT_INTERVAL,
     MAX_BATCH_SIZE,
@@ -106,7 +109,7 @@ log = logging.getLogger("turnstile.watcher")
 MAX_CONCURRENT_CHECKS = 64
 
 
-class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
+class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
     """Owns every watcher. See the module docstring.
 
     Args:
@@ -120,6 +123,8 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
         max_watchers_per_session: running and paused watchers one session may have.
         persist_interval: check results are flushed at most this often (seconds).
         max_concurrent_checks: checks in flight at once, over every watcher.
+        share: several nodes on one store: which watchers this node checks (the node's
+            ``Membership``; ``cluster.py``). None: one node, which checks every watcher.
     """
 
     uses_nursery = True
@@ -135,7 +140,9 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
         persist_interval: float = 1.0,
         max_concurrent_checks: int = MAX_CONCURRENT_CHECKS,
         notify=None,
+        share: WatcherShare | None = None,
     ) -> None:
+        self.share = share
         self.run_tool = run_tool
         self.publish = publish
         #: ``async (session_id, owner, channel, text, **fields)`` — the notifier, for watchers
@@ -160,11 +167,16 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
         self.stats = {"checks": 0, "escalations": 0, "flushes": 0, "flushed_items": 0}
         #: Recent lateness samples (seconds from due to start of the check).
         self.lateness: deque[float] = deque(maxlen=100_000)
+        if share is not None:
+            self._cluster_init()
 
     # -- lifecycle --
 
     async def on_start(self) -> None:
-        await self._load()
+        if self.share is None:
+            await self._load()
+        else:
+            await self._cluster_start()
         self.nursery.start_soon(self._run, name="watcher wheel")
         self.nursery.start_soon(self._persist_loop, name="watcher persister")
 
@@ -178,6 +190,10 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
     # -- messages --
 
     async def receive(self, message: Any) -> Any:
+        if self.share is not None:
+            answer = await self._cluster_receive(message)
+            if answer is not LOCAL:
+                return answer
         match message:
             case StartWatcher():
                 return await self._start(message)
@@ -216,6 +232,42 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
                 return len(mine)
         raise InvalidArgument(f"watcher actor cannot handle {type(message).__name__}")
 
+    async def _cluster_receive(self, message: Any) -> Any:
+        """Several nodes: what another node holds is read from the store, or asked of it."""
+        match message:
+            case _Scoped() if message.watcher_id in self.watchers:
+                return LOCAL
+            case StopWatcher():
+                return await self._forward(message, "stop")
+            case PauseWatcher():
+                return await self._forward(message, "pause")
+            case ResumeWatcher():
+                return await self._forward(message, "resume")
+            case GetWatcher():
+                count = max(0, min(HISTORY_SIZE, message.history))
+                return (await self._stored(message)).status_view(count)
+            case WatcherHistory():
+                if not 1 <= message.last_n <= HISTORY_SIZE:
+                    raise InvalidArgument(
+                        f"last_n must be from 1 to {HISTORY_SIZE}", field="last_n"
+                    )
+                watcher = await self._stored(message)
+                entries = watcher.history_view(message.last_n)
+                return {
+                    "watcher_id": watcher.id,
+                    "entries": entries,
+                    "count": len(entries),
+                    "total_checks": watcher.check_count,
+                }
+            case ListWatchers():
+                if message.session_id is None and message.owner is None:
+                    return LOCAL  # refused as on one node
+                found = await self._list_stored(message.session_id, message.owner)
+                return self._sorted_views(found)
+            case DropSessionWatchers():
+                return await self._drop_everywhere(message.session_id)
+        return LOCAL
+
     def _get(self, msg: _Scoped) -> Watcher:
         watcher = self.watchers.get(msg.watcher_id)
         if (
@@ -235,6 +287,10 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
             found = list(self.watchers.values())
         if msg.owner is not None:
             found = [w for w in found if w.owner == msg.owner]
+        return self._sorted_views(found)
+
+    @staticmethod
+    def _sorted_views(found: list[Watcher]) -> list[dict[str, Any]]:
         found.sort(key=lambda w: (w.state != "running", w.created_at, w.id))
         return [w.summary_view() for w in found]
 
@@ -246,7 +302,10 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
         config, expr = validate_spec(
             msg.tool, msg.params, msg.interval, msg.label, msg.notify_when, msg.notify_config
         )
-        count = len(self.by_session.get(msg.session_id, ()))
+        if self.share is None:
+            count = len(self.by_session.get(msg.session_id, ()))
+        else:
+            count = await self._session_count(msg.session_id, self.max_per_session)
         if count >= self.max_per_session:
             raise LimitExceeded(
                 f"session already has {count} watchers (limit {self.max_per_session}); "
@@ -270,6 +329,15 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
             watcher.confirmed = watcher.notified = "ok"
         elif msg.notify_when == "on_threshold":
             watcher.confirmed = watcher.notified = "false"
+        if self.share is not None and not self.share.owns(watcher.id):
+            # another node checks it: its row, then a request that it adopt it (at once)
+            watcher.next_check_at = watcher.created_at
+            await self._save_now(watcher)
+            self._post(watcher.session_id, self._lifecycle(watcher, "started"))
+            await self._request(watcher.id, "start")
+            return watcher.start_view()
+        if self.share is not None:
+            watcher.holder = self._me
         self._add(watcher)
         try:
             await self._save_now(watcher)
@@ -315,6 +383,9 @@ class WatcherActor(EscalationMixin, PersistenceMixin, Actor):
             self._dirty_chunks = {c for c in self._dirty_chunks if c[0] in self.watchers}
             if keys:
                 await self.store.kv_delete(NAMESPACE, keys)
+            if self.share is not None and watchers:
+                self._gone.update(w.id for w in watchers)
+                await self.store.kv_delete(INDEX, [index_key(w.session_id, w.id) for w in watchers])
         if announce:
             for watcher in watchers:
                 watcher.state = "stopped"

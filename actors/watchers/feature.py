@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.watchers.actor import DropSessionWatchers, WatcherActor
+from turnstile.actors.watchers.cluster import settled
 from turnstile.actors.watchers.routes import watcher_routes
 from turnstile.actors.watchers.tools import WATCH_TOOLS, register_watch_tools, watch_runner
 from turnstile.runtime.actor import ActorRef
@@ -32,7 +33,12 @@ class WatchersFeature:
         tools = node.tools
         self.watchers = watchers = await node.supervisor.spawn(
             lambda: WatcherActor(
-                watch_runner(tools), node.tell_session, node.store, node.clock, notify=node.notify
+                watch_runner(tools),
+                node.tell_session,
+                node.store,
+                node.clock,
+                notify=node.notify,
+                share=node.membership,  # several nodes: each watcher is checked by one
             ),
             name="watchers",
         )
@@ -40,7 +46,7 @@ class WatchersFeature:
         tools.composite |= WATCH_TOOLS
 
         async def drop(key: str) -> None:
-            await watchers.ask(DropSessionWatchers(session_id=key))
+            await settled(await watchers.ask(DropSessionWatchers(session_id=key)))
 
         node.hooks.on_session_end.append(drop)
 

@@ -34,6 +34,14 @@ from turnstile.actors.watchers.state import HISTORY_CHUNKS, HISTORY_SIZE, Watche
 log = logging.getLogger("turnstile.watcher")
 
 NAMESPACE = "watchers"
+#: Several nodes: a copy of each watcher's row under ``index_key`` (``cluster.py``), so that
+#: a session's or a user's watchers are one range read.
+INDEX = "watchers.index"
+
+
+def index_key(session_id: str, watcher_id: str) -> str:
+    """The watcher's key in the ``INDEX`` namespace: its session's key, ``\x1f``, its id."""
+    return f"{session_id}\x1f{watcher_id}"
 
 
 class PersistenceMixin:
@@ -42,6 +50,14 @@ class PersistenceMixin:
     # -- loading --
 
     async def _load(self) -> None:
+        """At start on one node: every watcher (on several, ``cluster.py`` adopts a share)."""
+        states, chunks = await self._read_all()
+        for wid, state in states.items():
+            self._restore(wid, state, chunks.get(wid, ()))
+        log.info("watchers loaded: %d", len(self.watchers))
+
+    async def _read_all(self) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[Any]]]]:
+        """Every watcher's row and history entries; deletes history left by no watcher."""
         rows: list[tuple[str, dict[str, Any]]] = []
         after: str | None = None
         while True:
@@ -58,24 +74,27 @@ class PersistenceMixin:
                 chunks.setdefault(wid, []).extend(value.get("entries", []))
             else:
                 states[key] = value
-        now_wall = self.clock.now().timestamp()
         orphans = [
             f"{wid}/h{k:02d}" for wid in chunks if wid not in states for k in range(HISTORY_CHUNKS)
         ]
-        for wid, state in states.items():
-            try:
-                watcher = Watcher.from_state(state)
-            except Exception:
-                log.exception("watcher %s could not be restored; it is left in the store", wid)
-                continue
-            entries = sorted(chunks.get(wid, []), key=lambda e: e[0])[-HISTORY_SIZE:]
-            watcher.history.extend(tuple(e) for e in entries)
-            self._add(watcher)
-            if watcher.state == "running":
-                self._schedule(watcher, self._resume_in(watcher, now_wall))
         if orphans:
             await self.store.kv_delete(NAMESPACE, orphans)
-        log.info("watchers loaded: %d", len(self.watchers))
+        return states, chunks
+
+    def _restore(self, wid: str, state: dict[str, Any], entries) -> Watcher | None:
+        """Add a stored watcher and schedule it (running: on its grid); None if unreadable."""
+        try:
+            watcher = Watcher.from_state(state)
+        except Exception:
+            log.exception("watcher %s could not be restored; it is left in the store", wid)
+            return None
+        watcher.history.extend(
+            tuple(e) for e in sorted(entries, key=lambda e: e[0])[-HISTORY_SIZE:]
+        )
+        self._add(watcher)
+        if watcher.state == "running":
+            self._schedule(watcher, self._resume_in(watcher, self.clock.now().timestamp()))
+        return watcher
 
     def _resume_in(self, watcher: Watcher, now_wall: float) -> float:
         """Seconds to the watcher's next grid point after a restart (strictly after now)."""
@@ -83,6 +102,8 @@ class PersistenceMixin:
         planned = watcher.next_check_at
         if planned is None:
             return delay
+        if watcher.check_count == 0:  # never checked (created through another node): at once
+            return max(0.0, planned - now_wall)
         if planned > now_wall:
             return planned - now_wall
         steps = math.floor((now_wall - planned) / delay) + 1
@@ -101,7 +122,10 @@ class PersistenceMixin:
         """Write one watcher's state through (start, pause, resume)."""
         async with self._write_lock:
             self._dirty.discard(w.id)
-            await self.store.kv_put(NAMESPACE, [(w.id, w.to_state(), None)])
+            state = w.to_state()
+            await self.store.kv_put(NAMESPACE, [(w.id, state, None)])
+            if self.share is not None:
+                await self.store.kv_put(INDEX, [(index_key(w.session_id, w.id), state, None)])
 
     async def _persist_loop(self) -> None:
         while True:
@@ -120,10 +144,13 @@ class PersistenceMixin:
             dirty, self._dirty = self._dirty, set()
             chunks, self._dirty_chunks = self._dirty_chunks, set()
             items: list[tuple[str, dict[str, Any], None]] = []
+            index: list[tuple[str, dict[str, Any], None]] = []
             for wid in dirty:
                 watcher = self.watchers.get(wid)
                 if watcher is not None:
                     items.append((wid, watcher.to_state(), None))
+                    if self.share is not None:
+                        index.append((index_key(watcher.session_id, wid), items[-1][1], None))
             for wid, chunk in chunks:
                 watcher = self.watchers.get(wid)
                 if watcher is not None:
@@ -133,9 +160,33 @@ class PersistenceMixin:
                 return
             try:
                 await self.store.kv_put(NAMESPACE, items)
+                if index:
+                    await self.store.kv_put(INDEX, index)
             except BaseException:
                 self._dirty |= dirty
                 self._dirty_chunks |= chunks
                 raise
             self.stats["flushes"] += 1
             self.stats["flushed_items"] += len(items)
+
+    async def _write_out(self, watchers: list[Watcher]) -> None:
+        """Write these watchers' rows (and index rows) and their unwritten history now: a
+        handover on several nodes (``cluster.py``)."""
+        async with self._write_lock:
+            ids = {w.id for w in watchers}
+            self._dirty -= ids
+            chunks = {c for c in self._dirty_chunks if c[0] in ids}
+            self._dirty_chunks -= chunks
+            items: list[tuple[str, dict[str, Any], None]] = []
+            index: list[tuple[str, dict[str, Any], None]] = []
+            for w in watchers:
+                state = w.to_state()
+                items.append((w.id, state, None))
+                index.append((index_key(w.session_id, w.id), state, None))
+            for w in watchers:
+                for wid, chunk in chunks:
+                    if wid == w.id:
+                        entries = w.chunk_entries(chunk)
+                        items.append((f"{wid}/h{chunk:02d}", {"entries": entries}, None))
+            await self.store.kv_put(NAMESPACE, items)
+            await self.store.kv_put(INDEX, index)

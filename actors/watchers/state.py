@@ -72,6 +72,9 @@ class Watcher:
     held: str | None = None
     last_escalation_at: float | None = None
     batch: list[dict[str, Any]] = field(default_factory=list)
+    #: Several nodes: the node that checks it (None: nobody yet, or released by the node that
+    #: had it; ``cluster.py``). Always None on one node.
+    holder: str | None = None
     #: ``(check, at, ok, text, escalated, duration_ms)``, oldest first.
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_SIZE))
     handle: TimerHandle | None = None
@@ -123,6 +126,7 @@ class Watcher:
         "held",
         "last_escalation_at",
         "batch",
+        "holder",
     )
 
     def to_state(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from turnstile.actors.watchers.actor import (
     StopWatcher,
     WatcherHistory,
 )
+from turnstile.actors.watchers.cluster import settled
 from turnstile.actors.watchers.safeexpr import MAX_EXPRESSION_CHARS
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.codec import Codec
@@ -267,7 +268,9 @@ async def stop_watcher(
     ref: ActorRef, watcher_id: str, owner: str | None = None, *, session_id: str | None = None
 ) -> dict[str, Any]:
     """``DELETE /watchers/{watcher_id}``: stop and forget it (history too)."""
-    view = await ref.ask(StopWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    view = await settled(
+        await ref.ask(StopWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    )
     return {**view, "message": f"Watcher {watcher_id} stopped after {view['check_count']} checks."}
 
 
@@ -275,14 +278,18 @@ async def pause_watcher(
     ref: ActorRef, watcher_id: str, owner: str | None = None, *, session_id: str | None = None
 ) -> dict[str, Any]:
     """``POST /watchers/{watcher_id}/pause``: no checks until resumed (history kept)."""
-    return await ref.ask(PauseWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    return await settled(
+        await ref.ask(PauseWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    )
 
 
 async def resume_watcher(
     ref: ActorRef, watcher_id: str, owner: str | None = None, *, session_id: str | None = None
 ) -> dict[str, Any]:
     """``POST /watchers/{watcher_id}/resume``: checks again, the next one an interval from now."""
-    return await ref.ask(ResumeWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    return await settled(
+        await ref.ask(ResumeWatcher(watcher_id=watcher_id, owner=owner, session_id=session_id))
+    )
 
 
 async def watcher_history(
