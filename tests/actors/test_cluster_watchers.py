@@ -162,8 +162,17 @@ async def test_each_watcher_is_checked_by_one_node_controlled_through_any_and_mo
         assert (await a.store.kv_get(NAMESPACE, paused))["state"] == "paused"
         checks_when_paused = calls["a"][keys[paused]]
         if stopped is not None:
+            # its announcement is lost: a finds the request at its next look all the same
             session = SESSIONS[int(keys[stopped][1:]) % len(SESSIONS)]
+            notify = b.store.notify
+
+            async def lost(channel: str, payload: str) -> None:
+                if channel != "turnstile_watchers":
+                    await notify(channel, payload)
+
+            b.store.notify = lost
             answer = await b.tools.call(session, "ada", "watch_stop", {"watcher_id": stopped})
+            b.store.notify = notify
             assert answer.ok and answer.data["status"] == "stopped", answer
             assert stopped not in actor(a).watchers
             assert await a.store.kv_get(NAMESPACE, stopped) is None
@@ -347,3 +356,21 @@ async def test_a_node_that_joins_is_handed_its_share_with_the_state(store_url):
             status = await get_watcher(b.features["watchers"].watchers, wid, "ada")
             assert status["check_count"] == a_calls[keys[wid]] + calls["b"][keys[wid]]
             assert status["notification_count"] == 1
+
+        # b drains: it gives its watchers back (a adopts them at once), and checks no more.
+        await b.drain(0)
+        await a.membership.sweep()
+
+        async def given_back() -> bool:
+            return set(actor(a).watchers) == set(keys) and not actor(b).watchers
+
+        await eventually(given_back)
+        b_calls = Counter(calls["b"])
+        a_calls = Counter(calls["a"])
+
+        async def a_checks_them() -> bool:
+            return all(calls["a"][keys[w]] > a_calls[keys[w]] for w in moving)
+
+        await eventually(a_checks_them)
+        assert calls["b"] == b_calls
+        assert await escalations(a) == Counter({wid: 1 for wid in keys})
