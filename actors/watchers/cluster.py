@@ -18,10 +18,10 @@ went between two looks still shows) or a handover is pending, it reads every wat
 gives up those it no longer owns and adopts those it gained, with their persisted state:
 counts, history, the last result and the strategy's state (what was last notified, the error
 streak, debounce and cooldown), so the watcher does not escalate again what it escalated on
-the node before. A dead node's watchers
-are adopted by their new owners once its lease expired and a sweep saw it: within the lease
-plus two intervals of its last heartbeat; they resume on their grid (the next multiple of the
-interval after now), and a watcher that had never been checked is checked at once.
+the node before. A dead node's watchers are adopted by their new owners right after the sweep
+that declares it dead (the live set is looked at four times an interval): within the lease
+plus about one interval of its last heartbeat. They resume on their grid (the next multiple
+of the interval after now); a watcher that had never been checked is checked at once.
 
 **Controls through any node.** A watcher is reached through any node; a user still reaches
 only their own (another user's is "not found", as on one node):
@@ -199,20 +199,26 @@ class ClusterMixin:
         share = self.share
         live = share.live_ids
         tick = trio.current_time() + share.interval
+        stale = False  # the rows must be read again (kept until a read succeeds)
         while True:
-            with trio.move_on_at(tick):
+            # The live set is looked at four times an interval (memory only: a sweep changes
+            # it), so a dead node's watchers move right after the sweep that saw it die; the
+            # store (the nodes table, the requests) once an interval.
+            with trio.move_on_at(min(tick, trio.current_time() + share.interval / 4)):
                 await self._poke.wait()
             self._poke = trio.Event()
             heard, self._heard = self._heard, set()
             try:
-                if trio.current_time() >= tick:
+                full = trio.current_time() >= tick
+                if full:
                     tick = trio.current_time() + share.interval
-                    changed = await self._nodes_changed()
-                    if changed or share.live_ids != live or self._waiting:
-                        live = share.live_ids
-                        await self._rebalance()
-                    await self._apply_requests()
-                elif None in heard:
+                    stale |= await self._nodes_changed()
+                if share.live_ids != live:
+                    live, stale = share.live_ids, True
+                if stale or (full and self._waiting):
+                    await self._rebalance()
+                    stale = False
+                if full or None in heard:
                     await self._apply_requests()
                 else:
                     for wid in heard:
