@@ -391,20 +391,22 @@ class RemoteSessions:
             with trio.move_on_after(POLL_SECONDS):
                 await self._requested.wait()
             self._requested = trio.Event()
-            try:
-                requests = await self.store.kv_list(REQUESTS)
-            except StoreError as exc:
-                log.warning("reading requests for sessions: %s", exc)
-                continue
-            settled = []
-            for name, value in requests:
-                if await self._carry_out(name, value):
-                    settled.append(name)
-            if settled:
+            after: str | None = None
+            while True:  # every page: requests nobody can settle yet must not hide the rest
                 try:
-                    await self.store.kv_delete(REQUESTS, settled)
-                except StoreError as exc:  # done already: they are settled again next time
-                    log.warning("deleting settled requests: %s", exc)
+                    page = await self.store.kv_list(REQUESTS, after_key=after, limit=_PAGE)
+                except StoreError as exc:
+                    log.warning("reading requests for sessions: %s", exc)
+                    break
+                settled = [name for name, value in page if await self._carry_out(name, value)]
+                if settled:
+                    try:
+                        await self.store.kv_delete(REQUESTS, settled)
+                    except StoreError as exc:  # carried out: settled again next time
+                        log.warning("deleting settled requests: %s", exc)
+                if len(page) < _PAGE:
+                    break
+                after = page[-1][0]
 
     async def _carry_out(self, name: str, value: dict[str, Any]) -> bool:
         """Hand one request to the session's activation if it runs here; True once settled."""
