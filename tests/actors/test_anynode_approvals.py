@@ -69,7 +69,11 @@ async def test_the_first_of_two_answers_through_two_nodes_wins_without_notificat
         won = [name for name, outcome in answers.items() if isinstance(outcome, dict)]
         assert len(won) == 1, answers
         (lost,) = {"a", "b"} - set(won)
-        assert str(answers[lost]) == f"approval {approval_id!r} is already decided"
+        # refused as on one node: decided, or gone once the call has read the answer
+        assert str(answers[lost]) in (
+            f"approval {approval_id!r} is already decided",
+            f"no pending approval with id {approval_id!r}",
+        )
         decision = answers[won[0]]["decision"]
         with trio.fail_after(10):
             await nodes.on_a.until(b'"stream_end"')
