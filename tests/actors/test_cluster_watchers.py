@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import AsyncExitStack
 
+import httpx
 import msgspec
 import pytest
 import trio
@@ -24,6 +25,8 @@ from turnstile.runtime.errors import LeaseLost, NotFound
 from turnstile.runtime.membership import owner_of
 
 TOKEN = "cluster-watch-token-0123456789"
+BOB = "cluster-watch-token-bob-0123456"
+TOKENS = {TOKEN: "ada", BOB: "bob"}
 SESSIONS = ("ada/s0", "ada/s1", "ada/s2")
 
 
@@ -51,6 +54,11 @@ def counting(node, calls: Counter) -> None:
         return {"steady": True}
 
     node.tools.register("probe.count", CountArgs, count, "Count calls.")
+
+
+def session_of(key: str) -> str:
+    """The session ``start_watchers`` (or the HTTP part, key ``kh``) put the watcher in."""
+    return "ada/s0" if key == "kh" else SESSIONS[int(key[1:]) % len(SESSIONS)]
 
 
 def actor(node):
@@ -91,13 +99,9 @@ async def start_watchers(a, b) -> tuple[dict[str, str], dict[str, str]]:
 
 
 async def two_nodes(stack: AsyncExitStack, url: str):
-    a = await stack.enter_async_context(
-        open_node(config(url, "a"), tokens={TOKEN: "ada"}, serve=False)
-    )
+    a = await stack.enter_async_context(open_node(config(url, "a"), tokens=TOKENS, serve=False))
     b_stack = await stack.enter_async_context(AsyncExitStack())
-    b = await b_stack.enter_async_context(
-        open_node(config(url, "b"), tokens={TOKEN: "ada"}, serve=False)
-    )
+    b = await b_stack.enter_async_context(open_node(config(url, "b"), tokens=TOKENS, serve=False))
     return a, b, b_stack
 
 
@@ -149,12 +153,39 @@ async def test_each_watcher_is_checked_by_one_node_controlled_through_any_and_mo
                 w for w in keys if keys[w] in {f"k{i}" for i in range(0, 40, 3)}
             }
 
+        # Over HTTP: created through b, read and listed through a; never by another user.
+        def http(node, token: str = TOKEN) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=node.app),
+                base_url="http://node",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+
+        async with http(a) as on_a, http(b) as on_b, http(a, BOB) as bob_on_a:
+            made = await on_b.post(
+                "/sessions/s0/watchers",
+                json={"tool": "probe.count", "params": {"key": "kh"}, "interval": 5},
+            )
+            assert made.status_code == 201, made.text
+            wid = made.json()["watcher_id"]
+            keys[wid], owners[wid] = "kh", owner_of(wid, ("a", "b"))
+            read = await on_a.get(f"/watchers/{wid}")
+            assert read.status_code == 200 and read.json()["session_id"] == "s0"
+            listed = (await on_a.get("/sessions/s0/watchers")).json()
+            assert wid in {w["watcher_id"] for w in listed["watchers"]}
+            assert (await on_b.get("/watchers")).json()["total"] == len(keys)
+            assert (await bob_on_a.get(f"/watchers/{wid}")).status_code == 404
+            assert (await bob_on_a.post(f"/watchers/{wid}/pause")).status_code == 404
+            assert (await bob_on_a.get("/watchers")).json()["watchers"] == []
+        await eventually(all_checked)
+        assert sum(calls[n]["kh"] >= 1 for n in ("a", "b")) == 1
+
         # Pause and stop through the node that does not check them.
         created = list(keys)
         a_owned = [w for w in keys if owners[w] == "a"]
         b_owned = [w for w in keys if owners[w] == "b"]
         paused, stopped = a_owned[0], (a_owned[1:] or [None])[0]
-        session = SESSIONS[int(keys[paused][1:]) % len(SESSIONS)]
+        session = session_of(keys[paused])
         answer = await b.tools.call(session, "ada", "watch_pause", {"watcher_id": paused})
         assert answer.ok and answer.data["status"] == "paused", answer
         held = actor(a).watchers[paused]
@@ -163,7 +194,7 @@ async def test_each_watcher_is_checked_by_one_node_controlled_through_any_and_mo
         checks_when_paused = calls["a"][keys[paused]]
         if stopped is not None:
             # its announcement is lost: a finds the request at its next look all the same
-            session = SESSIONS[int(keys[stopped][1:]) % len(SESSIONS)]
+            session = session_of(keys[stopped])
             notify = b.store.notify
 
             async def lost(channel: str, payload: str) -> None:
@@ -206,7 +237,7 @@ async def test_each_watcher_is_checked_by_one_node_controlled_through_any_and_mo
         assert await escalations(a) == sent_before  # nothing escalated again after the move
         assert calls["a"][keys[paused]] == checks_when_paused  # still paused
         resumed = await a.tools.call(
-            SESSIONS[int(keys[paused][1:]) % len(SESSIONS)],
+            session_of(keys[paused]),
             "ada",
             "watch_resume",
             {"watcher_id": paused},
@@ -219,7 +250,7 @@ async def test_a_node_whose_lease_lapses_loses_its_watchers_to_the_survivor(stor
     calls = {"a": Counter(), "b": Counter()}
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
-            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
+            open_node(config(store_url, "a"), tokens=TOKENS, serve=False)
         )
         counting(a, calls["a"])
         renew = trio.Event()
@@ -229,9 +260,7 @@ async def test_a_node_whose_lease_lapses_loses_its_watchers_to_the_survivor(stor
 
         async def run_b() -> None:
             try:
-                async with open_node(
-                    config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False
-                ) as b:
+                async with open_node(config(store_url, "b"), tokens=TOKENS, serve=False) as b:
                     counting(b, calls["b"])
                     b_out.append(b)
                     b_ready.set()
@@ -305,7 +334,7 @@ async def test_a_node_that_joins_is_handed_its_share_with_the_state(store_url):
     calls = {"a": Counter(), "b": Counter()}
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
-            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
+            open_node(config(store_url, "a"), tokens=TOKENS, serve=False)
         )
         counting(a, calls["a"])
         for session in SESSIONS:
@@ -333,7 +362,7 @@ async def test_a_node_that_joins_is_handed_its_share_with_the_state(store_url):
 
         # b joins: a gives b its share (a writes their state, b adopts it), b checks them.
         b = await stack.enter_async_context(
-            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
+            open_node(config(store_url, "b"), tokens=TOKENS, serve=False)
         )
         counting(b, calls["b"])
         await see_each_other(a, b)
