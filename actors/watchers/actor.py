@@ -110,7 +110,8 @@ MAX_CONCURRENT_CHECKS = 64
 
 
 class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
-    """Owns every watcher. See the module docstring.
+    """Owns every watcher (with several nodes, checks this node's share and reaches the
+    others' through the store: ``cluster.py``). See the module docstring.
 
     Args:
         run_tool: ``async (session_id, owner, tool, params) -> ToolResult`` — the registry's
