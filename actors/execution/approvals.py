@@ -192,7 +192,9 @@ class ApprovalDesk:
         except StoreError as exc:  # read again at the next poll
             log.warning("reading approval %s: %s", pending.id, exc)
             return
-        if row is not None and row[0] is not None:
+        if row is None:  # dropped with its session (deleted through another node)
+            pending.decide("denied", None)
+        elif row[0] is not None:
             pending.decide(row[0], row[1])
 
     async def _close(self, pending: _Pending) -> None:
@@ -256,16 +258,20 @@ class ApprovalDesk:
                 log.warning("announcing the answer to approval %s: %s", approval_id, exc)
         return {"approval_id": approval_id, "decision": decision, "session_id": session_id}
 
-    def drop_session(self, session_id: str) -> int:
+    async def drop_session(self, session_id: str) -> int:
         """Deny every approval a deleted session is waiting on (nobody can answer them any
-        more, and none may be answered for a later session of the same name); returns how
-        many there were."""
+        more, and none may be answered for a later session of the same name): those waiting
+        here at once, those waiting on other nodes when they next read their row (gone);
+        returns how many there were."""
         mine = [p for p in self._pending.values() if p.session_id == session_id]
         for pending in mine:
             if not pending.decided.is_set():
                 pending.decide("denied", None)
             self._pending.pop(pending.id, None)
-        return len(mine)
+        if self.store is None:
+            return len(mine)
+        dropped = await self.store.run_write(table.DROP, session_id=session_id)
+        return max(dropped, len(mine))
 
     def resolve(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
         """Record a person's decision on an approval in this desk's memory (a desk without a

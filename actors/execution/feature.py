@@ -98,7 +98,7 @@ class ExecutionFeature:
 
         async def end(key: str) -> None:
             await background.ask(DropSessionTasks(session_id=key))
-            approvals.drop_session(key)
+            await approvals.drop_session(key)
 
         node.hooks.on_session_end.append(end)
         node.hooks.resolve_approval = approvals.answer

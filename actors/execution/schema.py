@@ -22,7 +22,7 @@ from typing import Any
 
 from turnstile.runtime.store import Migration, MigrationSet, TableQuery
 
-__all__ = ["CLOSE", "DECIDE", "EXECUTION", "PENDING", "READ", "REQUEST", "STALE"]
+__all__ = ["CLOSE", "DECIDE", "DROP", "EXECUTION", "PENDING", "READ", "REQUEST", "STALE"]
 
 #: How long after its expiry a row still counts: the call waiting for it deletes it at its
 #: timeout, so only a row whose node died outlives it (and then reads as gone).
@@ -170,6 +170,22 @@ async def _close_postgres(conn: Any, *, id: str) -> tuple[str | None, str | None
 READ = TableQuery("execution.read", sqlite=_read_sqlite, postgres=_read_postgres)
 #: ``(id) -> (decision, decided_by) | None``: deletes the row, answering what it held.
 CLOSE = TableQuery("execution.close", sqlite=_close_sqlite, postgres=_close_postgres)
+
+_DROP = "DELETE FROM approvals WHERE session_id = {}"
+
+
+def _drop_sqlite(conn: Any, *, session_id: str) -> int:
+    return conn.execute(_DROP.format("?"), (session_id,)).rowcount
+
+
+async def _drop_postgres(conn: Any, *, session_id: str) -> int:
+    status = await conn.execute(_DROP.format("$1"), session_id)
+    return int(status.split()[-1])
+
+
+#: ``(session_id) -> int``: deletes a deleted session's approvals (their calls, on whichever
+#: node, find their row gone and count it as a denial).
+DROP = TableQuery("execution.drop", sqlite=_drop_sqlite, postgres=_drop_postgres)
 
 _PENDING = (
     "SELECT id, tool FROM approvals WHERE session_id = {} AND decision IS NULL"

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from tests.actors.test_anynode import Cluster, frames
+from tests.actors.test_anynode import Cluster, eventually, frames
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
@@ -85,3 +85,27 @@ async def test_the_first_of_two_answers_through_two_nodes_wins_without_notificat
             "denied": "echo failed: echo was not approved",
         }
         assert end["text"] == expected[decision]
+
+
+async def test_a_call_waiting_on_another_node_is_denied_when_its_session_is_deleted(store_url):
+    """A client's ``call`` through ``b`` waits on ``b`` for an approval of session ``s`` (which
+    ``a`` holds); deleting ``s`` ends it there too, and a new ``s`` has nothing pending."""
+    async with AsyncExitStack() as stack:
+        nodes = await Cluster().start(stack, store_url)
+        result = []
+
+        async def call() -> None:
+            result.append(await nodes.b.directory.call_tool("ada", "s", "echo", {"text": "x"}))
+
+        async def listed() -> bool:
+            got = await nodes.http_b.get("/sessions/s/approvals")
+            return [a["tool"] for a in got.json()["approvals"]] == ["echo"]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call)
+            await eventually(listed)
+            await nodes.a.directory.delete_session("ada", "s")
+        (denied,) = result
+        assert denied.error == {"code": "denied", "message": "echo was not approved"}
+        await nodes.a.directory.create_session("ada", session_id="s")
+        assert (await nodes.http_b.get("/sessions/s/approvals")).json() == {"approvals": []}
