@@ -93,6 +93,7 @@ class SessionsFeature:
                 max_content_chars=limits.max_content_chars,
                 max_queued_inputs=limits.max_queued_inputs,
                 clock=node.clock,
+                metrics=node.metrics,
             )
             services.remote = self.directory.remote = remote
             remote.on_delete = self.directory.delete_here

@@ -69,6 +69,7 @@ from turnstile.runtime.errors import (
     StoreError,
 )
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
+from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import EventRecord, Store
@@ -81,6 +82,8 @@ log = logging.getLogger("turnstile.session")
 CHANNEL = "turnstile_sessions"
 #: how often a followed session is read even without an announcement
 POLL_SECONDS = 1.0
+#: The histogram of a followed event's lag (``RemoteSessions``' ``metrics``).
+FOLLOW_LAG = "turnstile_follow_lag_seconds"
 #: how often a follower says again that it follows; a holder announces a session's batches
 #: for three times as long after it last heard so
 WATCH_SECONDS = 10.0
@@ -120,6 +123,9 @@ class RemoteSessions:
         max_content_chars, max_queued_inputs: the limits an input sent here is held to, as
             the session's own actor holds one sent through its node.
         clock: the wall clock requests expire by.
+        metrics: where the follow lag goes (``turnstile_follow_lag_seconds``: a followed
+            event's time in the store, by the holder's clock, to its offer to this node's
+            clients; a lost notification shows as up to ``POLL_SECONDS`` more).
     """
 
     def __init__(
@@ -132,8 +138,15 @@ class RemoteSessions:
         max_content_chars: int,
         max_queued_inputs: int,
         clock: Clock,
+        metrics: Metrics | None = None,
     ) -> None:
         self.clock = clock
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics.histogram(
+            FOLLOW_LAG,
+            "Several nodes: a session event stored by the node that holds the session, to its"
+            " offer to the clients of this node that follow it (announcement, then read by seq).",
+        )
         self.max_content_chars = max_content_chars
         self.max_queued_inputs = max_queued_inputs
         self.store = store
@@ -242,7 +255,9 @@ class RemoteSessions:
     async def _catch_up(self, feed: _Feed) -> None:
         while feed.subscribers:
             page = await self.store.read_events(feed.key, feed.last_seq, _PAGE)
+            now = self.clock.now()
             for record in page:
+                self._metrics.observe(FOLLOW_LAG, max(0.0, (now - record.ts).total_seconds()))
                 frame = self._encode(feed.public_id, record)
                 for subscriber in list(feed.subscribers):
                     if not subscriber.offer(feed.public_id, record.seq, frame):

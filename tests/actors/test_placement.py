@@ -205,6 +205,9 @@ async def test_a_client_of_another_node_watches_sends_and_stops(store_url):
         # b's client saw exactly what a's did, in order, once each
         assert [f["seq"] for f in seen] == [f["seq"] for f in frames(on_a)]
         assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
+        # b measured how late each followed event reached it; a followed nothing
+        assert b.metrics.value("turnstile_follow_lag_seconds") == len(seen)
+        assert a.metrics.value("turnstile_follow_lag_seconds") == 0
         # the policy and the delete, through b, reach the session a holds
         assert await b.directory.set_policy("ada", "s", "reject") == "reject"
         assert (await a.store.get_session("ada/s")).policy == "reject"
