@@ -661,50 +661,80 @@ async def update_run(
 
 
 # fire_job's one statement: the compare-and-set on the job, then (only if it matched) the input
-# and the run, each CTE's row returned whole (a composite value asyncpg decodes to a Record with
-# the table's column names). The run's id is drawn first, so the input's payload carries it and
-# the run names the input, without the UPDATE of the input the transaction needs. A job without
-# a session does not match here when an input is asked for: the transaction below says why.
-_FIRE_JOB = """
+# and the run. The run's id is drawn first, so the input's payload carries it and the run names
+# the input, without the UPDATE of the input the transaction needs. A job without a session
+# does not match here when an input is asked for: the transaction below says why. The three
+# rows come back as one, column by column (not as whole-row composites: asyncpg caches a
+# composite's layout per connection, and a column added while a node runs would make it raise
+# after the statement had committed).
+_JOB_COLUMNS = (
+    "id", "session_id", "kind", "spec", "state", "next_fire_at", "created_at", "updated_at",
+    "run_count",
+)  # fmt: skip
+_RUN_COLUMNS = (
+    "id", "job_id", "scheduled_for", "state", "input_id", "detail", "created_at", "updated_at",
+)  # fmt: skip
+_INPUT_COLUMNS = (
+    "id", "session_id", "source", "payload", "state", "created_at", "updated_at", "detail",
+    "idempotency_key", "claimed_by", "claimed_epoch",
+)  # fmt: skip
+
+
+def _select(*tables: tuple[str, tuple[str, ...]]) -> str:
+    return "SELECT " + ", ".join(f"{name}.{col}" for name, cols in tables for col in cols)
+
+
+def _split(row: Row, *tables: tuple[str, ...]) -> list[dict[str, Any]]:
+    out, at = [], 0
+    for cols in tables:
+        out.append(dict(zip(cols, row[at : at + len(cols)], strict=True)))
+        at += len(cols)
+    return out
+
+
+_FIRE_JOB_UPDATE = """
 WITH job AS (
     UPDATE jobs SET next_fire_at = $1::timestamptz,
         state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,
         run_count = run_count + $5, updated_at = $2
-    WHERE id = $3 AND state = 'active' AND next_fire_at = $4 AND session_id IS NOT NULL
-    RETURNING jobs
-), run_id AS (
+    WHERE id = $3 AND state = 'active' AND next_fire_at = $4{condition}
+    RETURNING *
+)"""
+
+_FIRE_JOB = (
+    _FIRE_JOB_UPDATE.format(condition=" AND session_id IS NOT NULL")
+    + """, run_id AS (
     SELECT nextval(pg_get_serial_sequence('job_runs', 'id')) AS id FROM job
 ), item AS (
     INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at)
-    SELECT (job.jobs).session_id, $6, $7::jsonb || jsonb_build_object('run_id', run_id.id),
+    SELECT job.session_id, $6, $7::jsonb || jsonb_build_object('run_id', run_id.id),
         'queued', $2, $2
     FROM job, run_id
-    RETURNING inbox
+    RETURNING *
 ), run AS (
     INSERT INTO job_runs (id, job_id, scheduled_for, state, input_id, detail, created_at,
         updated_at) OVERRIDING SYSTEM VALUE
-    SELECT run_id.id, $3, $4, $8, (item.inbox).id, $9::jsonb, $2, $2 FROM run_id, item
-    RETURNING job_runs
+    SELECT run_id.id, $3, $4, $8, item.id, $9::jsonb, $2, $2 FROM run_id, item
+    RETURNING *
 )
-SELECT job.jobs, run.job_runs, item.inbox FROM job, run, item
 """
+    + _select(("job", _JOB_COLUMNS), ("run", _RUN_COLUMNS), ("item", _INPUT_COLUMNS))
+    + " FROM job, run, item"
+)
 
 # The same without an input (a skipped or missed occurrence, a job that delivers nothing).
-_FIRE_JOB_NO_INPUT = """
-WITH job AS (
-    UPDATE jobs SET next_fire_at = $1::timestamptz,
-        state = CASE WHEN $1::timestamptz IS NULL THEN 'completed' ELSE state END,
-        run_count = run_count + $5, updated_at = $2
-    WHERE id = $3 AND state = 'active' AND next_fire_at = $4
-    RETURNING jobs
-), run AS (
+_FIRE_JOB_NO_INPUT = (
+    _FIRE_JOB_UPDATE.format(condition="")
+    + """, run AS (
     INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,
         updated_at)
     SELECT $3, $4, $6, NULL, $7::jsonb, $2, $2 FROM job
-    RETURNING job_runs
+    RETURNING *
 )
-SELECT job.jobs, run.job_runs FROM job, run
 """
+    + _select(("job", _JOB_COLUMNS), ("run", _RUN_COLUMNS))
+    + " FROM job, run"
+)
 
 
 async def fire_job(
@@ -718,40 +748,28 @@ async def fire_job(
     now: datetime,
     counts: bool,
     extra_runs: list[tuple[datetime, str, str | None]],
-) -> tuple[Row, Row, Row | None] | None:
+) -> tuple[Any, Any, Any] | None:
     """One statement, one round trip, when the compare-and-set matches and there are no extra
     runs (an occurrence fired on time): under load every round trip waits for the asyncio
     thread's turn at the GIL, and the transaction's six did. Otherwise (extra runs, or nothing
     matched: lost, paused, no such job, no session) the transaction below decides, with the
     same compare-and-set, so its answer and its errors are the same."""
     if not extra_runs:
+        count = 1 if counts else 0
         if input is None:
             row = await conn.fetchrow(
-                _FIRE_JOB_NO_INPUT,
-                new,
-                now,
-                job_id,
-                expected,
-                1 if counts else 0,
-                run_state,
-                detail,
+                _FIRE_JOB_NO_INPUT, new, now, job_id, expected, count, run_state, detail
             )
             if row is not None:
-                return row[0], row[1], None
+                job, run = _split(row, _JOB_COLUMNS, _RUN_COLUMNS)
+                return job, run, None
         else:
             row = await conn.fetchrow(
-                _FIRE_JOB,
-                new,
-                now,
-                job_id,
-                expected,
-                1 if counts else 0,
-                *input,
-                run_state,
-                detail,
+                _FIRE_JOB, new, now, job_id, expected, count, *input, run_state, detail
             )
             if row is not None:
-                return row[0], row[1], row[2]
+                job, run, item = _split(row, _JOB_COLUMNS, _RUN_COLUMNS, _INPUT_COLUMNS)
+                return job, run, item
     return await _fire_job_transaction(
         conn, job_id, expected, new, run_state, input, detail, now, counts, extra_runs
     )
