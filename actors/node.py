@@ -86,6 +86,9 @@ def make_agent(config: Config) -> Agent:
 
 
 _RECOVERY_PAGE = 500
+#: While draining, how long after a turn ended (or between looks) idle sessions are handed
+#: over again: a closed turn's last events are stored a moment after it ends.
+_HANDOVER_LOOK = 0.25
 
 
 async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = None) -> list[str]:
@@ -258,9 +261,19 @@ class Node:
         running = self.features["sessions"].services.running
         running.draining = True
         log.info("draining: %d turn(s) running here, up to %g s", running.count, seconds)
+        registry = self.context.sessions
         with trio.move_on_after(seconds):
-            await running.idle()
-            return True
+            # Hand over every session nobody watches here as soon as it has no turn: its
+            # lease is released, and another node runs what waits in it (its catch-up finds
+            # it) while this one still finishes its other turns.
+            while True:
+                handed = registry.passivate_idle()
+                if handed:
+                    log.info("drain: %d idle session(s) handed over", handed)
+                if running.count == 0:
+                    return True
+                with trio.move_on_after(_HANDOVER_LOOK):  # a closed turn's events settle
+                    await running.one_ended()
         log.warning("drain: %d turn(s) still running after %g s", running.count, seconds)
         return False
 

@@ -185,6 +185,19 @@ class Registry:
             passivations=self._passivations,
         )
 
+    def passivate_idle(self) -> int:
+        """Begin passivating every activation that may be passivated now (its actor's
+        ``can_passivate``): a node that drains hands over what it no longer needs, without
+        waiting for each one's idle timeout. Returns how many began."""
+        idle = [
+            cell
+            for cell in self._live.values()
+            if cell.actor is not None and not cell.mailbox.queue and cell.actor.can_passivate()
+        ]
+        for cell in idle:
+            self._begin_passivation(cell)
+        return len(idle)
+
     async def deactivate(self, address: str) -> None:
         """Passivate ``address`` now (graceful: queued messages first). No-op if inactive."""
         cell = self._live.get(address)

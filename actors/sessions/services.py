@@ -104,6 +104,7 @@ class RunningTurns:
         self.draining = False
         self._idle = trio.Event()
         self._idle.set()
+        self._ended = trio.Event()
 
     def started(self) -> None:
         self.count += 1
@@ -112,8 +113,14 @@ class RunningTurns:
 
     def ended(self) -> None:
         self.count -= 1
+        self._ended.set()
+        self._ended = trio.Event()
         if self.count == 0:
             self._idle.set()
+
+    async def one_ended(self) -> None:
+        """Return once a turn has ended (any)."""
+        await self._ended.wait()
 
     async def idle(self) -> None:
         """Return once no turn runs here."""

@@ -1,0 +1,97 @@
+"""A draining node hands its sessions over as soon as it can (two nodes in-process on
+PostgreSQL, with session leases): a session nobody watches there is passivated once its turn
+ends, its lease is released, and the other node runs what waits in it while the draining node
+still finishes its other turns. Before, what waited stayed until the draining node stopped."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from turnstile.actors.config import Config, NodeConfig
+from turnstile.actors.node import open_node
+from turnstile.actors.sessions.agents.base import TurnContext
+
+TOKEN = "drain-handover-token-0123456789"
+
+
+class GatedAgent:
+    """Answers at once, except ``wait <name>``, which waits for the gate of that name."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.gates: dict[str, trio.Event] = {"s": trio.Event(), "t": trio.Event()}
+        self.started: dict[str, trio.Event] = {"s": trio.Event(), "t": trio.Event()}
+        self.turns: list[str] = []
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn: TurnContext) -> str:
+        content = turn.input.content
+        self.turns.append(content)
+        if content.startswith("wait "):
+            name = content.removeprefix("wait ")
+            self.started[name].set()
+            await self.gates[name].wait()
+        return f"done: {content}"
+
+
+class Recording:
+    """An agent that records what it ran and tells when it ran one."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.turns: list[str] = []
+        self.ran = trio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn: TurnContext) -> str:
+        self.turns.append(turn.input.content)
+        self.ran.set()
+        return "ok"
+
+
+def config(url: str, node_id: str) -> Config:
+    return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=1, placement="leases"))
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_draining_node_hands_a_session_over_when_its_turn_ends(store_url):
+    a_agent, b_agent = GatedAgent(), Recording()
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
+        )
+        await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, agent=b_agent, serve=False)
+        )
+        for name in ("s", "t"):
+            await a.directory.create_session("ada", session_id=name)
+            await a.directory.submit("ada", name, f"wait {name}")
+        with trio.fail_after(10):
+            for name in ("s", "t"):
+                await a_agent.started[name].wait()  # both turns run on a
+        await a.directory.submit("ada", "s", "after s")  # waits behind s's turn, on a
+        drained: list[bool] = []
+        async with trio.open_nursery() as nursery:
+
+            async def drain() -> None:
+                drained.append(await a.drain(30))
+
+            nursery.start_soon(drain)
+            a_agent.gates["s"].set()  # s's turn ends; t's still runs on a
+            with trio.fail_after(10):  # b takes s over and runs what waited in it
+                await b_agent.ran.wait()
+            assert b_agent.turns == ["after s"]
+            assert not drained  # a is still draining: t's turn runs
+            assert not a.context.sessions.is_active("session:ada/s")
+            a_agent.gates["t"].set()
+        assert drained == [True]
+        assert a_agent.turns == ["wait s", "wait t"]
