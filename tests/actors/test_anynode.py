@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trio
 
+from tests.support.polling import eventually
 from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
@@ -54,15 +55,6 @@ class HeldAgent:
 def config(url: str, node_id: str) -> Config:
     node = NodeConfig(id=node_id, lease_seconds=600, placement="leases")
     return Config(store=url, node=node, policies={"echo": "APPROVE"})  # (for the approvals)
-
-
-async def eventually(check, seconds: float = 10) -> None:
-    """Poll the store until ``check()`` (multi-node tests: nothing to wait on in-process)."""
-    with trio.fail_after(seconds):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)
 
 
 async def settled(node) -> bool:

@@ -23,6 +23,7 @@ import trio
 
 from tests.actors.test_placement import expire_lease
 from tests.runtime.store._support import Backend
+from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.execution.queries import LIST
 from turnstile.actors.feature import NodeContext
@@ -58,15 +59,6 @@ class Hang:
 def features(config: Config, hang: Hang) -> list:
     chosen = default_features(make_agent(config))
     return [*chosen[:-1], hang, chosen[-1]]
-
-
-async def eventually(check, seconds: float = 15):
-    with trio.fail_after(seconds):
-        while True:
-            found = await check()
-            if found:
-                return found
-            await trio.sleep(0.05)
 
 
 async def notices(node, key: str) -> list[str]:

@@ -10,8 +10,8 @@ import json
 from contextlib import AsyncExitStack
 
 import pytest
-import trio
 
+from tests.support.polling import eventually
 from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
@@ -21,15 +21,6 @@ TOKEN = "cluster-notify-token-0123456789"
 
 def config(url: str, node_id: str) -> Config:
     return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=600, placement="leases"))
-
-
-async def eventually(check, seconds: float = 10) -> None:
-    """The nodes progress on their own: look every 50 ms, with a deadline."""
-    with trio.fail_after(seconds):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)
 
 
 async def done_inputs(node) -> list:

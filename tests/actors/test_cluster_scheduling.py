@@ -12,9 +12,9 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import pytest
-import trio
 
 from tests.support.mock_node import once
+from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.scheduling.actor import AddJob
@@ -25,14 +25,6 @@ TOKEN = "cluster-sched-token-0123456789"
 
 def config(url: str, node_id: str) -> Config:
     return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=1, placement="leases"))
-
-
-async def eventually(check, seconds: float = 15) -> None:
-    with trio.fail_after(seconds):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)
 
 
 async def fired(node, job_ids) -> dict[str, int]:

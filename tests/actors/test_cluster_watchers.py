@@ -18,6 +18,7 @@ import msgspec
 import pytest
 import trio
 
+from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.watchers.persistence import NAMESPACE
@@ -33,15 +34,6 @@ SESSIONS = ("ada/s0", "ada/s1", "ada/s2")
 
 def config(url: str, node_id: str) -> Config:
     return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=1, placement="leases"))
-
-
-async def eventually(check, seconds: float = 20) -> None:
-    with trio.move_on_after(seconds):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)
-    raise AssertionError(f"{check.__name__}: still false after {seconds} s")
 
 
 class CountArgs(msgspec.Struct, forbid_unknown_fields=True):

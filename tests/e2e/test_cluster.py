@@ -28,13 +28,13 @@ import trio
 
 from tests.runtime.store._support import pg_run
 from tests.support.node import Node, connect, new_session
+from tests.support.polling import eventually
 from turnstile.actors.scheduling.spec import JobSpec, Schedule
 from turnstile.runtime.store import NodeRef, open_store
 
 TOKEN = "cluster-e2e-token-0123456789"
 LEASE = 2.0
 INTERVAL = LEASE / 3
-POLL = 0.05  # how often the test looks at another process's progress
 
 
 def config_file(
@@ -95,16 +95,6 @@ class Serving:
     def close(self) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
-
-
-async def eventually(check, seconds: float) -> None:
-    """Wait until ``await check()`` is true: another process's progress, which no event of
-    this one signals, looked at every ``POLL`` seconds, for at most ``seconds``."""
-    with trio.fail_after(seconds):
-        while True:
-            if await check():
-                return
-            await trio.sleep(POLL)
 
 
 async def turnstile_nodes(config: Path) -> dict[str, dict]:
