@@ -42,12 +42,16 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import trio
 
+from turnstile.actors.sessions.event_types import event_types
 from turnstile.actors.sessions.inputs import UserMessage, decode_payload
 from turnstile.actors.sessions.messages import (
     POLICIES,
@@ -55,6 +59,7 @@ from turnstile.actors.sessions.messages import (
     Delivered,
     FoldInput,
     Inject,
+    Publish,
     SetPolicy,
     StopInput,
 )
@@ -332,9 +337,11 @@ class RemoteSessions:
         """What another feature tells a session another node holds (``NodeContext.
         tell_session``): a fire's input (``Delivered``: already in the inbox) is announced to
         the holder, which says ``turn_queued`` and runs it; a notice (``Inject``) is stored as
-        an input of its own and announced (it cannot fold into a turn running elsewhere); the
-        events a fire adds for clients (``job_update``) and ``Publish`` are not carried: the
-        store has the truth, and the holder's clients see the turn itself."""
+        an input of its own and announced (it cannot fold into a turn running elsewhere); an
+        event for clients (``Publish``: a fire's ``job_update``, a watcher's
+        ``watcher_update``, an ``approval_required``) is a request the holder carries out in
+        the order they were made (appended to the log and offered to its clients, and so to
+        every node's followers), while the session stays active there."""
         match message:
             case Delivered(input_id=input_id, source=source):
                 await self._notify(f"i {key} {input_id} {source}")
@@ -346,6 +353,10 @@ class RemoteSessions:
                     message.payload,
                     idempotency_key=message.idempotency_key,
                 )
+            case Publish(event=event):
+                type_, payload = event.stored()
+                order = f"{time.time_ns():020d}{secrets.token_hex(4)}"  # keys list in order
+                await self._request(key, f"publish {order}", {"type": type_, "payload": payload})
             case _:
                 log.debug("%s for session %s, held elsewhere: dropped", type(message).__name__, key)
 
@@ -433,6 +444,8 @@ class RemoteSessions:
             return False
         kind = name.partition(" ")[0]
         try:
+            if kind == "publish":
+                return await self._publish(address, name, value)
             if kind == "stop":
                 message: Any = StopInput(input_id=value["input_id"], status=value["status"])
             else:
@@ -443,6 +456,21 @@ class RemoteSessions:
         except (ActorStopped, PlacedElsewhere, StoreError, KeyError, TypeError) as exc:
             log.info("request %r for session %s not carried out yet: %s", name, key, exc)
             return False
+
+    async def _publish(self, address: str, name: str, value: dict[str, Any]) -> bool:
+        """Publish an event another node made for a session this node runs; True once done
+        (or once it proved unreadable: it is dropped, and said so)."""
+        type_ = value.get("type")
+        kind = event_types().get(type_) if isinstance(type_, str) else None
+        try:
+            if kind is None:
+                raise msgspec.ValidationError(f"unknown event type {type_!r}")
+            event = msgspec.convert({**value.get("payload", {}), "type": type_}, kind)
+        except (msgspec.ValidationError, TypeError) as exc:
+            log.warning("request %r: dropped, not an event: %s", name, exc)
+            return True
+        await self.registry.ref(address).ask(Publish(event=event))
+        return True
 
     # -- the listener ---------------------------------------------------------------------------
 
