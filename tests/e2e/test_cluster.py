@@ -30,6 +30,7 @@ from tests.runtime.store._support import pg_run
 from tests.support.node import Node, connect, new_session
 from tests.support.polling import eventually
 from turnstile.actors.scheduling.spec import JobSpec, Schedule
+from turnstile.runtime.membership import owner_of
 from turnstile.runtime.store import NodeRef, open_store
 
 TOKEN = "cluster-e2e-token-0123456789"
@@ -233,6 +234,27 @@ async def two_nodes_with_session(tmp_path: Path, pg_store: str):
         b.close()
 
 
+async def every_second(pg_store: str, session_key: str) -> list[str]:
+    """Two jobs firing every second into ``session_key``, inserted behind the nodes' backs
+    (the API keeps recurrences to a minute or more; the nodes find them by their next fire
+    time): the first owned by node a, the second by node b (rendezvous hashing)."""
+    ids = [f"tick-{n}" for n in range(100)]
+    chosen = [next(i for i in ids if owner_of(i, ["a", "b"]) == node) for node in ("a", "b")]
+    spec = msgspec.json.encode(
+        JobSpec(schedule=Schedule(type="interval", interval_seconds=1.0), deliver={"prompt": "t"})
+    ).decode()
+    await pg_run(
+        pg_store,
+        "INSERT INTO jobs (id, session_id, kind, spec, state, next_fire_at, created_at,"
+        " updated_at) SELECT id, $2, 'cron', $3::jsonb, 'active', now() + interval '1 second',"
+        " now(), now() FROM unnest($1::text[]) AS id",
+        chosen,
+        session_key,
+        spec,
+    )
+    return chosen
+
+
 async def start_turn(client, content: str, msg_id: str) -> int:
     """Send ``content`` to ``s`` as attached ``client``; its input id once its turn started."""
     await client.send(type="send", session_id="s", content=content, client_msg_id=msg_id)
@@ -250,13 +272,18 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
     ran out, B takes the session over (A's turn closed as interrupted) and runs it. When A
     resumes, its heartbeat finds it declared dead and it exits 3; the turn it was running
     closes as it stops, and the store refuses every write of it: the session's log is exactly
-    what it was, gapless, with A's input closed once."""
+    what it was, gapless, with A's input closed once. Two jobs firing every second into
+    session ``c`` (one A's, one B's) run through it all: B fires A's while A is stopped, and
+    no occurrence fires twice or runs two turns."""
     async with two_nodes_with_session(tmp_path, pg_store) as (a, b):
+        await new_session(b.node, "c", token=TOKEN)
+        ticks = await every_second(pg_store, "dev/c")
         async with connect(a.node, TOKEN) as on_a:
             await on_a.send(type="attach", session_id="s")
             await on_a.expect("session_sync")
             input_id = await start_turn(on_a, "/sleep 600", "1")
         paused = trio.current_time()
+        paused_at = datetime.now(UTC)
         a.process.send_signal(signal.SIGSTOP)
         try:
             async with b.node.http(TOKEN) as http:  # stored by B, for whoever holds s
@@ -275,6 +302,7 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
             with trio.fail_after(2 * LEASE):  # A stays stopped for twice its lease
                 await trio.sleep_until(paused + 2 * LEASE)
         finally:
+            resumed_at = datetime.now(UTC)
             a.process.send_signal(signal.SIGCONT)
         async with open_store(pg_store) as store:
             before = [(e.seq, e.type, e.payload) for e in await store.read_events("dev/s")]
@@ -293,6 +321,33 @@ async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_p
         assert sorted(inputs.values()) == ["done", "interrupted"]
         assert await b.metric("turnstile_leases_acquired_total") >= 1  # s is held by B now
         print(f"session s moved to B {moved_after:.2f} s after SIGSTOP (lease {LEASE} s)")
+        await pg_run(pg_store, "UPDATE jobs SET state = 'cancelled' WHERE id = ANY($1)", ticks)
+        runs = await pg_run(
+            pg_store,
+            "SELECT job_id, scheduled_for, created_at, input_id FROM job_runs"
+            " WHERE job_id = ANY($1)",
+            ticks,
+        )
+        for job_id in ticks:  # no occurrence fired twice
+            times = [r["scheduled_for"] for r in runs if r["job_id"] == job_id]
+            assert len(times) == len(set(times)) >= 2, (job_id, times)
+        a_job = ticks[0]  # A's: fired by B while A was stopped
+        assert any(
+            paused_at < r["created_at"] < resumed_at for r in runs if r["job_id"] == a_job
+        ), sorted(r["created_at"] for r in runs if r["job_id"] == a_job)
+
+        async def c_settled() -> bool:
+            async with open_store(pg_store) as store:
+                return not await store.list_inputs("dev/c", ["running", "queued"])
+
+        await eventually(c_settled, 30)
+        async with open_store(pg_store) as store:
+            c_log = await store.read_events("dev/c", 0, 10_000)
+        starts = [e.payload["input_id"] for e in c_log if e.type == "stream_start"]
+        assert len(starts) == len(set(starts))  # no cron turn ran twice
+        fired = {r["input_id"] for r in runs if r["input_id"] is not None}
+        assert fired <= set(starts)  # every fire's turn ran
+        assert [e.seq for e in c_log] == list(range(1, len(c_log) + 1))
         assert await b.stop() == 0
 
 
