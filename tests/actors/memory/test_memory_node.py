@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.support.polling import eventually
 from turnstile.actors.config import Config, MemoryConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
@@ -112,11 +113,15 @@ async def test_forget_asks_a_person_first(store_url):
         async def forget() -> None:
             results.append(await call("ada", "s1", "memory.forget", {"key": "city"}))
 
+        async def pending() -> list:
+            # listed once stored: the store works on a thread of its own, which no trio
+            # task's state shows
+            answer = await http.get("/sessions/s1/approvals", headers=auth(ADA))
+            return answer.json()["approvals"]
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forget)
-            await trio.testing.wait_all_tasks_blocked()
-            pending = (await http.get("/sessions/s1/approvals", headers=auth(ADA))).json()
-            [approval] = pending["approvals"]
+            [approval] = await eventually(pending, 10)
             assert approval["tool"] == "memory.forget"
             answer = await http.post(
                 f"/approvals/{approval['approval_id']}/approve", headers=auth(ADA)
