@@ -213,45 +213,41 @@ async def finish_input(
     now: datetime,
     fence: int | None = None,
 ) -> Row | None:
-    lease, held = "", ""
-    if fence is not None:
-        lease = (
-            "WITH lease AS (SELECT 1 FROM sessions s JOIN inbox i ON i.session_id = s.id"
-            " WHERE i.id = $1 AND s.lease_epoch = $5 FOR SHARE OF s) "
-        )
-        held = " AND EXISTS (SELECT 1 FROM lease)"
-    row = await conn.fetchrow(
-        f"{lease}UPDATE inbox SET state = $2, detail = $3::jsonb, updated_at = $4"
-        f" WHERE id = $1 AND state = 'running'{held} RETURNING *",
-        input_id,
-        state,
-        detail,
-        now,
-        *(() if fence is None else (fence,)),
-    )
-    if row is None and fence is not None:
-        session_id = await conn.fetchval("SELECT session_id FROM inbox WHERE id = $1", input_id)
-        if session_id is not None:
-            await _fenced(conn, session_id, fence)
-    return row
+    return await _move_input(conn, input_id, "running", state, detail, now, fence)
 
 
 async def fold_input(
     conn: Conn, input_id: int, detail: str | None, now: datetime, fence: int | None = None
 ) -> Row | None:
+    return await _move_input(conn, input_id, "queued", "done", detail, now, fence)
+
+
+async def _move_input(
+    conn: Conn,
+    input_id: int,
+    was: str,
+    state: str,
+    detail: str | None,
+    now: datetime,
+    fence: int | None,
+) -> Row | None:
+    """Move an input from ``was`` to ``state`` in one statement (None unless it was ``was``);
+    with ``fence``, only while the session's lease epoch is that (else ``Fenced``)."""
     lease, held = "", ""
     if fence is not None:
         lease = (
             "WITH lease AS (SELECT 1 FROM sessions s JOIN inbox i ON i.session_id = s.id"
-            " WHERE i.id = $1 AND s.lease_epoch = $4 FOR SHARE OF s) "
+            " WHERE i.id = $1 AND s.lease_epoch = $6 FOR SHARE OF s) "
         )
         held = " AND EXISTS (SELECT 1 FROM lease)"
     row = await conn.fetchrow(
-        f"{lease}UPDATE inbox SET state = 'done', detail = $2::jsonb, updated_at = $3"
-        f" WHERE id = $1 AND state = 'queued'{held} RETURNING *",
+        f"{lease}UPDATE inbox SET state = $2, detail = $3::jsonb, updated_at = $4"
+        f" WHERE id = $1 AND state = $5{held} RETURNING *",
         input_id,
+        state,
         detail,
         now,
+        was,
         *(() if fence is None else (fence,)),
     )
     if row is None and fence is not None:

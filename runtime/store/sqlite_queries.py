@@ -208,39 +208,38 @@ def finish_input(
     now: str,
     fence: int | None = None,
 ) -> Row | None:
-    held = ""
-    if fence is not None:
-        held = " AND " + _LEASE_HELD.format(session="inbox.session_id", fence="?5")
-    row = _one(
-        conn,
-        "UPDATE inbox SET state = ?1, detail = ?2, updated_at = ?3"
-        f" WHERE id = ?4 AND state = 'running'{held} RETURNING *",
-        state,
-        detail,
-        now,
-        input_id,
-        *(() if fence is None else (fence,)),
-    )
-    if row is None and fence is not None:
-        owner = _one(conn, "SELECT session_id FROM inbox WHERE id = ?", input_id)
-        if owner is not None:
-            _fenced(conn, owner[0], fence)
-    return row
+    return _move_input(conn, input_id, "running", state, detail, now, fence)
 
 
 def fold_input(
     conn: Conn, input_id: int, detail: str | None, now: str, fence: int | None = None
 ) -> Row | None:
+    return _move_input(conn, input_id, "queued", "done", detail, now, fence)
+
+
+def _move_input(
+    conn: Conn,
+    input_id: int,
+    was: str,
+    state: str,
+    detail: str | None,
+    now: str,
+    fence: int | None,
+) -> Row | None:
+    """Move an input from ``was`` to ``state`` (None unless it was ``was``); with ``fence``,
+    only while the session's lease epoch is that (else ``Fenced``)."""
     held = ""
     if fence is not None:
-        held = " AND " + _LEASE_HELD.format(session="inbox.session_id", fence="?4")
+        held = " AND " + _LEASE_HELD.format(session="inbox.session_id", fence="?6")
     row = _one(
         conn,
-        "UPDATE inbox SET state = 'done', detail = ?1, updated_at = ?2"
-        f" WHERE id = ?3 AND state = 'queued'{held} RETURNING *",
+        "UPDATE inbox SET state = ?1, detail = ?2, updated_at = ?3"
+        f" WHERE id = ?4 AND state = ?5{held} RETURNING *",
+        state,
         detail,
         now,
         input_id,
+        was,
         *(() if fence is None else (fence,)),
     )
     if row is None and fence is not None:
