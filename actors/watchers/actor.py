@@ -213,18 +213,7 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
                 count = max(0, min(HISTORY_SIZE, message.history))
                 return self._get(message).status_view(count)
             case WatcherHistory():
-                watcher = self._get(message)
-                if not 1 <= message.last_n <= HISTORY_SIZE:
-                    raise InvalidArgument(
-                        f"last_n must be from 1 to {HISTORY_SIZE}", field="last_n"
-                    )
-                entries = watcher.history_view(message.last_n)
-                return {
-                    "watcher_id": watcher.id,
-                    "entries": entries,
-                    "count": len(entries),
-                    "total_checks": watcher.check_count,
-                }
+                return _history(self._get(message), message.last_n)
             case ListWatchers():
                 return self._list(message)
             case DropSessionWatchers():
@@ -248,18 +237,7 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
                 count = max(0, min(HISTORY_SIZE, message.history))
                 return (await self._stored(message)).status_view(count)
             case WatcherHistory():
-                if not 1 <= message.last_n <= HISTORY_SIZE:
-                    raise InvalidArgument(
-                        f"last_n must be from 1 to {HISTORY_SIZE}", field="last_n"
-                    )
-                watcher = await self._stored(message)
-                entries = watcher.history_view(message.last_n)
-                return {
-                    "watcher_id": watcher.id,
-                    "entries": entries,
-                    "count": len(entries),
-                    "total_checks": watcher.check_count,
-                }
+                return _history(await self._stored(message), message.last_n)
             case ListWatchers():
                 if message.session_id is None and message.owner is None:
                     return LOCAL  # refused as on one node
@@ -464,3 +442,16 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         self._apply(watcher, result, round((trio.current_time() - started) * 1000, 1))
         delay = watcher.delay()
         self._schedule(watcher, max(0.0, due + delay - trio.current_time()))
+
+
+def _history(watcher: Watcher, last_n: int) -> dict[str, Any]:
+    """``watch_history``'s answer: the newest ``last_n`` checks of ``watcher``."""
+    if not 1 <= last_n <= HISTORY_SIZE:
+        raise InvalidArgument(f"last_n must be from 1 to {HISTORY_SIZE}", field="last_n")
+    entries = watcher.history_view(last_n)
+    return {
+        "watcher_id": watcher.id,
+        "entries": entries,
+        "count": len(entries),
+        "total_checks": watcher.check_count,
+    }
