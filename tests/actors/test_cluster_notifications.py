@@ -8,14 +8,15 @@ holder), and events another node publishes reach every client, in order."""
 from __future__ import annotations
 
 import json
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
 from tests.support.polling import eventually
 from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
-from turnstile.actors.node import open_node
+from turnstile.actors.node import Node, open_node
 from turnstile.actors.sessions.event_types import HeartbeatSuppressed
 from turnstile.actors.sessions.messages import Publish
 
@@ -24,6 +25,20 @@ TOKEN = "cluster-notify-token-0123456789"
 
 def config(url: str, node_id: str) -> Config:
     return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=600, placement="leases"))
+
+
+@asynccontextmanager
+async def two_nodes(store_url: str) -> AsyncIterator[tuple[Node, Node]]:
+    """Nodes a and b on one store, and session ``s`` of ada's, created through a."""
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_node(config(store_url, name), tokens={TOKEN: "ada"}, serve=False)
+            )
+            for name in ("a", "b")
+        ]
+        await a.directory.create_session("ada", session_id="s")
+        yield a, b
 
 
 async def done_inputs(node) -> list:
@@ -44,14 +59,7 @@ def notifications(recorder: Recorder) -> list[str]:
 async def test_a_notification_sent_through_another_node_reaches_the_agent_and_the_client(
     store_url,
 ):
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(
-            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
-        )
-        b = await stack.enter_async_context(
-            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
-        )
-        await a.directory.create_session("ada", session_id="s")
+    async with two_nodes(store_url) as (a, b):
         await a.context.sessions.resolve("session:ada/s")  # a holds s; nobody watches
         result = await b.context.notify("ada/s", "ada", "llm_notification", "build is green")
         assert (result["injected"], result["buffered"]) == (True, True)
@@ -78,14 +86,7 @@ async def test_an_event_published_through_another_node_reaches_every_client_in_o
     """A feature on B publishes client events for a session A holds (a watcher B checks, a
     job B fires): A appends them to the log in the order B made them, and A's clients and
     B's followers see them, once each."""
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(
-            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, serve=False)
-        )
-        b = await stack.enter_async_context(
-            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, serve=False)
-        )
-        await a.directory.create_session("ada", session_id="s")
+    async with two_nodes(store_url) as (a, b):
         on_a, on_b = Recorder(), Recorder()
         await a.directory.attach("ada", "s", on_a)  # a holds s
         await b.directory.attach("ada", "s", on_b)  # followed from b
