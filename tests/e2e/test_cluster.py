@@ -360,6 +360,80 @@ def three_nodes(tmp_path: Path, pg_store: str) -> list[Serving]:
     ]
 
 
+FENCED_SESSIONS = 30
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(90)
+async def test_the_paused_owner_of_a_third_of_the_sessions_writes_nothing_on_resume(
+    tmp_path, pg_store
+):
+    """Three nodes, 30 sessions each running a turn on the node they were sent through; node
+    A (a third of them) is stopped with SIGSTOP for twice its lease. B and C take A's
+    sessions over and run the messages sent to them meanwhile; when A resumes it exits 3, and
+    not one write of it reaches the store: A's sessions' logs are exactly what they were
+    before it resumed, gapless, each of A's turns closed once, as interrupted."""
+    nodes = three_nodes(tmp_path, pg_store)
+    a, b, c = nodes
+    names = [f"f{i}" for i in range(FENCED_SESSIONS)]
+    on_a = names[0::3]  # sent through A: A holds them
+    try:
+        for node in nodes:
+            await node.start()
+        async with AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(node.node.http(TOKEN)) for node in nodes]
+            for i, name in enumerate(names):
+                http = clients[i % 3]
+                assert (await http.post("/sessions", json={"id": name})).status_code == 201
+                sent = await http.post(f"/sessions/{name}/messages", json={"content": "/sleep 600"})
+                assert sent.status_code == 202, sent.text
+
+        async def all_running() -> bool:
+            logs = await session_logs(pg_store, names)
+            return all(any(i.state == "running" for i in inputs) for _, inputs in logs.values())
+
+        await eventually(all_running, 30)
+        paused = trio.current_time()
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            async with b.node.http(TOKEN) as http:
+                for name in on_a:  # stored by B, for whoever holds them
+                    sent = await http.post(f"/sessions/{name}/messages", json={"content": "hi"})
+                    assert sent.status_code == 202, sent.text
+
+            async def moved() -> bool:
+                logs = await session_logs(pg_store, on_a)
+                return all(
+                    [i.state for i in inputs] == ["interrupted", "done"]
+                    for _, inputs in logs.values()
+                )
+
+            await eventually(moved, LEASE + 20 * INTERVAL)
+            moved_after = trio.current_time() - paused
+            with trio.fail_after(2 * LEASE):  # A stays stopped for twice its lease
+                await trio.sleep_until(paused + 2 * LEASE)
+            before = await session_logs(pg_store, on_a)
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        with trio.fail_after(5 * INTERVAL + 10):
+            assert await a.process.wait() == 3  # declared dead while stopped
+        after = await session_logs(pg_store, on_a)
+        for name in on_a:
+            events, inputs = after[name]
+            assert [(e.seq, e.type) for e in events] == [
+                (e.seq, e.type) for e in before[name][0]
+            ], name  # not one write of A's reached the store once it resumed
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no gap
+            ends = [e.payload["status"] for e in events if e.type == "stream_end"]
+            assert ends == ["interrupted", "completed"], name  # A's turn closed once, by B or C
+            assert [i.state for i in inputs] == ["interrupted", "done"]
+        print(f"{len(on_a)} sessions moved off the paused node in {moved_after:.2f} s")
+    finally:
+        for node in nodes:
+            node.close()
+
+
 SESSIONS = 200
 
 
