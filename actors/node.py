@@ -263,13 +263,13 @@ class Node:
         log.info("draining: %d turn(s) running here, up to %g s", running.count, seconds)
         registry = self.context.sessions
         with trio.move_on_after(seconds):
-            # Hand over every session nobody watches here as soon as it has no turn: its
-            # lease is released, and another node runs what waits in it (its catch-up finds
-            # it) while this one still finishes its other turns.
+            # Hand over every session as soon as it has no turn: its lease is released, and
+            # another node runs what waits in it (its catch-up finds it) while this one still
+            # finishes its other turns; the clients watching it here follow it from the store.
             while True:
-                handed = registry.passivate_idle()
+                handed = registry.passivate_idle() + await self.directory.hand_over_watched()
                 if handed:
-                    log.info("drain: %d idle session(s) handed over", handed)
+                    log.info("drain: %d session(s) handed over", handed)
                 if running.count == 0:
                     return True
                 with trio.move_on_after(_HANDOVER_LOOK):  # a closed turn's events settle

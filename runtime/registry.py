@@ -185,6 +185,10 @@ class Registry:
             passivations=self._passivations,
         )
 
+    def active(self, kind: str) -> list[str]:
+        """The addresses of ``kind`` with a live activation here, sorted."""
+        return sorted(a for a in self._live if a.partition(":")[0] == kind)
+
     def passivate_idle(self) -> int:
         """Begin passivating every activation that may be passivated now (its actor's
         ``can_passivate``): a node that drains hands over what it no longer needs, without

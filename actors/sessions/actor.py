@@ -79,6 +79,8 @@ from turnstile.actors.sessions.messages import (
     Detach,
     FoldInput,
     GetStatus,
+    HandedOver,
+    HandOver,
     Inject,
     Policy,
     Publish,
@@ -318,6 +320,8 @@ class SessionActor(Actor):
                 return None
             case DeleteSession():
                 return await self._delete()
+            case HandOver():
+                return self._hand_over()
         raise InvalidArgument(f"session cannot handle {type(message).__name__}")
 
     def _gone(self, message: Any) -> None:
@@ -502,6 +506,17 @@ class SessionActor(Actor):
         turn.injections.append(entry)
         self._remember(entry)
         return True
+
+    def _hand_over(self) -> HandedOver | None:
+        """Give the session up to another node (this one drains): only between turns, with
+        every event stored and offered, so its clients can follow it from the store from
+        ``last_seq`` on without a gap."""
+        if self.runner_active or self.turn is not None or not self.events.idle:
+            return None
+        handed = HandedOver(tuple(self.subscribers), self.public_id, self.last_seq)
+        self.subscribers.clear()
+        self.ref.stop_nowait()  # its lease is released as it stops
+        return handed
 
     async def _delete(self) -> None:
         self.deleting = True  # the runner takes no further input

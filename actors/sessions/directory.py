@@ -41,8 +41,10 @@ from turnstile.actors.sessions.ids import (
     public_view,
     session_key,
 )
+from turnstile.actors.sessions.messages import HandOver
 from turnstile.actors.sessions.remote import RemoteSessions
 from turnstile.runtime.errors import (
+    ActorStopped,
     AlreadyExists,
     BlockedByAutomations,
     Busy,
@@ -375,6 +377,33 @@ class SessionDirectory:
         for attached_hook in self.hooks.on_attach:  # e.g. what was held while nobody watched
             await attached_hook(key)
         return attached
+
+    async def hand_over_watched(self) -> int:
+        """A draining node (several nodes): give up every session active here that has no
+        turn running, its clients included, who from then on follow it from the store
+        through this node (``RemoteSessions``) until they leave or the node stops. Its lease
+        is released, so another node runs what waits in it. Returns how many were handed
+        over."""
+        if self.remote is None:
+            return 0
+        handed = 0
+        for address in self.registry.active("session"):
+            try:
+                answer = await self.registry.ref(address).ask(HandOver())
+            except (ActorStopped, PlacedElsewhere, NotFound):
+                continue  # stopping, moved or gone already
+            if answer is None:
+                continue  # a turn runs: asked again when one ends
+            key = address.partition(":")[2]
+            handed += 1
+            for subscriber in answer.subscribers:
+                try:
+                    await self.remote.attach(
+                        key, answer.public_id, subscriber, after_seq=answer.last_seq
+                    )
+                except NotFound:  # deleted meanwhile
+                    subscriber.deleted(answer.public_id)
+        return handed
 
     async def detach(self, user: str, session_id: str, subscriber: Subscriber) -> None:
         key = await self.owned_key(user, session_id)

@@ -32,6 +32,8 @@ __all__ = [
     "FoldInput",
     "Publish",
     "DeleteSession",
+    "HandOver",
+    "HandedOver",
 ]
 
 POLICIES = ("enqueue", "reject", "interrupt", "inject")
@@ -184,6 +186,26 @@ class Publish(Message, tag="publish", kw_only=True):
     """
 
     event: SessionEvent
+
+
+class HandOver(Message, tag="hand_over"):
+    """A draining node gives the session up (several nodes): when no turn runs and every
+    event is stored (and so offered), answer a ``HandedOver`` and stop, which releases the
+    lease; otherwise answer None and go on."""
+
+
+class HandedOver(msgspec.Struct, frozen=True):
+    """The clients a session watched by, which now follow it from the store.
+
+    Attributes:
+        subscribers: its attached clients (no longer attached to it).
+        public_id: the session id they know it by.
+        last_seq: the last event offered to them.
+    """
+
+    subscribers: tuple[Any, ...]
+    public_id: str
+    last_seq: int
 
 
 class DeleteSession(Message, tag="delete_session"):

@@ -203,8 +203,12 @@ class RemoteSessions:
 
     # -- sessions held elsewhere ----------------------------------------------------------------
 
-    async def attach(self, key: str, public_id: str, subscriber: Subscriber) -> Attached:
-        """Follow ``key`` for ``subscriber``: its state now, then its events as stored.
+    async def attach(
+        self, key: str, public_id: str, subscriber: Subscriber, *, after_seq: int | None = None
+    ) -> Attached:
+        """Follow ``key`` for ``subscriber``: its state now, then its events as stored (those
+        after ``after_seq`` when given: a client this node's activation of the session was
+        offering them to, handed over as the node drains).
 
         Raises:
             NotFound: the session is gone.
@@ -212,7 +216,8 @@ class RemoteSessions:
         session = await self.store.get_session(key)
         feed = self._feeds.get(key)
         if feed is None:
-            feed = self._feeds[key] = _Feed(key, public_id, session.last_seq)
+            last = session.last_seq if after_seq is None else after_seq
+            feed = self._feeds[key] = _Feed(key, public_id, last)
             assert self._nursery is not None, "RemoteSessions.run is not running"
             self._nursery.start_soon(self._follow, feed, name=f"follow session {key}")
         feed.subscribers.add(subscriber)

@@ -1,15 +1,18 @@
 """A draining node hands its sessions over as soon as it can (two nodes in-process on
 PostgreSQL, with session leases): a session nobody watches there is passivated once its turn
 ends, its lease is released, and the other node runs what waits in it while the draining node
-still finishes its other turns. Before, what waited stayed until the draining node stopped."""
+still finishes its other turns; a session its clients watch is handed over too, and they
+follow it from the store. Before, what waited stayed until the draining node stopped."""
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 
 import pytest
 import trio
 
+from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents.base import TurnContext
@@ -95,3 +98,36 @@ async def test_a_draining_node_hands_a_session_over_when_its_turn_ends(store_url
             a_agent.gates["t"].set()
         assert drained == [True]
         assert a_agent.turns == ["wait s", "wait t"]
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_watched_session_is_handed_over_and_its_client_follows_it(store_url):
+    """A client of A watches s while A drains: once s's turn ends, A gives s up too, and the
+    client, still connected to A, sees the turn B runs next, every event once and in order."""
+    a_agent, b_agent = GatedAgent(), Recording()
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
+        )
+        await stack.enter_async_context(
+            open_node(config(store_url, "b"), tokens={TOKEN: "ada"}, agent=b_agent, serve=False)
+        )
+        await a.directory.create_session("ada", session_id="s")
+        client = Recorder()
+        await a.directory.attach("ada", "s", client)  # watched on a
+        await a.directory.submit("ada", "s", "wait s")
+        with trio.fail_after(10):
+            await a_agent.started["s"].wait()
+        await a.directory.submit("ada", "s", "after s")  # waits behind it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.drain, 30)
+            a_agent.gates["s"].set()
+            with trio.fail_after(10):
+                await b_agent.ran.wait()  # b runs it: a gave s up, client and all
+                await client.until(b'"stream_end"', 2)  # ...and the client saw it end
+        assert b_agent.turns == ["after s"]
+        seen = [json.loads(frame) for frame in client.frames]
+        assert [f["seq"] for f in seen] == list(range(seen[0]["seq"], seen[-1]["seq"] + 1))
+        ends = [f["text"] for f in seen if f["type"] == "stream_end"]
+        assert ends == ["done: wait s", "ok"]
+        await a.directory.detach("ada", "s", client)  # through the follower now
