@@ -87,6 +87,10 @@ WRITES: dict[str, str] = {
     "fire_job": "(job_id, expected, new, run_state, input, detail, now, counts, extra_runs)"
     " -> (job row, run row, input row | None) | None when the compare-and-set lost;"
     " NotFound for no job, ConflictError for an input to a job without a session",
+    "fire_jobs": "(fires, now) -> for each (job_id, expected, new, run_state, input, detail)"
+    " of fires, in order, (job row, run row, input row) | None when it was not fired (the"
+    " compare-and-set lost, no such job, no session); on-time occurrences with an input, each"
+    " counted, no extra runs",
     "kv_put": "(namespace, rows, now) -> None",
     "kv_delete": "(namespace, keys) -> int",
     "kv_purge": "(now) -> int",

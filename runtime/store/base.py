@@ -34,6 +34,7 @@ from turnstile.runtime.store.records import (
     ClusterView,
     Enqueued,
     EventRecord,
+    FireRequest,
     FireResult,
     InboxItem,
     Job,
@@ -653,6 +654,30 @@ class Store(Protocol):
         Raises:
             NotFound: ``no job with id 'x'``.
             ConflictError: ``input`` was given but the job has no session.
+        """
+        ...
+
+    async def fire_jobs(self, fires: Sequence[FireRequest]) -> list[FireResult | None]:
+        """Fire many on-time occurrences at once, each exactly once, as :meth:`fire_job` fires
+        one that delivers a turn (with an input, counted, no extra runs).
+
+        Each occurrence is its own compare-and-set: one that loses writes nothing and does not
+        stop the others. On PostgreSQL the batch is one statement (one round trip); a batch
+        racing another node's over the same jobs fires each occurrence once in total (the row
+        lock makes the second writer re-check the condition, as for ``fire_job``).
+
+        Args:
+            fires: the occurrences, at most one per job.
+
+        Returns:
+            One answer per request, in order: what ``fire_job`` would return, or None when this
+            call did not fire it: the compare-and-set lost (fired, changed, paused, cancelled
+            or completed by someone else), or the job does not exist or has no session.
+            ``fire_job`` with the same arguments tells those apart (None, ``NotFound``,
+            ``ConflictError``).
+
+        Raises:
+            ValueError: the same job twice.
         """
         ...
 

@@ -28,6 +28,7 @@ from turnstile.runtime.store.records import (
     ClusterView,
     Enqueued,
     EventRecord,
+    FireRequest,
     FireResult,
     InboxItem,
     Job,
@@ -826,3 +827,32 @@ class StoreFront:
         return FireResult(
             job=_job(job), run=_run(run), input=None if item is None else _input(item)
         )
+
+    async def fire_jobs(self, fires: Sequence[FireRequest]) -> list[FireResult | None]:
+        requests, seen = [], set()
+        for fire in fires:
+            if not isinstance(fire, FireRequest):
+                raise TypeError(f"fires must be FireRequests, not {type(fire).__name__}")
+            u.check_text(fire.job_id, "job_id")
+            if fire.job_id in seen:
+                raise ValueError(f"job {fire.job_id!r} is in fires twice")
+            seen.add(fire.job_id)
+            requests.append(
+                (
+                    fire.job_id,
+                    self._time(fire.expected_next_fire_at, "expected_next_fire_at"),
+                    self._optional_time(fire.new_next_fire_at, "new_next_fire_at"),
+                    u.check_text(fire.run_state, "run_state"),
+                    u.check_fire_input(fire.input or ()),
+                    u.encode_optional_json(fire.detail),
+                )
+            )
+        if not requests:
+            return []
+        answers = await self.engine.write("fire_jobs", fires=requests, now=self._now())
+        return [
+            None
+            if rows is None
+            else FireResult(job=_job(rows[0]), run=_run(rows[1]), input=_input(rows[2]))
+            for rows in answers
+        ]

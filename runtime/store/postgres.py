@@ -275,7 +275,7 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
 #: short statement among the many a busy node's sessions queue (a thousand sessions can hold
 #: a thousand operations in the queue; behind them a fire waited hundreds of milliseconds).
 #: Among themselves they are served in the order they came (the oldest fire is the latest).
-_FIRST = frozenset({"fire_job"})
+_FIRST = frozenset({"fire_job", "fire_jobs"})
 
 
 class _Pool:

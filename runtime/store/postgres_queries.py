@@ -14,6 +14,8 @@ Concurrency rests on PostgreSQL itself:
   firer re-check the condition after the first commits, and lose; the input and the run are
   written in the same statement (CTEs that read the ``UPDATE``'s row), so a lost race writes
   nothing.
+* ``fire_jobs``: the same over arrays, many occurrences in one statement; rows are locked in
+  job id order, so overlapping batches wait for each other instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -827,6 +829,79 @@ async def _fire_job_transaction(
                 [(job_id, when, state, data, now) for when, state, data in extra_runs],
             )
     return job, run, item
+
+
+# fire_jobs' one statement: fire_job's, over arrays (one element per occurrence). Both ids of
+# each fired occurrence (its run's and its input's) are drawn first, so the input and the run
+# are inserted from the UPDATE's rows without reading each other's. The
+# compare-and-set of each job is the same as fire_job's: a row another statement holds is
+# waited for and its condition checked again once that commits, so two batches over the same
+# jobs fire each occurrence once in total. Rows are locked in the order of the job ids (the
+# arguments sorted as the primary key is, which the UPDATE scans in order or probes from the
+# sorted arguments), so batches that overlap wait for each other instead of deadlocking.
+_FIRE_JOBS = (
+    """
+WITH args AS (
+    SELECT * FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[],
+        $6::text[], $7::text[], $8::text[])
+        AS a(job_id, expected, new, run_state, source, payload, detail)
+    ORDER BY job_id
+), job AS (
+    UPDATE jobs SET next_fire_at = args.new,
+        state = CASE WHEN args.new IS NULL THEN 'completed' ELSE jobs.state END,
+        run_count = jobs.run_count + 1, updated_at = $1
+    FROM args
+    WHERE jobs.id = ANY($2::text[]) AND jobs.id = args.job_id AND jobs.state = 'active'
+        AND jobs.next_fire_at = args.expected AND jobs.session_id IS NOT NULL
+    RETURNING jobs.*, args.expected AS a_expected, args.run_state AS a_run_state,
+        args.source AS a_source, args.payload AS a_payload, args.detail AS a_detail
+), ids AS (
+    SELECT job.id AS job_id, nextval(pg_get_serial_sequence('job_runs', 'id')) AS run_id,
+        nextval(pg_get_serial_sequence('inbox', 'id')) AS input_id
+    FROM job
+), item AS (
+    INSERT INTO inbox (id, session_id, source, payload, state, created_at, updated_at)
+        OVERRIDING SYSTEM VALUE
+    SELECT ids.input_id, job.session_id, job.a_source,
+        job.a_payload::jsonb || jsonb_build_object('run_id', ids.run_id), 'queued', $1, $1
+    FROM job JOIN ids ON ids.job_id = job.id
+    RETURNING *
+), run AS (
+    INSERT INTO job_runs (id, job_id, scheduled_for, state, input_id, detail, created_at,
+        updated_at) OVERRIDING SYSTEM VALUE
+    SELECT ids.run_id, job.id, job.a_expected, job.a_run_state, ids.input_id,
+        job.a_detail::jsonb, $1, $1
+    FROM job JOIN ids ON ids.job_id = job.id
+    RETURNING *
+)
+"""
+    + _select(("job", _JOB_COLUMNS), ("run", _RUN_COLUMNS), ("item", _INPUT_COLUMNS))
+    + " FROM job JOIN run ON run.job_id = job.id JOIN item ON item.id = run.input_id"
+)
+
+
+async def fire_jobs(
+    conn: Conn,
+    fires: list[tuple[str, datetime, datetime | None, str, tuple[str, str], str | None]],
+    now: datetime,
+) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None]:
+    """One statement, one round trip, for the whole batch (see ``_FIRE_JOBS``)."""
+    rows = await conn.fetch(
+        _FIRE_JOBS,
+        now,
+        [fire[0] for fire in fires],
+        [fire[1] for fire in fires],
+        [fire[2] for fire in fires],
+        [fire[3] for fire in fires],
+        [fire[4][0] for fire in fires],
+        [fire[4][1] for fire in fires],
+        [fire[5] for fire in fires],
+    )
+    fired = {}
+    for row in rows:
+        job, run, item = _split(row, _JOB_COLUMNS, _RUN_COLUMNS, _INPUT_COLUMNS)
+        fired[job["id"]] = (job, run, item)
+    return [fired.get(fire[0]) for fire in fires]
 
 
 # -- key-value --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ __all__ = [
     "EventRecord",
     "Job",
     "JobRun",
+    "FireRequest",
     "FireResult",
     "MigrationRecord",
     "NODE_STATES",
@@ -174,6 +175,28 @@ class JobRun(msgspec.Struct, frozen=True, kw_only=True):
     detail: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
+
+
+class FireRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One occurrence for ``fire_jobs`` to fire: the arguments of a ``fire_job`` that delivers
+    a turn on time (an input, counted, no extra runs).
+
+    Attributes:
+        job_id: the job.
+        expected_next_fire_at: the occurrence being fired, as read from the job.
+        new_next_fire_at: the following occurrence, or None when there is none (the job
+            completes).
+        input: ``(source, payload)`` of the turn input to enqueue in the job's session inbox.
+        detail: the run's detail, or None.
+        run_state: the state of the new run.
+    """
+
+    job_id: str
+    expected_next_fire_at: datetime
+    new_next_fire_at: datetime | None
+    input: tuple[str, dict[str, Any]]
+    detail: dict[str, Any] | None = None
+    run_state: str = "queued"
 
 
 class FireResult(msgspec.Struct, frozen=True, kw_only=True):

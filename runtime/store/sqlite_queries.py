@@ -674,6 +674,51 @@ def fire_job(
     return job, run, item
 
 
+def fire_jobs(
+    conn: Conn, fires: list[tuple[str, str, str | None, str, tuple[str, str], str | None]], now: str
+) -> list[tuple[Row, Row, Row] | None]:
+    # One writer at a time: a loop in the one transaction is the batch. A job that does not
+    # match (lost, no such job, no session) is None and writes nothing, and stops no other.
+    out: list[tuple[Row, Row, Row] | None] = []
+    for job_id, expected, new, run_state, (source, payload), detail in fires:
+        job = _one(
+            conn,
+            "UPDATE jobs SET next_fire_at = ?1,"
+            " state = CASE WHEN ?1 IS NULL THEN 'completed' ELSE state END,"
+            " run_count = run_count + 1, updated_at = ?2"
+            " WHERE id = ?3 AND state = 'active' AND next_fire_at = ?4"
+            " AND session_id IS NOT NULL RETURNING *",
+            new,
+            now,
+            job_id,
+            expected,
+        )
+        if job is None:
+            out.append(None)
+            continue
+        item = _insert_input(conn, job["session_id"], source, payload, now)
+        run = _one(
+            conn,
+            "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
+            job_id,
+            expected,
+            run_state,
+            item["id"],
+            detail,
+            now,
+            now,
+        )
+        item = _one(
+            conn,
+            "UPDATE inbox SET payload = json_set(payload, '$.run_id', ?) WHERE id = ? RETURNING *",
+            run["id"],
+            item["id"],
+        )
+        out.append((job, run, item))
+    return out
+
+
 # -- key-value --------------------------------------------------------------------------------
 
 _LIVE = " AND (expires_at IS NULL OR expires_at > ?)"

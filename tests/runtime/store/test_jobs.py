@@ -9,7 +9,7 @@ import trio
 
 from tests.runtime.store._support import T0
 from turnstile.runtime.errors import AlreadyExists, ConflictError, NotFound
-from turnstile.runtime.store import Job
+from turnstile.runtime.store import FireRequest, Job
 
 H = timedelta(hours=1)
 
@@ -222,3 +222,122 @@ async def test_fire_job_can_skip_counting_and_records_extra_runs_atomically(stor
     # a lost compare-and-set writes none of them
     assert await store.fire_job("j", T0, T0 + 4 * H, extra_runs=[(T0, "coalesced", None)]) is None
     assert len(await store.list_runs("j")) == 3
+
+
+# -- fire_jobs: many on-time occurrences at once ------------------------------------------------
+
+
+def _fire(job_id: str, expected, new, **more) -> FireRequest:
+    return FireRequest(
+        job_id=job_id,
+        expected_next_fire_at=expected,
+        new_next_fire_at=new,
+        input=("cron", {"job": job_id}),
+        **more,
+    )
+
+
+async def test_fire_jobs_fires_each_occurrence_once_and_only_those_that_match(store, clock):
+    for sid in ("s1", "s2"):
+        await store.create_session(sid, "ada")
+    for job_id, sid in (("a", "s1"), ("b", "s2"), ("last", "s1"), ("cancelled", "s1")):
+        await store.create_job(job_id, kind="cron", spec={}, session_id=sid, next_fire_at=T0)
+    await store.create_job("paused", kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    await store.update_job("paused", state="paused")
+    await store.update_job("cancelled", state="cancelled", next_fire_at=None)
+    await store.create_job("early", kind="cron", spec={}, session_id="s1", next_fire_at=T0 + H)
+    await store.create_job("lonely", kind="cron", spec={}, next_fire_at=T0)
+    clock.advance(seconds=2)
+
+    fires = [
+        _fire("b", T0, T0 + H, detail={"late_seconds": 2}),
+        _fire("paused", T0, T0 + H),
+        _fire("a", T0, T0 + H),
+        _fire("nope", T0, T0 + H),
+        _fire("cancelled", T0, T0 + H),
+        _fire("early", T0, T0 + 2 * H),  # its occurrence is another one: the CAS loses
+        _fire("lonely", T0, T0 + H),
+        _fire("last", T0, None),
+    ]
+    answers = await store.fire_jobs(fires)
+    assert [a is not None for a in answers] == [True, False, True, False, False, False, False, True]
+    b, a, last = answers[0], answers[2], answers[7]
+    # each answer is what fire_job answers for that occurrence
+    assert (b.job.id, b.job.next_fire_at, b.job.run_count, b.job.state) == (
+        "b",
+        T0 + H,
+        1,
+        "active",
+    )
+    assert (b.run.job_id, b.run.scheduled_for, b.run.state) == ("b", T0, "queued")
+    assert b.run.detail == {"late_seconds": 2} and b.run.input_id == b.input.id
+    assert b.run.created_at == T0 + timedelta(seconds=2)
+    assert (b.input.session_id, b.input.source, b.input.state) == ("s2", "cron", "queued")
+    assert b.input.payload == {"job": "b", "run_id": b.run.id}
+    assert (last.job.state, last.job.next_fire_at) == ("completed", None)
+    for fired in (a, b, last):
+        assert await store.get_job(fired.job.id) == fired.job
+        assert await store.list_runs(fired.job.id) == [fired.run]
+    assert await store.list_inputs("s1") == sorted([a.input, last.input], key=lambda i: i.id)
+    assert await store.list_inputs("s2") == [b.input]
+    # those that did not match wrote nothing
+    for job_id in ("paused", "cancelled", "early", "lonely"):
+        job = await store.get_job(job_id)
+        assert job.run_count == 0 and await store.list_runs(job_id) == []
+    assert (await store.get_job("early")).next_fire_at == T0 + H
+
+    # the same occurrences again: every compare-and-set loses, nothing is written
+    assert await store.fire_jobs(fires) == [None] * len(fires)
+    assert len(await store.list_inputs("s1")) == 2
+    assert (await store.get_job("a")).run_count == 1
+    assert await store.fire_jobs([]) == []
+
+
+async def test_fire_jobs_refusals(store):
+    await store.create_session("s1", "ada")
+    await store.create_job("j1", kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    with pytest.raises(ValueError, match=r"^job 'j1' is in fires twice$"):
+        await store.fire_jobs([_fire("j1", T0, T0 + H), _fire("j1", T0, T0 + H)])
+    with pytest.raises(TypeError, match=r"^input must be a \(source, payload\) pair$"):
+        await store.fire_jobs(
+            [FireRequest(job_id="j1", expected_next_fire_at=T0, new_next_fire_at=None, input=None)]
+        )
+    with pytest.raises(TypeError, match=r"^fires must be FireRequests, not tuple$"):
+        await store.fire_jobs([("j1", T0, T0 + H)])
+    assert (await store.get_job("j1")).run_count == 0  # nothing was written
+
+
+async def test_batches_racing_over_the_same_jobs_fire_each_occurrence_once(store, backend):
+    """Two store instances (two nodes) fire overlapping batches of the same occurrences at
+    once, in opposite orders: each occurrence fires once in total, and neither batch fails."""
+    await store.create_session("s1", "ada")
+    ids = [f"j{n:03d}" for n in range(120)]
+    for job_id in ids:
+        await store.create_job(job_id, kind="cron", spec={}, session_id="s1", next_fire_at=T0)
+    async with backend.open() as other:
+        for k in range(4):
+            occurrence = T0 + k * H
+            batches = [
+                (store, ids[:80]),
+                (other, list(reversed(ids[40:]))),
+                (other, ids[::2]),
+                (store, list(reversed(ids[1::2]))),
+            ]
+            won: list[str] = []
+
+            async def fire(s, batch, occurrence=occurrence, won=won) -> None:
+                answers = await s.fire_jobs([_fire(j, occurrence, occurrence + H) for j in batch])
+                won.extend(a.job.id for a in answers if a is not None)
+
+            async with trio.open_nursery() as nursery:
+                for s, batch in batches:
+                    nursery.start_soon(fire, s, batch)
+            assert sorted(won) == ids  # each once, none lost
+    inputs = await store.list_inputs("s1")
+    assert len(inputs) == 4 * len(ids)
+    for job_id in ids[::17]:
+        job = await store.get_job(job_id)
+        assert (job.run_count, job.next_fire_at) == (4, T0 + 4 * H)
+        assert [r.scheduled_for for r in await store.list_runs(job_id)] == [
+            T0 + k * H for k in (3, 2, 1, 0)
+        ]
