@@ -10,6 +10,13 @@ the turn input into the session's inbox. So an occurrence is enqueued exactly on
 crash, and with several schedulers on one PostgreSQL. The run record then follows the real
 turn: the session marks it ``turn_completed`` or ``turn_failed``.
 
+The occurrences that start firing together and deliver on time (or coalesced without a run of
+their own for what they missed) are fired in batches (``Store.fire_jobs``: one statement on
+PostgreSQL for up to ``MAX_BATCH`` of them): a burst of hundreds due in the same second costs a
+few statements, not hundreds. Each compare-and-set is still the job's own; one the batch did
+not fire (lost, gone, no session) is fired on its own, whose answer says why. Everything after
+the fire (the session told, metrics, the next occurrence) is per job, as for a fire of its own.
+
 Misfires (the scheduler was down, or the job is due far in the past):
 
 * ``coalesce`` (default) — deliver once, late; the other missed occurrences are recorded as
@@ -67,7 +74,7 @@ from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.codec import Message
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.store import Job, JobRun, Store
+from turnstile.runtime.store import FireRequest, FireResult, Job, JobRun, Store
 from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
 
 __all__ = [
@@ -90,8 +97,16 @@ MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("coalesce", "skip", "catch_up")
 MAX_CATCH_UP = 10
 #: At most this many missed occurrences are recorded one by one (the rest as a count).
 MAX_RECORDED_MISSES = 100
-#: How many fires may be in flight at once (so group commit can batch them).
-MAX_CONCURRENT_FIRES = 64
+#: How many fires may be in flight at once (so group commit and batches gather them).
+MAX_CONCURRENT_FIRES = 1024
+#: How many of them may be fires of their own (``Store.fire_job``: extra runs, skips, what a
+#: batch did not fire) at once: each is a statement or a transaction of its own.
+MAX_SOLO_FIRES = 64
+#: At most this many occurrences are fired in one ``Store.fire_jobs``.
+MAX_BATCH = 200
+#: At most this many batches are in flight at once; the fires that come meanwhile wait and
+#: make the next batch (so the busier the store, the fuller the batches).
+MAX_BATCHES_IN_FLIGHT = 2
 #: jobs read per look for jobs to take on (several nodes): every node reads the due ones of
 #: all nodes, oldest first, so a backlog of others' jobs must not hide its own
 _TAKE_ON_PAGE = 10_000
@@ -215,6 +230,71 @@ class _Entry:
         return self._cron
 
 
+class _Waiting:
+    """One occurrence waiting in :class:`_Batches` for its batch's answer."""
+
+    __slots__ = ("request", "done", "result")
+
+    def __init__(self, request: FireRequest) -> None:
+        self.request = request
+        self.done = trio.Event()
+        self.result: FireResult | None = None
+
+
+class _Batches:
+    """Fires the occurrences that come together with one ``Store.fire_jobs`` per batch.
+
+    The first occurrence to come starts a flush; the flush yields once before it takes a batch,
+    so every fire started in the same pass of trio's run loop (the wheel starts all those due at
+    one instant together) is in it. While ``MAX_BATCHES_IN_FLIGHT`` batches are in flight, what
+    comes waits for the next. A batch that fails (the store raised) answers None for each of its
+    occurrences, like one that did not fire them: their fires then go on their own.
+    """
+
+    def __init__(self, store: Store, nursery: trio.Nursery) -> None:
+        self._store = store
+        self._nursery = nursery
+        self._queue: list[_Waiting] = []
+        self._flushing = False
+        self._slots = trio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+
+    async def fire(self, request: FireRequest) -> FireResult | None:
+        """Fire ``request`` in the next batch: what ``fire_jobs`` answered for it."""
+        waiting = _Waiting(request)
+        self._queue.append(waiting)
+        if not self._flushing:
+            self._flushing = True
+            self._nursery.start_soon(self._flush, name="scheduler: fire batches")
+        await waiting.done.wait()
+        return waiting.result
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                await self._slots.acquire()  # (yields: the fires started with this one join)
+                batch = self._queue[:MAX_BATCH]
+                del self._queue[:MAX_BATCH]
+                self._nursery.start_soon(self._send, batch, name="scheduler: fire batch")
+        finally:
+            self._flushing = False
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        results: list[FireResult | None] = [None] * len(batch)
+        try:
+            results = await self._store.fire_jobs([waiting.request for waiting in batch])
+        except Exception:
+            log.warning(
+                "firing %d occurrences at once failed; firing them one by one",
+                len(batch),
+                exc_info=True,
+            )
+        finally:
+            self._slots.release()
+            for waiting, result in zip(batch, results, strict=True):
+                waiting.result = result
+                waiting.done.set()
+
+
 class JobShare(Protocol):
     """Several nodes on one store: which jobs this node fires (``runtime.membership``'s
     ``Membership``). Each job is fired by one live node, chosen by the job's id; a job whose
@@ -282,6 +362,8 @@ class SchedulerActor(Actor):
         self.entries: dict[str, _Entry] = {}
         self._wake = trio.Event()
         self._fires = trio.CapacityLimiter(MAX_CONCURRENT_FIRES)
+        self._solo_fires = trio.CapacityLimiter(MAX_SOLO_FIRES)
+        self._batches: _Batches | None = None  # on start (it needs the actor's nursery)
         #: Recent lateness samples in seconds, due → inbox commit (for the bench).
         self.lateness: deque[float] = deque(maxlen=100_000)
 
@@ -305,6 +387,7 @@ class SchedulerActor(Actor):
                 overdue += 1
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
+        self._batches = _Batches(self.store, self.nursery)
         self.nursery.start_soon(self._run, name="scheduler wheel")
         if self.share is not None:
             self.nursery.start_soon(self._take_on, name="scheduler: jobs to take on")
@@ -542,7 +625,7 @@ class SchedulerActor(Actor):
                     break
         elif policy in ("skip", "outside_active_hours"):
             state = "missed" if policy == "skip" else "outside_active_hours"
-            result = await self.store.fire_job(
+            result = await self._fire_alone(
                 job.id,
                 expected,
                 following,
@@ -567,7 +650,8 @@ class SchedulerActor(Actor):
             self.entries.pop(job.id, None)
 
     async def _fire_one(self, job: Job, spec: JobSpec, occurrence, new_next, now, extra):
-        """Deliver one occurrence: CAS, run record and inbox input in one transaction."""
+        """Deliver one occurrence: CAS, run record and inbox input in one transaction (in a
+        batch when it records no other run)."""
         if spec.max_runs and job.run_count + 1 >= spec.max_runs:
             new_next = None  # this is the last delivery
         late = (now - occurrence).total_seconds()
@@ -585,15 +669,28 @@ class SchedulerActor(Actor):
             detail["instruction"] = spec.instruction
         if extra:
             detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
-        result = await self.store.fire_job(
-            job.id,
-            occurrence,
-            new_next,
-            run_state="queued",
-            input=(spec.source or job.kind, payload),
-            detail=detail,
-            extra_runs=extra,
-        )
+        turn_input = (spec.source or job.kind, payload)
+        result = None
+        if not extra and self._batches is not None:
+            result = await self._batches.fire(
+                FireRequest(
+                    job_id=job.id,
+                    expected_next_fire_at=occurrence,
+                    new_next_fire_at=new_next,
+                    input=turn_input,
+                    detail=detail,
+                )
+            )
+        if result is None:  # extra runs, or the batch did not fire it: alone, which says why
+            result = await self._fire_alone(
+                job.id,
+                occurrence,
+                new_next,
+                run_state="queued",
+                input=turn_input,
+                detail=detail,
+                extra_runs=extra,
+            )
         if result is not None:
             committed = (self.clock.now() - occurrence).total_seconds()
             self.metrics.inc("turnstile_scheduler_fires_total")
@@ -611,6 +708,11 @@ class SchedulerActor(Actor):
                 ),
             )
         return result
+
+    async def _fire_alone(self, *args: Any, **kwargs: Any) -> FireResult | None:
+        """``Store.fire_job``, at most ``MAX_SOLO_FIRES`` at once."""
+        async with self._solo_fires:
+            return await self.store.fire_job(*args, **kwargs)
 
     def _forget_or_reload(self, job_id: str) -> None:
         """The compare-and-set lost: someone else fired or changed the job; re-read it later."""

@@ -8,8 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from tests.support.mock_node import DAY, T0, Node, node, once
+from tests.support.mock_node import DAY, LIMITS, T0, Node, node, once
 from turnstile.actors.scheduling.actor import (
+    AddJob,
     CancelJob,
     Schedule,
     SchedulerActor,
@@ -17,8 +18,10 @@ from turnstile.actors.scheduling.actor import (
 )
 from turnstile.actors.sessions.actor import (
     Attach,
+    Delivered,
     Submit,
 )
+from turnstile.runtime.errors import StoreError
 
 
 @pytest.mark.guard(2 * DAY)
@@ -324,3 +327,92 @@ async def test_a_turn_nobody_watched_start_ends_with_a_session_sync(autojump_clo
             "status": "completed",
         }
         assert "session_sync" not in [e.type for e in await n.store.read_events("s")]
+
+
+class CountingStore:
+    """The node's store, counting the fires asked of it (``fire_jobs`` batches by size)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.batches: list[int] = []
+        self.alone = 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def fire_jobs(self, fires):
+        self.batches.append(len(fires))
+        return await self._store.fire_jobs(fires)
+
+    async def fire_job(self, *args, **kwargs):
+        self.alone += 1
+        return await self._store.fire_job(*args, **kwargs)
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock):
+    """450 jobs due at the same instant (one of them cancelled before): three batches of at
+    most 200 (one statement each on PostgreSQL), each occurrence delivered once, with its own
+    input and run; the cancelled one does not fire."""
+    async with node(start_scheduler=False) as n:
+        store = CountingStore(n.store)
+        delivered = []
+
+        async def publish(session_id, message) -> None:
+            if isinstance(message, Delivered):
+                delivered.append((session_id, message.input_id, message.job_update.job_id))
+
+        scheduler = await n.sup.spawn(
+            lambda: SchedulerActor(store, n.clock, publish=publish, limits=LIMITS)
+        )
+        due = T0 + timedelta(minutes=5)
+        jobs = []
+        for k in range(450):
+            session = f"s{k % 5}"
+            if k < 5:
+                await n.store.create_session(session, "ada")
+            job = await scheduler.ask(
+                AddJob(session_id=session, kind="once", schedule=once(due), deliver={"prompt": "p"})
+            )
+            jobs.append(job)
+        await scheduler.ask(CancelJob(job_id=jobs[7].id))
+        await trio.sleep(600)
+        assert store.batches == [200, 200, 49] and store.alone == 0
+        fired = {job_id for _, _, job_id in delivered}
+        assert len(delivered) == len(fired) == 449 and jobs[7].id not in fired
+        assert len({input_id for _, input_id, _ in delivered}) == 449
+        for job in jobs[::50]:
+            (run,) = await n.store.list_runs(job.id)
+            assert run.scheduled_for == due and run.created_at == due  # on the dot (mock time)
+        assert await n.store.list_runs(jobs[7].id) == []
+        inputs = [i for k in range(5) for i in await n.store.list_inputs(f"s{k}")]
+        assert len(inputs) == 449
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_batch_that_fails_is_fired_one_by_one(autojump_clock):
+    """The store refuses the batch (a lost connection, a deadlock): each of its occurrences is
+    fired on its own, once."""
+    async with node(start_scheduler=False) as n:
+        store = CountingStore(n.store)
+
+        async def refuse(fires):
+            store.batches.append(len(fires))
+            raise StoreError("postgres: connection lost")
+
+        store.fire_jobs = refuse
+        scheduler = await n.sup.spawn(
+            lambda: SchedulerActor(store, n.clock, publish=n.publish, limits=LIMITS)
+        )
+        due = T0 + timedelta(minutes=5)
+        jobs = [
+            await scheduler.ask(
+                AddJob(session_id="s", kind="once", schedule=once(due), deliver={"prompt": "p"})
+            )
+            for _ in range(3)
+        ]
+        await trio.sleep(600)
+        assert store.batches == [3] and store.alone == 3
+        for job in jobs:
+            assert len(await n.store.list_runs(job.id)) == 1
+        assert len(await n.store.list_inputs("s")) == 3
