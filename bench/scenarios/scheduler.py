@@ -15,8 +15,9 @@ the real clock (``SystemClock``):
   ``spawn`` returns once ``on_start`` has loaded and indexed every active job.
 * **Firing lateness, scheduler alone.** Once-jobs due at 1,000/s over a window (10 s; quick
   3 s), created in the store before a new scheduler loads them, next to the 100k pending ones.
-  Lateness is the scheduler's own sample, due time -> its ``fire_job`` transaction committed
-  (the turn input is in the inbox). ``publish`` only counts.
+  Lateness is the scheduler's own sample, due time -> its fire committed (``fire_jobs`` for
+  the occurrences that come together, ``fire_job`` for one on its own; the turn input is in
+  the inbox). ``publish`` only counts.
 * **Firing lateness, with sessions.** The same at 1,000/s (5 s; quick 2 s), now with 1,000
   real ``SessionActor``\\ s (``ScriptedAgent(token_delay=0)``) behind ``publish``, as a node
   wires them, each with an attached in-process subscriber that records the wall time at which
@@ -717,9 +718,9 @@ def run(quick: bool = False) -> ScenarioResult:
         "schedule decode, wheel index).",
         f"Window A: {int(RATE * sizes.window_a):,} once-jobs due at {RATE:,}/s over "
         f"{sizes.window_a:g} s, next to the {sizes.jobs:,} pending ones; publish only counts. "
-        "Lateness is the scheduler's own sample: due time -> Store.fire_job committed (run "
-        "record + inbox input), measured with the real clock; SQLite is synchronous=FULL "
-        "(the default), so every group commit is an fsync.",
+        "Lateness is the scheduler's own sample: due time -> Store.fire_jobs (or fire_job) "
+        "committed (run record + inbox input), measured with the real clock; SQLite is "
+        "synchronous=FULL (the default), so every group commit is an fsync.",
         f"Window B: {int(RATE * sizes.window_b):,} once-jobs due at {RATE:,}/s over "
         f"{sizes.window_b:g} s, publish tells the real SessionActor (registry, ScriptedAgent "
         "with no token delay), as the node wires it; a subscriber attached to every session "

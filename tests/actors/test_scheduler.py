@@ -351,8 +351,8 @@ class CountingStore:
 
 @pytest.mark.guard(2 * DAY)
 async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock):
-    """450 jobs due at the same instant (one of them cancelled before): three batches of at
-    most 200 (one statement each on PostgreSQL), each occurrence delivered once, with its own
+    """450 jobs due at the same instant (one of them cancelled before): five batches of at
+    most 100 (one statement each on PostgreSQL), each occurrence delivered once, with its own
     input and run; the cancelled one does not fire."""
     async with node(start_scheduler=False) as n:
         store = CountingStore(n.store)
@@ -377,7 +377,7 @@ async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock
             jobs.append(job)
         await scheduler.ask(CancelJob(job_id=jobs[7].id))
         await trio.sleep(600)
-        assert store.batches == [200, 200, 49] and store.alone == 0
+        assert store.batches == [100, 100, 100, 100, 49] and store.alone == 0
         fired = {job_id for _, _, job_id in delivered}
         assert len(delivered) == len(fired) == 449 and jobs[7].id not in fired
         assert len({input_id for _, input_id, _ in delivered}) == 449
