@@ -838,13 +838,15 @@ async def _fire_job_transaction(
 # waited for and its condition checked again once that commits, so two batches over the same
 # jobs fire each occurrence once in total. Rows are locked in the order of the job ids (the
 # arguments sorted as the primary key is, which the UPDATE scans in order or probes from the
-# sorted arguments), so batches that overlap wait for each other instead of deadlocking.
+# sorted arguments), so batches that overlap wait for each other instead of deadlocking. Every
+# array is text[] (times in ISO form, cast in the statement): a timestamptz[] parameter made
+# asyncpg introspect its type on each connection's first use, 8 ms instead of 1.
 _FIRE_JOBS = (
     """
 WITH args AS (
-    SELECT * FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[],
-        $6::text[], $7::text[], $8::text[])
-        AS a(job_id, expected, new, run_state, source, payload, detail)
+    SELECT job_id, expected::timestamptz, new::timestamptz, run_state, source, payload, detail
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+        $8::text[]) AS a(job_id, expected, new, run_state, source, payload, detail)
     ORDER BY job_id
 ), job AS (
     UPDATE jobs SET next_fire_at = args.new,
@@ -890,8 +892,8 @@ async def fire_jobs(
         _FIRE_JOBS,
         now,
         [fire[0] for fire in fires],
-        [fire[1] for fire in fires],
-        [fire[2] for fire in fires],
+        [fire[1].isoformat() for fire in fires],
+        [None if fire[2] is None else fire[2].isoformat() for fire in fires],
         [fire[3] for fire in fires],
         [fire[4][0] for fire in fires],
         [fire[4][1] for fire in fires],
