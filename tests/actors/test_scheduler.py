@@ -416,3 +416,22 @@ async def test_a_batch_that_fails_is_fired_one_by_one(autojump_clock):
         for job in jobs:
             assert len(await n.store.list_runs(job.id)) == 1
         assert len(await n.store.list_inputs("s")) == 3
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_an_occurrence_due_alone_is_fired_on_its_own(autojump_clock):
+    """Jobs due at different moments (a steady stream) each go as a statement of their own:
+    a batch would only add its hand-offs."""
+    async with node(start_scheduler=False) as n:
+        store = CountingStore(n.store)
+        scheduler = await n.sup.spawn(
+            lambda: SchedulerActor(store, n.clock, publish=n.publish, limits=LIMITS)
+        )
+        for k in range(3):
+            at = T0 + timedelta(minutes=5, seconds=k)
+            await scheduler.ask(
+                AddJob(session_id="s", kind="once", schedule=once(at), deliver={"prompt": "p"})
+            )
+        await trio.sleep(600)
+        assert store.batches == [] and store.alone == 3
+        assert len(await n.store.list_inputs("s")) == 3
