@@ -296,6 +296,15 @@ async def test_a_node_whose_lease_lapses_loses_its_watchers_to_the_survivor(stor
             await eventually(baselines)  # each its baseline, once
             sent = await escalations(a)
 
+            async def saved() -> bool:  # b's state as of its last save is what moves
+                for wid in b_owned:
+                    status = await get_watcher(a.features["watchers"].watchers, wid, "ada")
+                    if status["check_count"] < 1 or status["notification_count"] < 1:
+                        return False
+                return True
+
+            await eventually(saved)
+
             # b stops renewing its lease (a pause, a lost database): a declares it dead and
             # takes its watchers; b learns it at its next heartbeat and stops.
             beat_store = b.membership.beat_store
