@@ -646,25 +646,7 @@ def fire_job(
         if job["session_id"] is None:
             raise ConflictError(f"job {job_id!r} has no session")
         item = _insert_input(conn, job["session_id"], input[0], input[1], now)
-    run = _one(
-        conn,
-        "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
-        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
-        job_id,
-        expected,
-        run_state,
-        None if item is None else item["id"],
-        detail,
-        now,
-        now,
-    )
-    if item is not None:  # the input names its run, so its turn finds it without a search
-        item = _one(
-            conn,
-            "UPDATE inbox SET payload = json_set(payload, '$.run_id', ?) WHERE id = ? RETURNING *",
-            run["id"],
-            item["id"],
-        )
+    run, item = _record_run(conn, job_id, expected, run_state, item, detail, now)
     if extra_runs:
         conn.executemany(
             "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
@@ -697,26 +679,42 @@ def fire_jobs(
             out.append(None)
             continue
         item = _insert_input(conn, job["session_id"], source, payload, now)
-        run = _one(
-            conn,
-            "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
-            job_id,
-            expected,
-            run_state,
-            item["id"],
-            detail,
-            now,
-            now,
-        )
+        run, item = _record_run(conn, job_id, expected, run_state, item, detail, now)
+        out.append((job, run, item))
+    return out
+
+
+def _record_run(
+    conn: Conn,
+    job_id: str,
+    scheduled_for: str,
+    state: str,
+    item: Row | None,
+    detail: str | None,
+    now: str,
+) -> tuple[Row, Row | None]:
+    """A fired occurrence's run record, naming its input; the input then names its run (so
+    its turn finds it without a search). Returns the run and the input as updated."""
+    run = _one(
+        conn,
+        "INSERT INTO job_runs (job_id, scheduled_for, state, input_id, detail, created_at,"
+        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        job_id,
+        scheduled_for,
+        state,
+        None if item is None else item["id"],
+        detail,
+        now,
+        now,
+    )
+    if item is not None:
         item = _one(
             conn,
             "UPDATE inbox SET payload = json_set(payload, '$.run_id', ?) WHERE id = ? RETURNING *",
             run["id"],
             item["id"],
         )
-        out.append((job, run, item))
-    return out
+    return run, item
 
 
 # -- key-value --------------------------------------------------------------------------------
