@@ -12,53 +12,22 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
+from tests.support.agents import GatedAgent
+from tests.support.polling import eventually
 from tests.support.sessions import Recorder
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
-from turnstile.actors.sessions.agents.base import TurnContext
 
 TOKEN = "drain-handover-token-0123456789"
 
 
-class GatedAgent:
-    """Answers at once, except ``wait <name>``, which waits for the gate of that name."""
+async def started(agent: GatedAgent, *contents: str) -> None:
+    """Wait until ``agent`` began a turn for each of ``contents`` (on its node's own time)."""
 
-    name = "gated"
+    async def begun() -> bool:
+        return set(contents) <= set(agent.running)
 
-    def __init__(self) -> None:
-        self.gates: dict[str, trio.Event] = {"s": trio.Event(), "t": trio.Event()}
-        self.started: dict[str, trio.Event] = {"s": trio.Event(), "t": trio.Event()}
-        self.turns: list[str] = []
-
-    async def aclose(self) -> None:
-        pass
-
-    async def run_turn(self, turn: TurnContext) -> str:
-        content = turn.input.content
-        self.turns.append(content)
-        if content.startswith("wait "):
-            name = content.removeprefix("wait ")
-            self.started[name].set()
-            await self.gates[name].wait()
-        return f"done: {content}"
-
-
-class Recording:
-    """An agent that records what it ran and tells when it ran one."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.turns: list[str] = []
-        self.ran = trio.Event()
-
-    async def aclose(self) -> None:
-        pass
-
-    async def run_turn(self, turn: TurnContext) -> str:
-        self.turns.append(turn.input.content)
-        self.ran.set()
-        return "ok"
+    await eventually(begun, 10)
 
 
 def config(url: str, node_id: str) -> Config:
@@ -67,7 +36,7 @@ def config(url: str, node_id: str) -> Config:
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 async def test_a_draining_node_hands_a_session_over_when_its_turn_ends(store_url):
-    a_agent, b_agent = GatedAgent(), Recording()
+    a_agent, b_agent = GatedAgent(), GatedAgent()
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
             open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
@@ -77,10 +46,8 @@ async def test_a_draining_node_hands_a_session_over_when_its_turn_ends(store_url
         )
         for name in ("s", "t"):
             await a.directory.create_session("ada", session_id=name)
-            await a.directory.submit("ada", name, f"wait {name}")
-        with trio.fail_after(10):
-            for name in ("s", "t"):
-                await a_agent.started[name].wait()  # both turns run on a
+            await a.directory.submit("ada", name, f"wait:{name}")
+        await started(a_agent, "wait:s", "wait:t")  # both turns run on a
         await a.directory.submit("ada", "s", "after s")  # waits behind s's turn, on a
         drained: list[bool] = []
         async with trio.open_nursery() as nursery:
@@ -89,22 +56,21 @@ async def test_a_draining_node_hands_a_session_over_when_its_turn_ends(store_url
                 drained.append(await a.drain(30))
 
             nursery.start_soon(drain)
-            a_agent.gates["s"].set()  # s's turn ends; t's still runs on a
-            with trio.fail_after(10):  # b takes s over and runs what waited in it
-                await b_agent.ran.wait()
-            assert b_agent.turns == ["after s"]
+            a_agent.gate("wait:s").set()  # s's turn ends; t's still runs on a
+            await started(b_agent, "after s")  # b takes s over and runs what waited in it
+            assert b_agent.running == ["after s"]
             assert not drained  # a is still draining: t's turn runs
             assert not a.context.sessions.is_active("session:ada/s")
-            a_agent.gates["t"].set()
+            a_agent.gate("wait:t").set()
         assert drained == [True]
-        assert a_agent.turns == ["wait s", "wait t"]
+        assert a_agent.running == ["wait:s", "wait:t"]
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 async def test_a_watched_session_is_handed_over_and_its_client_follows_it(store_url):
     """A client of A watches s while A drains: once s's turn ends, A gives s up too, and the
     client, still connected to A, sees the turn B runs next, every event once and in order."""
-    a_agent, b_agent = GatedAgent(), Recording()
+    a_agent, b_agent = GatedAgent(), GatedAgent()
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
             open_node(config(store_url, "a"), tokens={TOKEN: "ada"}, agent=a_agent, serve=False)
@@ -115,19 +81,18 @@ async def test_a_watched_session_is_handed_over_and_its_client_follows_it(store_
         await a.directory.create_session("ada", session_id="s")
         client = Recorder()
         await a.directory.attach("ada", "s", client)  # watched on a
-        await a.directory.submit("ada", "s", "wait s")
-        with trio.fail_after(10):
-            await a_agent.started["s"].wait()
+        await a.directory.submit("ada", "s", "wait:s")
+        await started(a_agent, "wait:s")
         await a.directory.submit("ada", "s", "after s")  # waits behind it
         async with trio.open_nursery() as nursery:
             nursery.start_soon(a.drain, 30)
-            a_agent.gates["s"].set()
+            a_agent.gate("wait:s").set()
+            await started(b_agent, "after s")  # b runs it: a gave s up, client and all
             with trio.fail_after(10):
-                await b_agent.ran.wait()  # b runs it: a gave s up, client and all
                 await client.until(b'"stream_end"', 2)  # ...and the client saw it end
-        assert b_agent.turns == ["after s"]
+        assert b_agent.running == ["after s"]
         seen = [json.loads(frame) for frame in client.frames]
         assert [f["seq"] for f in seen] == list(range(seen[0]["seq"], seen[-1]["seq"] + 1))
         ends = [f["text"] for f in seen if f["type"] == "stream_end"]
-        assert ends == ["done: wait s", "ok"]
+        assert ends == ["reply:wait:s", "reply:after s"]
         await a.directory.detach("ada", "s", client)  # through the follower now
