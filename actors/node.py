@@ -261,13 +261,12 @@ class Node:
         running = self.features["sessions"].services.running
         running.draining = True
         log.info("draining: %d turn(s) running here, up to %g s", running.count, seconds)
-        registry = self.context.sessions
         with trio.move_on_after(seconds):
             # Hand over every session as soon as it has no turn: its lease is released, and
             # another node runs what waits in it (its catch-up finds it) while this one still
             # finishes its other turns; the clients watching it here follow it from the store.
             while True:
-                handed = registry.passivate_idle() + await self.directory.hand_over_watched()
+                handed = await self.directory.hand_over()
                 if handed:
                     log.info("drain: %d session(s) handed over", handed)
                 if running.count == 0:

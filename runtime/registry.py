@@ -189,19 +189,6 @@ class Registry:
         """The addresses of ``kind`` with a live activation here, sorted."""
         return sorted(a for a in self._live if a.partition(":")[0] == kind)
 
-    def passivate_idle(self) -> int:
-        """Begin passivating every activation that may be passivated now (its actor's
-        ``can_passivate``): a node that drains hands over what it no longer needs, without
-        waiting for each one's idle timeout. Returns how many began."""
-        idle = [
-            cell
-            for cell in self._live.values()
-            if cell.actor is not None and not cell.mailbox.queue and cell.actor.can_passivate()
-        ]
-        for cell in idle:
-            self._begin_passivation(cell)
-        return len(idle)
-
     async def deactivate(self, address: str) -> None:
         """Passivate ``address`` now (graceful: queued messages first). No-op if inactive."""
         cell = self._live.get(address)

@@ -378,12 +378,12 @@ class SessionDirectory:
             await attached_hook(key)
         return attached
 
-    async def hand_over_watched(self) -> int:
+    async def hand_over(self) -> int:
         """A draining node (several nodes): give up every session active here that has no
-        turn running, its clients included, who from then on follow it from the store
-        through this node (``RemoteSessions``) until they leave or the node stops. Its lease
-        is released, so another node runs what waits in it. Returns how many were handed
-        over."""
+        turn running; the clients watching it here, if any, from then on follow it from the
+        store through this node (``RemoteSessions``) until they leave or the node stops. Its
+        lease is released, so another node runs what waits in it. Returns how many were
+        handed over."""
         if self.remote is None:
             return 0
         handed = 0
