@@ -73,17 +73,35 @@ __all__ = [
 #: The HNSW cosine index on ``memory_facts.embedding`` (PostgreSQL with pgvector).
 VECTOR_INDEX = "memory_facts_embedding_hnsw"
 
-#: Creates pgvector if the server offers it and this role may; never fails for want of it.
-ENSURE_VECTOR = """DO $memory$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')
-     AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector') THEN
+
+def _create_extension(name: str, without: str) -> str:
+    """PL/pgSQL that creates extension ``name`` in ``public`` if the server offers it and this
+    role may, else in the current schema, else raises a notice saying ``without``.
+
+    An extension is one per database, wherever it lives, and goes with its schema: made in the
+    schema a node's ``search_path`` names (one deployment's, or a test's), dropping that schema
+    would drop it, and with it every other schema's indexes and queries that use it. So
+    ``public`` first; the current schema only where ``public`` is missing or closed to this
+    role. Queries name the extension's schema, wherever it is (``queries.DETECT``).
+    """
+    return f"""  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = '{name}')
+     AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = '{name}') THEN
     BEGIN
-      CREATE EXTENSION IF NOT EXISTS vector;
+      CREATE EXTENSION IF NOT EXISTS {name} WITH SCHEMA public;
     EXCEPTION WHEN OTHERS THEN
-      RAISE NOTICE 'memory: cannot create vector (%), search is lexical only', SQLERRM;
+      BEGIN
+        CREATE EXTENSION IF NOT EXISTS {name};
+      EXCEPTION WHEN OTHERS THEN
+        RAISE NOTICE 'memory: cannot create {name} (%), {without}', SQLERRM;
+      END;
     END;
-  END IF;
+  END IF;"""
+
+
+#: Creates pgvector if the server offers it and this role may; never fails for want of it.
+ENSURE_VECTOR = f"""DO $memory$
+BEGIN
+{_create_extension("vector", "search is lexical only")}
 END
 $memory$"""
 
@@ -108,14 +126,7 @@ ENSURE_TRIGRAM = f"""DO $memory$
 DECLARE
   ext_schema text;
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm')
-     AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm') THEN
-    BEGIN
-      CREATE EXTENSION IF NOT EXISTS pg_trgm;
-    EXCEPTION WHEN OTHERS THEN
-      RAISE NOTICE 'memory: cannot create pg_trgm (%), search uses plain ILIKE', SQLERRM;
-    END;
-  END IF;
+{_create_extension("pg_trgm", "search uses plain ILIKE")}
   SELECT n.nspname INTO ext_schema
     FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
    WHERE e.extname = 'pg_trgm';

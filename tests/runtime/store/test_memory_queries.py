@@ -285,3 +285,42 @@ async def test_postgres_without_pg_trgm_searches_without_the_similar_words_stage
     finally:
         await pg_run(pg_dsn, f"DROP SCHEMA {schema} CASCADE")
         await pg_run(pg_dsn, f"DROP ROLE {role}")
+
+
+@pytest.mark.postgres
+async def test_dropping_another_deployments_schema_leaves_pg_trgm_and_this_ones_search(
+    pg_dsn, clock
+):
+    """Two deployments in two schemas of one database: the first to start creates pg_trgm
+    (in ``public``, not in its own schema), so dropping that deployment's schema does not take
+    the extension, the other's trigram indexes, or its typo-forgiving search with it. A
+    database of its own, so that the extension is created here, whatever the suite's
+    database holds."""
+    database = f"t_ext_{secrets.token_hex(4)}"
+    await pg_run(pg_dsn, f"CREATE DATABASE {database}")
+    try:
+        base = pg_dsn.rsplit("/", 1)[0] + f"/{database}"
+        for schema in ("first", "second"):
+            await pg_run(base, f"CREATE SCHEMA {schema}")
+        first = Backend("postgres", f"{base}?search_path=first")
+        second = Backend("postgres", f"{base}?search_path=second")
+        async with open_memory(first, clock):
+            pass  # creates pg_trgm
+        async with open_memory(second, clock) as memory:
+            await memory.save("ada", category="drinks", key="coffee", value="dark roast")
+        await pg_run(base, "DROP SCHEMA first CASCADE")
+        indexes = await pg_run(
+            base,
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'second'"
+            " AND indexname LIKE '%trgm' ORDER BY 1",
+        )
+        assert [r[0] for r in indexes] == [
+            "memory_facts_category_trgm",
+            "memory_facts_key_trgm",
+            "memory_facts_value_trgm",
+        ]
+        async with open_memory(second, clock) as memory:
+            assert memory.search_path.trgm_schema == "public"
+            assert [f.key for f in await memory.search("ada", "cofee")] == ["coffee"]
+    finally:
+        await pg_run(pg_dsn, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
