@@ -443,6 +443,7 @@ class TurnShaper:
             system_prompt=prompt,
             history=fit_history(history, budget),
             allowed=selection.allowed,
+            context_tokens=self.config.max_context_tokens,
         )
 
 

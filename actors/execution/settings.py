@@ -29,9 +29,10 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
             refuses every other tool.
         default_prompt: give agents the runtime's default system prompt (primitives, time).
         timezone: the time zone the prompt gives for a session without ``metadata.timezone``.
-        max_context_tokens: the estimated tokens a model call may take (system prompt, tool
-            schemas, history and input; four characters a token); the oldest history goes
-            first (see ``actors.sessions.agents.context``).
+        max_context_tokens: the estimated tokens a model call may take (system prompts, tool
+            schemas, history, input, and the turn's own tool calls and results; four
+            characters a token); long tool results are cut and the oldest history goes first
+            (see ``actors.sessions.agents.context``).
     """
 
     tool_mode: Literal["compact", "direct"] = "compact"

@@ -789,7 +789,11 @@ class SessionActor(Actor):
         shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
         turn.allowed = shaped.allowed
         context.tools, context.history = shaped.tools, shaped.history
-        context.input = msgspec.structs.replace(context.input, system_prompt=shaped.system_prompt)
+        context.input = msgspec.structs.replace(
+            context.input,
+            system_prompt=shaped.system_prompt,
+            context_tokens=shaped.context_tokens,
+        )
 
     async def _add_context(self, context: TurnContext) -> None:
         """Give the turn the system messages the features add (``hooks.turn_context``).

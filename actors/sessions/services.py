@@ -58,12 +58,14 @@ class ShapedTurn(msgspec.Struct, frozen=True, kw_only=True):
         system_prompt: the runtime's default system prompt (``TurnInput.system_prompt``).
         history: the transcript fitted into the context budget.
         allowed: the tools the turn may call; None for every tool.
+        context_tokens: what one model call may take (``TurnInput.context_tokens``).
     """
 
     tools: list[ToolSpec]
     system_prompt: str | None
     history: list[HistoryEntry]
     allowed: frozenset[str] | None = None
+    context_tokens: int | None = None
 
 
 class TurnShaper(Protocol):

@@ -74,9 +74,14 @@ class FakeTurn:
         tools: list[ToolSpec] | None = None,
         injections: list[HistoryEntry] | None = None,
         inject_on_call: list[HistoryEntry] | None = None,
+        results: dict[str, Any] | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         self.session_id = "s-1"
-        self.input = TurnInput(input_id=1, source=source, content=content)
+        self.input = TurnInput(
+            input_id=1, source=source, content=content, context_tokens=context_tokens
+        )
+        self.results = results or {}  # tool name -> the data its call answers
         self.history = history or []
         self.tools = tools or []
         self.events: list[tuple[str, str]] = []
@@ -96,6 +101,8 @@ class FakeTurn:
         self.inject_on_call = []
         if name == "broken":
             return ToolResult(ok=False, error={"code": "boom", "message": "it broke"})
+        if name in self.results:
+            return ToolResult(ok=True, data=self.results[name])
         return ToolResult(ok=True, data={"time": "12:00", "args": arguments})
 
     def take_injections(self) -> list[HistoryEntry]:

@@ -12,7 +12,11 @@ and recorded in ``rejected`` — the agent sees exactly what the real server wou
   inside the parameters themselves;
 * every ``tool`` message answers an id of the closest preceding assistant ``tool_calls``, and an
   assistant's ``tool_calls`` are all answered before any other message;
-* ``stream_options`` only with ``stream: true``.
+* ``stream_options`` only with ``stream: true``;
+* with ``context_tokens`` set (the model's context window), the messages and tools together
+  take no more: counted here as one token per four characters of their JSON (a real tokenizer
+  counts fewer for English, so the stand-in is the stricter), refused as OpenAI refuses it
+  (``code: context_length_exceeded``).
 
 A request that passes pops the next scripted reply (``Stream``, ``Reply`` or ``Stall``) and is
 recorded (JSON body and headers) in ``requests``. ``start_standin(nursery)`` serves it with
@@ -126,6 +130,7 @@ class OpenAIStandIn:
     requests: list[Seen] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     base_url: str = ""
+    context_tokens: int | None = None
 
     def script(self, *replies: Stream | Reply | Stall) -> None:
         """Queue answers for the next requests that pass the checks, in order."""
@@ -139,6 +144,8 @@ class OpenAIStandIn:
             body = None
         try:
             check_request(body)
+            if self.context_tokens is not None:
+                _check_context(body, self.context_tokens)
         except Rejected as exc:
             self.rejected.append(exc.body())
             return Reply(400, json.dumps(exc.body()))
@@ -199,6 +206,17 @@ def check_request(body: Any) -> None:
         )
     _check_tools(body.get("tools"))
     _check_messages(body.get("messages"))
+
+
+def _check_context(body: dict[str, Any], window: int) -> None:
+    used = len(json.dumps([body.get("messages"), body.get("tools")])) // 4
+    if used > window:
+        raise Rejected(
+            f"This model's maximum context length is {window} tokens. However, your messages "
+            f"resulted in {used} tokens. Please reduce the length of the messages.",
+            "messages",
+            "context_length_exceeded",
+        )
 
 
 def _check_tools(tools: Any) -> None:

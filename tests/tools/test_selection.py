@@ -158,6 +158,8 @@ async def test_the_session_hands_the_agent_its_history_within_the_budget(tmp_pat
             ("user", "second"),
             ("assistant", "ok"),
         ]
+        # the agent gets the budget too, for what the turn adds while it runs (its tool results)
+        assert third.input.context_tokens == 3000
 
 
 async def test_groups_and_profiles_from_the_config(tmp_path):
@@ -257,6 +259,7 @@ def test_the_shaper_fits_history_into_what_prompt_and_tools_leave():
     new = [HistoryEntry(role="user", content="hello"), HistoryEntry(role="assistant", content="hi")]
     shaped = shaper.shape({}, TurnInput(input_id=1, source="user", content="q"), old + new, None)
     assert shaped.history == new
+    assert shaped.context_tokens == 1000
     assert shaped.system_prompt.endswith("Current time: 2026-03-13 14:35 (Friday).")
     assert shaped.allowed is None
 

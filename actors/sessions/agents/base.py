@@ -71,6 +71,10 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
             own, after its system prompt and before the history. Empty when none.
         model: a model to use for this turn instead of the agent's default.
         max_tokens: a cap on the answer's length for this turn.
+        context_tokens: the estimated tokens one model call of this turn may take (system
+            prompts, tool schemas, history and the turn's own messages, tool results
+            included; ``actors.sessions.agents.context``), from ``[execution]
+            max_context_tokens``; None: no bound.
     """
 
     input_id: int
@@ -82,6 +86,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
     system_messages: tuple[str, ...] = ()
     model: str | None = None
     max_tokens: int | None = None
+    context_tokens: int | None = None
 
 
 class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -14,6 +14,20 @@ schemas and the new input take). The rules, in the order they are applied:
    Entries before the first ``user`` entry (a transcript whose start was cut off) are a partial
    turn and go first.
 
+A turn grows while it runs: each round of tool calls adds the calls and their results, and
+one result can be far larger than the whole budget (a fetched page). So before each model
+call an agent fits the call as a whole (``fit_messages``, over chat-format messages: its own
+system prompt and the features' system messages counted too), in this order, stopping as soon
+as it fits:
+
+4. long tool results of earlier turns are cut, oldest first, as in rule 2;
+5. whole earlier turns are dropped, oldest first, as in rule 3;
+6. this turn's own tool results are cut, oldest first, each to what still fits (never below
+   ``keep_tool_chars``), so the newest result keeps as much as the budget leaves.
+
+What is left then (the system prompts, the input, the turn's calls) is sent as it is; a server
+that refuses it says so, and the turn fails with that message.
+
 Tokens are estimated, not counted: about four characters a token, plus a few per message for
 the chat format's framing. That is close enough for English and JSON with the common tokenizers,
 and needs no tokenizer for every model server.
@@ -22,7 +36,9 @@ and needs no tokenizer for every model server.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -34,6 +50,8 @@ __all__ = [
     "estimate_tokens",
     "entry_tokens",
     "fit_history",
+    "fit_messages",
+    "message_tokens",
     "truncate_tool_result",
 ]
 
@@ -60,12 +78,23 @@ def entry_tokens(entry: HistoryEntry) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS
 
 
+_POINTER = re.compile(r"… \[truncated; (\d+) chars — see history\]\Z")
+
+
 def truncate_tool_result(content: str, keep: int = KEEP_TOOL_CHARS) -> str:
     """``content`` cut to ``keep`` characters plus a pointer to the full result, or as it is
-    when it is no longer than ``keep``."""
+    when it is no longer than ``keep``. A result cut before is cut again from what was kept,
+    and its pointer still gives the full result's length."""
+    full = len(content)
+    if (pointer := _POINTER.search(content)) is not None:
+        content, full = content[: pointer.start()], int(pointer.group(1))
     if len(content) <= keep:
-        return content
-    return f"{content[:keep]}… [truncated; {len(content)} chars — see history]"
+        return (
+            content
+            if full == len(content)
+            else f"{content}… [truncated; {full} chars — see history]"
+        )
+    return f"{content[:keep]}… [truncated; {full} chars — see history]"
 
 
 def fit_history(
@@ -122,3 +151,74 @@ def _turns(indices: Iterable[int], entries: Sequence[HistoryEntry]) -> Iterable[
         group.append(i)
     if group:
         yield group
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """About how many tokens a chat-format message takes: its text, and for an assistant
+    message its tool calls' names and arguments."""
+    chars = len(message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        chars += len(function.get("name") or "") + len(function.get("arguments") or "")
+    return math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS
+
+
+def fit_messages(
+    messages: list[dict[str, Any]],
+    budget_tokens: int,
+    *,
+    history: tuple[int, int],
+    fixed_tokens: int = 0,
+    keep_tool_chars: int = KEEP_TOOL_CHARS,
+) -> int:
+    """Fit one model call's chat-format ``messages`` into ``budget_tokens``, in place, by rules
+    4 to 6 of the module docstring.
+
+    Args:
+        messages: the call's messages: system messages, then the earlier turns
+            (``messages[history[0]:history[1]]``, each starting at a ``user`` message), then
+            this turn's input and everything the turn added since.
+        budget_tokens: what the whole call may take.
+        history: where the earlier turns start and end in ``messages``.
+        fixed_tokens: what the call takes besides its messages (the tool schemas).
+        keep_tool_chars: how much of a long tool result survives a cut.
+
+    Returns:
+        how many messages were dropped (all from the earlier turns, so the turn's own messages
+        moved that much towards the start).
+    """
+    sizes = [message_tokens(m) for m in messages]
+    total = fixed_tokens + sum(sizes)
+    if total <= budget_tokens:
+        return 0
+    start, end = history
+
+    def cut(i: int, keep: int) -> None:
+        nonlocal total
+        messages[i] = {**messages[i], "content": truncate_tool_result(messages[i]["content"], keep)}
+        size = message_tokens(messages[i])
+        total += size - sizes[i]
+        sizes[i] = size
+
+    for i in range(start, end):  # 4. earlier turns' long tool results
+        if total <= budget_tokens:
+            break
+        if messages[i].get("role") == "tool" and len(messages[i]["content"]) > keep_tool_chars:
+            cut(i, keep_tool_chars)
+    drop = start  # 5. whole earlier turns, oldest first
+    while total > budget_tokens and drop < end:
+        following = drop + 1
+        while following < end and messages[following].get("role") != "user":
+            following += 1
+        total -= sum(sizes[drop:following])
+        drop = following
+    for i in range(end, len(messages)):  # 6. this turn's tool results, each to what fits
+        if total <= budget_tokens:
+            break
+        content = messages[i].get("content") or ""
+        if messages[i].get("role") == "tool" and len(content) > keep_tool_chars:
+            over = (total - budget_tokens) * CHARS_PER_TOKEN
+            # the pointer the cut adds takes some 40 characters of its own
+            cut(i, max(keep_tool_chars, len(content) - over - 64))
+    del messages[start:drop]
+    return drop - start

@@ -6,7 +6,10 @@ server-sent events. A turn is a loop: send the conversation, stream the answer (
 as ``stream_delta``, ``reasoning_content``/``reasoning`` as ``thinking_delta``), and when the
 model asks for tools, run them through the turn, append the results and ask again — at most
 ``max_tool_rounds`` times. A turn that reaches the limit closes with the model's last text and
-a visible note (hitting the iteration limit is a success, not a failure).
+a visible note (hitting the iteration limit is a success, not a failure). Before each request
+the conversation is fitted into the turn's ``context_tokens`` (long tool results cut, the oldest
+earlier turns dropped: ``context.fit_messages``), so a large tool result does not push a
+request past the model's context window.
 
 What the servers are sent follows OpenAI's request rules: tools are advertised under
 ``function_name(name)`` (``clock.now`` as ``clock__now``) and mapped back; every ``tool``
@@ -43,6 +46,7 @@ from turnstile.actors.sessions.agents.base import (
     function_name,
     tool_name,
 )
+from turnstile.actors.sessions.agents.context import estimate_tokens, fit_messages
 
 if TYPE_CHECKING:
     import httpx2
@@ -200,16 +204,26 @@ class OpenAIAgent:
             messages.append({"role": "system", "content": system})
         # What the node's features add for this turn (memory's summary), each on its own.
         messages.extend({"role": "system", "content": m} for m in turn.input.system_messages)
+        history_start = len(messages)
         for entry in turn.history:
             messages.extend(_history_messages(entry))
+        history_end = len(messages)
         messages.append(_user_message(turn.input.source, turn.input.content))
         tools = [_tool_json(spec) for spec in turn.tools]
+        tools_tokens = estimate_tokens(json.dumps(tools)) if tools else 0
         names = {function_name(spec.name): spec.name for spec in turn.tools}
         rounds = 0
         last_text = ""
         while True:
             # Inputs that arrived since the last call (mid-turn messages, background results).
             messages.extend(_user_message(e.source, e.content) for e in turn.take_injections())
+            if turn.input.context_tokens is not None:  # the call as a whole within the budget
+                history_end -= fit_messages(
+                    messages,
+                    turn.input.context_tokens,
+                    history=(history_start, history_end),
+                    fixed_tokens=tools_tokens,
+                )
             answer = await self._complete(turn, messages, tools)
             if answer.usage is not None:
                 turn.add_usage(answer.usage)

@@ -9,6 +9,8 @@ from turnstile.actors.sessions.agents.context import (
     entry_tokens,
     estimate_tokens,
     fit_history,
+    fit_messages,
+    message_tokens,
     truncate_tool_result,
 )
 
@@ -113,3 +115,72 @@ def test_truncation_leaves_short_results_alone():
 def test_keep_must_not_be_negative():
     with pytest.raises(ValueError, match=r"^keep_tool_chars must be >= 0$"):
         fit_history([], 10, keep_tool_chars=-1)
+
+
+def test_a_result_cut_again_keeps_the_full_length_in_its_pointer():
+    once = truncate_tool_result("r" * 5000, keep=2000)
+    twice = truncate_tool_result(once, keep=1000)
+    assert twice == "r" * 1000 + "… [truncated; 5000 chars — see history]"
+    assert truncate_tool_result(twice, keep=1000) == twice  # cutting to the same size: no change
+
+
+# ---- one model call as a whole (fit_messages) ------------------------------------------------
+
+
+def msg(role: str, content: str, **extra) -> dict:
+    return {"role": role, "content": content, **extra}
+
+
+def call(call_id: str) -> dict:
+    function = {"name": "page", "arguments": "{}"}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "function": function}],
+    }
+
+
+def call_tokens(messages: list[dict], fixed: int = 0) -> int:
+    return fixed + sum(message_tokens(m) for m in messages)
+
+
+def test_a_call_that_fits_is_sent_unchanged():
+    messages = [msg("system", "be brief"), msg("user", "old"), msg("user", "new")]
+    before = [dict(m) for m in messages]
+    assert fit_messages(messages, 1000, history=(1, 2)) == 0
+    assert messages == before
+
+
+def test_this_turns_result_keeps_what_the_budget_leaves_after_the_schemas():
+    messages = [msg("user", "q"), call("c1"), msg("tool", "p" * 40_000, tool_call_id="c1")]
+    assert fit_messages(messages, 2000, history=(0, 0), fixed_tokens=500) == 0
+    kept = messages[2]["content"].split("… [truncated")[0]
+    assert kept == "p" * len(kept) and messages[2]["content"].endswith("40000 chars — see history]")
+    assert call_tokens(messages, 500) <= 2000
+    assert len(kept) > 1500 * 4 - 200  # nearly all of the 1,500 tokens left, not 1,000 chars
+
+
+def test_earlier_turns_go_whole_oldest_first_before_this_turn_is_cut():
+    messages = [
+        msg("system", "s"),
+        msg("user", "first"),
+        call("c0"),
+        msg("tool", "x" * 900, tool_call_id="c0"),
+        msg("assistant", "first answer"),
+        msg("user", "second"),
+        msg("assistant", "second answer"),
+        msg("user", "now"),
+        call("c1"),
+        msg("tool", "y" * 2000, tool_call_id="c1"),
+    ]
+    dropped = fit_messages(messages, 600, history=(1, 7))
+    assert dropped == 4  # the first turn: its input, call, result and answer together
+    assert [m["content"] for m in messages[:4]] == ["s", "second", "second answer", "now"]
+    assert messages[-1]["content"] == "y" * 2000  # enough without cutting this turn's result
+    assert call_tokens(messages) <= 600
+
+
+def test_what_cannot_be_cut_is_left_for_the_server_to_refuse():
+    messages = [msg("system", "s" * 8000), msg("user", "q")]
+    assert fit_messages(messages, 1000, history=(1, 1)) == 0
+    assert messages[0]["content"] == "s" * 8000

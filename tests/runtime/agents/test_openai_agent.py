@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 
+import msgspec
 import pytest
 import trio
 
@@ -18,6 +19,7 @@ from tests.support.fake_openai import (
     finish,
     text_stream,
     tool_piece,
+    tool_stream,
 )
 from turnstile.actors.sessions.agents.base import (
     AgentError,
@@ -27,6 +29,7 @@ from turnstile.actors.sessions.agents.base import (
     TurnInput,
     Usage,
 )
+from turnstile.actors.sessions.agents.context import estimate_tokens, message_tokens
 from turnstile.actors.sessions.agents.openai import OpenAIAgent
 
 CLOCK = ToolSpec(
@@ -405,3 +408,84 @@ async def test_a_turn_can_add_a_system_segment_and_override_model_and_max_tokens
         "role": "system",
         "content": "Be brief.\n\nThis is a scheduled heartbeat check.",
     }
+
+
+# ---- one model call within the turn's context budget ----------------------------------------
+
+PAGE = ToolSpec(
+    name="page",
+    description="Fetch the page.",
+    parameters={"type": "object", "properties": {}},
+)
+
+
+def _tokens(body: dict) -> int:
+    """The call's size as the agent estimates it (context.message_tokens, tools included)."""
+    tools = estimate_tokens(json.dumps(body["tools"])) if body.get("tools") else 0
+    return tools + sum(message_tokens(m) for m in body["messages"])
+
+
+async def test_a_tool_result_larger_than_the_budget_is_cut_to_what_fits(standin, agent):
+    """A page of 200,000 characters comes back from a tool: the next call sends as much of it
+    as the turn's budget leaves, with a pointer to the rest, and the server (whose window is
+    the budget's size) accepts it; sent whole, it would refuse the call and fail the turn."""
+    standin.context_tokens = 2500
+    standin.script(tool_stream(("call_p", "page", {})), text_stream("It is about trains."))
+    page = "trains and timetables " * 9091  # 200,002 characters
+    turn = FakeTurn("what is the page about?", tools=[PAGE], results={"page": {"text": page}})
+    turn.input = msgspec.structs.replace(turn.input, context_tokens=2000)
+    agent.system_prompt = "You are a careful reader."
+    assert await agent.run_turn(turn) == "It is about trains."
+    first, second = standin.requests
+    result = second.body["messages"][-1]
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_p"
+    full = json.dumps({"text": page})
+    assert result["content"].endswith(f"… [truncated; {len(full)} chars — see history]")
+    kept = result["content"].split("… [truncated")[0]
+    assert full.startswith(kept) and len(kept) > 5_000  # most of what the budget leaves
+    assert _tokens(second.body) <= 2000
+    # what fitted is not touched: the system prompt and the question go as they were
+    assert second.body["messages"][:2] == first.body["messages"]
+
+
+async def test_earlier_turns_give_way_before_this_turns_result(standin, agent):
+    """Over the budget in a turn's second call: first the earlier turns' long tool results are
+    cut, then the oldest earlier turns go whole (a call with its result), and this turn's own
+    result is kept whole while that is enough."""
+    standin.script(
+        tool_stream(("call_1", "page", {})),
+        tool_stream(("call_2", "page", {})),
+        text_stream("done"),
+    )
+    history = [
+        HistoryEntry(role="user", content="old question"),
+        HistoryEntry(role="tool", tool="page", content="o" * 3000, call_id="old_call"),
+        HistoryEntry(role="assistant", content="old answer"),
+        HistoryEntry(role="user", content="recent question"),
+        HistoryEntry(role="assistant", content="recent answer"),
+    ]
+    turn = FakeTurn("now?", history=history, tools=[PAGE], results={"page": {"text": "n" * 1600}})
+    turn.input = msgspec.structs.replace(turn.input, context_tokens=1000)
+    assert await agent.run_turn(turn) == "done"
+    first, second, third = standin.requests
+    assert _tokens(first.body) <= 1000 and first.body["messages"][2]["content"] == "o" * 3000
+    # second call: the old turn's result cut to 1,000 characters was enough
+    old_result = second.body["messages"][2]
+    assert old_result["tool_call_id"] == "old_call"
+    assert old_result["content"] == "o" * 1000 + "… [truncated; 3000 chars — see history]"
+    assert second.body["messages"][-1]["content"] == json.dumps({"text": "n" * 1600})
+    # third call: a second result of this turn; the old turn goes, call and result together
+    contents = [m.get("content") for m in third.body["messages"]]
+    assert contents[:3] == ["recent question", "recent answer", "now?"]
+    assert not any(m.get("tool_call_id") == "old_call" for m in third.body["messages"])
+    tool_results = [m["content"] for m in third.body["messages"] if m["role"] == "tool"]
+    assert tool_results == [json.dumps({"text": "n" * 1600})] * 2
+    assert _tokens(third.body) <= 1000
+
+
+async def test_without_a_budget_nothing_is_cut(standin, agent):
+    standin.script(tool_stream(("call_p", "page", {})), text_stream("ok"))
+    page = "x" * 50_000
+    turn = FakeTurn("read it", tools=[PAGE], results={"page": {"text": page}})
+    assert await agent.run_turn(turn) == "ok"
+    assert standin.requests[1].body["messages"][-1]["content"] == json.dumps({"text": page})
