@@ -13,10 +13,10 @@ and recorded in ``rejected`` — the agent sees exactly what the real server wou
 * every ``tool`` message answers an id of the closest preceding assistant ``tool_calls``, and an
   assistant's ``tool_calls`` are all answered before any other message;
 * ``stream_options`` only with ``stream: true``;
-* with ``context_tokens`` set (the model's context window), the messages and tools together
-  take no more: counted here as one token per four characters of their JSON (a real tokenizer
-  counts fewer for English, so the stand-in is the stricter), refused as OpenAI refuses it
-  (``code: context_length_exceeded``).
+* with ``context_tokens`` set (the model's context window), the messages and tools together,
+  plus the answer's ``max_tokens`` when given, take no more: counted here as one token per
+  four characters of their JSON (a real tokenizer counts fewer for English, so the stand-in is
+  the stricter), refused as OpenAI refuses it (``code: context_length_exceeded``).
 
 A request that passes pops the next scripted reply (``Stream``, ``Reply`` or ``Stall``) and is
 recorded (JSON body and headers) in ``requests``. ``start_standin(nursery)`` serves it with
@@ -210,10 +210,17 @@ def check_request(body: Any) -> None:
 
 def _check_context(body: dict[str, Any], window: int) -> None:
     used = len(json.dumps([body.get("messages"), body.get("tools")])) // 4
-    if used > window:
+    answer = body.get("max_tokens") or 0
+    if used + answer > window:
+        asked = f"your messages resulted in {used} tokens"
+        if answer:
+            asked = (
+                f"you requested {used + answer} tokens ({used} in the messages, {answer} in "
+                "the completion)"
+            )
         raise Rejected(
-            f"This model's maximum context length is {window} tokens. However, your messages "
-            f"resulted in {used} tokens. Please reduce the length of the messages.",
+            f"This model's maximum context length is {window} tokens. However, {asked}. "
+            "Please reduce the length of the messages or completion.",
             "messages",
             "context_length_exceeded",
         )

@@ -17,8 +17,9 @@ schemas and the new input take). The rules, in the order they are applied:
 A turn grows while it runs: each round of tool calls adds the calls and their results, and
 one result can be far larger than the whole budget (a fetched page). So before each model
 call an agent fits the call as a whole (``fit_messages``, over chat-format messages: its own
-system prompt and the features' system messages counted too), in this order, stopping as soon
-as it fits:
+system prompt and the features' system messages counted too) into the budget, less the
+answer's ``max_tokens`` when the turn sets one (servers count prompt and completion against
+one window), in this order, stopping as soon as it fits:
 
 4. long tool results of earlier turns are cut, oldest first, as in rule 2;
 5. whole earlier turns are dropped, oldest first, as in rule 3;

@@ -220,7 +220,8 @@ class OpenAIAgent:
             if turn.input.context_tokens is not None:  # the call as a whole within the budget
                 history_end -= fit_messages(
                     messages,
-                    turn.input.context_tokens,
+                    # the answer's tokens count against the model's window too
+                    turn.input.context_tokens - (turn.input.max_tokens or 0),
                     history=(history_start, history_end),
                     fixed_tokens=tools_tokens,
                 )

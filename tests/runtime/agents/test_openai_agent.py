@@ -489,3 +489,17 @@ async def test_without_a_budget_nothing_is_cut(standin, agent):
     turn = FakeTurn("read it", tools=[PAGE], results={"page": {"text": page}})
     assert await agent.run_turn(turn) == "ok"
     assert standin.requests[1].body["messages"][-1]["content"] == json.dumps({"text": page})
+
+
+async def test_the_answers_max_tokens_counts_against_the_budget(standin, agent):
+    """A turn that reserves 800 tokens for the answer leaves the call 1,200 of its 2,000: the
+    server (a window a little larger than the budget: it counts the JSON too), which counts
+    prompt and completion together, accepts it."""
+    standin.context_tokens = 2100
+    standin.script(tool_stream(("call_p", "page", {})), text_stream("short"))
+    page = "z" * 40_000
+    turn = FakeTurn("summarise", tools=[PAGE], results={"page": {"text": page}})
+    turn.input = msgspec.structs.replace(turn.input, context_tokens=2000, max_tokens=800)
+    assert await agent.run_turn(turn) == "short"
+    second = standin.requests[1].body
+    assert second["max_tokens"] == 800 and _tokens(second) <= 1200
