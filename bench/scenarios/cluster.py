@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -62,28 +60,13 @@ class _Node:
         self.url = ""
 
     async def start(self) -> None:
-        self.process = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "turnstile.actors.cli",
-                "serve",
-                "--config",
-                str(self.config),
-                "--dev-token",
-                TOKEN,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log.open("ab"),
-        )
-        buffer = b""
-        with trio.fail_after(30):
-            while b"serving on " not in buffer:
-                chunk = await self.process.stdout.receive_some()
-                if not chunk:
-                    raise RuntimeError(f"node {self.name} exited: {self.log.read_text()[-500:]}")
-                buffer += chunk
-        self.url = buffer.split(b"serving on ")[1].split()[0].decode()
+        from tests.support.serve import launch  # the e2e tests' launcher (a checkout's tests/)
+
+        args = ["--config", str(self.config), "--dev-token", TOKEN]
+        try:
+            self.process, self.url = await launch(args, stderr=self.log.open("ab"), within=30)
+        except RuntimeError as exc:
+            raise RuntimeError(f"node {self.name}: {exc}: {self.log.read_text()[-500:]}") from None
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -29,6 +28,7 @@ import trio
 from tests.runtime.store._support import pg_run
 from tests.support.node import Node, connect, new_session
 from tests.support.polling import eventually
+from tests.support.serve import launch
 from turnstile.actors.scheduling.spec import JobSpec, Schedule
 from turnstile.runtime.membership import owner_of
 from turnstile.runtime.store import NodeRef, open_store
@@ -56,28 +56,12 @@ class Serving:
         self.node: Node | None = None
 
     async def start(self) -> Serving:
-        self.process = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "turnstile.actors.cli",
-                "serve",
-                "--config",
-                str(self.config),
-                "--dev-token",
-                TOKEN,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log.open("ab"),
-        )
-        buffer = b""
-        with trio.fail_after(20):
-            while b"serving on " not in buffer:
-                chunk = await self.process.stdout.receive_some()
-                if not chunk:
-                    raise RuntimeError(f"server exited early: {self.log.read_text()[-2000:]}")
-                buffer += chunk
-        url = buffer.split(b"serving on ")[1].split()[0].decode()
+        try:
+            self.process, url = await launch(
+                ["--config", str(self.config), "--dev-token", TOKEN], stderr=self.log.open("ab")
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.log.read_text()[-2000:]}") from None
         self.node = Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
         return self
 

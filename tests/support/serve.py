@@ -7,42 +7,43 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 
 from tests.support.node import Node
 
 
-async def start_server(db: str, token: str, *args: str) -> tuple[trio.Process, Node]:
-    """``turnstile serve`` on ``sqlite:///db`` with ``token`` as its dev token and ``args``
-    (e.g. ``--config FILE``); returns once it says where it serves."""
-    process = await trio.lowlevel.open_process(
-        [
-            sys.executable,
-            "-m",
-            "turnstile.actors.cli",
-            "serve",
-            *args,
-            "--port",
-            "0",
-            "--store",
-            f"sqlite:///{db}",
-            "--dev-token",
-            token,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+async def launch(
+    args: Sequence[str], *, stderr: Any = subprocess.DEVNULL, within: float = 20
+) -> tuple[trio.Process, str]:
+    """``turnstile serve`` with ``args`` as a subprocess: it and the URL it serves on, once it
+    prints it (the e2e tests and ``bench/scenarios/cluster.py`` start their nodes so).
+
+    Raises:
+        RuntimeError: it exited before saying where it serves.
+        trio.TooSlowError: it said nothing within ``within`` seconds.
+    """
+    command = [sys.executable, "-m", "turnstile.actors.cli", "serve", *args]
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=stderr)
     buffer = b""
-    with trio.fail_after(20):
+    with trio.fail_after(within):
         while b"serving on " not in buffer:
             chunk = await process.stdout.receive_some()
             if not chunk:
-                raise RuntimeError(f"server exited early: {buffer!r}")
+                raise RuntimeError(f"turnstile serve exited early: {buffer!r}")
             buffer += chunk
-    url = buffer.split(b"serving on ")[1].split()[0].decode()
+    return process, buffer.split(b"serving on ")[1].split()[0].decode()
+
+
+async def start_server(db: str, token: str, *args: str) -> tuple[trio.Process, Node]:
+    """``turnstile serve`` on ``sqlite:///db`` with ``token`` as its dev token and ``args``
+    (e.g. ``--config FILE``); returns once it says where it serves."""
+    process, url = await launch(
+        [*args, "--port", "0", "--store", f"sqlite:///{db}", "--dev-token", token]
+    )
     return process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
 
 
