@@ -1,7 +1,9 @@
 """``turnstile attach``: a terminal client over trio-websocket.
 
-Type a line to send it; ``/stop`` stops the running turn; ``/quit`` (or end of input) leaves.
-Turns stream as they happen; the closing status of each turn is printed.
+Type a line to send it; ``/stop`` stops the running turn; ``/quit`` leaves at once. At the end
+of input (Ctrl-D, or the end of a pipe: ``echo hi | turnstile attach``) it leaves once every
+line it sent has been answered and the turns they started have ended, so a script sees its
+answers. Turns stream as they happen; the closing status of each turn is printed.
 
 Exit status, as every ``turnstile`` command: 0 left with ``/quit``; 2 refused (a bad token or
 origin, a session that is not yours, a name that cannot be created); 1 the node could not be
@@ -22,6 +24,55 @@ __all__ = ["attach", "render"]
 
 class _Refused(Exception):
     """The node refused the attach (an ``error`` frame before ``attached``)."""
+
+
+class _Sent:
+    """What the lines this terminal sent still wait for: each ``send`` is answered by one
+    ``ack`` or one ``error``, in the order sent, and an acknowledged input's turn ends with a
+    ``stream_end`` (which may come before its ``ack``: replies and events travel apart)."""
+
+    def __init__(self) -> None:
+        self.replies = 0  # sends not answered yet
+        self.turns: set[int] = set()  # acknowledged inputs whose turn has not ended
+        self._ended: set[int] = set()  # turns that ended while an ack was still due
+        self._changed = trio.Event()
+
+    def sent(self) -> None:
+        self.replies += 1
+
+    def seen(self, frame: dict) -> None:
+        """Account for one server frame."""
+        kind = frame.get("type")
+        if kind == "ack" and self.replies:
+            self.replies -= 1
+            input_id = frame.get("input_id")
+            if input_id is not None and input_id not in self._ended:
+                self.turns.add(input_id)
+        elif kind == "error" and self.replies and not _unprompted(frame):
+            self.replies -= 1  # the line was refused (busy, too long, …): no turn to wait for
+        elif kind == "stream_end":
+            input_id = frame.get("input_id")
+            if input_id in self.turns:
+                self.turns.discard(input_id)
+            elif self.replies:
+                self._ended.add(input_id)
+        else:
+            return
+        if not self.replies:
+            self._ended.clear()
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def settled(self) -> None:
+        """Wait until every line sent is answered and every turn they started has ended."""
+        while self.replies or self.turns:
+            await self._changed.wait()
+
+
+def _unprompted(frame: dict) -> bool:
+    """Whether an ``error`` frame answers no ``send``: a failed ``call`` or ``subscribe``, or a
+    client that fell behind (``lagged``)."""
+    return frame.get("code") == "lagged" or "id" in frame or "topic" in frame
 
 
 def render(frame: dict) -> str | None:
@@ -69,9 +120,11 @@ async def attach(url: str, token: str, session_id: str | None, after_seq: int | 
             if after_seq is not None:
                 attach_frame["after_seq"] = after_seq
             await ws.send_message(json.dumps(attach_frame))
+            sent = _Sent()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_print_frames, ws)
-                await _relay_stdin(ws, session_id)
+                nursery.start_soon(_print_frames, ws, sent)
+                if await _relay_stdin(ws, session_id, sent):  # end of input: let it answer
+                    await sent.settled()
                 nursery.cancel_scope.cancel()
     except Exception as exc:  # a group when it came out of the nursery
         return _exit_status(exc, url)
@@ -105,10 +158,11 @@ def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseExc
     return exc if isinstance(exc, kinds) else None
 
 
-async def _print_frames(ws) -> None:
+async def _print_frames(ws, sent: _Sent) -> None:
     attached = False
     while True:
         frame = json.loads(await ws.get_message())
+        sent.seen(frame)
         kind = frame.get("type")
         if kind == "attached":
             attached = True
@@ -120,19 +174,21 @@ async def _print_frames(ws) -> None:
             sys.stdout.flush()
 
 
-async def _relay_stdin(ws, session_id: str) -> None:
+async def _relay_stdin(ws, session_id: str, sent: _Sent) -> bool:
+    """Send the terminal's lines until ``/quit`` (False) or the end of input (True)."""
     while True:
         # abandoned, not waited for, when the attach ends on its own (a refusal, a close):
         # a thread blocked reading a terminal cannot be interrupted
         line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-        if not line:  # end of input
-            return
+        if not line:
+            return True
         line = line.rstrip("\n")
         if line == "/quit":
-            return
+            return False
         if line == "/stop":
             await ws.send_message(json.dumps({"type": "stop", "session_id": session_id}))
         elif line:
+            sent.sent()
             await ws.send_message(
                 json.dumps({"type": "send", "session_id": session_id, "content": line})
             )

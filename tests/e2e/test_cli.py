@@ -52,6 +52,35 @@ async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path)
         assert [row.split()[:4] for row in rows] == [["cli", "idle", "0", "enqueue"]]
 
 
+@pytest.mark.slow
+async def test_attach_at_the_end_of_piped_input_waits_for_the_answers(tmp_path):
+    """``printf 'a\nb\n' | turnstile attach``: both lines are answered on the terminal before
+    it leaves (it left at once, printing no answer, when its input ended)."""
+    async with running_node(tmp_path) as node:
+        await new_session(node, "piped")
+        done = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "turnstile.actors.cli",
+                "attach",
+                "piped",
+                "--url",
+                node.url,
+                "--token",
+                ALICE,
+            ],
+            stdin=b"first line\nsecond line\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr.decode()
+        assert "You said: first line" in out and "You said: second line" in out
+        assert out.count("[turn completed]") == 2
+
+
 def test_bench_hands_its_options_to_the_bench_from_a_checkout(monkeypatch):
     """``turnstile bench --quick …`` reaches the bench's own parser (argparse's REMAINDER alone
     refused ``--quick`` as an option of ``turnstile``), from the root of a checkout."""
