@@ -297,23 +297,13 @@ class SessionActor(Actor):
                 self._ensure_runner()
                 return None
             case Delivered():
-                self.queued += 1
                 await self._emit(message.job_update)
                 for event in message.events:
                     await self._emit(event)
-                ahead = self.queued - 1 + (1 if self.turn is not None else 0)
-                await self._emit(
-                    TurnQueued(input_id=message.input_id, source=message.source, ahead=ahead)
-                )
-                self._ensure_runner()
+                await self._queued(message.input_id, message.source)
                 return None
             case Arrived():
-                self.queued += 1
-                ahead = self.queued - 1 + (1 if self.turn is not None else 0)
-                await self._emit(
-                    TurnQueued(input_id=message.input_id, source=message.source, ahead=ahead)
-                )
-                self._ensure_runner()
+                await self._queued(message.input_id, message.source)
                 return None
             case Publish():
                 await self._emit(message.event)
@@ -482,9 +472,26 @@ class SessionActor(Actor):
         self._remember(entry)
         return Submitted(injected=True)
 
-    def _ended(self, input_id: int) -> bool:
-        """Whether the turn of ``input_id`` ran here and ended (turns start in id order)."""
+    async def _queued(self, input_id: int, source: str) -> None:
+        """An input stored without this actor (a fire, another node's client) is in the inbox:
+        say it is queued and run it. With leases the runner asks the store until it has
+        nothing, so it may have claimed the input already: then its ``stream_start`` is out,
+        and a ``turn_queued`` after it (with a count one too high) would be wrong."""
+        if self._started(input_id):
+            return
+        self.queued += 1
+        ahead = self.queued - 1 + (1 if self.turn is not None else 0)
+        await self._emit(TurnQueued(input_id=input_id, source=source, ahead=ahead))
+        self._ensure_runner()
+
+    def _started(self, input_id: int) -> bool:
+        """Whether the turn of ``input_id`` started here (turns start in id order)."""
         return self.last_turn_id is not None and self.last_turn_id >= input_id
+
+    def _ended(self, input_id: int) -> bool:
+        """Whether the turn of ``input_id`` ran here and ended (asked once the running turn
+        was found to be another's)."""
+        return self._started(input_id)
 
     async def _fold_stored(self, input_id: int, into: int) -> bool:
         """Fold an input another node stored (``FoldInput``) into the turn of ``into``."""

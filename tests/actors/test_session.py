@@ -11,9 +11,12 @@ import trio.testing
 
 from tests.support.agents import GatedAgent
 from tests.support.sessions import NoTools, Recorder
+from turnstile.actors.scheduling.events import JobUpdate
 from turnstile.actors.sessions.actor import (
     MAX_UNSTORED_EVENTS,
+    Arrived,
     Attach,
+    Delivered,
     Detach,
     GetStatus,
     Inject,
@@ -22,6 +25,7 @@ from turnstile.actors.sessions.actor import (
     SessionServices,
     SetPolicy,
     Submit,
+    Wake,
 )
 from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway.frames import encode_event
@@ -316,3 +320,31 @@ def test_the_actor_module_still_exports_the_names_others_import_from_it():
             assert getattr(actor, name) is getattr(module, name)
     for name in ("GetStatus", "SessionStatus", "Wake", "Delivered", "Publish", "DeleteSession"):
         assert getattr(actor, name) is getattr(messages, name)
+
+
+async def test_an_input_announced_after_its_turn_started_is_not_said_queued(session):
+    """With several nodes the runner asks the store until it has nothing, so it can claim a
+    fired input before the scheduler's ``Delivered`` (or another node's ``Arrived``) reaches
+    the session: the announcement then adds its events but no ``turn_queued`` after the
+    turn's ``stream_start``, and the queue count stays right."""
+    ref, store, agent, _, seen = session
+    item = await store.enqueue_input("s", "cron", {"content": "wait:nightly"})
+    await ref.tell(Wake())
+    await seen.until(b'"stream_start"')
+    fired = JobUpdate(
+        job_id="j",
+        kind="cron",
+        event="fired",
+        state="active",
+        label="nightly",
+        next_fire_at=None,
+        run_count=1,
+    )
+    await ref.tell(Delivered(input_id=item.id, source="cron", job_update=fired))
+    await ref.tell(Arrived(input_id=item.id, source="cron"))
+    status = await ref.ask(GetStatus())
+    assert status.queued == 0
+    agent.gate("wait:nightly").set()
+    await seen.until(b'"stream_end"')
+    types = [e.type for e in await store.read_events("s")]
+    assert "turn_queued" not in types and "job_update" in types
