@@ -7,8 +7,9 @@ Starting a feature means spawning its actors under the node's supervisor, regist
 in the node's ``ToolRegistry``, and plugging into the hooks other features offer: the sessions
 feature's ``SessionHooks`` (what ends with a session, what blocks its deletion, what a turn may
 use), and the few node-wide services below that one feature provides and others use
-(``notify``, ``check_channel``, ``start_background``). Features never import one another except
-``sessions``, on which they all build; the import contracts in pyproject.toml enforce it.
+(``notify``, ``check_channel``, ``start_background``, ``default_channel``). Features never
+import one another except ``sessions``, on which they all build; the import contracts in
+pyproject.toml enforce it.
 
 Adding a feature is adding a package with a ``Feature`` and naming it in ``default_features``
 (or passing it to ``open_node(features=…)``).
@@ -16,13 +17,14 @@ Adding a feature is adding a package with a ``Feature`` and naming it in ``defau
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from turnstile.actors.sessions.hooks import SessionHooks
+from turnstile.actors.sessions.inputs import IN_SESSION
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import PlacedElsewhere
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -62,6 +64,11 @@ class NodeContext:
         start_soon: starts a plain background task owned by the node (stopped when it closes).
         notify: the notifications feature's ``notify`` (None without that feature).
         check_channel: validates a channel name (notifications; None without it).
+        default_channel: the output channel of jobs and watchers created without one, for a
+            session's metadata: ``[execution] default_channel``, or the session's own
+            ``metadata.execution.default_channel`` ('' for none: the session itself); set by
+            execution once every feature has started (None before, or without it). See
+            :meth:`output_channel`.
         start_background: runs a tool call as a background task (execution; None without it).
         directory: the sessions feature's directory, set once sessions started (routes use it to
             turn a user's session name into its key).
@@ -82,13 +89,23 @@ class NodeContext:
     hooks: SessionHooks
     start_soon: Callable[..., None]
     notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
-    check_channel: Callable[[str], None] | None = None
+    check_channel: Callable[..., Any] | None = None
+    default_channel: Callable[[Mapping[str, Any]], str] | None = None
     start_background: Callable[..., Awaitable[dict[str, Any]]] | None = None
     directory: Any = None
     placement: LeasePlacement | None = None
     membership: Membership | None = None
     topics: UserTopics = field(default_factory=UserTopics)
     started: trio.Event = field(default_factory=trio.Event)
+
+    async def output_channel(self, session_key: str) -> str:
+        """Where a job or watcher of the session ``session_key`` delivers when its creator
+        named no channel: the default channel for the session (:attr:`default_channel`), or
+        ``llm_notification``, the session itself."""
+        if self.default_channel is None:
+            return IN_SESSION
+        session = await self.store.get_session(session_key)
+        return self.default_channel(session.metadata) or IN_SESSION
 
     async def tell_session(self, key: str, message: Any) -> None:
         """Send ``message`` to the session actor with key ``key`` (activating it). With several

@@ -37,7 +37,7 @@ from turnstile.actors.execution.selection import TurnShaper, register_discovery_
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
 from turnstile.runtime.actor import ActorRef
-from turnstile.runtime.errors import PlacedElsewhere, StoreError
+from turnstile.runtime.errors import InvalidArgument, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import ClusterView
 
@@ -149,9 +149,16 @@ class ExecutionFeature:
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""
         register_discovery_tools(node.tools)
-        node.hooks.shaper = TurnShaper(
+        node.hooks.shaper = shaper = TurnShaper(
             node.tools, node.clock, node.config.execution, node.hooks.tool_profiles
         )
+        channel = node.config.execution.default_channel
+        if channel and node.check_channel is not None:
+            try:
+                node.check_channel(channel)
+            except InvalidArgument as exc:  # UnknownChannel lists the configured ones
+                raise InvalidArgument(str(exc), field="$.execution.default_channel") from None
+        node.default_channel = lambda metadata: shaper.settings_for(metadata).default_channel
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.background is not None and self.approvals is not None, "routes() after start()"

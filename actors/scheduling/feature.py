@@ -66,7 +66,14 @@ class SchedulingFeature:
             ),
             name="scheduler",
         )
-        register_scheduling_tools(tools, scheduler, store, clock, check_channel=node.check_channel)
+        register_scheduling_tools(
+            tools,
+            scheduler,
+            store,
+            clock,
+            check_channel=node.check_channel,
+            default_channel=node.output_channel,
+        )
         register_heartbeat_tools(
             tools,
             scheduler,

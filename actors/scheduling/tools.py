@@ -14,13 +14,17 @@ What a job delivers when it fires is a turn input of the session:
 * ``tool_call`` — the session runs the tool when the turn starts and hands the agent
   ``[SCHEDULED TOOL RESULT] …``.
 
-``output_channel`` is ``llm_notification`` (into the session, the default) or a channel from
-the config: a ``notification`` goes straight to it, a ``tool_call``'s result goes to it, and an
-``llm_prompt``'s answer goes to it after the turn.
+``output_channel`` is ``llm_notification`` (into the session) or a channel from the config: a
+``notification`` goes straight to it, a ``tool_call``'s result goes to it, and an
+``llm_prompt``'s answer goes to it after the turn. A job created without one delivers to the
+session's default channel (``[execution] default_channel``, or the session's
+``metadata.execution.default_channel``), else into the session; ``remember`` always delivers
+into the session (a recall is the agent's note to itself).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -37,7 +41,9 @@ from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = ["register_scheduling_tools", "OUTPUT_CHANNELS"]
 
-OUTPUT_CHANNELS = ("llm_notification",)
+#: Into the session: the channel every node has.
+IN_SESSION = "llm_notification"
+OUTPUT_CHANNELS = (IN_SESSION,)
 
 Text = Annotated[str, msgspec.Meta(max_length=200)]
 Prompt = Annotated[str, msgspec.Meta(max_length=8000)]
@@ -50,7 +56,8 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tool_params: dict[str, Any] = msgspec.field(default_factory=dict)
     prompt: Prompt | None = None
     label: Text = ""
-    output_channel: str = "llm_notification"
+    #: None: the session's default channel (see the module docstring)
+    output_channel: str | None = None
     output_config: dict[str, Any] = msgspec.field(default_factory=dict)
     timezone: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     timezone_offset: Annotated[str, msgspec.Meta(max_length=6)] | None = None
@@ -98,12 +105,13 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat().replace("+00:00", "Z")
 
 
-def _deliver(args: _Common, source: str, check_channel=None) -> dict[str, Any]:
+def _deliver(args: _Common, source: str, channel: str, check_channel=None) -> dict[str, Any]:
+    """What the job delivers, to ``channel`` (the call's ``output_channel`` or the default)."""
     if check_channel is not None:
-        check_channel(args.output_channel, args.output_config)  # UnknownChannel names them
-    elif args.output_channel not in OUTPUT_CHANNELS:
+        check_channel(channel, args.output_config)  # UnknownChannel names them
+    elif channel not in OUTPUT_CHANNELS:
         raise InvalidArgument(
-            f"output channel {args.output_channel!r} is not configured "
+            f"output channel {channel!r} is not configured "
             f"(available: {', '.join(OUTPUT_CHANNELS)})",
             field="output_channel",
         )
@@ -118,7 +126,7 @@ def _deliver(args: _Common, source: str, check_channel=None) -> dict[str, Any]:
     if args.action_type == "tool_call":
         deliver["tool_name"] = args.tool_name
         deliver["tool_params"] = args.tool_params
-    deliver["output_channel"] = args.output_channel
+    deliver["output_channel"] = channel
     if args.output_config:
         deliver["output_config"] = args.output_config
     return deliver
@@ -155,11 +163,14 @@ def register_scheduling_tools(
     store: Store,
     clock: Clock,
     check_channel=None,
+    default_channel: Callable[[str], Awaitable[str]] | None = None,
 ) -> None:
     """Register the scheduling primitives, bound to ``scheduler``.
 
     ``check_channel(channel, output_config)`` (the notifier's) validates ``output_channel``;
-    without it only ``llm_notification`` is accepted.
+    without it only ``llm_notification`` is accepted. ``default_channel(session_key)`` is where
+    a job created without ``output_channel`` delivers (``NodeContext.output_channel``); without
+    it, into the session.
     """
 
     async def session_timezone(call: ToolCall) -> str | None:
@@ -183,6 +194,11 @@ def register_scheduling_tools(
         return job
 
     async def add(call, args, when: When, kind: str, max_runs: int = 0) -> Job:
+        channel = args.output_channel
+        if channel is None:
+            channel = (
+                IN_SESSION if default_channel is None else await default_channel(call.session_id)
+            )
         if when.kind == "once":
             schedule = Schedule(type="once", run_at=when.run_at, timezone=when.timezone)
         else:
@@ -193,7 +209,7 @@ def register_scheduling_tools(
                 kind=kind,
                 schedule=schedule,
                 deliver=_deliver(
-                    args, "cron" if when.kind == "cron" else "schedule", check_channel
+                    args, "cron" if when.kind == "cron" else "schedule", channel, check_channel
                 ),
                 label=args.label,
                 misfire=args.misfire,
@@ -273,6 +289,7 @@ def register_scheduling_tools(
             action_type=args.action,
             prompt=args.what,
             label=args.what[:200],
+            output_channel=IN_SESSION,  # a recall is the agent's own note: into the session
             timezone=args.timezone,
             timezone_offset=args.timezone_offset,
         )

@@ -42,7 +42,7 @@ class WatchersFeature:
             ),
             name="watchers",
         )
-        register_watch_tools(tools, watchers)
+        register_watch_tools(tools, watchers, default_channel=node.output_channel)
         tools.composite |= WATCH_TOOLS
 
         async def drop(key: str) -> None:

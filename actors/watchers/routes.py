@@ -128,7 +128,9 @@ def watcher_routes(node: NodeContext, watchers: ActorRef) -> list[HttpRoute]:
         if not isinstance(spec, dict):
             raise DecodeError("expected a JSON object")
         key = await node.directory.owned_key(request.user, request.path["id"])
-        started = await start_watcher(watchers, node.tools, key, request.user, spec)
+        started = await start_watcher(
+            watchers, node.tools, key, request.user, spec, default_channel=node.output_channel
+        )
         return msgspec.convert(public_view(started), WatcherStarted)
 
     async def listed(request: ApiRequest) -> Any:

@@ -17,6 +17,7 @@ primitives and the watch tools themselves cannot be watched.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -99,6 +100,10 @@ class UnwatchableTool(InvalidArgument):
         self.policy = policy
 
 
+#: ``async (session_key) -> channel``: where a watcher's escalations go when none is named.
+DefaultChannel = Callable[[str], Awaitable[str]]
+
+
 class NotifyConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Options of the escalation strategy."""
 
@@ -179,7 +184,12 @@ def _watchable(registry: ToolRegistry, tool: str) -> None:
 
 
 async def _start(
-    ref: ActorRef, registry: ToolRegistry, session_id: str, owner: str, args: WatchStart
+    ref: ActorRef,
+    registry: ToolRegistry,
+    session_id: str,
+    owner: str,
+    args: WatchStart,
+    default_channel: DefaultChannel | None = None,
 ) -> dict[str, Any]:
     if not session_id:
         raise InvalidArgument(
@@ -191,6 +201,10 @@ async def _start(
     tool = args.tool or args.name
     _watchable(registry, tool)
     _check_params(registry, tool, args.params)
+    notify_config = msgspec.to_builtins(args.notify_config)
+    if args.notify_config.output_channel is None and default_channel is not None:
+        # escalations go to the session's default channel (``[execution] default_channel``)
+        notify_config["output_channel"] = await default_channel(session_id)
     return await ref.ask(
         StartWatcher(
             session_id=session_id,
@@ -200,7 +214,7 @@ async def _start(
             interval=args.interval,
             label=args.label,
             notify_when=args.notify_when,
-            notify_config=msgspec.to_builtins(args.notify_config),
+            notify_config=notify_config,
         )
     )
 
@@ -219,17 +233,25 @@ def _check_params(registry: ToolRegistry, tool: str, params: dict[str, Any]) -> 
 
 
 async def start_watcher(
-    ref: ActorRef, registry: ToolRegistry, session_id: str, owner: str, spec: dict[str, Any]
+    ref: ActorRef,
+    registry: ToolRegistry,
+    session_id: str,
+    owner: str,
+    spec: dict[str, Any],
+    default_channel: DefaultChannel | None = None,
 ) -> dict[str, Any]:
     """``POST /sessions/{session_id}/watchers``: start a watcher; answers the start view.
 
     The caller must already have checked that ``session_id`` belongs to ``owner``.
+    ``default_channel(session_id)``: where escalations go when ``notify_config`` names no
+    ``output_channel`` (``NodeContext.output_channel``); without it, into the session.
 
     Raises:
         DecodeError: ``spec`` is malformed (``field`` names the culprit).
         InvalidArgument / UnwatchableTool / ExprError / LimitExceeded: refused.
     """
-    return await _start(ref, registry, session_id, owner, _start_codec.convert(spec))
+    args = _start_codec.convert(spec)
+    return await _start(ref, registry, session_id, owner, args, default_channel)
 
 
 async def list_watchers(
@@ -309,11 +331,16 @@ async def watcher_history(
 # -- the tools ---------------------------------------------------------------------------------
 
 
-def register_watch_tools(registry: ToolRegistry, watcher_ref: ActorRef) -> None:
-    """Register the seven ``watch_*`` tools, driving ``watcher_ref``."""
+def register_watch_tools(
+    registry: ToolRegistry, watcher_ref: ActorRef, default_channel: DefaultChannel | None = None
+) -> None:
+    """Register the seven ``watch_*`` tools, driving ``watcher_ref``; ``default_channel`` as
+    for :func:`start_watcher`."""
 
     async def watch_start(call: ToolCall, args: WatchStart) -> dict[str, Any]:
-        return await _start(watcher_ref, registry, call.session_id, call.owner, args)
+        return await _start(
+            watcher_ref, registry, call.session_id, call.owner, args, default_channel
+        )
 
     async def watch_stop(call: ToolCall, args: WatcherRef) -> dict[str, Any]:
         return await stop_watcher(watcher_ref, args.watcher_id, session_id=call.session_id)

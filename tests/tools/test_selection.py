@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import trio
 
-from turnstile.actors.config import Config, ExecutionConfig
+from turnstile.actors.config import ChannelSettings, Config, ExecutionConfig
 from turnstile.actors.execution.selection import (
     DISCOVERY,
     GROUPS,
@@ -162,10 +162,15 @@ async def test_the_session_hands_the_agent_its_history_within_the_budget(tmp_pat
         assert third.input.context_tokens == 3000
 
 
+def log_channels(tmp_path, *names: str) -> dict[str, ChannelSettings]:
+    return {name: ChannelSettings(type="log", path=str(tmp_path / f"{name}.log")) for name in names}
+
+
 async def test_groups_and_profiles_from_the_config(tmp_path):
     agent = RecordingAgent()
     execution = ExecutionConfig(watchers=True, default_channel="ops", direct_tools=["http.get"])
-    async with node(tmp_path, agent, execution=execution) as http:
+    channels = log_channels(tmp_path, "ops")
+    async with node(tmp_path, agent, execution=execution, channels=channels) as http:
         turn = await turn_of(http, agent, "s")
         carried = {s.name for s in turn.tools}
         assert GROUPS["watchers"] | {"send_notification", "http.get"} <= carried
@@ -180,6 +185,58 @@ async def test_groups_and_profiles_from_the_config(tmp_path):
         assert "clock.now" in carried and carried <= HEARTBEAT_PROFILES["heartbeat"]
         assert "filesystem.write" not in carried and "tool_search" not in carried
         assert agent.results[-1].error["code"] == "not_allowed"
+
+
+async def test_jobs_and_watchers_made_without_a_channel_deliver_to_the_default_one(tmp_path):
+    """The reference's ``default_channel``: the output of jobs and watchers whose creator named
+    no channel (a session may choose its own); a channel named in the call wins, and a recall
+    (``remember``) is the agent's own note, into the session."""
+    agent = RecordingAgent()
+    execution = ExecutionConfig(watchers=True, scheduler=True, default_channel="ops")
+    channels = log_channels(tmp_path, "ops", "audit")
+    async with node(tmp_path, agent, execution=execution, channels=channels) as http:
+        agent.calls = [
+            ("schedule_once", {"when": "in 1h", "prompt": "check the build"}),
+            (
+                "schedule_cron",
+                {"cron": "0 9 * * *", "prompt": "standup", "output_channel": "audit"},
+            ),
+            ("remember", {"what": "look at the deploy", "when": "in 2h"}),
+            ("watch_start", {"tool": "clock.now", "interval": 60}),
+        ]
+        await turn_of(http, agent, "s")
+        once, cron, recall, watcher = agent.results
+        assert all(r.ok for r in agent.results), [r.error for r in agent.results]
+        assert once.data["output_channel"] == "ops"
+        assert cron.data["output_channel"] == "audit"
+        assert recall.data["output_channel"] == "llm_notification"
+        assert watcher.data["notify_config"]["output_channel"] == "ops"
+        # a session of its own choosing; and one that wants its output in the session
+        meta = {"execution": {"default_channel": "audit"}}
+        agent.calls = [("schedule_once", {"when": "in 1h", "prompt": "p"})]
+        await turn_of(http, agent, "audited", metadata=meta)
+        assert agent.results[-1].data["output_channel"] == "audit"
+        meta = {"execution": {"default_channel": ""}}
+        agent.calls = [("schedule_once", {"when": "in 1h", "prompt": "p"})]
+        await turn_of(http, agent, "inside", metadata=meta)
+        assert agent.results[-1].data["output_channel"] == "llm_notification"
+        # a watcher started over HTTP gets the default too
+        started = await http.post("/sessions/s/watchers", json={"tool": "clock.now"})
+        assert started.status_code == 201, started.text
+        detail = await http.get(f"/watchers/{started.json()['watcher_id']}")
+        assert detail.json()["notify_config"]["output_channel"] == "ops"
+
+
+async def test_a_default_channel_that_is_not_configured_stops_the_node(tmp_path):
+    agent = RecordingAgent()
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with node(tmp_path, agent, execution=ExecutionConfig(default_channel="slack")):
+            pass  # pragma: no cover
+    error, _ = caught.value.split(InvalidArgument)
+    while isinstance(error, BaseExceptionGroup):  # the supervisors' nurseries wrap it
+        (error,) = error.exceptions
+    assert error.field == "$.execution.default_channel"
+    assert str(error) == "no channel named 'slack'; configured channels: llm_notification"
 
 
 async def test_a_config_naming_an_unknown_tool_stops_the_node(tmp_path):

@@ -54,8 +54,8 @@ manage jobs."""
 
 _NOTIFY = """\
 - send_notification: reach the user outside this conversation. The default channel is \
-{channel!r}; use it, for notifications and as the output_channel of jobs and watchers, unless \
-the user names another."""
+{channel!r}: use it for notifications unless the user names another. Jobs and watchers \
+deliver there too unless you give another output_channel (remember comes back here)."""
 
 _DISCOVERY = """\
 More tools than the ones listed are available: tool_search's description indexes them. Call \
