@@ -33,6 +33,7 @@ import msgspec
 from turnstile.actors.scheduling.actor import AddJob, CancelJob
 from turnstile.actors.scheduling.spec import JobSpec, MisfirePolicy, Schedule, job_spec
 from turnstile.actors.scheduling.timeexpr import When, parse_when
+from turnstile.actors.sessions.inputs import IN_SESSION
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound
@@ -41,8 +42,6 @@ from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = ["register_scheduling_tools", "OUTPUT_CHANNELS"]
 
-#: Into the session: the channel every node has.
-IN_SESSION = "llm_notification"
 OUTPUT_CHANNELS = (IN_SESSION,)
 
 Text = Annotated[str, msgspec.Meta(max_length=200)]
