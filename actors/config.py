@@ -26,6 +26,9 @@ Example::
     watchers = true                    # watch_* schemas in every turn
     max_context_tokens = 8000
 
+    [watchers]
+    max_per_session = 20
+
     [node]                             # several nodes on one PostgreSQL: docs/cluster.md
     id = "node-a"
     lease_seconds = 15
@@ -49,6 +52,7 @@ from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.scheduling.settings import HeartbeatDefaults
+from turnstile.actors.watchers.settings import WatchersConfig
 from turnstile.actors.webhooks.settings import WebhooksConfig
 from turnstile.runtime.errors import DecodeError
 from turnstile.runtime.membership import DEFAULT_LEASE_SECONDS
@@ -65,6 +69,7 @@ __all__ = [
     "NotificationsConfig",
     "ScriptedConfig",
     "UserConfig",
+    "WatchersConfig",
     "WebhooksConfig",
     "load_config",
 ]
@@ -230,6 +235,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     notifications: NotificationsConfig = msgspec.field(default_factory=NotificationsConfig)
     heartbeat: HeartbeatDefaults = msgspec.field(default_factory=HeartbeatDefaults)
     execution: ExecutionConfig = msgspec.field(default_factory=ExecutionConfig)
+    watchers: WatchersConfig = msgspec.field(default_factory=WatchersConfig)
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
     webhooks: WebhooksConfig = msgspec.field(default_factory=WebhooksConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)

@@ -31,12 +31,16 @@ class WatchersFeature:
 
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
+        settings = node.config.watchers
         self.watchers = watchers = await node.supervisor.spawn(
             lambda: WatcherActor(
                 watch_runner(tools),
                 node.tell_session,
                 node.store,
                 node.clock,
+                max_watchers_per_session=settings.max_per_session,
+                persist_interval=settings.persist_interval,
+                max_concurrent_checks=settings.max_concurrent_checks,
                 notify=node.notify,
                 share=node.membership,  # several nodes: each watcher is checked by one
             ),

@@ -4,6 +4,7 @@ the session."""
 from __future__ import annotations
 
 from tests.support.node import BOB, connect, new_session, running_node
+from turnstile.actors.config import WatchersConfig
 
 
 async def test_watcher_crud_and_its_baseline_escalation(tmp_path):
@@ -72,3 +73,22 @@ async def test_background_tasks_over_http(tmp_path):
             assert (await bob.get(f"/sessions/b/tasks/{task_id}")).status_code == 404
             cancelled = await http.post(f"/sessions/b/tasks/{task_id}/cancel")
             assert cancelled.status_code == 200 and "cancelled" in cancelled.json()
+
+
+async def test_the_watchers_section_of_the_config_bounds_a_session(tmp_path):
+    """``[watchers] max_per_session`` reaches the watcher actor: the third watcher of a session
+    that may have two is refused with a 4xx naming the limit, and another session may still
+    start its own."""
+    async with running_node(tmp_path, watchers=WatchersConfig(max_per_session=2)) as node:
+        await new_session(node, "w")
+        await new_session(node, "v")
+        spec = {"tool": "echo", "params": {"text": "x"}, "interval": 60}
+        async with node.http() as http:
+            for _ in range(2):
+                made = await http.post("/sessions/w/watchers", json=spec)
+                assert made.status_code == 201, made.text
+            refused = await http.post("/sessions/w/watchers", json=spec)
+            assert refused.status_code == 429, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "limit_exceeded" and "2" in error["message"]
+            assert (await http.post("/sessions/v/watchers", json=spec)).status_code == 201
