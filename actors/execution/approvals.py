@@ -37,7 +37,8 @@ from turnstile.actors.sessions.actor import Publish
 from turnstile.actors.sessions.remote import CHANNEL, POLL_SECONDS
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound, StoreError
-from turnstile.runtime.store import Store
+from turnstile.runtime.membership import ended_by
+from turnstile.runtime.store import ClusterView, NodeRef, Store
 
 __all__ = ["ApprovalDesk"]
 
@@ -119,6 +120,7 @@ class ApprovalDesk:
         expires = now + timedelta(seconds=self.timeout)
         if self.store is not None:
             store = self.store
+            node = store.claimer  # this incarnation: its end drops the row (``drop_lost``)
             await store.run_write(
                 table.REQUEST,
                 id=pending.id,
@@ -127,6 +129,8 @@ class ApprovalDesk:
                 tool=tool,
                 now=store.db_time(now),
                 expires_at=store.db_time(expires),
+                node_id=None if node is None else node.id,
+                node_epoch=None if node is None else node.epoch,
                 stale_before=store.db_time(now - table.STALE),
             )
         self._pending[pending.id] = pending
@@ -209,6 +213,40 @@ class ApprovalDesk:
                 log.warning("closing approval %s: %s", pending.id, exc)
         if row is not None and row[0] is not None and not pending.decided.is_set():
             pending.decide(row[0], row[1])
+
+    async def drop_lost(self, view: ClusterView) -> list[tuple[str, str]]:
+        """Delete the approvals whose calls waited on a node incarnation ``view`` shows ended
+        (a crash, a node declared dead: the call, and the turn, are gone with it) and tell
+        their sessions ``approval_resolved`` ``cancelled``, as when a waiting call is
+        cancelled. However many nodes pass at once, each row is deleted, and told, by one.
+        Returns ``[(approval_id, session_id)]`` of those it deleted.
+
+        Raises:
+            StoreError: the store did not answer (the next pass does it).
+        """
+        if self.store is None:
+            return []
+        dropped: list[tuple[str, str]] = []
+        for node_id, epoch in await self.store.run_read(table.LOST_INCARNATIONS):
+            if ended_by(view, NodeRef(node_id, epoch)) is None:
+                continue
+            rows = await self.store.run_write(table.DROP_LOST, node_id=node_id, node_epoch=epoch)
+            for approval_id, session_id in rows:
+                log.warning(
+                    "approval %s of session %s withdrawn: node %r epoch %d ended while its call"
+                    " waited",
+                    approval_id,
+                    session_id,
+                    node_id,
+                    epoch,
+                )
+                event = ApprovalResolved(approval_id=approval_id, decision="cancelled", by=None)
+                try:
+                    await self.publish(session_id, Publish(event=event))
+                except Exception as exc:  # the row is gone: listing no longer shows it
+                    log.warning("telling session %s: %s", session_id, exc)
+            dropped.extend(rows)
+        return dropped
 
     def poke(self, approval_id: str) -> None:
         """Another node recorded an answer to ``approval_id``: if a call waits for it here,

@@ -128,9 +128,10 @@ class ExecutionFeature:
         self, node: NodeContext, passes: trio.MemoryReceiveChannel[ClusterView | None]
     ) -> None:
         """Once the node has started, and after every sweep: close the tasks of ended
-        incarnations as lost and tell their sessions (``LostTasks``). Views that queued up
+        incarnations as lost and tell their sessions (``LostTasks``), and withdraw the
+        approvals their calls waited for (``ApprovalDesk.drop_lost``). Views that queued up
         while a pass ran are taken together: the newest says all they did."""
-        assert self.lost is not None
+        assert self.lost is not None and self.approvals is not None
         await node.started.wait()
         async for view in passes:
             while True:
@@ -140,11 +141,14 @@ class ExecutionFeature:
                     break
             with trio.move_on_after(10, shield=True):  # a pass is not cut in half by a stop
                 try:
-                    await self.lost.close(
-                        view if view is not None else await node.store.list_nodes()
-                    )
+                    if view is None:
+                        view = await node.store.list_nodes()
+                    await self.lost.close(view)
+                    await self.approvals.drop_lost(view)  # the calls waiting on them are gone
                 except StoreError as exc:
-                    log.warning("closing lost background tasks failed (next sweep): %s", exc)
+                    log.warning(
+                        "closing lost background tasks and approvals failed (next sweep): %s", exc
+                    )
 
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""

@@ -6,9 +6,13 @@ tasks' table is a set of its own, ``background_schema.py``).
                the call asks, deleted when it stops waiting (decided, timed out, withdrawn).
                ``decision`` is set once, by the first answer, through any node (a
                compare-and-set on ``decision IS NULL``); the node whose call waits reads it.
-               ``owner`` is the session's owner: only they answer or see it. A row whose node
-               died is left behind; it reads as gone once ``expires_at`` is :data:`STALE`
-               past, and the next request deletes it.
+               ``owner`` is the session's owner: only they answer or see it. ``node_id`` and
+               ``node_epoch`` (migration 2) name the node incarnation whose call waits: when
+               it ends (a crash, a node declared dead) the pass that closes its background
+               tasks deletes its rows too (:data:`LOST_INCARNATIONS`, :data:`DROP_LOST`). A
+               row with no incarnation (written before migration 2, or by a store without
+               one) reads as gone once ``expires_at`` is :data:`STALE` past, and the next
+               request deletes it.
 =============  ===================================================================================
 
 The queries (``TableQuery``, one function per backend) take times already converted with
@@ -22,7 +26,18 @@ from typing import Any
 
 from turnstile.runtime.store import Migration, MigrationSet, TableQuery
 
-__all__ = ["CLOSE", "DECIDE", "DROP", "EXECUTION", "PENDING", "READ", "REQUEST", "STALE"]
+__all__ = [
+    "CLOSE",
+    "DECIDE",
+    "DROP",
+    "DROP_LOST",
+    "EXECUTION",
+    "LOST_INCARNATIONS",
+    "PENDING",
+    "READ",
+    "REQUEST",
+    "STALE",
+]
 
 #: How long after its expiry a row still counts: the call waiting for it deletes it at its
 #: timeout, so only a row whose node died outlives it (and then reads as gone).
@@ -56,6 +71,18 @@ EXECUTION = MigrationSet(
             sqlite=_tables("TEXT"),
             postgres=_tables("TIMESTAMPTZ"),
         ),
+        Migration(
+            2,
+            "approvals_node",
+            sqlite=(
+                "ALTER TABLE approvals ADD COLUMN node_id TEXT",
+                "ALTER TABLE approvals ADD COLUMN node_epoch INTEGER",
+            ),
+            postgres=(
+                "ALTER TABLE approvals ADD COLUMN node_id TEXT",
+                "ALTER TABLE approvals ADD COLUMN node_epoch BIGINT",
+            ),
+        ),
     ),
 )
 
@@ -63,35 +90,38 @@ EXECUTION = MigrationSet(
 
 _PURGE = "DELETE FROM approvals WHERE expires_at < {}"
 _INSERT = (
-    "INSERT INTO approvals (id, session_id, owner, tool, requested_at, expires_at)"
-    " VALUES ({}, {}, {}, {}, {}, {})"
+    "INSERT INTO approvals"
+    " (id, session_id, owner, tool, requested_at, expires_at, node_id, node_epoch)"
+    " VALUES ({}, {}, {}, {}, {}, {}, {}, {})"
+)
+_REQUEST_FIELDS = (
+    "id",
+    "session_id",
+    "owner",
+    "tool",
+    "now",
+    "expires_at",
+    "node_id",
+    "node_epoch",
 )
 
 
 def _request_sqlite(conn: Any, **a: Any) -> None:
     conn.execute(_PURGE.format("?"), (a["stale_before"],))
-    conn.execute(
-        _INSERT.format(*"??????"),
-        (a["id"], a["session_id"], a["owner"], a["tool"], a["now"], a["expires_at"]),
-    )
+    conn.execute(_INSERT.format(*"?" * 8), tuple(a[f] for f in _REQUEST_FIELDS))
 
 
 async def _request_postgres(conn: Any, **a: Any) -> None:
     async with conn.transaction():
         await conn.execute(_PURGE.format("$1"), a["stale_before"])
         await conn.execute(
-            _INSERT.format("$1", "$2", "$3", "$4", "$5", "$6"),
-            a["id"],
-            a["session_id"],
-            a["owner"],
-            a["tool"],
-            a["now"],
-            a["expires_at"],
+            _INSERT.format(*(f"${i}" for i in range(1, 9))), *(a[f] for f in _REQUEST_FIELDS)
         )
 
 
-#: ``(id, session_id, owner, tool, now, expires_at, stale_before)``: records a waiting call
-#: (and deletes the rows dead nodes left, expired before ``stale_before``).
+#: ``(id, session_id, owner, tool, now, expires_at, node_id, node_epoch, stale_before)``:
+#: records a waiting call of that node incarnation (``node_id`` None: none), and deletes the
+#: rows left without an incarnation, expired before ``stale_before``.
 REQUEST = TableQuery("execution.request", sqlite=_request_sqlite, postgres=_request_postgres)
 
 # ---- decide: the first answer wins -------------------------------------------------------------
@@ -207,3 +237,37 @@ async def _pending_postgres(
 
 #: ``(session_id, live_after) -> [(id, tool)]``: the session's undecided approvals.
 PENDING = TableQuery("execution.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
+
+# ---- the approvals of ended node incarnations --------------------------------------------------
+
+_INCARNATIONS = "SELECT DISTINCT node_id, node_epoch FROM approvals WHERE node_id IS NOT NULL"
+_DROP_LOST = "DELETE FROM approvals WHERE node_id = {} AND node_epoch = {} RETURNING id, session_id"
+
+
+def _incarnations_sqlite(conn: Any) -> list[tuple[str, int]]:
+    return [(row[0], row[1]) for row in conn.execute(_INCARNATIONS)]
+
+
+async def _incarnations_postgres(conn: Any) -> list[tuple[str, int]]:
+    return [(row[0], row[1]) for row in await conn.fetch(_INCARNATIONS)]
+
+
+def _drop_lost_sqlite(conn: Any, *, node_id: str, node_epoch: int) -> list[tuple[str, str]]:
+    rows = conn.execute(_DROP_LOST.format("?", "?"), (node_id, node_epoch)).fetchall()
+    return [(row[0], row[1]) for row in rows]
+
+
+async def _drop_lost_postgres(conn: Any, *, node_id: str, node_epoch: int) -> list[tuple[str, str]]:
+    rows = await conn.fetch(_DROP_LOST.format("$1", "$2"), node_id, node_epoch)
+    return [(row[0], row[1]) for row in rows]
+
+
+#: ``() -> [(node_id, node_epoch)]``: the node incarnations whose calls wait for approvals.
+LOST_INCARNATIONS = TableQuery(
+    "execution.lost_incarnations", sqlite=_incarnations_sqlite, postgres=_incarnations_postgres
+)
+#: ``(node_id, node_epoch) -> [(id, session_id)]``: deletes that incarnation's approvals (it
+#: ended: no call waits for them any more), answering which they were.
+DROP_LOST = TableQuery(
+    "execution.drop_lost", sqlite=_drop_lost_sqlite, postgres=_drop_lost_postgres
+)

@@ -101,3 +101,37 @@ async def test_a_task_running_at_kill_9_is_lost_after_the_restart(tmp_path):
                 ]
                 assert len(told) == 1  # told once
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_an_approval_waiting_at_kill_9_is_withdrawn_after_the_restart(tmp_path):
+    """A tool call waits for a person when its node is killed: the call, and its turn, are
+    gone, so after the restart the approval is no longer listed (it stayed until its timeout
+    and a minute more before) and the session says ``approval_resolved`` ``cancelled``."""
+    db = str(tmp_path / "approvals.db")
+    config = tmp_path / "turnstile.toml"
+    config.write_text('[policies]\n"echo" = "APPROVE"\n')
+    async with serving(db, TOKEN, "--config", str(config)) as (process, node):
+        await new_session(node, "c", token=TOKEN)
+        async with connect(node, TOKEN) as client:
+            await client.send(type="attach", session_id="c")
+            await client.expect("session_sync")
+            await client.send(type="send", session_id="c", content='/call echo {"text": "x"}')
+            asked = await client.expect("approval_required")
+            approval_id = asked["approval_id"]
+            async with node.http(TOKEN) as http:
+                listed = (await http.get("/sessions/c/approvals")).json()["approvals"]
+                assert [a["approval_id"] for a in listed] == [approval_id]
+            process.send_signal(signal.SIGKILL)
+            with trio.fail_after(10):
+                await process.wait()
+
+    async with serving(db, TOKEN, "--config", str(config)) as (process, node):
+        async with connect(node, TOKEN) as client:
+            await client.send(type="attach", session_id="c", after_seq=0)
+            resolved = await client.expect("approval_resolved", approval_id=approval_id)
+            assert resolved["decision"] == "cancelled"
+        async with node.http(TOKEN) as http:
+            assert (await http.get("/sessions/c/approvals")).json()["approvals"] == []
+            answered = await http.post(f"/approvals/{approval_id}/approve")
+            assert answered.status_code == 404  # nothing waits for it any more
