@@ -2,8 +2,10 @@
 
 The transcript (``history``) is not stored apart: ``stream_start`` (a turn's input),
 ``user_message`` (an input folded into a running turn), ``tool_call`` and ``stream_end`` events
-stand for its entries, so it is rebuilt from the log at start-up (``load_history``) and by the
-history route (``history_from_events``).
+stand for its entries, one each, so it is rebuilt from the log at start-up (``load_history``)
+and by the history route (``history_from_events``). Start-up reads only those events, from
+the newest back, until it has the entries it keeps: a long session's deltas (most of its log)
+and its old turns are never read (``Store.read_events_back``).
 """
 
 from __future__ import annotations
@@ -15,22 +17,35 @@ import msgspec
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult
 from turnstile.runtime.store import EventRecord, Store
 
-__all__ = ["load_history", "history_from_events", "input_entry", "tool_result_text"]
+__all__ = [
+    "TRANSCRIPT_EVENTS",
+    "history_from_events",
+    "input_entry",
+    "load_history",
+    "tool_result_text",
+]
+
+
+#: The events that stand for transcript entries (one entry each; see ``history_from_events``).
+TRANSCRIPT_EVENTS = ("stream_start", "user_message", "tool_call", "stream_end")
 
 
 async def load_history(store: Store, session_id: str, keep: int) -> list[HistoryEntry]:
-    """Rebuild the last ``keep`` transcript entries from the session's event log."""
-    entries: list[HistoryEntry] = []
-    after = 0
-    while True:
-        page = await store.read_events(session_id, after_seq=after, limit=1000)
-        if not page:
-            break
-        entries.extend(history_from_events(page))
-        if len(entries) > keep:
-            del entries[: len(entries) - keep]
-        after = page[-1].seq
-    return entries
+    """The last ``keep`` transcript entries of the session's event log (as rebuilding the
+    whole transcript and keeping its end would give), reading the log from its end."""
+    if keep <= 0:
+        return []
+    newest_first: list[EventRecord] = []
+    before: int | None = None
+    while len(newest_first) < keep:
+        page = await store.read_events_back(
+            session_id, TRANSCRIPT_EVENTS, before_seq=before, limit=min(keep, 1000)
+        )
+        newest_first.extend(page)
+        if len(page) < min(keep, 1000):
+            break  # the log's start
+        before = page[-1].seq
+    return history_from_events(newest_first[:keep][::-1])
 
 
 def input_entry(start: dict[str, Any]) -> HistoryEntry:

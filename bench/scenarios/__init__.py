@@ -12,4 +12,5 @@ SCENARIOS: dict[str, str] = {
     "memory": "bench.scenarios.memory",
     "pgdriver": "bench.scenarios.pgdriver",
     "cluster": "bench.scenarios.cluster",
+    "history": "bench.scenarios.history",
 }

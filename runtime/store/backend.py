@@ -37,6 +37,8 @@ READS: dict[str, str] = {
     "get_node": "(id, now) -> row with alive | None",
     "list_nodes": "(now) -> (the time alive was judged at, rows with alive, by id)",
     "read_events": "(session_id, after_seq, limit) -> rows; NotFound for no session",
+    "read_events_back": "(session_id, types, before_seq, limit) -> rows, newest first;"
+    " NotFound for no session",
     "last_seq": "(session_id) -> int | None",
     "get_job": "(id) -> row | None",
     "list_jobs": "(session_id, states) -> rows by (created_at, id)",

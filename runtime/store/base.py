@@ -498,6 +498,22 @@ class Store(Protocol):
         """
         ...
 
+    async def read_events_back(
+        self,
+        session_id: str,
+        types: Sequence[str],
+        before_seq: int | None = None,
+        limit: int = 1000,
+    ) -> list[EventRecord]:
+        """The newest events whose type is one of ``types``, with ``seq < before_seq`` (all
+        when None), newest first, at most ``limit`` of them: the end of a long log without
+        reading all of it (a session's transcript, ``actors.sessions.history``).
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        ...
+
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last event, 0 when its log is empty.
 

@@ -58,6 +58,8 @@ def _optional_ts(value: str | datetime | None) -> datetime | None:
 
 #: PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
 _MAX_NOTIFY_BYTES = 7999
+#: How many event types ``read_events_back`` takes at once
+MAX_EVENT_TYPES = 16
 _CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
@@ -620,6 +622,28 @@ class StoreFront:
         u.check_limit(limit)
         rows = await self.engine.read(
             "read_events", session_id=session_id, after_seq=after_seq, limit=limit
+        )
+        return [_event(r) for r in rows]
+
+    async def read_events_back(
+        self,
+        session_id: str,
+        types: Sequence[str],
+        before_seq: int | None = None,
+        limit: int = 1000,
+    ) -> list[EventRecord]:
+        wanted = [u.check_text(t, "type") for t in types]
+        if not wanted or len(wanted) > MAX_EVENT_TYPES:
+            raise ValueError(f"types must name 1 to {MAX_EVENT_TYPES} event types")
+        if before_seq is not None:
+            u.check_int(before_seq, "before_seq")
+        u.check_limit(limit)
+        rows = await self.engine.read(
+            "read_events_back",
+            session_id=session_id,
+            types=wanted,
+            before_seq=before_seq,
+            limit=limit,
         )
         return [_event(r) for r in rows]
 

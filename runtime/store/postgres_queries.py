@@ -565,6 +565,23 @@ async def read_events(conn: Conn, session_id: str, after_seq: int, limit: int) -
     return rows
 
 
+async def read_events_back(
+    conn: Conn, session_id: str, types: list[str], before_seq: int | None, limit: int
+) -> list[Row]:
+    # the primary key (session_id, seq) read backwards from before_seq: a long log's end only
+    rows = await conn.fetch(
+        "SELECT * FROM events WHERE session_id = $1 AND seq < $2 AND type = ANY($3::text[])"
+        " ORDER BY seq DESC LIMIT $4",
+        session_id,
+        (1 << 62) if before_seq is None else before_seq,
+        types,
+        limit,
+    )
+    if not rows:
+        await _require_session(conn, session_id)
+    return rows
+
+
 async def last_seq(conn: Conn, session_id: str) -> int | None:
     return await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id)
 

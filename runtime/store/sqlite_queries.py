@@ -514,6 +514,23 @@ def read_events(conn: Conn, session_id: str, after_seq: int, limit: int) -> list
     )
 
 
+def read_events_back(
+    conn: Conn, session_id: str, types: list[str], before_seq: int | None, limit: int
+) -> list[Row]:
+    _require_session(conn, session_id)
+    # the primary key (session_id, seq) read backwards from before_seq: a long log's end only
+    return _all(
+        conn,
+        "SELECT * FROM events WHERE session_id = ? AND seq < ?"
+        + _in("type", types)
+        + " ORDER BY seq DESC LIMIT ?",
+        session_id,
+        (1 << 62) if before_seq is None else before_seq,
+        *types,
+        limit,
+    )
+
+
 def last_seq(conn: Conn, session_id: str) -> int | None:
     row = _one(conn, "SELECT last_seq FROM sessions WHERE id = ?", session_id)
     return None if row is None else row[0]

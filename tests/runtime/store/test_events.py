@@ -99,3 +99,33 @@ async def test_concurrent_appenders_across_stores(store, backend):
                 s = store if i % 2 else other
                 nursery.start_soon(s.append_events, "s1", [("e", {"i": i})])
     assert [e.seq for e in await store.read_events("s1")] == list(range(1, 21))
+
+
+async def test_reading_back_the_newest_events_of_some_types(store):
+    """``read_events_back``: the newest events of the types asked for, before a seq, newest
+    first: the end of a long log (a transcript) without reading all of it."""
+    await store.create_session("s1", "ada")
+    await store.create_session("s2", "ada")
+    kinds = ["start", "delta", "delta", "end"] * 3  # seqs 1..12
+    await store.append_events("s1", [(kind, {"i": i}) for i, kind in enumerate(kinds, 1)])
+    await store.append_events("s2", [("start", {}), ("end", {})])
+    back = await store.read_events_back("s1", ["start", "end"])
+    assert [(e.seq, e.type) for e in back] == [
+        (12, "end"),
+        (9, "start"),
+        (8, "end"),
+        (5, "start"),
+        (4, "end"),
+        (1, "start"),
+    ]
+    assert back[0].payload == {"i": 12}
+    assert [e.seq for e in await store.read_events_back("s1", ["end"], limit=2)] == [12, 8]
+    assert [e.seq for e in await store.read_events_back("s1", ["end"], before_seq=8)] == [4]
+    assert await store.read_events_back("s1", ["start"], before_seq=1) == []
+    assert await store.read_events_back("s1", ["nothing"]) == []
+    with pytest.raises(NotFound, match=r"^no session with id 'nope'$"):
+        await store.read_events_back("nope", ["start"])
+    with pytest.raises(ValueError, match="types must name 1 to 16 event types"):
+        await store.read_events_back("s1", [])
+    with pytest.raises(TypeError, match="before_seq must be an int"):
+        await store.read_events_back("s1", ["start"], before_seq="3")

@@ -1,0 +1,49 @@
+"""A session's transcript at start-up (``actors.sessions.history.load_history``): read from the
+end of its event log, it is exactly the end of the transcript rebuilt from the whole log, for
+every size kept, on both backends, however many deltas the turns streamed."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnstile.actors.sessions.history import history_from_events, load_history
+from turnstile.runtime.store import open_store
+
+
+def turn(i: int, deltas: int, folded: bool = False) -> list[tuple[str, dict]]:
+    """One turn's events as a session stores them: its input, deltas, a tool call, maybe a
+    message folded in, and its end."""
+    events = [("turn_queued", {"input_id": i, "source": "user", "ahead": 0})]
+    events.append(("stream_start", {"input_id": i, "source": "user", "content": f"q{i}"}))
+    events += [("stream_delta", {"input_id": i, "text": "w "}) for _ in range(deltas)]
+    events.append(
+        (
+            "tool_call",
+            {"input_id": i, "tool": "echo", "arguments": {"n": i}, "ok": True, "result": {"n": i}},
+        )
+    )
+    if folded:
+        events.append(("user_message", {"input_id": i, "source": "user", "content": f"more{i}"}))
+    events.append(("stream_end", {"input_id": i, "status": "completed", "text": f"a{i}"}))
+    events.append(("session_sync", {"busy": False}))
+    return events
+
+
+@pytest.mark.parametrize("keep", [1, 2, 5, 7, 200, 10_000])
+async def test_the_end_read_back_is_the_end_of_the_whole_transcript(store_url, keep):
+    async with open_store(store_url) as store:
+        await store.create_session("s", "ada")
+        for i in range(60):
+            await store.append_events("s", turn(i, deltas=i % 7 * 20, folded=i % 5 == 0))
+        whole = history_from_events(await store.read_events("s", limit=100_000))
+        assert len(whole) == 60 * 3 + 12  # input, tool, answer per turn; 12 folded messages
+        assert await load_history(store, "s", keep) == whole[-keep:]
+
+
+async def test_an_empty_log_and_nothing_kept(store_url):
+    async with open_store(store_url) as store:
+        await store.create_session("s", "ada")
+        assert await load_history(store, "s", 200) == []
+        await store.append_events("s", turn(0, deltas=3))
+        assert await load_history(store, "s", 0) == []
+        assert [e.content for e in await load_history(store, "s", 200)] == ["q0", '{"n":0}', "a0"]
