@@ -13,7 +13,7 @@ import trio
 
 from tests.support.http import read_request_head
 from tests.support.node import connect, new_session
-from tests.support.serve import serving
+from tests.support.serve import serving, stop
 
 TOKEN = "background-lost-token-0123456789"
 
@@ -59,9 +59,7 @@ async def test_a_task_running_at_kill_9_is_lost_after_the_restart(tmp_path):
                 task_id = started["data"]["task_id"]
                 with trio.fail_after(20):
                     await server.asked.wait()  # the task is under way
-                process.send_signal(signal.SIGKILL)
-                with trio.fail_after(10):
-                    await process.wait()
+                await stop(process, signal.SIGKILL)
             assert process.returncode == -signal.SIGKILL
 
         async with serving(db, TOKEN, "--config", str(config)) as (process, node):
@@ -122,9 +120,7 @@ async def test_an_approval_waiting_at_kill_9_is_withdrawn_after_the_restart(tmp_
             async with node.http(TOKEN) as http:
                 listed = (await http.get("/sessions/c/approvals")).json()["approvals"]
                 assert [a["approval_id"] for a in listed] == [approval_id]
-            process.send_signal(signal.SIGKILL)
-            with trio.fail_after(10):
-                await process.wait()
+            await stop(process, signal.SIGKILL)
 
     async with serving(db, TOKEN, "--config", str(config)) as (process, node):
         async with connect(node, TOKEN) as client:

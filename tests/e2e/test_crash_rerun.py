@@ -17,7 +17,7 @@ import trio
 
 from tests.support.http import read_request_head
 from tests.support.node import connect, new_session
-from tests.support.serve import serving
+from tests.support.serve import serving, stop
 
 TOKEN = "rerun-test-token-0123456789"
 
@@ -89,9 +89,7 @@ async def test_a_turn_run_again_after_kill_9_posts_with_the_same_idempotency_key
                 input_id = (await client.expect("ack", client_msg_id="o7"))["input_id"]
                 with trio.fail_after(20):
                     await receiver.first.wait()  # posted; the turn waits for the answer
-                process.send_signal(signal.SIGKILL)
-                with trio.fail_after(10):
-                    await process.wait()
+                await stop(process, signal.SIGKILL)
             assert process.returncode == -signal.SIGKILL
 
         async with serving(db, TOKEN, "--config", str(config)) as (process, node):
