@@ -111,19 +111,23 @@ _OLD = (
 )
 
 
+#: The columns ``_INSERT`` fills, in its order.
+_TASK_FIELDS = (
+    "id",
+    "session_key",
+    "owner",
+    "tool",
+    "args",
+    "started_at",
+    "node_id",
+    "node_epoch",
+)
+
+
 def _start_sqlite(conn: Any, *, task: dict[str, Any], keep: int) -> None:
     conn.execute(
         _INSERT.format("?, ?, ?, ?, ?", "?", "?", "?"),
-        (
-            task["id"],
-            task["session_key"],
-            task["owner"],
-            task["tool"],
-            task["args"],
-            task["started_at"],
-            task["node_id"],
-            task["node_epoch"],
-        ),
+        tuple(task[f] for f in _TASK_FIELDS),
     )
     conn.execute(_OLD.format(key="?1", keep="?2"), (task["session_key"], keep))
 
@@ -135,14 +139,7 @@ async def _start_postgres(conn: Any, *, task: dict[str, Any], keep: int) -> None
         + _INSERT.format("$1, $2, $3, $4, $5", "$6", "$7", "$8")
         + ") "
         + _OLD.format(key="$2", keep="$9").replace("LIMIT -1 ", ""),
-        task["id"],
-        task["session_key"],
-        task["owner"],
-        task["tool"],
-        task["args"],
-        task["started_at"],
-        task["node_id"],
-        task["node_epoch"],
+        *(task[f] for f in _TASK_FIELDS),
         keep,
     )
 
