@@ -41,18 +41,30 @@ class TimerHandle:
 
     deadline: float
     payload: Any
+    # The links of its slot's ring; a ring's sentinel points to itself when the slot is empty.
+    # Once the timer has fired or been cancelled both point to _DONE rather than None, so a link
+    # is always a handle and the ring walks need no None checks (nor do the type checker's).
+    _prev: TimerHandle
+    _next: TimerHandle
+    _wheel: TimerWheel | None
 
     @property
     def active(self) -> bool:
         """True while the timer is pending (neither fired nor cancelled)."""
-        return self._next is not None
+        return self._next is not _DONE
 
     def __repr__(self) -> str:
-        state = "active" if self._next is not None else "done"
+        state = "active" if self._next is not _DONE else "done"
         return f"<TimerHandle deadline={self.deadline!r} {state}>"
 
 
 _new_handle = object.__new__
+
+# What the links of a fired or cancelled handle point to (itself linked to itself).
+_DONE = _new_handle(TimerHandle)
+_DONE.deadline = _INF
+_DONE.payload = _DONE._wheel = None
+_DONE._prev = _DONE._next = _DONE
 
 
 def _ring(level: int, index: int, slot_bits: int) -> TimerHandle:
@@ -265,7 +277,7 @@ class TimerWheel:
             TimerError: ``handle`` is pending on another wheel.
         """
         nxt = handle._next
-        if nxt is None:
+        if nxt is _DONE:
             return False
         if handle._wheel is not self:
             raise TimerError("handle belongs to another wheel")
@@ -273,7 +285,8 @@ class TimerWheel:
         prev._next = nxt
         nxt._prev = prev
         # An emptied slot keeps its bit: the bitmaps are supersets, cleaned when scanned.
-        handle._next = handle._prev = handle._wheel = handle.payload = None
+        handle._next = handle._prev = _DONE
+        handle._wheel = handle.payload = None
         self._len -= 1
         if handle.deadline == self._next_deadline:
             self._next_deadline = None
@@ -297,7 +310,7 @@ class TimerWheel:
         except (ValueError, OverflowError):
             raise TimerError("deadline must be finite") from None
         nxt = handle._next
-        if nxt is None or handle._wheel is not self:
+        if nxt is _DONE or handle._wheel is not self:
             raise TimerError("handle is not pending on this wheel")
         prev = handle._prev
         prev._next = nxt
@@ -401,6 +414,7 @@ class TimerWheel:
         bits, heads, mask, slot_bits, level_ids = self._layout
         cur = self._cur
         fired: list[TimerHandle] = []
+        done = _DONE
         head = self._first
         # Each turn takes the earliest occupied ring and fires it, or cascades it, or stops
         # when it lies beyond ``now``; then a scan finds the next one.
@@ -417,7 +431,7 @@ class TimerWheel:
                     while h is not head:
                         fired.append(h)
                         nxt = h._next
-                        h._next = h._prev = None
+                        h._next = h._prev = done
                         h = nxt
                     head._next = head._prev = head
                 else:
@@ -427,7 +441,7 @@ class TimerWheel:
                         nxt = h._next
                         if h.deadline <= now:
                             fired.append(h)
-                            h._next = h._prev = None
+                            h._next = h._prev = done
                         else:
                             keep._next = h
                             h._prev = keep
@@ -449,7 +463,7 @@ class TimerWheel:
                     d = h.deadline
                     if d <= now:
                         fired.append(h)
-                        h._next = h._prev = None
+                        h._next = h._prev = done
                     else:
                         # _link, inlined: the tick is in [cur, end of block), a lower level.
                         tick = int((d - origin) * inv)
