@@ -209,7 +209,9 @@ class ActorCell:
             self._stopped = trio.Event()
         await self._stopped.wait()
 
-    async def run_incarnation(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_incarnation(
+        self, task_status: trio.TaskStatus[ActorRef] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run one incarnation: ``on_start``, messages until stopped, ``on_stop``.
 
         Returns normally when the actor stopped (asked to, or idle). Raises ``Crash`` when
@@ -239,7 +241,7 @@ class ActorCell:
         finally:
             actor.nursery = None
 
-    async def _run(self, actor: Actor, task_status) -> None:
+    async def _run(self, actor: Actor, task_status: trio.TaskStatus[ActorRef]) -> None:
         mailbox = self.mailbox
         queue = mailbox.queue
         item: object = None
@@ -266,8 +268,7 @@ class ActorCell:
                             break
                         continue
                 item = mailbox.take()
-                kind = type(item)
-                if kind is Ask:
+                if type(item) is Ask:
                     try:
                         value = await receive(item.message)
                     except Exception as exc:

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
 __all__ = ["attach", "render"]
 
@@ -34,18 +40,19 @@ class _Sent:
     def __init__(self) -> None:
         self.replies = 0  # sends not answered yet
         self.turns: set[int] = set()  # acknowledged inputs whose turn has not ended
-        self._ended: set[int] = set()  # turns that ended while an ack was still due
+        # turns that ended while an ack was still due (None: a turn with no input)
+        self._ended: set[int | None] = set()
         self._changed = trio.Event()
 
     def sent(self) -> None:
         self.replies += 1
 
-    def seen(self, frame: dict) -> None:
+    def seen(self, frame: dict[str, Any]) -> None:
         """Account for one server frame."""
         kind = frame.get("type")
         if kind == "ack" and self.replies:
             self.replies -= 1
-            input_id = frame.get("input_id")
+            input_id: int | None = frame.get("input_id")
             if input_id is not None and input_id not in self._ended:
                 self.turns.add(input_id)
         elif kind == "error" and self.replies and not _unprompted(frame):
@@ -69,17 +76,17 @@ class _Sent:
             await self._changed.wait()
 
 
-def _unprompted(frame: dict) -> bool:
+def _unprompted(frame: dict[str, Any]) -> bool:
     """Whether an ``error`` frame answers no ``send``: a failed ``call`` or ``subscribe``, or a
     client that fell behind (``lagged``)."""
     return frame.get("code") == "lagged" or "id" in frame or "topic" in frame
 
 
-def render(frame: dict) -> str | None:
+def render(frame: dict[str, Any]) -> str | None:
     """How one server frame looks on a terminal (None: print nothing)."""
     kind = frame.get("type")
     if kind == "stream_delta":
-        return frame.get("text", "")
+        return str(frame.get("text", ""))
     if kind == "thinking_delta":
         return f"\x1b[2m{frame.get('text', '')}\x1b[0m"
     if kind == "stream_start":
@@ -158,7 +165,7 @@ def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseExc
     return exc if isinstance(exc, kinds) else None
 
 
-async def _print_frames(ws, sent: _Sent) -> None:
+async def _print_frames(ws: WebSocketConnection, sent: _Sent) -> None:
     attached = False
     while True:
         frame = json.loads(await ws.get_message())
@@ -174,7 +181,7 @@ async def _print_frames(ws, sent: _Sent) -> None:
             sys.stdout.flush()
 
 
-async def _relay_stdin(ws, session_id: str, sent: _Sent) -> bool:
+async def _relay_stdin(ws: WebSocketConnection, session_id: str, sent: _Sent) -> bool:
     """Send the terminal's lines until ``/quit`` (False) or the end of input (True)."""
     while True:
         # abandoned, not waited for, when the attach ends on its own (a refusal, a close):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -85,11 +85,18 @@ class Codec(Generic[T]):
     _json_encoder = msgspec.json.Encoder()
     _msgpack_encoder = msgspec.msgpack.Encoder()
 
+    # A class gives its own type (``Codec(Ping)`` is a ``Codec[Ping]``); a union or another
+    # form is not a ``type[T]`` to the checker, so its codec is annotated where it is built
+    # (``CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame)``), as msgspec's decoders are.
+    @overload
+    def __init__(self: Codec[T], type_: type[T], *, max_depth: int | None = None) -> None: ...
+    @overload
+    def __init__(self: Codec[Any], type_: Any, *, max_depth: int | None = None) -> None: ...
     def __init__(self, type_: Any, *, max_depth: int | None = None) -> None:
         self.type = type_
         self.max_depth = max_depth
-        self._json_decoder = msgspec.json.Decoder(type_)
-        self._msgpack_decoder = msgspec.msgpack.Decoder(type_)
+        self._json_decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(type_)
+        self._msgpack_decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_)
 
     def encode_json(self, message: T) -> bytes:
         """``message`` as JSON bytes."""
@@ -143,7 +150,8 @@ class Codec(Generic[T]):
             DecodeError: as for ``decode_json``.
         """
         try:
-            return msgspec.convert(obj, self.type)
+            converted: T = msgspec.convert(obj, self.type)
+            return converted
         except msgspec.ValidationError as exc:
             raise _decode_error(exc) from None
         except RecursionError:

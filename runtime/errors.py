@@ -28,16 +28,21 @@ The hierarchy::
         │   └── Fenced                    a session write carried a lease epoch that moved on
         └── MigrationError                the schema could not be brought up to date
 
-Each error carries a stable ``code`` so that it can cross the wire unchanged.
+Each error carries a stable ``code`` so that it can cross the wire unchanged, and a ``field``:
+the input at fault, for the errors that name one (None otherwise).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TurnstileError(Exception):
     """Base of every error Turnstile raises on purpose."""
 
     code: str = "internal"
+    #: the input at fault (a parameter, a header, a JSON path), for errors that name one
+    field: str | None = None
 
 
 class ActorError(TurnstileError):
@@ -222,7 +227,7 @@ class BlockedByAutomations(ConflictError):
 
     code = "blocked_by_automations"
 
-    def __init__(self, message: str, automations: list) -> None:
+    def __init__(self, message: str, automations: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.automations = automations
 

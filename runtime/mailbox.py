@@ -11,6 +11,7 @@ checkpoint rules exactly.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import outcome
 import trio
@@ -36,7 +37,7 @@ class Reply:
 
     def __init__(self) -> None:
         self._task: trio.lowlevel.Task | None = None
-        self._outcome: outcome.Outcome | None = None
+        self._outcome: outcome.Outcome[object] | None = None
 
     @property
     def done(self) -> bool:
@@ -51,25 +52,26 @@ class Reply:
         """Answer the ask by raising ``error`` in the asker; later answers are ignored."""
         self._set(outcome.Error(error))
 
-    def _set(self, result: outcome.Outcome) -> None:
+    def _set(self, result: outcome.Outcome[object]) -> None:
         if self._outcome is not None:
             return
         self._outcome = result
         task, self._task = self._task, None
         if task is not None:
-            reschedule(task)
+            reschedule(task, result)  # wait() returns (or raises) what it carries
 
     async def wait(self) -> object:
         """Wait for the answer and return it (or raise the error it carries)."""
-        if self._outcome is None:
+        result = self._outcome
+        if result is None:
             self._task = current_task()
 
             def abort(_: object) -> Abort:
                 self._task = None
                 return Abort.SUCCEEDED
 
-            await wait_task_rescheduled(abort)
-        return self._outcome.unwrap()
+            return await wait_task_rescheduled(abort)
+        return result.unwrap()
 
 
 class Ask:
@@ -194,7 +196,7 @@ class Mailbox:
         """Accept messages again (a supervisor restarting the owner)."""
         self._closed = False
 
-    def fail_pending(self, error_factory) -> int:
+    def fail_pending(self, error_factory: Callable[[], BaseException]) -> int:
         """Remove every waiting message, failing each pending ask with ``error_factory()``.
 
         Returns:

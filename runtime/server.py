@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from typing import Final, Literal, TypedDict, cast
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework, ASGISendEvent
+from starlette.types import ASGIApp
 from wsproto.events import TextMessage
 from wsproto.utilities import LocalProtocolError
 
@@ -57,7 +60,7 @@ def _internals_error(problem: str) -> RuntimeError:
 
 
 try:  # hypercorn's private modules: a missing name is reported as the version mismatch it is
-    from hypercorn.events import Closed, RawData
+    from hypercorn.events import Closed, Event, RawData
     from hypercorn.protocol.events import Data
     from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
     from hypercorn.trio.tcp_server import TCPServer
@@ -105,7 +108,7 @@ MAX_HEAD_BYTES = 64 * 1024
 _original_protocol_send = TCPServer.protocol_send
 
 
-async def _protocol_send_with_deadline(self, event) -> None:
+async def _protocol_send_with_deadline(self: TCPServer, event: Event) -> None:
     """hypercorn's ``protocol_send`` with a deadline on raw writes (see ``SEND_DEADLINE``)."""
     if not isinstance(event, RawData):
         return await _original_protocol_send(self, event)
@@ -124,21 +127,31 @@ async def _protocol_send_with_deadline(self, event) -> None:
         await self.protocol.handle(Closed())
 
 
-TCPServer.protocol_send = _protocol_send_with_deadline
+# mypy refuses assigning to a method; this module exists to do it (see its docstring), and the
+# check that the replacement's signature fits the method still applies.
+TCPServer.protocol_send = _protocol_send_with_deadline  # type: ignore[method-assign]
 
 #: An ASGI message type this server understands besides the standard ones:
 #: ``{"type": WS_SEND_MANY, "texts": [str, ...]}`` sends each text as its own WebSocket text
 #: message, in order, with one socket write for all of them. A client sees exactly what
 #: ``websocket.send`` once per text would give it; the server saves a write, a lock and a few
 #: scheduler passes per message, which is most of what a small event frame costs to deliver.
-WS_SEND_MANY = "turnstile.websocket.send_many"
+WS_SEND_MANY: Final = "turnstile.websocket.send_many"
+
+
+class _SendMany(TypedDict):
+    """The ``WS_SEND_MANY`` message."""
+
+    type: Literal["turnstile.websocket.send_many"]
+    texts: list[str]
+
 
 _original_ws_app_send = WSStream.app_send
 
 
-async def _ws_app_send(self, message) -> None:
+async def _ws_app_send(self: WSStream, message: ASGISendEvent | _SendMany | None) -> None:
     """hypercorn's ``WSStream.app_send``, plus ``WS_SEND_MANY``."""
-    if message is None or message.get("type") != WS_SEND_MANY:
+    if message is None or message["type"] != WS_SEND_MANY:
         return await _original_ws_app_send(self, message)
     if self.closed:
         return  # like websocket.send after close: the app may finish quietly
@@ -151,7 +164,8 @@ async def _ws_app_send(self, message) -> None:
     await self.send(Data(stream_id=self.stream_id, data=data))
 
 
-WSStream.app_send = _ws_app_send
+# as for TCPServer.protocol_send above
+WSStream.app_send = _ws_app_send  # type: ignore[method-assign]
 
 
 def tune_gc() -> None:
@@ -178,13 +192,13 @@ def package_version() -> str:
 
 
 async def serve_app(
-    app,
+    app: ASGIApp,
     *,
     host: str,
     port: int,
     max_frame_bytes: int,
     header_timeout: float = 10.0,
-    task_status=trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until cancelled; ``task_status.started`` gets the bound URLs.
 
@@ -208,4 +222,6 @@ async def serve_app(
     config.websocket_max_message_size = max_frame_bytes
     config.h11_max_incomplete_size = MAX_HEAD_BYTES
     config.keep_alive_timeout = header_timeout
-    await hypercorn_serve(app, config, task_status=task_status)
+    # One protocol, two typings: Starlette types ASGI messages as mappings, hypercorn as
+    # TypedDicts, so neither library's app type is the other's to a type checker.
+    await hypercorn_serve(cast(ASGIFramework, app), config, task_status=task_status)

@@ -25,9 +25,10 @@ import enum
 import logging
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -75,18 +76,32 @@ class CrashReport:
         )
 
 
+class _RunOnce(Protocol):
+    """One run of a child: ``ActorCell.run_incarnation`` or a nested ``Supervisor._run``."""
+
+    def __call__(self, *, task_status: trio.TaskStatus[object]) -> Awaitable[None]: ...
+
+
 class _Child:
-    """One supervised child: an actor cell, or a nested supervisor."""
+    """One supervised child: an actor cell, or a nested supervisor (exactly one is set)."""
 
-    __slots__ = ("name", "run_once", "restart", "scope", "restarts", "cell")
+    __slots__ = ("name", "run_once", "restart", "scope", "restarts", "cell", "sub")
 
-    def __init__(self, name: str, run_once, restart: bool, cell: ActorCell | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        run_once: _RunOnce,
+        restart: bool,
+        cell: ActorCell | None,
+        sub: Supervisor | None = None,
+    ) -> None:
         self.name = name
         self.run_once = run_once
         self.restart = restart
         self.scope: trio.CancelScope | None = None
         self.restarts: deque[float] | None = None  # per-child intensity, made on first crash
         self.cell = cell
+        self.sub = sub
 
 
 class Supervisor:
@@ -137,7 +152,15 @@ class Supervisor:
         """Names of the children, in start order."""
         return list(self._children)
 
-    def _add_child(self, factory, name, mailbox_size, restart, idle_timeout, on_idle) -> _Child:
+    def _add_child(
+        self,
+        factory: Callable[[], Actor],
+        name: str | None,
+        mailbox_size: int,
+        restart: bool,
+        idle_timeout: float | None,
+        on_idle: Callable[[ActorCell], bool] | None,
+    ) -> tuple[_Child, ActorCell]:
         """Make an actor's cell and record it as a child (not started yet)."""
         if name is None:
             self._serial += 1
@@ -148,7 +171,7 @@ class Supervisor:
             raise ValueError("mailbox_size must be >= 1")
         cell = ActorCell(name, factory, mailbox_size, idle_timeout, on_idle)
         child = self._children[name] = _Child(name, cell.run_incarnation, restart, cell)
-        return child
+        return child, cell
 
     async def spawn(
         self,
@@ -173,13 +196,14 @@ class Supervisor:
         Raises:
             Exception: whatever the actor's first ``on_start`` raised.
         """
-        child = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
+        child, _ = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
         try:
-            return await self._require_nursery().start(
+            ref: ActorRef = await self._require_nursery().start(
                 self._supervise, child, name=f"actor {child.name}"
             )
         except Crash as crash:
             raise crash.exc from None
+        return ref
 
     def spawn_soon(
         self,
@@ -195,11 +219,11 @@ class Supervisor:
 
         A failing first ``on_start`` counts as a crash (restart, or give up).
         """
-        child = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
+        child, cell = self._add_child(factory, name, mailbox_size, restart, idle_timeout, on_idle)
         self._require_nursery().start_soon(
             self._supervise, child, False, name=f"actor {child.name}"
         )
-        return child.cell.ref
+        return cell.ref
 
     async def spawn_supervisor(
         self,
@@ -221,7 +245,7 @@ class Supervisor:
             escalate=escalate,
             on_crash=self.on_crash,
         )
-        child = _Child(name, sub._run, True, None)
+        child = _Child(name, sub._run, True, None, sub)
         self._children[name] = child
         await self._require_nursery().start(self._supervise, child, name=f"supervisor {name}")
         return sub
@@ -253,7 +277,9 @@ class Supervisor:
             raise ActorStopped(f"supervisor {self.name!r} is not running")
         return self._nursery
 
-    async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _run(
+        self, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run as a nested supervisor: (re)start every child, then wait until cancelled."""
         self._restarting = False
         try:
@@ -273,12 +299,15 @@ class Supervisor:
         for child in list(self._children.values()):
             if child.cell is not None:
                 child.cell.finish(lambda: ActorStopped("supervisor gave up before handling it"))
-            elif isinstance(child.run_once.__self__, Supervisor):
-                child.run_once.__self__._abandon()
+            elif child.sub is not None:
+                child.sub._abandon()
         self._children.clear()
 
     async def _supervise(
-        self, child: _Child, report_start: bool = True, task_status=trio.TASK_STATUS_IGNORED
+        self,
+        child: _Child,
+        report_start: bool = True,
+        task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run ``child`` until it stops for good, restarting it by strategy after crashes."""
         status = _StartedFlag(task_status if report_start else trio.TASK_STATUS_IGNORED)
@@ -310,8 +339,8 @@ class Supervisor:
         if child.cell is not None:
             name = child.name
             child.cell.finish(lambda: ActorStopped(f"{name} stopped before handling it"))
-        else:
-            child.run_once.__self__._abandon()
+        elif child.sub is not None:
+            child.sub._abandon()
 
     def _on_child_crash(self, child: _Child, failure: BaseException) -> None:
         """Report the crash, then restart (by returning) or give up (by raising)."""
@@ -374,7 +403,7 @@ class _StartedFlag:
 
     __slots__ = ("_status", "done")
 
-    def __init__(self, status) -> None:
+    def __init__(self, status: trio.TaskStatus[object]) -> None:
         self._status = status
         self.done = False
 
@@ -442,7 +471,7 @@ def _only(group: BaseExceptionGroup, kind: type[BaseException]) -> BaseException
     return leaves[0] if len(leaves) == 1 else None
 
 
-def _leaves(group: BaseExceptionGroup):
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
             yield from _leaves(exc)

@@ -168,9 +168,9 @@ def classify_address(address: IPAddress) -> str | None:
     if address in _NAT64 or address in _V4_COMPATIBLE:
         embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     for inner in embedded:
-        label = classify_address(inner)
-        if label is not None:
-            return label
+        inner_label = classify_address(inner)
+        if inner_label is not None:
+            return inner_label
     return None if address.is_global else "non-public address"
 
 

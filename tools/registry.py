@@ -111,7 +111,7 @@ class Tool:
     description: str
     params: type[msgspec.Struct]
     handler: Callable[[ToolCall, Any], Awaitable[Any]]
-    codec: Codec
+    codec: Codec[Any]
     schema: dict[str, Any]
     policy: Policy = Policy.AUTO
     precheck: Precheck | None = None
@@ -300,6 +300,6 @@ class ToolRegistry:
 def _error(exc: TurnstileError) -> dict[str, Any]:
     """A tool result's ``error`` for a typed error: its code, message and field."""
     error = {"code": exc.code, "message": str(exc)}
-    if getattr(exc, "field", None):
+    if exc.field:
         error["field"] = exc.field
     return error

@@ -27,8 +27,8 @@ request heads are the server's job: ``runtime.server.serve_app``'s ``header_time
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -37,6 +37,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from turnstile.runtime.codec import Codec
@@ -89,6 +90,8 @@ _STATUS = {
 
 _encoder = msgspec.json.Encoder()
 
+T = TypeVar("T")
+
 #: What ``/ws`` is, for the API document (OpenAPI describes no WebSocket).
 _INTRO = (
     "The HTTP API of a Turnstile node, generated from its routes and their msgspec types "
@@ -135,24 +138,36 @@ class _Json(Response):
         return _encoder.encode(content)
 
 
+class _BodyReader(Protocol):
+    """``build_app``'s reader of a request's body through a codec."""
+
+    async def __call__(self, request: Request, codec: Codec[T]) -> T: ...
+
+
 class _Request:
     """``ApiRequest`` over a Starlette request."""
 
     __slots__ = ("_request", "_body", "_raw", "user", "path", "query", "headers")
 
-    def __init__(self, request: Request, user: str, body, raw) -> None:
+    def __init__(
+        self,
+        request: Request,
+        user: str,
+        body: _BodyReader,
+        raw: Callable[[Request, int | None], Awaitable[bytes]],
+    ) -> None:
         self._request = request
         self._body = body
         self._raw = raw
         self.user = user
-        self.path = request.path_params
+        self.path: Mapping[str, str] = request.path_params
         query = request.query_params
         if "token" in query:  # the gateway's (``?token=``), not a parameter of the route
             query = QueryParams([(k, v) for k, v in query.multi_items() if k != "token"])
-        self.query = query
-        self.headers = request.headers
+        self.query: Mapping[str, str] = query
+        self.headers: Mapping[str, str] = request.headers
 
-    async def body(self, codec: Codec) -> Any:
+    async def body(self, codec: Codec[T]) -> T:
         return await self._body(self._request, codec)
 
     async def raw_body(self, max_bytes: int | None = None) -> bytes:
@@ -168,7 +183,7 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
         return _Json({"error": {"code": "internal", "message": "internal error"}}, 500)
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
     body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
-    if getattr(exc, "field", None):
+    if exc.field:
         body["field"] = exc.field
     if isinstance(exc, PlacedElsewhere):  # where the session lives: go there
         body["node"] = exc.node
@@ -190,7 +205,7 @@ class _AsgiApp:
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self._app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
 
 
@@ -250,7 +265,10 @@ def build_app(
         mounted = []
         for path, methods in by_path.items():
 
-            async def endpoint(request: Request, methods=methods) -> Response:
+            async def endpoint(
+                request: Request,
+                methods: dict[str, Callable[[Request], Awaitable[Response]]] = methods,
+            ) -> Response:
                 return await methods[request.method](request)
 
             mounted.append(Route(path, endpoint, methods=list(methods)))
@@ -278,7 +296,7 @@ def build_app(
 
         return endpoint
 
-    async def body(request: Request, codec: Codec):
+    async def body(request: Request, codec: Codec[T]) -> T:
         """The request body decoded by ``codec`` (an empty body is ``{}``).
 
         Raises:
@@ -395,7 +413,7 @@ def build_app(
     ]
     every = [*own, *routes]
 
-    async def websocket_endpoint(scope, receive, send) -> None:
+    async def websocket_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         # A plain ASGI app rather than a Starlette endpoint, to reach ``send`` itself.
         websocket = WebSocket(scope, receive=receive, send=send)
         send_many = None

@@ -46,6 +46,7 @@ from turnstile.runtime.gateway.frames import (
     ApproveFrame,
     AttachFrame,
     CallFrame,
+    ClientFrame,
     DenyFrame,
     DetachFrame,
     SendFrame,
@@ -263,13 +264,12 @@ class Connection:
                             offered.append(at)
                     await send_many(batch)
                     if self._metrics is not None:
-                        self._count_sent(len(batch), offered)
+                        self._count_sent(self._metrics, len(batch), offered)
                     self._room.set()
         except (WebSocketDisconnect, OSError, RuntimeError, trio.BrokenResourceError):
             self._closed = True  # the client is gone; the reader sees the disconnect
 
-    def _count_sent(self, frames: int, offered: list[float]) -> None:
-        metrics = self._metrics
+    def _count_sent(self, metrics: Metrics, frames: int, offered: list[float]) -> None:
         metrics.inc(FRAMES_SENT, frames)
         now = trio.current_time()
         for at in offered:
@@ -360,7 +360,7 @@ class Connection:
             self._inflight.discard(frame.id)
         await self._put(answer)
 
-    async def _handle(self, frame: Any) -> None:
+    async def _handle(self, frame: ClientFrame) -> None:
         """Answer a frame other than ``call``, before the next frame is read."""
         session_id = getattr(frame, "session_id", None)
         topic = getattr(frame, "topic", None)
@@ -374,15 +374,15 @@ class Connection:
                 case AttachFrame():
                     await self._attach(frame)
                 case DetachFrame():
-                    await self._detach(session_id)
-                    await self._put(encode_frame("detached", session_id=session_id))
+                    await self._detach(frame.session_id)
+                    await self._put(encode_frame("detached", session_id=frame.session_id))
                 case SendFrame():
                     # client_msg_id is the input's idempotency key: a resend (after a
                     # reconnect) gets the first ack again and starts no second turn.
                     submitted = await submit_from_client(
                         self.backend,
                         self.user,
-                        session_id,
+                        frame.session_id,
                         frame.content,
                         frame.client_msg_id,
                         "client_msg_id",
@@ -390,20 +390,24 @@ class Connection:
                     await self._put(
                         encode_frame(
                             "ack",
-                            session_id=session_id,
+                            session_id=frame.session_id,
                             client_msg_id=frame.client_msg_id,
                             input_id=submitted.input_id,
                             injected=submitted.injected or None,
                         )
                     )
                 case StopFrame():
-                    stopped = await self.backend.stop(self.user, session_id)
+                    stopped = await self.backend.stop(self.user, frame.session_id)
                     await self._put(
-                        encode_frame("stopping", session_id=session_id, running=stopped)
+                        encode_frame("stopping", session_id=frame.session_id, running=stopped)
                     )
                 case SetPolicyFrame():
-                    policy = await self.backend.set_policy(self.user, session_id, frame.policy)
-                    await self._put(encode_frame("policy", session_id=session_id, policy=policy))
+                    policy = await self.backend.set_policy(
+                        self.user, frame.session_id, frame.policy
+                    )
+                    await self._put(
+                        encode_frame("policy", session_id=frame.session_id, policy=policy)
+                    )
                 case ApproveFrame() | DenyFrame():
                     decided = await self.backend.resolve_approval(
                         self.user, frame.approval_id, isinstance(frame, ApproveFrame)

@@ -192,14 +192,14 @@ def error_frame(
     """An ``error`` frame for ``error``: its stable code, message and offending field, and the
     session, call or topic it concerns."""
     if isinstance(error, TurnstileError):
-        code, message = error.code, str(error)
+        code, message, field = error.code, str(error), error.field
     else:
-        code, message = "internal", "internal error"
+        code, message, field = "internal", "internal error", None
     return encode_frame(
         "error",
         code=code,
         message=message,
-        field=getattr(error, "field", None),
+        field=field,
         session_id=session_id,
         id=id,
         topic=topic,

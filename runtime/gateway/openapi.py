@@ -279,17 +279,21 @@ def _referenced(name: str, *trees: Any) -> bool:
     return any(walk(tree) for tree in trees)
 
 
-def _ecma_patterns(node: Any) -> Any:
+def _ecma_patterns(schema: dict[str, Any]) -> dict[str, Any]:
     """Patterns as JSON Schema reads them (ECMA-262): msgspec keeps Python's ``\\A`` / ``\\Z``
     anchors, which other regex engines do not know; ``^`` / ``$`` mean the same there."""
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if key == "pattern" and isinstance(value, str):
-                value = re.sub(r"^\\A", "^", value)
-                value = re.sub(r"\\Z$", "$", value)
-            out[key] = _ecma_patterns(value)
-        return out
-    if isinstance(node, list):
-        return [_ecma_patterns(v) for v in node]
-    return node
+
+    def walk(node: object) -> object:
+        if isinstance(node, dict):
+            return _ecma_patterns(node)
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "pattern" and isinstance(value, str):
+            value = re.sub(r"^\\A", "^", value)
+            value = re.sub(r"\\Z$", "$", value)
+        out[key] = walk(value)
+    return out

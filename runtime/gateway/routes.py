@@ -72,7 +72,7 @@ class ApiRequest(Protocol):
     #: the request's headers (case-insensitive).
     headers: Mapping[str, str]
 
-    async def body(self, codec: Codec) -> Any:
+    async def body(self, codec: Codec[T]) -> T:
         """The body decoded by ``codec`` (an empty body is ``{}``), bounded in size and time.
 
         Raises:

@@ -261,7 +261,8 @@ def _check_headers(headers: dict[str, str]) -> dict[str, str]:
 
 
 def _mime(response: httpx.Response) -> str:
-    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    content_type: str = response.headers.get("content-type", "")  # httpx: get() -> Any
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 def _is_json(mime: str) -> bool:
@@ -361,7 +362,7 @@ class HttpModule:
         headers: dict[str, str],
         timeout: float,  # noqa: ASYNC109 (the tool's own deadline, applied below)
         content: bytes | None,
-        consume: Any,
+        consume: Callable[[httpx.Response], Awaitable[dict[str, Any]]],
     ) -> dict[str, Any]:
         """Send the request and hand the streamed response to ``consume``, within
         ``timeout`` and the module's concurrency limit; maps failures to Turnstile errors."""
