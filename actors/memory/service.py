@@ -29,7 +29,6 @@ time so they are published in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -69,6 +68,7 @@ from turnstile.actors.memory.queries import (
     VectorPath,
 )
 from turnstile.actors.memory.settings import MemoryConfig
+from turnstile.actors.memory.stages import both, merge
 from turnstile.actors.memory.state_queries import (
     EXTRACTION_STATE,
     SessionState,
@@ -100,47 +100,6 @@ INDEX_BATCH = 2000
 def default_confidence(source: str) -> int:
     """The confidence a fact from ``source`` gets when the caller names none."""
     return DEFAULT_CONFIDENCE.get(source, _OTHER_CONFIDENCE)
-
-
-async def _both(
-    first: Callable[[], Awaitable[None]], second: Callable[[], Awaitable[None]]
-) -> None:
-    """Run ``first()`` and ``second()`` at once; when one fails, the other is cancelled and the
-    failure is raised as itself (not wrapped in the nursery's exception group), so callers see
-    the store's typed errors (when both fail, the first, from the group). Cancellation from
-    outside passes through untouched."""
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(first)
-            nursery.start_soon(second)
-    except BaseExceptionGroup as group:
-        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-        if failures:
-            raise failures[0] from (group if len(failures) > 1 else None)
-        raise
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
-
-
-def merge(stages: Iterable[list[Fact]], limit: int) -> list[Fact]:
-    """Results of the search stages in order (earlier stages first), each fact once, at most
-    ``limit``: the vector stage, then the lexical one."""
-    seen: set[tuple[str, str, str]] = set()
-    merged: list[Fact] = []
-    for stage in stages:
-        for fact in stage:
-            ident = (fact.owner, fact.category, fact.key)
-            if ident not in seen:
-                seen.add(ident)
-                merged.append(fact)
-                if len(merged) == limit:
-                    return merged
-    return merged
 
 
 class Memory:
@@ -399,7 +358,7 @@ class Memory:
                 SEARCH, owner=owner, query=query, now=now, limit=limit, path=self.search_path
             )
 
-        await _both(vector, lexical)
+        await both(vector, lexical)
         return merge([found["vector"], found["lexical"]], limit)
 
     async def forget(self, owner: str, key: str, category: str | None = None) -> int:
