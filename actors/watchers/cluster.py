@@ -55,11 +55,12 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from turnstile.actors.sessions.ids import OWNER_SEPARATOR
+from turnstile.actors.watchers.base import WatcherBase, WatcherShare
 from turnstile.actors.watchers.persistence import INDEX, NAMESPACE, index_key
 from turnstile.actors.watchers.spec import _Scoped
 from turnstile.actors.watchers.state import HISTORY_CHUNKS, HISTORY_SIZE, Watcher
@@ -75,27 +76,6 @@ REQUESTS = "watchers.requests"
 REQUEST_WAIT = 10.0
 _SEP = "\x1f"
 _PAGE = 1000
-
-
-class WatcherShare(Protocol):
-    """Several nodes on one store: which watchers this node checks (``runtime.membership``'s
-    ``Membership``)."""
-
-    live_ids: tuple[str, ...]
-
-    @property
-    def interval(self) -> float:
-        """How often to look at the live set and the requests (a third of the lease)."""
-        ...
-
-    @property
-    def ref(self) -> Any:
-        """This node (its ``id``)."""
-        ...
-
-    def owns(self, key: str) -> bool:
-        """Whether this node checks the watcher ``key``."""
-        ...
 
 
 class Forwarded:
@@ -136,10 +116,8 @@ async def settled(answer: Any) -> Any:
 LOCAL = object()
 
 
-class ClusterMixin:
+class ClusterMixin(WatcherBase):
     """``WatcherActor`` on several nodes. See the module docstring."""
-
-    share: WatcherShare | None
 
     def _cluster_init(self) -> None:
         #: watchers this node owns whose row still names another live node
@@ -155,8 +133,16 @@ class ClusterMixin:
     # -- who checks what --
 
     @property
+    def _share(self) -> WatcherShare:
+        """``share``, which is there whenever this half runs (several nodes)."""
+        share = self.share
+        if share is None:
+            raise RuntimeError("the watcher actor runs on one node: it has no share")
+        return share
+
+    @property
     def _me(self) -> str:
-        return self.share.ref.id
+        return self._share.ref.id
 
     def _may_adopt(self, state: dict[str, Any]) -> bool:
         """Whether the row names no node that may still check it: nobody, this node, or a node
@@ -167,7 +153,7 @@ class ClusterMixin:
         return (
             holder is None
             or holder == self._me
-            or not (holder in self.share.live_ids or holder in self._alive)
+            or not (holder in self._share.live_ids or holder in self._alive)
         )
 
     async def _nodes_changed(self) -> bool:
@@ -183,8 +169,8 @@ class ClusterMixin:
         """At start (instead of loading every watcher): adopt this node's share."""
         await self._nodes_changed()
         await self._rebalance()
-        self.nursery.start_soon(self.store.listen, CHANNEL, self._hear, name="watcher listener")
-        self.nursery.start_soon(self._cluster_loop, name="watcher share")
+        self._tasks.start_soon(self.store.listen, CHANNEL, self._hear, name="watcher listener")
+        self._tasks.start_soon(self._cluster_loop, name="watcher share")
 
     def _hear(self, payload: str | None) -> None:
         if payload is None:  # (re)connected: what was announced meanwhile is lost
@@ -196,7 +182,7 @@ class ClusterMixin:
         self._poke.set()
 
     async def _cluster_loop(self) -> None:
-        share = self.share
+        share = self._share
         live = share.live_ids
         tick = trio.current_time() + share.interval
         stale = False  # the rows must be read again (kept until a read succeeds)
@@ -222,7 +208,7 @@ class ClusterMixin:
                     await self._apply_requests()
                 else:
                     for wid in heard:
-                        if share.owns(wid):
+                        if wid is not None and share.owns(wid):
                             await self._apply_requests(wid)
             except StoreError as exc:
                 log.warning("watchers: looking at the share failed (%s); again in %gs", exc,
@@ -233,13 +219,13 @@ class ClusterMixin:
         gained (and may: their row names no other live node)."""
         self._gone.clear()
         states, chunks = await self._read_all()
-        lost = [w for wid, w in self.watchers.items() if not self.share.owns(wid)]
+        lost = [w for wid, w in self.watchers.items() if not self._share.owns(wid)]
         if lost:
             await self._release(lost)
         self._waiting.clear()
         gained: list[Watcher] = []
         for wid, state in states.items():
-            if wid in self.watchers or wid in self._gone or not self.share.owns(wid):
+            if wid in self.watchers or wid in self._gone or not self._share.owns(wid):
                 continue
             if not self._may_adopt(state):
                 self._waiting.add(wid)
@@ -319,7 +305,7 @@ class ClusterMixin:
         done: list[str] = []
         for key, request in rows:
             target = key.partition("/")[0]
-            if not self.share.owns(target):
+            if not self._share.owns(target):
                 continue
             watcher = self.watchers.get(target)
             if watcher is None:
@@ -375,7 +361,7 @@ class ClusterMixin:
         """Pause, resume or stop a watcher this node does not hold."""
         wid = msg.watcher_id
         state = self._scoped_state(msg, await self.store.kv_get(NAMESPACE, wid))
-        if self.share.owns(wid) and self._may_adopt(state):
+        if self._share.owns(wid) and self._may_adopt(state):
             if await self._adopt(wid, state) is not None:
                 return LOCAL  # held here now: handled as on one node
         before = Watcher.from_state(state)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -59,6 +60,7 @@ from msgspec import UNSET
 
 from turnstile.actors.sessions.actor import Inject, Publish
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.actors.watchers.base import WatcherBase
 from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.spec import DEFAULT_BATCH_SIZE, _num
 from turnstile.actors.watchers.state import Watcher
@@ -102,7 +104,7 @@ def stable_view(data: Any) -> Any:
     return view
 
 
-def notification_text(watcher: Watcher, check: int, body: str, extra: list[str] = ()) -> str:
+def notification_text(watcher: Watcher, check: int, body: str, extra: Sequence[str] = ()) -> str:
     """The reference's notification: a head line, the check line, the body, then notes."""
     head = (
         f"[WATCHER UPDATE] watcher_id={watcher.id}, "
@@ -131,7 +133,7 @@ class _Outbox:
         self.ids: list[str] = []
 
 
-class EscalationMixin:
+class EscalationMixin(WatcherBase):
     """``WatcherActor``'s strategies and delivery. See the module docstring."""
 
     # -- strategies --
@@ -179,7 +181,17 @@ class EscalationMixin:
             body, extra = escalation
             self._escalate(w, check, ok, short, body, extra, now)
 
-    def _evaluate(self, w, ok, data, error, message, digest, check, now):
+    def _evaluate(
+        self,
+        w: Watcher,
+        ok: bool,
+        data: Any,
+        error: dict[str, Any] | None,
+        message: str,
+        digest: str,
+        check: int,
+        now: float,
+    ) -> tuple[str, list[str]] | None:
         """``(body, extra lines)`` when this check escalates, else None."""
         strategy = w.notify_when
         body = _result_line(data) if ok else f"Error: {message}"
@@ -254,7 +266,16 @@ class EscalationMixin:
             and now - w.last_escalation_at < cooldown
         )
 
-    def _escalate(self, w, check, ok, short, body, extra, now) -> None:
+    def _escalate(
+        self,
+        w: Watcher,
+        check: int,
+        ok: bool,
+        short: str,
+        body: str,
+        extra: list[str],
+        now: float,
+    ) -> None:
         w.notification_count += 1
         w.last_escalation_at = now
         if w.suppressed_since:
@@ -281,16 +302,24 @@ class EscalationMixin:
         channel = w.notify_config.get("output_channel")
         if channel and self.notify is not None:  # escalations go to a channel, not the session
             self._post(w.session_id, event)
-            self.nursery.start_soon(
-                self._to_channel, w.session_id, w.owner, channel, text,
+            self._tasks.start_soon(
+                self._to_channel, self.notify, w.session_id, w.owner, channel, text,
                 w.notify_config.get("output_config") or {},
             )  # fmt: skip
             return
-        self._post(w.session_id, event, text, w.id)
+        self._post(w.session_id, event, (w.id, text))
 
-    async def _to_channel(self, session_id, owner, channel, text, output_config) -> None:
+    async def _to_channel(
+        self,
+        notify: Callable[..., Awaitable[Any]],
+        session_id: str,
+        owner: str,
+        channel: str,
+        text: str,
+        output_config: dict[str, Any],
+    ) -> None:
         try:
-            await self.notify(
+            await notify(
                 session_id, owner, channel, text, output_config=output_config, source="watcher",
                 truncate=True,
             )  # fmt: skip
@@ -314,16 +343,17 @@ class EscalationMixin:
         self,
         session_id: str,
         event: WatcherUpdate,
-        text: str | None = None,
-        watcher_id: str | None = None,
+        notice: tuple[str, str] | None = None,
     ) -> None:
-        """Queue an event (and a notification) for the session; sent after ``BATCH_WINDOW``."""
+        """Queue an event (and a notification: the watcher's id and the text) for the session;
+        sent after ``BATCH_WINDOW``."""
         box = self._outbox.get(session_id)
         if box is None:
             box = self._outbox[session_id] = _Outbox()
-            self.nursery.start_soon(self._deliver, session_id, name=f"watch notify {session_id}")
+            self._tasks.start_soon(self._deliver, session_id, name=f"watch notify {session_id}")
         box.events.append(event)
-        if text is not None:
+        if notice is not None:
+            watcher_id, text = notice
             box.texts.append(text)
             box.ids.append(watcher_id)
 

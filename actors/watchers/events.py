@@ -17,7 +17,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 __all__ = ["WatcherUpdate"]
 
 
-class WatcherUpdate(SessionEvent, tag="watcher_update", kw_only=True):
+class WatcherUpdate(SessionEvent, tag="watcher_update", kw_only=True, frozen=True):
     """A watcher of the session changed or escalated.
 
     Attributes:

@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from turnstile.actors.watchers.base import WatcherBase
 from turnstile.actors.watchers.state import HISTORY_CHUNKS, HISTORY_SIZE, Watcher
 
 log = logging.getLogger("turnstile.watcher")
@@ -44,7 +45,7 @@ def index_key(session_id: str, watcher_id: str) -> str:
     return f"{session_id}\x1f{watcher_id}"
 
 
-class PersistenceMixin:
+class PersistenceMixin(WatcherBase):
     """``WatcherActor``'s store: write-through, write-behind, reload. See the module docstring."""
 
     # -- loading --

@@ -196,9 +196,10 @@ async def _start(
             "a watcher belongs to a session: call watch_start from a session's turn",
             field="session_id",
         )
-    if (args.tool is None) == (args.name is None):
+    given = [t for t in (args.tool, args.name) if t is not None]
+    if len(given) != 1:
         raise InvalidArgument("give the tool to watch as tool (or name), once", field="tool")
-    tool = args.tool or args.name
+    tool = given[0]
     _watchable(registry, tool)
     _check_params(registry, tool, args.params)
     notify_config = msgspec.to_builtins(args.notify_config)

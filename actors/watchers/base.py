@@ -1,0 +1,92 @@
+"""What the parts of ``WatcherActor`` share, declared once.
+
+``WatcherActor`` (``actor.py``) is assembled from three mixins (``cluster.py``,
+``escalation.py``, ``persistence.py``) that use the actor's state and one another's methods.
+``WatcherBase`` is the base of all of them: it declares that state, which
+``WatcherActor.__init__`` sets, and the methods one part calls on another, so that each part is
+checked against the same actor rather than as a fragment, and a part whose method no longer fits
+what another part calls fails the type check. It adds nothing at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from turnstile.actors.watchers.state import Watcher
+from turnstile.runtime.actor import Actor
+from turnstile.runtime.clock import Clock
+from turnstile.runtime.store import Store
+
+if TYPE_CHECKING:
+    from turnstile.actors.watchers.escalation import _Outbox
+
+__all__ = ["WatcherBase", "WatcherShare"]
+
+
+class WatcherShare(Protocol):
+    """Several nodes on one store: which watchers this node checks (``runtime.membership``'s
+    ``Membership``)."""
+
+    live_ids: tuple[str, ...]
+
+    @property
+    def interval(self) -> float:
+        """How often to look at the live set and the requests (a third of the lease)."""
+        ...
+
+    @property
+    def ref(self) -> Any:
+        """This node (its ``id``)."""
+        ...
+
+    def owns(self, key: str) -> bool:
+        """Whether this node checks the watcher ``key``."""
+        ...
+
+
+class WatcherBase(Actor):
+    """The state and the cross-part methods of ``WatcherActor``. See the module docstring."""
+
+    share: WatcherShare | None
+    store: Store
+    clock: Clock
+    publish: Callable[[str, Any], Awaitable[None]]
+    notify: Callable[..., Awaitable[Any]] | None
+    persist_interval: float
+    watchers: dict[str, Watcher]
+    stats: dict[str, int]
+    _outbox: dict[str, _Outbox]
+    _dirty: set[str]
+    _dirty_chunks: set[tuple[str, int]]
+    _dirty_event: trio.Event
+    _write_lock: trio.Lock
+
+    @property
+    def _tasks(self) -> trio.Nursery:
+        """The incarnation's nursery (``uses_nursery``), there while the actor runs."""
+        nursery = self.nursery
+        if nursery is None:
+            raise RuntimeError("the watcher actor is not running")
+        return nursery
+
+    if TYPE_CHECKING:
+        # actor.py
+        def _add(self, watcher: Watcher) -> None: ...
+        def _schedule(self, watcher: Watcher, delay: float) -> None: ...
+        def _forget(self, watcher: Watcher) -> None: ...
+        async def _pause(self, watcher: Watcher) -> dict[str, Any]: ...
+        async def _resume(self, watcher: Watcher) -> dict[str, Any]: ...
+        async def _stop(self, watchers: list[Watcher], announce: bool = True) -> None: ...
+
+        # persistence.py
+        async def _read_all(
+            self,
+        ) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[Any]]]]: ...
+        def _restore(
+            self, wid: str, state: dict[str, Any], entries: Sequence[list[Any]]
+        ) -> Watcher | None: ...
+        def _mark(self, w: Watcher, chunk: int | None = None) -> None: ...
+        async def _write_out(self, watchers: list[Watcher]) -> None: ...
