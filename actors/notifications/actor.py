@@ -39,8 +39,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -142,7 +141,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             raise ValueError("webhook channels need a webhook_post")
         self.webhook_post = webhook_post
         self.limiter = trio.CapacityLimiter(config.max_concurrency)
-        self._locks: dict[str, list[Any]] = {}  # session or path -> [trio.Lock, users]
+        self._locks = {}
 
     # -- checks (also for scheduled jobs and watchers, at creation time) --
 
@@ -392,20 +391,3 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             "fallback_reason": reason,
             **{k: v for k, v in detail.items() if k not in result},
         }
-
-    # -- locks --
-
-    @asynccontextmanager
-    async def _lock(self, key: str) -> AsyncIterator[None]:
-        """A lock per session (or log path), forgotten when nobody holds or awaits it."""
-        entry = self._locks.get(key)
-        if entry is None:
-            entry = self._locks[key] = [trio.Lock(), 0]
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._locks[key]

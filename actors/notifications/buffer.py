@@ -41,6 +41,7 @@ import msgspec
 import trio
 from msgspec import UNSET
 
+from turnstile.actors.notifications.base import NotifierBase
 from turnstile.actors.notifications.config import LLM, ChannelConfig, _Notification
 from turnstile.actors.notifications.events import Notification, NotificationsDropped
 from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
@@ -87,7 +88,7 @@ def notification_text(
     return "\n".join(lines)
 
 
-class SessionBufferMixin:
+class SessionBufferMixin(NotifierBase):
     """``Notifier``'s session channel and buffer. See the module docstring."""
 
     async def _deliver_llm(

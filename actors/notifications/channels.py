@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from turnstile.actors.notifications.base import NotifierBase
 from turnstile.actors.notifications.config import ChannelConfig, _Notification, _one_line
 
 USER_AGENT = "turnstile-notifier/0.1"
@@ -67,7 +68,7 @@ class _DeliveryFailed(Exception):
         self.detail = detail or {}
 
 
-class ExternalChannelsMixin:
+class ExternalChannelsMixin(NotifierBase):
     """``Notifier``'s webhook, log and email deliveries. See the module docstring."""
 
     async def _deliver_webhook(self, note: _Notification) -> dict[str, Any]:
@@ -134,7 +135,8 @@ class ExternalChannelsMixin:
                     _send_email, config, message, note.recipients, abandon_on_cancel=True
                 )
             except smtplib.SMTPResponseException as exc:
-                text = exc.smtp_error.decode(errors="replace") if exc.smtp_error else ""
+                reply = exc.smtp_error  # bytes from smtplib; typeshed allows str
+                text = reply.decode(errors="replace") if isinstance(reply, bytes) else reply
                 raise _DeliveryFailed(f"SMTP {exc.smtp_code} {text}".strip()) from None
             except smtplib.SMTPRecipientsRefused as exc:
                 raise _DeliveryFailed(

@@ -17,7 +17,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 __all__ = ["Notification", "NotificationsDropped"]
 
 
-class Notification(SessionEvent, tag="notification", kw_only=True):
+class Notification(SessionEvent, tag="notification", kw_only=True, frozen=True):
     """A notification for the session.
 
     The buffer keeps it as stored (without ``type``) and converts it back to publish it, so
@@ -54,7 +54,7 @@ class Notification(SessionEvent, tag="notification", kw_only=True):
     buffered: bool | UnsetType = UNSET
 
 
-class NotificationsDropped(SessionEvent, tag="notifications_dropped", kw_only=True):
+class NotificationsDropped(SessionEvent, tag="notifications_dropped", kw_only=True, frozen=True):
     """Buffered notifications were dropped while nobody watched (sent on attach, first).
 
     Attributes:
