@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -262,6 +262,23 @@ def _iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
 
 
+class RunTool(Protocol):
+    """The registry's call (``ToolRegistry.call``), as the background actor makes it."""
+
+    def __call__(
+        self,
+        session_id: str,
+        owner: str,
+        tool: str,
+        params: dict[str, Any],
+        /,
+        *,
+        approved: bool = ...,
+        background: bool = ...,
+        idempotency_key: str | None = ...,
+    ) -> Awaitable[ToolResult]: ...
+
+
 class BackgroundActor(Actor):
     """Owns background tasks. See the module docstring.
 
@@ -281,7 +298,7 @@ class BackgroundActor(Actor):
 
     def __init__(
         self,
-        run_tool: Callable[[str, str, str, dict[str, Any]], Awaitable[ToolResult]],
+        run_tool: RunTool,
         publish: Callable[[str, Any], Awaitable[None]],
         clock: Clock,
         *,
@@ -389,6 +406,8 @@ class BackgroundActor(Actor):
         )
         self.tasks[task.id] = task
         self._forget_old(msg.session_id)
+        if self.nursery is None:  # uses_nursery: there while the actor runs
+            raise RuntimeError("the background actor is not running")
         self.nursery.start_soon(self._run, task, name=f"background {task.id}")
         return task
 

@@ -15,7 +15,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 __all__ = ["ApprovalRequired", "ApprovalResolved"]
 
 
-class ApprovalRequired(SessionEvent, tag="approval_required", kw_only=True):
+class ApprovalRequired(SessionEvent, tag="approval_required", kw_only=True, frozen=True):
     """A tool call waits for a person to approve or deny it.
 
     Attributes:
@@ -32,7 +32,7 @@ class ApprovalRequired(SessionEvent, tag="approval_required", kw_only=True):
     expires_at: str
 
 
-class ApprovalResolved(SessionEvent, tag="approval_resolved", kw_only=True):
+class ApprovalResolved(SessionEvent, tag="approval_resolved", kw_only=True, frozen=True):
     """An approval was decided, timed out, or withdrawn.
 
     Attributes:

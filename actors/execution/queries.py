@@ -71,10 +71,9 @@ _COLUMNS = (
 )
 
 
-def _time(value: str | datetime | None) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    return datetime.fromisoformat(value)
+def _time(value: str | datetime) -> datetime:
+    """A time column: a datetime from PostgreSQL, ISO 8601 text from SQLite."""
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
 def _task(row: Any) -> StoredTask:
@@ -87,7 +86,7 @@ def _task(row: Any) -> StoredTask:
         state=row[5],
         result=None if row[6] is None else msgspec.json.decode(row[6]),
         started_at=_time(row[7]),
-        finished_at=_time(row[8]),
+        finished_at=None if row[8] is None else _time(row[8]),
         node_id=row[9],
         node_epoch=row[10],
     )
