@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README's second command (and what CI runs): install Turnstile with its dev extra into .venv,
-# make sure PostgreSQL and Chromium are there, lint, check the import contracts, and run the whole
-# test suite.
+# make sure PostgreSQL and Chromium are there, lint, check the import contracts and the types, and
+# run the whole test suite.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,5 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/lint-imports.sh
+bash scripts/typecheck.sh
 exec .venv/bin/python -m pytest "$@"
