@@ -6,6 +6,8 @@ It owns its tables (the ``memory`` migration set, ``schema.py``, and the change 
 enabled`` (the tables exist either way), offers the ``memory`` topic on the gateway (every
 change to a user's memory, pushed to that user's WebSockets), and forgets a deleted session's
 extraction state. At start-up it decides, once, how search runs on this backend and logs it.
+It injects each user's summary into their turns from a cache (``injection.py``) that memory
+tells of every write (``notices.py``).
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class MemoryFeature:
             node.start_soon(memory.index_unindexed, name="memory search backfill")
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)
+        # the cache subscribes to memory: every write tells it
         self.summaries = summaries = SummaryCache(memory)
-        summaries.watch(memory)
         node.hooks.turn_context.append(summaries.turn_context)
         self.extractor = start_extraction(node, memory, self.extraction_model)
 

@@ -7,22 +7,20 @@ and before the history. Here it is a ``SessionHooks.turn_context`` hook
 ``TurnInput.system_messages``.
 
 A turn start must not pay a query when nothing changed, so ``SummaryCache`` keeps each user's
-summary (or the fact that there is none) in memory after the first turn reads it, and forgets
-it whenever the summary is written or deleted through ``Memory`` (``PUT /memory/summary``,
-extraction, ``DELETE /memory``): ``watch`` wraps those methods of the one ``Memory`` the
-feature runs. A read that races a write never puts the old text back (a generation count per
-user). The cache lives in one node's memory: a summary written by another node sharing the
-database is seen there only after that node's own write or restart.
+message (or the fact that there is none) after the first turn reads it, and forgets it when
+``Memory`` says the summary changed: the cache subscribes to the ``Memory`` it reads
+(``Memory.subscribe``, ``notices.py``), which tells it after every write (``PUT
+/memory/summary``, extraction, ``DELETE /memory``). A read that races a write never puts the
+old text back (a generation count per user). The cache lives in one node's memory: a summary
+written by another node sharing the database is seen there only after that node's own write
+or restart.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import msgspec
 
+from turnstile.actors.memory.notices import MemoryNotice
 from turnstile.actors.memory.service import Memory
 
 __all__ = ["HEADING", "SummaryCache", "SummaryCacheStatistics", "memory_message"]
@@ -44,46 +42,47 @@ class SummaryCacheStatistics(msgspec.Struct, frozen=True, kw_only=True):
         loads: summaries read from the store (each a query).
         hits: turn starts answered from the cache (no query).
         cached: users whose summary (or its absence) is held.
+        invalidations: notices that made an entry stale (a summary set, a user deleted).
     """
 
     loads: int
     hits: int
     cached: int
+    invalidations: int = 0
 
 
 class SummaryCache:
     """Each user's injected message, read once and kept until the summary changes.
 
     Args:
-        memory: the feature's service; ``watch`` it so writes invalidate.
+        memory: the feature's service: the cache reads summaries through it and subscribes to
+            it at once, so it is told of every write; ``close`` ends the subscription.
     """
 
     def __init__(self, memory: Memory) -> None:
         self._memory = memory
         self._messages: dict[str, str | None] = {}
         self._generation: dict[str, int] = {}
+        self._closed = False
         self._loads = 0
         self._hits = 0
+        self._invalidations = 0
+        self._unsubscribe = memory.subscribe(self.changed)
 
-    def watch(self, memory: Memory) -> None:
-        """Invalidate a user's entry whenever ``memory`` sets a summary or deletes a user.
+    def close(self) -> None:
+        """Stop listening to ``memory``. Nothing would tell the cache of a write any more, so
+        it is emptied and keeps nothing from then on (every call reads)."""
+        self._unsubscribe()
+        self._closed = True
+        self._messages.clear()
 
-        Wraps that instance's ``set_summary`` and ``delete_user`` (and only that instance's),
-        so every writer (the routes, extraction, a test) is covered without knowing the cache.
-        """
-        for name in ("set_summary", "delete_user"):
-            setattr(memory, name, self._invalidating(getattr(memory, name)))
-
-    def _invalidating(self, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        async def invalidating(owner: str, *args: Any, **kwargs: Any) -> Any:
-            self.invalidate(owner)
-            try:
-                return await method(owner, *args, **kwargs)
-            finally:
-                self.invalidate(owner)  # also after: a read may have started meanwhile
-
-        return invalidating
+    def changed(self, notice: MemoryNotice) -> None:
+        """``Memory``'s subscriber: forget the user's entry when their summary was set or their
+        memory deleted. Facts changing leave the summary as it is: only its own writes change
+        it."""
+        if notice.what in ("summary", "deleted"):
+            self._invalidations += 1
+            self.invalidate(notice.owner)
 
     def invalidate(self, owner: str) -> None:
         """Forget ``owner``'s entry; the next turn start reads the summary again."""
@@ -104,7 +103,7 @@ class SummaryCache:
         self._loads += 1
         summary = await self._memory.get_summary(owner)
         message = memory_message(summary.content if summary is not None else None)
-        if self._generation.get(owner, 0) == generation:  # no write while we read
+        if not self._closed and self._generation.get(owner, 0) == generation:  # no write told
             self._messages[owner] = message
         return message
 
@@ -114,7 +113,10 @@ class SummaryCache:
         return await self.message(owner)
 
     def statistics(self) -> SummaryCacheStatistics:
-        """Loads, hits and entries so far."""
+        """Loads, hits, entries and invalidations so far."""
         return SummaryCacheStatistics(
-            loads=self._loads, hits=self._hits, cached=len(self._messages)
+            loads=self._loads,
+            hits=self._hits,
+            cached=len(self._messages),
+            invalidations=self._invalidations,
         )

@@ -24,11 +24,16 @@ Changes. With a change log (``changes.py``; the node's feature always gives one)
 (save, forget, summary, deleting a user) appends its events to the owner's log in the same
 transaction and publishes them on the ``memory`` topic once committed, one write per owner at a
 time so they are published in order.
+
+Copies. Whoever keeps a copy of memory's rows (the summary cache) subscribes
+(``Memory.subscribe``) and is told after every write which user's memory changed and what of
+it (``notices.UserChanged``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,6 +48,7 @@ from turnstile.actors.memory.changes import (
     ChangeLog,
 )
 from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
+from turnstile.actors.memory.notices import Notices, Subscriber
 from turnstile.actors.memory.queries import (
     DELETE_USER,
     DETECT,
@@ -139,6 +145,8 @@ class Memory:
         #: searches try it again
         self._failing_since: float | None = None
         self._retry_at = 0.0
+        #: who is told of each write (``subscribe``)
+        self.notices = Notices()
 
     async def start(self) -> SearchPath:
         """Decide the lexical and the vector search paths (creating pg_trgm, pgvector, the
@@ -245,6 +253,18 @@ class Memory:
         """Whether ``user`` holds ``memory.read_all``."""
         return user in self.config.admins
 
+    # ---- who keeps a copy ----
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Call ``subscriber(notice)`` after every write of a user's memory from now on
+        (``UserChanged``, once the write ended, whether it committed, failed or was
+        cancelled). A subscriber must not block; one that raises is logged.
+
+        Returns:
+            a function that ends the subscription.
+        """
+        return self.notices.subscribe(subscriber)
+
     # ---- facts ----
 
     async def save(
@@ -306,9 +326,10 @@ class Memory:
             "max_facts": self.config.max_facts_per_user,
             "vector": self.vector_path,
         }
-        if self.changes is not None:
-            return await self.changes.write(SAVE_LOGGED, **args)
-        return await self.store.run_write(SAVE, **args)
+        with self.notices.telling(owner, "facts"):
+            if self.changes is not None:
+                return await self.changes.write(SAVE_LOGGED, **args)
+            return await self.store.run_write(SAVE, **args)
 
     def check_limit(self, limit: int | None, *, default: int | None = None) -> int:
         """``limit`` or the default, checked against ``max_search_limit``.
@@ -364,12 +385,15 @@ class Memory:
     async def forget(self, owner: str, key: str, category: str | None = None) -> int:
         """Delete ``owner``'s facts with ``key`` (in ``category`` if given); how many went."""
         category = None if category is None else category.strip()
-        if self.changes is not None:
-            now = self.store.db_time(self._now())
-            return await self.changes.write(
-                FORGET_LOGGED, owner=owner, key=key.strip(), category=category, now=now
+        with self.notices.telling(owner, "facts"):
+            if self.changes is not None:
+                now = self.store.db_time(self._now())
+                return await self.changes.write(
+                    FORGET_LOGGED, owner=owner, key=key.strip(), category=category, now=now
+                )
+            return await self.store.run_write(
+                FORGET, owner=owner, key=key.strip(), category=category
             )
-        return await self.store.run_write(FORGET, owner=owner, key=key.strip(), category=category)
 
     async def list_facts(
         self,
@@ -427,11 +451,12 @@ class Memory:
                 field="content",
             )
         now = self.store.db_time(self._now())
-        if self.changes is not None:
-            return await self.changes.write(
-                SET_SUMMARY_LOGGED, owner=owner, content=content, now=now
-            )
-        return await self.store.run_write(SET_SUMMARY, owner=owner, content=content, now=now)
+        with self.notices.telling(owner, "summary"):
+            if self.changes is not None:
+                return await self.changes.write(
+                    SET_SUMMARY_LOGGED, owner=owner, content=content, now=now
+                )
+            return await self.store.run_write(SET_SUMMARY, owner=owner, content=content, now=now)
 
     # ---- extraction state ----
 
@@ -539,7 +564,8 @@ class Memory:
         """Delete everything memory holds about ``owner``: facts, summary, their sessions'
         extraction state. Returns the rows deleted by kind. With a change log, the user's log
         keeps only the ``memory_deleted`` event (counts, no content)."""
-        if self.changes is not None:
-            now = self.store.db_time(self._now())
-            return await self.changes.write(DELETE_USER_LOGGED, owner=owner, now=now)
-        return await self.store.run_write(DELETE_USER, owner=owner)
+        with self.notices.telling(owner, "deleted"):
+            if self.changes is not None:
+                now = self.store.db_time(self._now())
+                return await self.changes.write(DELETE_USER_LOGGED, owner=owner, now=now)
+            return await self.store.run_write(DELETE_USER, owner=owner)

@@ -313,8 +313,7 @@ async def _measure(url: str, one_user: int, users: int, per_user: int) -> dict[s
 
 async def _injection(memory: Memory) -> tuple[list[float], list[float]]:
     """``SummaryCache.turn_context`` per call in µs: cached, and uncached (a store read)."""
-    cache = SummaryCache(memory)
-    cache.watch(memory)
+    cache = SummaryCache(memory)  # subscribes to memory: the set_summary below tells it
     await memory.set_summary("big", "Likes dark roast coffee, no sugar; plays the violin. " * 8)
     uncached = []
     for _ in range(INJECTIONS_UNCACHED):

@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import openai._base_client as openai_base_client
+import trio
 
 from tests.support.fake_openai import OpenAIStandIn
 from turnstile.actors.config import Config, MemoryConfig
 from turnstile.actors.node import default_features, open_node
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
+from turnstile.actors.sessions.agents.base import TurnInput
 from turnstile.runtime.clock import Clock
 
 ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
@@ -70,3 +72,29 @@ def model_for(standin: OpenAIStandIn) -> OpenAIAgent:
     )
     agent._openai()._platform = openai_base_client.get_platform()
     return agent
+
+
+class RecordingAgent:
+    """Keeps each turn's input and history; ``turns(n)`` waits until ``n`` turns ran."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.inputs: list[TurnInput] = []
+        self.histories: list[list] = []
+        self._ran = trio.Event()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def run_turn(self, turn) -> str:
+        self.inputs.append(turn.input)
+        self.histories.append(list(turn.history))
+        self._ran.set()
+        return f"reply:{turn.input.content}"
+
+    async def turns(self, n: int) -> list[TurnInput]:
+        while len(self.inputs) < n:
+            self._ran = trio.Event()
+            await self._ran.wait()
+        return self.inputs

@@ -234,8 +234,16 @@ async def test_the_sweep_queries_on_both_backends(store_url):
         await node.directory.attach("ada", "s1", seen)
         await chat(node, "s1", "I drink dark roast")
         await seen.until(b'"stream_end"', 1)
+        cache = feature.summaries
+        assert await cache.message("ada") is None  # (s1's turn read it: no summary yet)
+        loads = cache.statistics().loads
         assert await extractor.sweep() == 2  # s1 and s2 (s2 without a model call)
         assert len(standin.requests) == 1
+        # the summary extraction wrote reached the cache through memory's notice
+        assert await cache.message("ada") == (
+            "## What I remember about the user\n\nPreferences:\n- coffee: dark roast, no sugar"
+        )
+        assert cache.statistics().loads == loads + 1
         assert await extractor.sweep() == 0  # nothing happened since
         facts, _ = await feature.memory.list_facts("ada")
         assert [(f.key, f.source, f.confidence) for f in facts] == [("coffee", "user_explicit", 90)]

@@ -9,9 +9,11 @@ from contextlib import asynccontextmanager
 import httpx
 import trio
 
+from tests.actors.memory._support import RecordingAgent
 from tests.support.agents import FakeTurn
 from turnstile.actors.config import Config, MemoryConfig
 from turnstile.actors.memory.injection import HEADING, SummaryCache, memory_message
+from turnstile.actors.memory.notices import Notices, UserChanged
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.sessions.agents.base import TurnInput
@@ -21,32 +23,6 @@ ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-class RecordingAgent:
-    """Keeps each turn's input and history; ``turns(n)`` waits until ``n`` turns ran."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.inputs: list[TurnInput] = []
-        self.histories: list[list] = []
-        self._ran = trio.Event()
-
-    async def aclose(self) -> None:
-        pass
-
-    async def run_turn(self, turn) -> str:
-        self.inputs.append(turn.input)
-        self.histories.append(list(turn.history))
-        self._ran.set()
-        return f"reply:{turn.input.content}"
-
-    async def turns(self, n: int) -> list[TurnInput]:
-        while len(self.inputs) < n:
-            self._ran = trio.Event()
-            await self._ran.wait()
-        return self.inputs
 
 
 @asynccontextmanager
@@ -147,28 +123,34 @@ async def test_a_failing_context_hook_costs_the_message_not_the_turn(store_url):
         assert seen.system_messages == (f"{HEADING}\n\nstill here",)
 
 
-async def test_a_read_racing_a_write_does_not_cache_the_old_summary():
-    class SlowMemory:
-        def __init__(self) -> None:
-            self.content = "old"
-            self.reading = trio.Event()
-            self.release = trio.Event()
+class SlowMemory:
+    """What a ``SummaryCache`` uses of ``Memory`` (its reads and its notices), with reads that
+    wait until the test lets them go."""
 
-        async def get_summary(self, owner):
-            content = self.content
-            self.reading.set()
-            await self.release.wait()
-            return type("S", (), {"content": content})()
+    def __init__(self) -> None:
+        self.content = "old"
+        self.notices = Notices()
+        self.reading = trio.Event()
+        self.release = trio.Event()
 
-        async def set_summary(self, owner, content):
+    def subscribe(self, subscriber):
+        return self.notices.subscribe(subscriber)
+
+    async def get_summary(self, owner):
+        content = self.content
+        self.reading.set()
+        await self.release.wait()
+        return type("S", (), {"content": content})()
+
+    def set_summary(self, owner, content):
+        with self.notices.telling(owner, "summary"):
             self.content = content
 
-        async def delete_user(self, owner):
-            return {}
 
+async def test_a_read_racing_a_notice_does_not_cache_the_old_summary():
+    notice = UserChanged(owner="ada", what="summary")
     memory = SlowMemory()
     cache = SummaryCache(memory)
-    cache.watch(memory)
     async with trio.open_nursery() as nursery:
         results = []
 
@@ -177,12 +159,29 @@ async def test_a_read_racing_a_write_does_not_cache_the_old_summary():
 
         nursery.start_soon(read)
         await memory.reading.wait()
-        await memory.set_summary("ada", "new")  # while the read holds "old"
+        memory.content = "new"  # written while the read holds "old" …
+        memory.notices.tell(notice)  # … and told
         memory.release.set()
     assert results == [memory_message("old")]  # that read answers what it read …
-    memory.release = trio.Event()
+    assert cache.statistics().cached == 0  # … but did not keep it
+    assert await cache.message("ada") == memory_message("new")
+    assert await cache.message("ada") == memory_message("new")
+    assert cache.statistics().loads == 2
+
+
+async def test_facts_changing_leave_the_summary_cached_and_a_closed_cache_hears_nothing():
+    memory = SlowMemory()
     memory.release.set()
-    assert await cache.message("ada") == memory_message("new")  # … but did not cache it
+    cache = SummaryCache(memory)
+    await cache.message("ada")
+    memory.notices.tell(UserChanged(owner="ada", what="facts"))
+    memory.notices.tell(UserChanged(owner="bob", what="deleted"))
+    assert cache.statistics().cached == 1
+    cache.close()
+    assert cache.statistics().cached == 0
+    await cache.message("ada")
+    memory.set_summary("ada", "new")
+    assert cache.statistics().invalidations == 1  # (bob's) nothing after the close
 
 
 async def test_the_scripted_agent_shows_the_turns_system_messages():
@@ -192,3 +191,50 @@ async def test_the_scripted_agent_shows_the_turns_system_messages():
     turn = FakeTurn("/context")
     turn.input = TurnInput(input_id=1, source="user", content="/context", system_messages=("a",))
     assert await agent.run_turn(turn) == "a"
+
+
+async def test_every_writer_tells_the_cache_through_memory(store_url):
+    """The routes, the code path (which extraction takes: ``test_extraction``) and the tools
+    all write through ``Memory``, which tells its subscribers: the cache among them, and a
+    test's. A summary set or a user deleted drops the user's entry; facts leave it."""
+    async with node_with(store_url, RecordingAgent()) as (node, http):
+        memory, cache = node.features["memory"].memory, node.features["memory"].summaries
+        told = []
+        memory.subscribe(lambda notice: told.append((notice.owner, notice.what)))
+        before = cache.statistics()
+
+        async def loads_after_reading() -> int:
+            await cache.message("ada")
+            return cache.statistics().loads - before.loads
+
+        assert await loads_after_reading() == 1
+        put = await http.put("/memory/summary", json={"content": "one"}, headers=auth(ADA))
+        assert put.status_code == 200
+        assert await cache.message("ada") == memory_message("one")
+        assert cache.statistics().loads - before.loads == 2
+        fact = {"category": "c", "key": "k", "value": "v"}
+        assert (await http.put("/memory/facts", json=fact, headers=auth(ADA))).status_code == 200
+        assert (await node.directory.call_tool("ada", "s1", "memory.save", fact)).ok
+        gone = await http.delete("/memory/facts", params={"key": "k"}, headers=auth(ADA))
+        assert gone.status_code == 200
+        assert await loads_after_reading() == 2  # facts are not the summary
+        await memory.set_summary("ada", "two")  # as extraction does
+        assert await cache.message("ada") == memory_message("two")
+        assert (await http.delete("/memory", headers=auth(ADA))).status_code == 200
+        assert await cache.message("ada") is None
+        await memory.set_summary("ada", "three")
+        assert await loads_after_reading() == 5
+        await memory.delete_user("ada")  # the code path of DELETE /memory
+        assert await cache.message("ada") is None
+        assert cache.statistics().loads - before.loads == 6
+        assert told == [
+            ("ada", "summary"),
+            ("ada", "facts"),
+            ("ada", "facts"),
+            ("ada", "facts"),
+            ("ada", "summary"),
+            ("ada", "deleted"),
+            ("ada", "summary"),
+            ("ada", "deleted"),
+        ]
+        assert cache.statistics().invalidations - before.invalidations == 5
