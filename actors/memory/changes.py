@@ -26,6 +26,10 @@ therefore has gaps. Beyond ``keep`` rows per user (``[memory] changes_kept``) th
 dropped and ``pruned_seq`` moves: a client that saw less than it must reload
 (``TopicHead.pruned_seq``, ``reset``).
 
+Other nodes: a summary set and a user's memory deleted also announce themselves on PostgreSQL
+(``pg_notify`` in the same transaction: sent if and only if it commits), for the caches other
+nodes keep (``notices.py``).
+
 Expiry: a fact past its ``expires_at`` is deleted at its owner's next save, which appends a
 ``fact_forgotten`` with ``reason: "expired"``; nothing is published at the moment it expires
 (``fact_saved`` carries ``expires_at`` for a console to hide it on time).
@@ -49,6 +53,7 @@ from turnstile.actors.memory.events import (
     MemoryDeleted,
     SummaryChanged,
 )
+from turnstile.actors.memory.notices import CHANNEL
 from turnstile.actors.memory.queries import DELETE_USER, FORGET, SAVE, SET_SUMMARY
 from turnstile.runtime.errors import StoreError
 from turnstile.runtime.gateway.topics import TopicEvent, TopicHead
@@ -352,8 +357,16 @@ async def _forget_postgres(
 FORGET_LOGGED = TableQuery("memory.forget_logged", sqlite=_forget_sqlite, postgres=_forget_postgres)
 
 
+async def _announce_postgres(conn: Any, announce: str | None) -> None:
+    """``pg_notify`` the other nodes with ``announce`` (``notices.announcement``) inside the
+    write's transaction: PostgreSQL sends it when, and only if, the write commits. (SQLite is one
+    node's: its writes take ``announce`` and ignore it.)"""
+    if announce is not None:
+        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, announce)
+
+
 def _summary_sqlite(
-    conn: Any, *, owner: str, content: str, now: str, keep: int
+    conn: Any, *, owner: str, content: str, now: str, keep: int, announce: str | None = None
 ) -> tuple[Any, list[TopicEvent]]:
     summary = SET_SUMMARY.sqlite(conn, owner=owner, content=content, now=now)
     change = SummaryChanged(summary=summary.content, updated_at=summary.updated_at)
@@ -361,41 +374,50 @@ def _summary_sqlite(
 
 
 async def _summary_postgres(
-    conn: Any, *, owner: str, content: str, now: datetime, keep: int
+    conn: Any,
+    *,
+    owner: str,
+    content: str,
+    now: datetime,
+    keep: int,
+    announce: str | None = None,
 ) -> tuple[Any, list[TopicEvent]]:
     async with conn.transaction():
         head = await _lock_head_postgres(conn, owner)
         summary = await SET_SUMMARY.postgres(conn, owner=owner, content=content, now=now)
         change = SummaryChanged(summary=summary.content, updated_at=summary.updated_at)
+        await _announce_postgres(conn, announce)
         return summary, await _append_postgres(conn, owner, head, [change], now, keep)
 
 
-#: ``(owner, content, now, keep) -> (Summary, [TopicEvent])``: ``queries.SET_SUMMARY`` and its
-#: ``summary_changed``.
+#: ``(owner, content, now, keep, announce=None) -> (Summary, [TopicEvent])``:
+#: ``queries.SET_SUMMARY`` and its ``summary_changed`` (and ``announce``, see above).
 SET_SUMMARY_LOGGED = TableQuery(
     "memory.set_summary_logged", sqlite=_summary_sqlite, postgres=_summary_postgres
 )
 
 
 def _delete_sqlite(
-    conn: Any, *, owner: str, now: str, keep: int
+    conn: Any, *, owner: str, now: str, keep: int, announce: str | None = None
 ) -> tuple[dict[str, int], list[TopicEvent]]:
     counts = DELETE_USER.sqlite(conn, owner=owner)
     return counts, _append_sqlite(conn, owner, [MemoryDeleted(deleted=counts)], now, keep)
 
 
 async def _delete_postgres(
-    conn: Any, *, owner: str, now: datetime, keep: int
+    conn: Any, *, owner: str, now: datetime, keep: int, announce: str | None = None
 ) -> tuple[dict[str, int], list[TopicEvent]]:
     async with conn.transaction():
         head = await _lock_head_postgres(conn, owner)
         counts = await DELETE_USER.postgres(conn, owner=owner)
         change = MemoryDeleted(deleted=counts)
+        await _announce_postgres(conn, announce)
         return counts, await _append_postgres(conn, owner, head, [change], now, keep)
 
 
-#: ``(owner, now, keep) -> (counts, [TopicEvent])``: ``queries.DELETE_USER``, and the user's
-#: log emptied of everything but one ``memory_deleted`` (which holds only the counts).
+#: ``(owner, now, keep, announce=None) -> (counts, [TopicEvent])``: ``queries.DELETE_USER``,
+#: and the user's log emptied of everything but one ``memory_deleted`` (which holds only the
+#: counts); ``announce`` as above.
 DELETE_USER_LOGGED = TableQuery(
     "memory.delete_user_logged", sqlite=_delete_sqlite, postgres=_delete_postgres
 )

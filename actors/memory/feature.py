@@ -7,7 +7,8 @@ enabled`` (the tables exist either way), offers the ``memory`` topic on the gate
 change to a user's memory, pushed to that user's WebSockets), and forgets a deleted session's
 extraction state. At start-up it decides, once, how search runs on this backend and logs it.
 It injects each user's summary into their turns from a cache (``injection.py``) that memory
-tells of every write (``notices.py``).
+tells of every write; with several nodes, it listens for what the others write
+(``notices.py``).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class MemoryFeature:
             node.start_soon(memory.index_unindexed, name="memory search backfill")
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)
-        # the cache subscribes to memory: every write tells it
-        self.summaries = summaries = SummaryCache(memory)
+        # the cache subscribes to memory: every write, here or (listening) elsewhere, tells it
+        self.summaries = summaries = SummaryCache(memory, ttl=config.summary_cache_seconds)
         node.hooks.turn_context.append(summaries.turn_context)
+        if node.membership is not None:  # other nodes share the store: hear what they write
+            node.start_soon(memory.listen, name="memory listener")
         self.extractor = start_extraction(node, memory, self.extraction_model)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:

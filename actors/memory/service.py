@@ -27,7 +27,9 @@ time so they are published in order.
 
 Copies. Whoever keeps a copy of memory's rows (the summary cache) subscribes
 (``Memory.subscribe``) and is told after every write which user's memory changed and what of
-it (``notices.UserChanged``).
+it (``notices.UserChanged``). With a change log, setting a summary and deleting a user also
+announce it to the other nodes on the same database, in the write's transaction; ``listen``
+hears theirs and tells the subscribers the same way (``notices.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from turnstile.actors.memory.changes import (
     ChangeLog,
 )
 from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
-from turnstile.actors.memory.notices import Notices, Subscriber
+from turnstile.actors.memory.notices import CHANNEL, Notices, Subscriber, announcement
 from turnstile.actors.memory.queries import (
     DELETE_USER,
     DETECT,
@@ -145,7 +147,7 @@ class Memory:
         #: searches try it again
         self._failing_since: float | None = None
         self._retry_at = 0.0
-        #: who is told of each write (``subscribe``)
+        #: who is told of each write (``subscribe``, ``listen``)
         self.notices = Notices()
 
     async def start(self) -> SearchPath:
@@ -256,14 +258,22 @@ class Memory:
     # ---- who keeps a copy ----
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        """Call ``subscriber(notice)`` after every write of a user's memory from now on
-        (``UserChanged``, once the write ended, whether it committed, failed or was
-        cancelled). A subscriber must not block; one that raises is logged.
+        """Call ``subscriber(notice)`` after every write of a user's memory from now on: this
+        node's (``UserChanged``, once the write ended, whether it committed, failed or was
+        cancelled) and, while ``listen`` runs, what the other nodes announce (``UserChanged``
+        for a summary set or a user deleted; ``AllChanged`` when announcements may have been
+        missed). A subscriber must not block; one that raises is logged.
 
         Returns:
             a function that ends the subscription.
         """
         return self.notices.subscribe(subscriber)
+
+    async def listen(self) -> None:
+        """Hear the other nodes' announcements and tell the subscribers, forever (cancel to
+        stop); after every (re)connection they are told ``AllChanged``. On SQLite (one node)
+        that is all it does."""
+        await self.store.listen(CHANNEL, self.notices.heard)
 
     # ---- facts ----
 
@@ -451,10 +461,14 @@ class Memory:
                 field="content",
             )
         now = self.store.db_time(self._now())
-        with self.notices.telling(owner, "summary"):
+        with self.notices.telling(owner, "summary") as notice:
             if self.changes is not None:
                 return await self.changes.write(
-                    SET_SUMMARY_LOGGED, owner=owner, content=content, now=now
+                    SET_SUMMARY_LOGGED,
+                    owner=owner,
+                    content=content,
+                    now=now,
+                    announce=announcement(notice),
                 )
             return await self.store.run_write(SET_SUMMARY, owner=owner, content=content, now=now)
 
@@ -563,9 +577,12 @@ class Memory:
     async def delete_user(self, owner: str) -> dict[str, int]:
         """Delete everything memory holds about ``owner``: facts, summary, their sessions'
         extraction state. Returns the rows deleted by kind. With a change log, the user's log
-        keeps only the ``memory_deleted`` event (counts, no content)."""
-        with self.notices.telling(owner, "deleted"):
+        keeps only the ``memory_deleted`` event (counts, no content), and the other nodes are
+        told to forget their copies (``notices.py``)."""
+        with self.notices.telling(owner, "deleted") as notice:
             if self.changes is not None:
                 now = self.store.db_time(self._now())
-                return await self.changes.write(DELETE_USER_LOGGED, owner=owner, now=now)
+                return await self.changes.write(
+                    DELETE_USER_LOGGED, owner=owner, now=now, announce=announcement(notice)
+                )
             return await self.store.run_write(DELETE_USER, owner=owner)

@@ -14,6 +14,7 @@ Example::
     stale_after_minutes = 30   # a session idle this long is extracted
     extraction_interval_seconds = 300  # how often idle sessions are looked for
     changes_kept = 20000       # change-log events kept per user (GET /memory/changes)
+    summary_cache_seconds = 60  # a user's injected summary is read again at least this often
 
     [memory.embeddings]
     kind = "ollama"            # or "openai" (any OpenAI-compatible /v1/embeddings)
@@ -93,6 +94,10 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
         extraction_interval_seconds: seconds between two looks for idle sessions.
         changes_kept: events the change log keeps per user (``changes.py``); beyond it the
             oldest go, and a client that had not seen them must reload (``reset``).
+        summary_cache_seconds: how long a node keeps a user's summary for injection at most
+            (``injection.py``). Writes drop it at once, on every node that hears of them; this
+            bounds how stale it can get when a node did not hear (a lost notification, a
+            write from outside). 0: every turn start reads it.
         embeddings: ``[memory.embeddings]``, the embedder of the vector search stage.
         vector_cache_mb: (SQLite) how much memory the vector stage may keep its users'
             embedding matrices in (``vector_cache``): 100,000 facts of 384 dimensions take
@@ -110,6 +115,7 @@ class MemoryConfig(msgspec.Struct, forbid_unknown_fields=True):
     stale_after_minutes: Annotated[int, msgspec.Meta(ge=1, le=10_080)] = 30
     extraction_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300.0
     changes_kept: Annotated[int, msgspec.Meta(ge=10, le=10_000_000)] = 20_000
+    summary_cache_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
     embeddings: EmbeddingsConfig = msgspec.field(default_factory=EmbeddingsConfig)
     vector_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=65_536)] = 256
 

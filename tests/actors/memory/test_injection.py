@@ -7,16 +7,21 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 import trio
+import trio.testing
 
-from tests.actors.memory._support import RecordingAgent
+from tests.actors.memory._support import T0, RecordingAgent, SetClock
 from tests.support.agents import FakeTurn
 from turnstile.actors.config import Config, MemoryConfig
 from turnstile.actors.memory.injection import HEADING, SummaryCache, memory_message
-from turnstile.actors.memory.notices import Notices, UserChanged
+from turnstile.actors.memory.notices import AllChanged, Notices, UserChanged
+from turnstile.actors.memory.schema import MEMORY
+from turnstile.actors.memory.service import Memory
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.sessions.agents.base import TurnInput
+from turnstile.runtime.store import open_store
 
 ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
 
@@ -27,8 +32,13 @@ def auth(token: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def node_with(store_url, agent):
+    """A node with Ada's s1 and s2 and Bob's s1; on PostgreSQL once its memory listens to the
+    other nodes (connecting tells the cache to forget everything: not in the middle of a test
+    that counts its reads)."""
     config = Config(store=store_url, memory=MemoryConfig())
     async with open_node(config, tokens={ADA: "ada", BOB: "bob"}, agent=agent, serve=False) as node:
+        if node.context.membership is not None:
+            await node.features["memory"].memory.notices.listening.wait()
         transport = httpx.ASGITransport(app=node.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
             for token, name in ((ADA, "s1"), (ADA, "s2"), (BOB, "s1")):
@@ -147,8 +157,12 @@ class SlowMemory:
             self.content = content
 
 
-async def test_a_read_racing_a_notice_does_not_cache_the_old_summary():
-    notice = UserChanged(owner="ada", what="summary")
+@pytest.mark.parametrize(
+    "notice",
+    [UserChanged(owner="ada", what="summary"), AllChanged(why="test")],
+    ids=["user", "all"],
+)
+async def test_a_read_racing_a_notice_does_not_cache_the_old_summary(notice):
     memory = SlowMemory()
     cache = SummaryCache(memory)
     async with trio.open_nursery() as nursery:
@@ -182,6 +196,8 @@ async def test_facts_changing_leave_the_summary_cached_and_a_closed_cache_hears_
     await cache.message("ada")
     memory.set_summary("ada", "new")
     assert cache.statistics().invalidations == 1  # (bob's) nothing after the close
+    with pytest.raises(ValueError, match="^ttl must be >= 0$"):
+        SummaryCache(memory, ttl=-1)
 
 
 async def test_the_scripted_agent_shows_the_turns_system_messages():
@@ -201,6 +217,7 @@ async def test_every_writer_tells_the_cache_through_memory(store_url):
         memory, cache = node.features["memory"].memory, node.features["memory"].summaries
         told = []
         memory.subscribe(lambda notice: told.append((notice.owner, notice.what)))
+        origin = memory.notices.origin
         before = cache.statistics()
 
         async def loads_after_reading() -> int:
@@ -238,3 +255,47 @@ async def test_every_writer_tells_the_cache_through_memory(store_url):
             ("ada", "deleted"),
         ]
         assert cache.statistics().invalidations - before.invalidations == 5
+        assert origin and memory.notices.origin == origin
+
+
+@pytest.mark.guard(600)
+async def test_an_entry_is_kept_at_most_ttl_seconds_when_nothing_tells(autojump_clock):
+    """A write the cache is not told of (another node's, its notification lost; SQL typed by
+    hand) is injected at most ``ttl`` seconds late; ``ttl=0`` keeps nothing."""
+    async with open_store("sqlite:///:memory:", migrations=[MEMORY]) as store:
+        here = Memory(store, SetClock(T0), MemoryConfig())
+        elsewhere = Memory(store, SetClock(T0), MemoryConfig())  # its notices reach nobody here
+        cache = SummaryCache(here, ttl=60)
+        await elsewhere.set_summary("ada", "old")
+        assert await cache.message("ada") == memory_message("old")
+        await elsewhere.set_summary("ada", "new")
+        await trio.sleep(59.5)
+        assert await cache.message("ada") == memory_message("old")  # within the bound
+        await trio.sleep(0.5)
+        assert await cache.message("ada") == memory_message("new")
+        assert await cache.message("ada") == memory_message("new")
+        stats = cache.statistics()
+        assert (stats.loads, stats.hits, stats.expired, stats.cached) == (2, 2, 1, 1)
+        uncached = SummaryCache(here, ttl=0)
+        for _ in range(2):
+            assert await uncached.message("ada") == memory_message("new")
+        assert (uncached.statistics().loads, uncached.statistics().cached) == (2, 0)
+
+
+async def test_listening_anew_forgets_every_entry(tmp_path):
+    """``Memory.listen`` tells ``AllChanged`` whenever it (re)connects, since what was
+    announced meanwhile is lost; SQLite's listener says so once."""
+    async with open_store(f"sqlite:///{tmp_path}/m.db", migrations=[MEMORY]) as store:
+        memory = Memory(store, SetClock(T0), MemoryConfig())
+        cache = SummaryCache(memory)
+        await memory.set_summary("ada", "x")
+        await cache.message("ada")
+        told = []
+        memory.subscribe(told.append)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(memory.listen)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        assert told == [AllChanged(why="listening anew: announcements may have been missed")]
+        assert cache.statistics().cached == 0
+        assert cache.statistics().invalidations == 2  # the summary set, then listening
