@@ -41,11 +41,12 @@ from turnstile.actors.feature import Feature, NodeContext
 from turnstile.actors.memory.feature import MemoryFeature
 from turnstile.actors.notifications.feature import NotificationsFeature
 from turnstile.actors.scheduling.feature import SchedulingFeature
-from turnstile.actors.sessions.actor import Wake, job_run
+from turnstile.actors.sessions.actor import Wake
 from turnstile.actors.sessions.agents import Agent, OpenAIAgent, ScriptedAgent
 from turnstile.actors.sessions.directory import SessionDirectory
 from turnstile.actors.sessions.feature import SessionsFeature
 from turnstile.actors.sessions.hooks import SessionHooks
+from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 from turnstile.actors.watchers.feature import WatchersFeature
 from turnstile.actors.webhooks.feature import WebhooksFeature
 from turnstile.runtime.clock import Clock, SystemClock
@@ -86,12 +87,20 @@ def make_agent(config: Config) -> Agent:
 
 
 _RECOVERY_PAGE = 500
+#: The input kinds recovery knows without a node's features: the sessions' own.
+_SESSION_KINDS = session_kinds()
 #: While draining, how long after a turn ended (or between looks) idle sessions are handed
 #: over again: a closed turn's last events are stored a moment after it ends.
 _HANDOVER_LOOK = 0.25
 
 
-async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = None) -> list[str]:
+async def recover(
+    store: Store,
+    *,
+    max_reruns: int = 0,
+    node: NodeRef | None = None,
+    kinds: InputKinds | None = None,
+) -> list[str]:
     """Close turns cut off by a crash and list the sessions with inputs waiting.
 
     Which turns: with ``node`` (the registered node that starts), only those of dead nodes --
@@ -102,14 +111,15 @@ async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = N
     process's alone.
 
     Every cut-off turn is closed visibly (``stream_end`` ``interrupted``; see
-    :func:`close_cut_off`).
+    :func:`close_cut_off`), and its input's kind (``kinds``) settles what it keeps for it.
 
     Returns:
         ids of sessions that have queued inputs (with ``node``: but no turn running on another
         live node).
     """
     if node is None:
-        await close_cut_off(store, await store.interrupt_running(), max_reruns=max_reruns)
+        cut = await store.interrupt_running()
+        await close_cut_off(store, cut, max_reruns=max_reruns, kinds=kinds)
         return await store.sessions_with_queued_inputs()
     taken = await store.take_over_dead_nodes(node, unclaimed=True)
     for dead in taken.nodes:
@@ -119,7 +129,7 @@ async def recover(store: Store, *, max_reruns: int = 0, node: NodeRef | None = N
             dead.epoch,
             dead.lease_expires_at.isoformat(),
         )
-    await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+    await close_cut_off(store, taken.inputs, max_reruns=max_reruns, kinds=kinds)
     await release_all(store, taken.leases)
     return await store.sessions_with_queued_inputs(node=node)
 
@@ -130,11 +140,19 @@ async def release_all(store: Store, leases: dict[str, int]) -> None:
         await store.release_session(session_id, fence)
 
 
-async def close_cut_off(store: Store, items: Sequence[InboxItem], *, max_reruns: int = 0) -> None:
+async def close_cut_off(
+    store: Store,
+    items: Sequence[InboxItem],
+    *,
+    max_reruns: int = 0,
+    kinds: InputKinds | None = None,
+) -> None:
     """Close the turns of ``items`` (inputs recovery moved to ``interrupted``) visibly.
 
     Each gets a ``stream_end`` ``interrupted`` in its session (and the ``stream_start`` the
-    crash took, if it did), and its run record, if it was a scheduled turn, says so. With
+    crash took, if it did), and its input's kind settles what it keeps for it (``kinds``, the
+    node's input kinds: a scheduled turn's run record says so; without ``kinds`` only the
+    sessions' own kinds are known, which keep nothing). With
     ``max_reruns`` (``[limits] max_turn_reruns``), its input is then queued again, first in its
     session, as long as it has run again fewer times than that (counted in the row's detail,
     ``reruns``): the turn runs again, and its tool calls carry the same idempotency keys as
@@ -176,10 +194,7 @@ async def close_cut_off(store: Store, items: Sequence[InboxItem], *, max_reruns:
             )
             continue
         log.warning("input %s of session %s was interrupted by a restart", item.id, item.session_id)
-        run = await job_run(store, item)
-        if run is not None:  # a scheduled turn: its run record says what happened
-            note = {**(run.detail or {}), "status": "interrupted"}
-            await store.update_run(run.id, "turn_interrupted", note)
+        await (kinds or _SESSION_KINDS).get(item.source).interrupted(item)
 
 
 async def _turn_started(store: Store, item: InboxItem) -> bool:
@@ -342,7 +357,9 @@ async def open_node(
             ) as membership,
         ):
             max_reruns = config.limits.max_turn_reruns
-            waiting = await recover(store, max_reruns=max_reruns, node=membership.ref)
+            hooks = SessionHooks()  # filled by the features as they start
+            kinds = hooks.input_kinds
+            waiting = await recover(store, max_reruns=max_reruns, node=membership.ref, kinds=kinds)
             placement = None
             if _placed(config):
                 placement = LeasePlacement(
@@ -350,7 +367,9 @@ async def open_node(
                     lambda: membership.ref,
                     _session_key,
                     metrics=metrics,
-                    on_moved=lambda items: close_cut_off(store, items, max_reruns=max_reruns),
+                    on_moved=lambda items: close_cut_off(
+                        store, items, max_reruns=max_reruns, kinds=kinds
+                    ),
                 )
             async with open_supervisor("root") as root:
                 sessions = await root.spawn_supervisor(
@@ -374,7 +393,7 @@ async def open_node(
                         tools=tools,
                         sessions=registry,
                         supervisor=root,
-                        hooks=SessionHooks(),
+                        hooks=hooks,
                         start_soon=tasks.start_soon,
                         placement=placement,
                         membership=membership if placement is not None else None,
@@ -425,7 +444,9 @@ async def open_node(
                             )
                         )
                         async with holding:
-                            await close_cut_off(store, taken.inputs, max_reruns=max_reruns)
+                            await close_cut_off(
+                                store, taken.inputs, max_reruns=max_reruns, kinds=kinds
+                            )
                             await release_all(store, taken.leases)
                         items = taken.inputs
                         for session_id in sorted({item.session_id for item in items}):

@@ -33,6 +33,7 @@ from turnstile.actors.scheduling.recall import (
 )
 from turnstile.actors.scheduling.routes import scheduling_routes
 from turnstile.actors.scheduling.tools import register_scheduling_tools
+from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.directory import create_derived_session
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -105,8 +106,16 @@ class SchedulingFeature:
         async def forget_heartbeat(key: str) -> None:  # its kept heartbeat settings
             await store.kv_delete(KV_NAMESPACE, [key])
 
-        hooks.disable_job = disable_job
         hooks.on_session_end.append(forget_heartbeat)
+        # The inputs scheduling writes are its own to read: cron, once, recall, heartbeat,
+        # check (``turns``). Heartbeats pick their tools among the node's profiles.
+        register_scheduled_kinds(
+            hooks.input_kinds,
+            store,
+            tool_profiles=lambda: hooks.tool_profiles,
+            notify=lambda: node.notify,
+            disable_job=disable_job,
+        )
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.scheduler is not None, "routes() after start()"

@@ -60,16 +60,8 @@ from turnstile.actors.sessions.event_types import (
 from turnstile.actors.sessions.events import MAX_UNSTORED_EVENTS, EventLog
 from turnstile.actors.sessions.history import history_from_events, input_entry, load_history
 from turnstile.actors.sessions.ids import public_id
-from turnstile.actors.sessions.inputs import (
-    IN_SESSION,
-    HeartbeatRun,
-    InboxInput,
-    InputPayloadError,
-    ScheduledAction,
-    UserMessage,
-    decode_input,
-    decode_payload,
-)
+from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
+from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.messages import (
     POLICIES,
     Arrived,
@@ -91,17 +83,6 @@ from turnstile.actors.sessions.messages import (
     Submit,
     Wake,
 )
-from turnstile.actors.sessions.scheduled import (
-    TurnSlots,
-    finish_run,
-    is_scheduled,
-    job_run,
-    scheduled_input,
-    scheduled_tool_call,
-    settle_heartbeat,
-    start_fields,
-    to_channel,
-)
 from turnstile.actors.sessions.services import (
     SessionLimits,
     SessionServices,
@@ -109,6 +90,7 @@ from turnstile.actors.sessions.services import (
     ToolCaller,
     TurnShaper,
 )
+from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.errors import (
@@ -146,7 +128,6 @@ __all__ = [
     "DeleteSession",
     "history_from_events",
     "load_history",
-    "job_run",
     "ShapedTurn",
     "TurnShaper",
 ]
@@ -367,9 +348,8 @@ class SessionActor(Actor):
                 f"content is longer than {limits.max_content_chars} characters", field="content"
             )
         # Decoded here only to be refused at the door: the inbox keeps what was sent.
-        from_user = isinstance(
-            decode_payload(msg.source, {**msg.payload, "content": msg.content}), UserMessage
-        )
+        self.services.input_kinds.decode(msg.source, {**msg.payload, "content": msg.content})
+        from_user = msg.source == "user"
         key = msg.idempotency_key
         busy = self.turn is not None  # a turn is running right now (not merely queued)
         if busy and from_user and self.services.remote is not None:
@@ -572,13 +552,14 @@ class SessionActor(Actor):
                             continue  # something was enqueued while we looked
                         return
                     self.queued = max(0, self.queued - 1)
-                    if is_scheduled(item) and not held:
+                    scheduled = self.services.input_kinds.scheduled(item.source)
+                    if scheduled and not held:
                         # A slot was free when we looked, or the queue changed since: the
                         # input is claimed, so take the slot now (nearly always at once).
                         held = await self.slots.take()
                         if self.deleting:
                             return  # the delete takes the claimed input with the session
-                    elif held and not is_scheduled(item):
+                    elif held and not scheduled:
                         self.slots.release()
                         held = False
                     await self._run_turn(item)
@@ -610,61 +591,73 @@ class SessionActor(Actor):
         #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
         #: that attach during or after it may have missed its beginning.
         headless = not self.subscribers
+        host = _TurnHost(self, turn)
         # The agent gets the payload as stored (less ``content``), never the decoded Struct.
         payload = {k: v for k, v in item.payload.items() if k != "content"}
-        status, text, error, detail = "interrupted", "", None, None
-        run = await job_run(self.services.store, item)
-        received: InboxInput | None = None
+        outcome = TurnOutcome(status="interrupted")
+        kinds = self.services.input_kinds
+        kind = kinds.get(item.source)
+        received: TurnPayload | None = None
         unreadable: InputPayloadError | None = None
         try:
-            received = decode_input(item)
+            received = kinds.decode_item(item)
         except InputPayloadError as exc:
             unreadable = exc
         content = received.content if received is not None else _raw_content(item)
-        # A heartbeat with its settings (without them, it runs as an ordinary turn).
-        beat = received if isinstance(received, HeartbeatRun) and received.heartbeat else None
-        history_mark = len(self.history)
         turn_input = TurnInput(
             input_id=item.id, source=item.source, content=content, payload=payload
         )
-        if received is not None:
-            turn_input = scheduled_input(turn, turn_input, received, self.services.tool_profiles)
+        kind_turn: InputTurn | None = None
         try:
+            kind_turn = await kind.open(item, received)
+            if received is not None:
+                turn_input = kind_turn.shape(turn, turn_input)
             reruns = (item.detail or {}).get("reruns")  # set by recovery: run again
             start = StreamStart(
                 input_id=item.id,
                 source=item.source,
                 content=content,
                 rerun=reruns if isinstance(reruns, int) and reruns > 0 else msgspec.UNSET,
-                **start_fields(run, received),
+                **kind_turn.start_fields(),
             )
-            stored = await self._turn_emit(turn, start, durable=False)
+            stored = await host.emit(start, durable=False)
             self._remember(input_entry(stored))
-            context = TurnContext(self, turn, turn_input)
-            if beat is not None and beat.heartbeat.dedicated:
-                context.history = []  # a dedicated heartbeat starts from a clean context
+            history = [] if kind_turn.fresh_history else list(self.history[:-1])
+            context = TurnContext(
+                host, turn, turn_input, history, self.services.tools, self.services.on_usage
+            )
             if received is None:
                 # A visible failure like any other; the actor and the inputs behind go on.
                 log.warning("turn %s of session %s: %s", item.id, self.session_id, unreadable)
-                status, error = "failed", UNREADABLE_INPUT
-                detail = {"payload_error": str(unreadable)}
+                outcome = TurnOutcome(
+                    status="failed",
+                    error=UNREADABLE_INPUT,
+                    detail={"payload_error": str(unreadable)},
+                )
             else:
                 with turn.scope:
                     try:
-                        text = await self._respond(context, turn, received)
-                        status = "completed" if text else "empty"
+                        text = await kind_turn.respond(
+                            host, context, lambda: self._run_agent(context, turn)
+                        )
+                        outcome = TurnOutcome(status="completed" if text else "empty", text=text)
                     except AgentError as exc:
-                        status, error = "failed", str(exc) or "the agent failed"
+                        outcome = TurnOutcome(status="failed", error=str(exc) or "the agent failed")
                     except Exception as exc:
                         log.exception("turn %s of session %s failed", item.id, self.session_id)
-                        status, error = "failed", f"the agent failed ({type(exc).__name__})"
-                        detail = {"exception": "".join(traceback.format_exception(exc))}
+                        outcome = TurnOutcome(
+                            status="failed",
+                            error=f"the agent failed ({type(exc).__name__})",
+                            detail={"exception": "".join(traceback.format_exception(exc))},
+                        )
             if turn.scope.cancelled_caught:
-                status = turn.cancel_status
+                outcome = msgspec.structs.replace(outcome, status=turn.cancel_status)
         finally:
             self.turn = None
             if self.services.on_turn_closed is not None:
-                self.services.on_turn_closed(status, trio.current_time() - started, item.source)
+                self.services.on_turn_closed(
+                    outcome.status, trio.current_time() - started, item.source
+                )
             # A busy store can take seconds to commit what the turn streamed; only a session
             # that is itself being cancelled cuts its closure short.
             cancelled = trio.current_effective_deadline() == -math.inf
@@ -672,16 +665,14 @@ class SessionActor(Actor):
             with trio.move_on_after(bound, shield=True) as closing:
                 closed = False
                 try:
-                    if beat is not None:
-                        detail = await settle_heartbeat(
-                            self, turn, beat, status, text, error, detail, history_mark
-                        )
-                    await self._close_turn(turn, status, text, error, detail)
+                    if kind_turn is not None:
+                        outcome = await kind_turn.settle(host, turn, outcome)
+                    await self._close_turn(turn, outcome)
                     closed = True
                 except Fenced as exc:  # the new holder's recovery closes this turn
                     self._lost_lease(exc)
-                if closed and run is not None:
-                    await finish_run(self.services.store, run, status, error, detail)
+                if closed and kind_turn is not None:
+                    await kind_turn.closed(outcome)
                 if closed and headless:
                     # recall.md's finally: a run nobody started watching ends with a
                     # session_sync, so late observers re-read history and state at once.
@@ -691,7 +682,7 @@ class SessionActor(Actor):
                         policy=self.session.policy,
                         queued=self.queued,
                         input_id=item.id,
-                        status=status,
+                        status=outcome.status,
                     )
                     await self._emit(sync)
             if closing.cancelled_caught:
@@ -703,36 +694,14 @@ class SessionActor(Actor):
                     bound,
                 )
 
-    async def _respond(self, context: TurnContext, turn: Turn, received: InboxInput) -> str:
-        """Do the turn's work and return its text: run a scheduled tool first, then ask the
-        agent, or send a scheduled notification or tool result straight to another channel."""
-        match received:
-            case ScheduledAction(action_type="tool_call"):
-                context.input = await scheduled_tool_call(context, received)
-        elsewhere = (
-            isinstance(received, ScheduledAction)
-            and received.channel != IN_SESSION
-            and self.services.notify is not None
-        )
-        match received:
-            case ScheduledAction(action_type="notification" | "tool_call") if elsewhere:
-                # output bound for another channel: no model turn, straight there
-                return await to_channel(self, context.input.content, received)
+    async def _run_agent(self, context: TurnContext, turn: Turn) -> str:
+        """Ask the agent: with the tools, default prompt and history the shaper chose, and the
+        system messages the features add."""
         self._shape(context, turn)
         await self._add_context(context)
-        text = await self.services.agent.run_turn(context)
-        if elsewhere and text:
-            await to_channel(self, text, received)
-        return text
+        return await self.services.agent.run_turn(context)
 
-    async def _close_turn(
-        self,
-        turn: Turn,
-        status: str,
-        text: str,
-        error: str | None,
-        detail: dict[str, Any] | None,
-    ) -> None:
+    async def _close_turn(self, turn: Turn, outcome: TurnOutcome) -> None:
         """Close the turn visibly (stream and history) and settle its inbox row."""
         usage = msgspec.UNSET
         if turn.usage is not None:
@@ -742,15 +711,15 @@ class SessionActor(Actor):
                 completion_tokens=completion,
                 total_tokens=prompt + completion,
             )
-        end = StreamEnd(
-            input_id=turn.item.id,
-            status=status,
-            text=text,
-            error=msgspec.UNSET if error is None else error,
-            usage=usage,
-        )
-        suppressed = turn.buffer is not None and (detail or {}).get("suppressed")
-        if not suppressed:
+        status, text, error = outcome.status, outcome.text, outcome.error
+        if not outcome.suppressed:
+            end = StreamEnd(
+                input_id=turn.item.id,
+                status=status,
+                text=text,
+                error=msgspec.UNSET if error is None else error,
+                usage=usage,
+            )
             await self._turn_emit(turn, end)
             self._remember(
                 HistoryEntry(
@@ -761,7 +730,7 @@ class SessionActor(Actor):
             status, "interrupted"
         )
         await self.services.store.finish_input(
-            turn.item.id, state, {"status": status, **(detail or {})}, fence=self.fence
+            turn.item.id, state, {"status": status, **(outcome.detail or {})}, fence=self.fence
         )
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
@@ -850,3 +819,39 @@ def _raw_content(item: InboxItem) -> str:
     """The text of an input whose payload does not decode, for its (failed) turn's record."""
     content = item.payload.get("content")
     return content if isinstance(content, str) else ""
+
+
+class _TurnHost:
+    """A running turn's session as the turn and its input's kind see it (``turn.TurnHost``):
+    the few things they may do to it, without the actor's private state."""
+
+    __slots__ = ("_session", "_turn", "_mark", "session_id", "owner", "item")
+
+    def __init__(self, session: SessionActor, turn: Turn) -> None:
+        self._session = session
+        self._turn = turn
+        #: Where this turn's history begins (its input's entry is the next one).
+        self._mark = len(session.history)
+        self.session_id = session.session_id
+        self.owner = session.session.owner
+        self.item = turn.item
+
+    async def emit(self, event: SessionEvent, *, durable: bool = True) -> dict[str, Any]:
+        return await self._session._turn_emit(self._turn, event, durable=durable)
+
+    async def emit_stored(
+        self, type_: str, payload: dict[str, Any], *, durable: bool = True
+    ) -> None:
+        await self._session._turn_emit_stored(self._turn, type_, payload, durable=durable)
+
+    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
+        await self._session.events.emit(type_, payload)
+
+    async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:
+        await self._session._enqueue(source, content, payload)
+
+    def forget_turn(self) -> None:
+        del self._session.history[self._mark :]
+
+    def remember(self, entry: HistoryEntry) -> None:
+        self._session._remember(entry)

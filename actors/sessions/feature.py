@@ -56,10 +56,8 @@ class SessionsFeature:
             encode_event=counting_encoder(metrics),
             on_turn_closed=turn_closed,
             on_usage=lambda usage: count_tokens(metrics, usage),
-            tool_profiles=hooks.tool_profiles,
+            input_kinds=hooks.input_kinds,
             shaper=hooks.shaper,
-            disable_job=hooks.disable_job,
-            notify=node.notify,
             scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
             turn_context=hooks.turn_context,
             placement=node.placement,
@@ -94,6 +92,7 @@ class SessionsFeature:
                 max_queued_inputs=limits.max_queued_inputs,
                 clock=node.clock,
                 metrics=node.metrics,
+                input_kinds=services.input_kinds,
             )
             services.remote = self.directory.remote = remote
             remote.on_delete = self.directory.delete_here

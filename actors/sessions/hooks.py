@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnstile.actors.sessions.kinds import InputKinds, session_kinds
+
 __all__ = ["SessionHooks"]
 
 
@@ -33,7 +35,10 @@ class SessionHooks:
             approval (several nodes): the node whose call waits for it reads it.
         tool_profiles: tool profiles by name that a turn input may ask for (None allows all).
         shaper: chooses each turn's tools, default prompt and history budget.
-        disable_job: ``async (job_id)``: stops a job whose turn asked to be disabled.
+        input_kinds: the node's turn input kinds by source (``kinds.InputKinds``): each
+            feature registers the kinds of input it writes when it starts (scheduling: cron,
+            once, recall, heartbeat, check; webhooks: webhook); sessions' own are there from
+            the start.
         turn_context: ``async (owner, session_key) -> str | None``, each called as a turn
             starts: a system message for the turn (``TurnInput.system_messages``, in this
             order), or None for nothing. Called on every turn start, so each must be cheap
@@ -53,6 +58,6 @@ class SessionHooks:
     approval_heard: Callable[[str], None] | None = None
     tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
     shaper: Any = None
-    disable_job: Callable[[str], Awaitable[None]] | None = None
+    input_kinds: InputKinds = field(default_factory=session_kinds)
     turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)
     scheduled_turns: Any = None

@@ -52,7 +52,7 @@ import msgspec
 import trio
 
 from turnstile.actors.sessions.event_types import event_types
-from turnstile.actors.sessions.inputs import UserMessage, decode_payload
+from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 from turnstile.actors.sessions.messages import (
     POLICIES,
     Arrived,
@@ -144,8 +144,12 @@ class RemoteSessions:
         max_queued_inputs: int,
         clock: Clock,
         metrics: Metrics | None = None,
+        input_kinds: InputKinds | None = None,
     ) -> None:
         self.clock = clock
+        #: the node's input kinds: an input's payload is checked against its source's
+        #: Struct before it is stored, as the session's own actor does
+        self.input_kinds = input_kinds if input_kinds is not None else session_kinds()
         self._metrics = metrics if metrics is not None else Metrics()
         self._metrics.histogram(
             FOLLOW_LAG,
@@ -305,6 +309,7 @@ class RemoteSessions:
                 f"content is longer than {max_content_chars} characters", field="content"
             )
         stored = {**payload, "content": content}
+        self.input_kinds.decode(source, stored)  # refused at the door: InputPayloadError
         if idempotency_key is not None:
             earlier = await self.store.keyed_input(
                 key, idempotency_key, source=source, payload=stored
@@ -315,7 +320,7 @@ class RemoteSessions:
         running = next((i.id for i in waiting if i.state == "running"), None)
         queued = sum(1 for i in waiting if i.state == "queued")
         policy = "enqueue"
-        if running is not None and isinstance(decode_payload(source, stored), UserMessage):
+        if running is not None and source == "user":
             policy = (await self.store.get_session(key)).policy
             if policy == "reject":
                 raise Busy("session is busy with a turn and its policy is reject")

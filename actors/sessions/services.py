@@ -18,36 +18,16 @@ import trio
 from turnstile.actors.sessions.agents.base import (
     Agent,
     HistoryEntry,
-    ToolResult,
     ToolSpec,
     TurnInput,
     Usage,
 )
+from turnstile.actors.sessions.kinds import InputKinds, session_kinds
+from turnstile.actors.sessions.turn import ToolCaller
 from turnstile.runtime.placement import LeasePlacement
 from turnstile.runtime.store import EventRecord, Store
 
 __all__ = ["ToolCaller", "ShapedTurn", "TurnShaper", "SessionLimits", "SessionServices"]
-
-
-class ToolCaller(Protocol):
-    """Runs tools for a session's turns (the tool registry implements this)."""
-
-    def specs(self) -> list[ToolSpec]:
-        """The tools an agent may call, as function-calling specs."""
-        ...
-
-    async def call(
-        self,
-        session_id: str,
-        owner: str,
-        name: str,
-        arguments: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-    ) -> ToolResult:
-        """Run ``name``; tool failures are returned, not raised. ``idempotency_key`` is the
-        call's key within its turn (see ``turn.tool_call_key``), handed to the tool."""
-        ...
 
 
 class ShapedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,13 +124,9 @@ class SessionServices:
     on_turn_closed: Callable[[str, float, str], None] | None = None
     #: Called with each model call's token counts as the agent reports them (for /metrics).
     on_usage: Callable[[Usage], None] | None = None
-    #: Tool profiles by name (heartbeats pick one); None as a value allows every tool.
-    tool_profiles: dict[str, frozenset[str] | None] = field(default_factory=lambda: {"full": None})
-    #: Stops a heartbeat job, keeping its settings (a heartbeat whose ``on_error`` is
-    #: ``disable``).
-    disable_job: Callable[[str], Awaitable[None]] | None = None
-    #: The notifier's ``notify``: where scheduled output bound for another channel goes.
-    notify: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    #: The node's turn input kinds by source (``kinds``): filled by the features as they
+    #: start; the sessions feature's own kinds by default.
+    input_kinds: InputKinds = field(default_factory=session_kinds)
     #: Chooses each turn's tools, default prompt and history budget; None hands the agent
     #: every tool (or its profile's) and the whole kept history, with no default prompt.
     shaper: TurnShaper | None = None

@@ -14,22 +14,33 @@ from (a hash), since it travels to other people's servers.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
 import trio
 
-from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult, TurnInput, Usage
-from turnstile.actors.sessions.event_types import ToolCalled, ToolStarted
+from turnstile.actors.sessions.agents.base import (
+    HistoryEntry,
+    ToolResult,
+    ToolSpec,
+    TurnInput,
+    Usage,
+)
+from turnstile.actors.sessions.event_types import SessionEvent, ToolCalled, ToolStarted
 from turnstile.actors.sessions.history import tool_result_text
 from turnstile.actors.sessions.ids import public_result
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import InboxItem
 
-if TYPE_CHECKING:
-    from turnstile.actors.sessions.actor import SessionActor
-
-__all__ = ["TOOL_CALL_KEY_PREFIX", "Turn", "TurnContext", "tool_call_key"]
+__all__ = [
+    "TOOL_CALL_KEY_PREFIX",
+    "ToolCaller",
+    "Turn",
+    "TurnContext",
+    "TurnHost",
+    "tool_call_key",
+]
 
 #: What every tool call key starts with: where it comes from, for whoever receives it.
 TOOL_CALL_KEY_PREFIX = "turnstile-"
@@ -78,19 +89,112 @@ class Turn:
         self.scope.cancel()
 
 
+class ToolCaller(Protocol):
+    """Runs tools for a session's turns (the tool registry implements this)."""
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools an agent may call, as function-calling specs."""
+        ...
+
+    async def call(
+        self,
+        session_id: str,
+        owner: str,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+    ) -> ToolResult:
+        """Run ``name``; tool failures are returned, not raised. ``idempotency_key`` is the
+        call's key within its turn (see ``turn.tool_call_key``), handed to the tool."""
+        ...
+
+
+class TurnHost(Protocol):
+    """A running turn's session: all a turn (its context, its input's kind) may do to it.
+
+    The session actor gives each turn one (``SessionActor``'s private state stays its own).
+
+    Attributes:
+        session_id: the session's key.
+        owner: the user the session belongs to.
+        item: the inbox row the turn runs.
+    """
+
+    session_id: str
+    owner: str
+    item: InboxItem
+
+    async def emit(self, event: SessionEvent, *, durable: bool = True) -> dict[str, Any]:
+        """Emit one of the turn's events: at once, or held back while the turn buffers
+        (``Turn.buffer``). Returns its payload as stored."""
+        ...
+
+    async def emit_stored(
+        self, type_: str, payload: dict[str, Any], *, durable: bool = True
+    ) -> None:
+        """:meth:`emit` for an event already as stored (the per-token deltas' fast path)."""
+        ...
+
+    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
+        """Append an event, as stored, straight to the session's log (past any buffer)."""
+        ...
+
+    async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:
+        """Store an input to run as a turn of its own after this one."""
+        ...
+
+    def forget_turn(self) -> None:
+        """Drop from the session's history every entry this turn added, its input's included
+        (a turn logged, not forwarded: a quiet heartbeat)."""
+        ...
+
+    def remember(self, entry: HistoryEntry) -> None:
+        """Add an entry to the session's history."""
+        ...
+
+
 class TurnContext:
-    """The ``TurnContext`` a session hands its agent for one turn."""
+    """The ``TurnContext`` a session hands its agent for one turn.
 
-    __slots__ = ("_session", "_turn", "session_id", "input", "history", "tools")
+    Args:
+        host: the turn's session.
+        turn: the running turn.
+        turn_input: what the agent answers.
+        history: the history before this turn's input.
+        tools: the node's tools.
+        on_usage: called with each model call's token counts (metrics), or None.
+    """
 
-    def __init__(self, session: SessionActor, turn: Turn, turn_input: TurnInput) -> None:
-        self._session = session
+    __slots__ = (
+        "_host",
+        "_turn",
+        "_caller",
+        "_on_usage",
+        "session_id",
+        "input",
+        "history",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        host: TurnHost,
+        turn: Turn,
+        turn_input: TurnInput,
+        history: list[HistoryEntry],
+        tools: ToolCaller,
+        on_usage: Callable[[Usage], None] | None = None,
+    ) -> None:
+        self._host = host
         self._turn = turn
-        self.session_id = session.session_id
+        self._caller = tools
+        self._on_usage = on_usage
+        self.session_id = host.session_id
         self.input = turn_input
-        self.history = list(session.history[:-1])  # everything before this turn's input
+        self.history = history
         allowed = turn.allowed
-        self.tools = session.services.tools.specs()
+        self.tools = tools.specs()
         if allowed is not None:
             self.tools = [spec for spec in self.tools if spec.name in allowed]
 
@@ -101,19 +205,19 @@ class TurnContext:
         # ``ThinkingDelta``'s) gives, without a Struct and ``to_builtins`` per token (a test
         # pins the two to the same payload).
         payload = {"input_id": self.input.input_id, "text": text}
-        await self._session._turn_emit_stored(self._turn, type, payload, durable=False)
+        await self._host.emit_stored(type, payload, durable=False)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], call_id: str | None = None
     ) -> ToolResult:
-        session = self._session
+        host = self._host
         input_id = self.input.input_id
         named = msgspec.UNSET if call_id is None else call_id
         turn = self._turn
         turn.tool_calls += 1
         key = tool_call_key(turn.item, turn.tool_calls)  # before any await: the call's place
         started = ToolStarted(input_id=input_id, tool=name, call_id=named, arguments=arguments)
-        await session._turn_emit(turn, started)
+        await host.emit(started)
         if turn.allowed is not None and name not in turn.allowed:
             result = ToolResult(
                 ok=False,
@@ -124,12 +228,8 @@ class TurnContext:
             )
         else:
             result = public_result(
-                await session.services.tools.call(
-                    session.session_id,
-                    session.session.owner,
-                    name,
-                    arguments,
-                    idempotency_key=key,
+                await self._caller.call(
+                    host.session_id, host.owner, name, arguments, idempotency_key=key
                 )
             )
         called = ToolCalled(
@@ -141,8 +241,8 @@ class TurnContext:
             result=result.data if result.ok else msgspec.UNSET,
             error=msgspec.UNSET if result.ok else result.error,
         )
-        await session._turn_emit(turn, called)
-        session._remember(
+        await host.emit(called)
+        host.remember(
             HistoryEntry(
                 role="tool",
                 content=tool_result_text(result),
@@ -163,5 +263,5 @@ class TurnContext:
             prompt_tokens=before.prompt_tokens + usage.prompt_tokens,
             completion_tokens=before.completion_tokens + usage.completion_tokens,
         )
-        if self._session.services.on_usage is not None:
-            self._session.services.on_usage(usage)
+        if self._on_usage is not None:
+            self._on_usage(usage)

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.sessions.kinds import PlainKind
+from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent
 from turnstile.actors.webhooks.routes import SignedHook, webhook_routes
 from turnstile.actors.webhooks.schema import WEBHOOKS
 from turnstile.actors.webhooks.service import Ingress
@@ -49,6 +51,8 @@ class WebhooksFeature:
         self.hooks: dict[str, SignedHook] = {}
 
     async def start(self, node: NodeContext) -> None:
+        # Its inputs are read as its own even when ingress is off (rows stored earlier).
+        node.hooks.input_kinds.register(PlainKind(WEBHOOK_SOURCE, WebhookEvent))
         config = node.config.webhooks
         if not config.enabled:
             return

@@ -45,6 +45,7 @@ import trio
 
 from turnstile.actors.sessions.ids import session_key
 from turnstile.actors.sessions.messages import Publish, Submit
+from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent, webhook_payload
 from turnstile.actors.webhooks.events import SourceBinding
 from turnstile.actors.webhooks.github import branch_key, parse_source_key, pr_key
 from turnstile.actors.webhooks.queries import (
@@ -302,7 +303,7 @@ class Ingress:
             submitted = await self.ask_session(
                 key,
                 Submit(
-                    source="webhook",
+                    source=WEBHOOK_SOURCE,
                     content=claimed.content,
                     payload=inbox_payload(claimed),
                     idempotency_key=delivery_id,
@@ -510,15 +511,16 @@ class Ingress:
 
 
 def inbox_payload(claimed: Claimed) -> dict[str, Any]:
-    """The inbox payload: the sender's fields and where they came from (the same on every
-    attempt, as the idempotency key requires)."""
-    return {
-        **claimed.payload,
-        "hook": claimed.hook,
-        "event": claimed.event,
-        "delivery_id": claimed.delivery_id,
-        "source_ref": claimed.source_ref,
-    }
+    """The inbox payload: the sender's fields and where they came from, built as the
+    ``WebhookEvent`` the sessions decode (the same on every attempt, as the idempotency key
+    requires)."""
+    event = WebhookEvent(
+        hook=claimed.hook,
+        event=claimed.event,
+        delivery_id=claimed.delivery_id,
+        source_ref=claimed.source_ref,
+    )
+    return webhook_payload(claimed.payload, event)
 
 
 def routed_key(user: str, name: str) -> str:

@@ -56,6 +56,7 @@ from turnstile.actors.scheduling.actor import (
     first_occurrence,
 )
 from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import Attach, SessionActor, SessionLimits, SessionServices
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.runtime.clock import SystemClock
@@ -287,6 +288,13 @@ async def _backend(url: str, sizes: Sizes, bulk_concurrency: int) -> _Backend:
                     tools=tools,
                     limits=SessionLimits(max_queued_inputs=10_000),
                     encode_event=encode_event,
+                )
+                register_scheduled_kinds(  # the fired inputs settle their runs, as on a node
+                    services.input_kinds,
+                    store,
+                    tool_profiles=dict,
+                    notify=lambda: None,
+                    disable_job=None,
                 )
                 registry.register("session", lambda key: SessionActor(key, services))
 

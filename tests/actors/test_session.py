@@ -305,13 +305,12 @@ async def test_a_notice_for_a_missing_session_is_dropped_and_the_name_stays_usab
 def test_the_actor_module_still_exports_the_names_others_import_from_it():
     """``actors/sessions/actor.py`` was split into modules; the names other modules import from
     it stay importable there and are the very objects their new modules define."""
-    from turnstile.actors.sessions import actor, events, history, messages, scheduled, services
+    from turnstile.actors.sessions import actor, events, history, messages, services
 
     moved = {
         messages: ["POLICIES", "Submit", "Attach", "Detach", "StopTurn", "SetPolicy", "Inject"],
         services: ["SessionServices", "SessionLimits", "ToolCaller", "ShapedTurn", "TurnShaper"],
         history: ["history_from_events", "load_history"],
-        scheduled: ["job_run"],
         events: ["MAX_UNSTORED_EVENTS"],
     }
     for module, names in moved.items():

@@ -18,6 +18,7 @@ from turnstile.actors.scheduling.actor import (
     SchedulerLimits,
 )
 from turnstile.actors.scheduling.recall import recall_fired_events
+from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import (
     Attach,
     SessionActor,
@@ -106,8 +107,6 @@ async def node(
             tools=tools or NoTools(),
             limits=SessionLimits(),
             encode_event=encode_event,
-            tool_profiles=profiles or {"full": None},
-            notify=notify,
             scheduled_turns=None
             if scheduled_turns is None
             else trio.CapacityLimiter(scheduled_turns),
@@ -116,6 +115,7 @@ async def node(
             registry = Registry(sup, idle_timeout=10 * DAY)
             registry.register("session", lambda key: SessionActor(key, services))
             n = Node(store, clock, registry, sup, agent)
+            n.services = services
 
             async def cancel_job(job_id):
                 if disable_job is not None:
@@ -123,7 +123,13 @@ async def node(
                 else:
                     await n.scheduler.ask(CancelJob(job_id=job_id))
 
-            services.disable_job = cancel_job
+            register_scheduled_kinds(
+                services.input_kinds,
+                store,
+                tool_profiles=lambda: profiles or {"full": None},
+                notify=lambda: notify,
+                disable_job=cancel_job,
+            )
             await registry.ref("session:s").ask(Attach(subscriber=n.seen))
             if start_scheduler:
                 await n.start_scheduler()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from turnstile.actors.config import Config, ScriptedConfig
 from turnstile.actors.node import make_agent, recover
+from turnstile.actors.scheduling.turns import register_scheduled_kinds
+from turnstile.actors.sessions.kinds import session_kinds
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
 from turnstile.runtime.store import open_store
 
@@ -134,6 +136,10 @@ async def test_recovery_settles_the_run_of_a_cut_off_turn_after_a_long_outage():
             extra_runs=missed,
         )
         await store.claim_next_input("s")  # its turn was running when the node died
-        await recover(store)
+        kinds = session_kinds()  # as a node's scheduling feature registers them
+        register_scheduled_kinds(
+            kinds, store, tool_profiles=dict, notify=lambda: None, disable_job=None
+        )
+        await recover(store, kinds=kinds)
         runs = await store.list_runs("j", limit=100)
         assert [r.state for r in runs if r.id == fired.run.id] == ["turn_interrupted"]

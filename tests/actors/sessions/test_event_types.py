@@ -193,12 +193,12 @@ async def test_the_delta_fast_path_stores_what_the_structs_would():
     # Structs' payload exactly.
     stored = []
 
-    class Session:
-        async def _turn_emit_stored(self, turn, type_, payload, *, durable=True):
+    class Host:
+        async def emit_stored(self, type_, payload, *, durable=True):
             stored.append((type_, payload))
 
     context = object.__new__(TurnContext)
-    context._session, context._turn = Session(), None
+    context._host, context._turn = Host(), None
     context.input = TurnInput(input_id=7, source="user", content="")
     await context.emit("stream_delta", "a")
     await context.emit("thinking_delta", "b")

@@ -31,8 +31,19 @@ from turnstile.actors.execution.tools import register_execution_tools
 from turnstile.actors.scheduling.checks import register_check_tools
 from turnstile.actors.scheduling.cron import TRIGGER_TEMPLATE, register_cron_tool
 from turnstile.actors.scheduling.heartbeat import HEARTBEAT_PROFILES, register_heartbeat_tools
+from turnstile.actors.scheduling.inputs import (
+    CronTrigger,
+    HeartbeatRun,
+    HeartbeatSettings,
+    PromptRef,
+    RecallFiring,
+    ScheduledAction,
+    ScheduledCheck,
+    ScheduledJob,
+)
 from turnstile.actors.scheduling.recall import register_recall_tools
 from turnstile.actors.scheduling.tools import register_scheduling_tools
+from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import (
     UNREADABLE_INPUT,
     GetStatus,
@@ -44,26 +55,31 @@ from turnstile.actors.sessions.agents.base import AgentError
 from turnstile.actors.sessions.directory import SessionDirectory, create_derived_session
 from turnstile.actors.sessions.history import load_history
 from turnstile.actors.sessions.inputs import (
-    CronTrigger,
-    HeartbeatRun,
-    HeartbeatSettings,
     Injection,
     InputPayloadError,
     OtherInput,
-    PromptRef,
-    RecallFiring,
-    ScheduledAction,
-    ScheduledCheck,
-    ScheduledJob,
     UserMessage,
-    WebhookEvent,
-    decode_input,
 )
+from turnstile.actors.sessions.kinds import PlainKind, session_kinds
+from turnstile.actors.webhooks.inputs import WebhookEvent
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import InboxItem
 from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.registry import ToolRegistry
+
+
+def _node_kinds():
+    """The input kinds a default node registers (sessions', scheduling's, webhooks')."""
+    kinds = session_kinds()
+    register_scheduled_kinds(
+        kinds, None, tool_profiles=lambda: {}, notify=lambda: None, disable_job=None
+    )
+    kinds.register(PlainKind("webhook", WebhookEvent))
+    return kinds
+
+
+decode_input = _node_kinds().decode_item
 
 
 class Scheduling:
@@ -416,7 +432,12 @@ def item_of(source: str, payload: dict[str, Any], input_id: int = 7) -> InboxIte
         (
             "once",  # an AddJob whose deliver names no source: the job's kind is the source
             {"content": "do it", "job_id": "j1", "run_id": 3, "kind": "once"},
-            OtherInput(content="do it", job_id="j1", run_id=3, kind="once"),
+            ScheduledJob(content="do it", job_id="j1", run_id=3, kind="once"),
+        ),
+        (
+            "custom",  # a source no feature registered: plain text, its keys not read
+            {"content": "hi", "job_id": "j1", "run_id": 3},
+            OtherInput(content="hi"),
         ),
         ("user", {}, UserMessage()),  # every field has a default
     ],
@@ -439,6 +460,11 @@ def test_sources_without_a_writer_here_and_the_fallback(source, payload, expecte
             "cron",
             {"content": "x", "run_id": "3"},
             "Expected `int | null`, got `str` - at `$.run_id`",
+        ),
+        (
+            "cron",
+            {"content": "x", "run_id": 2**63},
+            "Expected `int` <= 9223372036854775807 - at `$.run_id`",
         ),
         (
             "cron",

@@ -1,0 +1,76 @@
+"""A session's hold on the node's slots for scheduled turns.
+
+The node runs at most ``[limits] max_concurrent_scheduled_turns`` turns of scheduled input kinds
+(``kinds.InputKind.scheduled``: cron, recall, heartbeat…) at once; user turns never take a slot.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from turnstile.actors.sessions.services import SessionServices
+
+__all__ = ["TurnSlots"]
+
+
+class TurnSlots:
+    """One session's hold on the node's slots for turns started by a job.
+
+    The node runs at most ``services.scheduled_turns`` job-started turns at once (None: no
+    bound, and every method is a no-op). The session's runner holds at most one slot.
+    """
+
+    __slots__ = ("_services", "_session_id", "_wait")
+
+    def __init__(self, services: SessionServices, session_id: str) -> None:
+        self._services = services
+        self._session_id = session_id
+        #: Set while the runner waits for a slot, so a delete can end the wait.
+        self._wait: trio.CancelScope | None = None
+
+    async def for_next(self) -> bool:
+        """Wait for a slot if the session's next input needs one and none is free.
+
+        The input waits *queued* in the inbox (a crash meanwhile loses nothing), and everything
+        behind it in this session waits too, so the order stays that of the inbox. A free slot
+        is taken before the claim, without waiting (the caller gives it back if the input turns
+        out not to need it); only when none is free does this read the queue, so an uncontended
+        node pays nothing.
+
+        Returns:
+            whether a slot is now held for this session.
+        """
+        slots = self._services.scheduled_turns
+        if slots is None:
+            return False
+        try:
+            slots.acquire_on_behalf_of_nowait(self)
+            return True
+        except trio.WouldBlock:
+            pass
+        queued = await self._services.store.list_inputs(self._session_id, states=["queued"])
+        if not queued or not self._services.input_kinds.scheduled(queued[0].source):
+            return False
+        return await self.take()
+
+    async def take(self) -> bool:
+        """Take a slot, waiting for one; False if ``cancel_wait`` ended the wait."""
+        slots = self._services.scheduled_turns
+        if slots is None:
+            return False
+        with trio.CancelScope() as scope:
+            self._wait = scope
+            try:
+                await slots.acquire_on_behalf_of(self)
+            finally:
+                self._wait = None
+        return not scope.cancelled_caught
+
+    def release(self) -> None:
+        """Give back the slot this session holds."""
+        self._services.scheduled_turns.release_on_behalf_of(self)
+
+    def cancel_wait(self) -> None:
+        """End a wait for a slot, if one is under way (the session is being deleted)."""
+        if self._wait is not None:
+            self._wait.cancel()
