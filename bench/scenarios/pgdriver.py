@@ -99,13 +99,16 @@ async def _append_tx(conn: Any, session_id: str, events: list, now: datetime) ->
 
 
 def _asyncpg_ops(one_round_trip: bool) -> dict[str, Any]:
-    from turnstile.runtime.store import postgres_queries as q
+    """The PostgreSQL sides of the store's operations for a turn (no decoding)."""
+    from functools import partial
+
+    from turnstile.runtime.store import claims, events, inbox
 
     return {
-        "enqueue": q.enqueue_input,
-        "claim": q.claim_next_input,
-        "append": q.append_events if one_round_trip else _append_tx,
-        "finish": q.finish_input,
+        "enqueue": inbox.ENQUEUE_INPUT.postgres,
+        "claim": claims.CLAIM_NEXT_INPUT.postgres,
+        "append": events.APPEND_EVENTS.postgres if one_round_trip else _append_tx,
+        "finish": partial(claims.MOVE_INPUT.postgres, was="running"),
     }
 
 
@@ -273,15 +276,19 @@ async def _run_thread(url: str, body) -> Any:
 
 async def _run_store(url: str, body, one_round_trip: bool) -> Any:
     """The store's own PostgreSQL backend, as it ships (operations without the front)."""
+    from turnstile.runtime.store import ops as store_ops
     from turnstile.runtime.store.kernel import KERNEL
     from turnstile.runtime.store.postgres import open_postgres_backend
 
-    ops = _asyncpg_ops(one_round_trip)
+    ops = {
+        name: store_ops.procedure(name, sqlite=None, postgres=fn, writes=True)
+        for name, fn in _asyncpg_ops(one_round_trip).items()
+    }
     now = datetime.now(UTC)
     async with open_postgres_backend(url, [KERNEL], now, max_size=POOL_SIZE) as backend:
 
         async def call(name: str, **kwargs: Any) -> Any:
-            return await backend.run_write(ops[name], **kwargs)
+            return await backend.run(ops[name], **kwargs)
 
         return await body(call)
 

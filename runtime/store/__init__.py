@@ -7,9 +7,12 @@ The store is the truth; memory is a cache. One protocol (:class:`Store`), two ba
 * ``postgresql://user@host:5432/db`` (also ``postgres://``; other query parameters become
   server settings, e.g. ``?search_path=myschema``).
 
-One validating front (:class:`~runtime.store.front.StoreFront`) checks every argument and builds
-every record; the backend under it only runs queries (:mod:`runtime.store.backend`). The schema
-is the kernel's migration set plus any set a caller passes (:mod:`runtime.store.migrations`).
+One validating front (:class:`~runtime.store.front.Store`) checks every argument and builds
+every record; the backend under it only runs operations (:mod:`runtime.store.ops`: typed query
+objects holding each backend's SQL, written once where it is the same, and their decoding). A
+feature's operations on its own tables are the same objects, run with :meth:`Store.run`. The
+schema is the kernel's migration set plus any set a caller passes
+(:mod:`runtime.store.migrations`).
 
 Usage::
 
@@ -25,10 +28,12 @@ from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
 
 from turnstile.runtime.clock import Clock, SystemClock
-from turnstile.runtime.store.base import UNSET, Store, UnsetType
-from turnstile.runtime.store.front import StoreFront
+from turnstile.runtime.store import ops
+from turnstile.runtime.store.base import UNSET, UnsetType
+from turnstile.runtime.store.front import Store, StoreFront
 from turnstile.runtime.store.kernel import KERNEL, SCHEMA_VERSION
 from turnstile.runtime.store.migrations import Migration, MigrationSet, ordered_sets
+from turnstile.runtime.store.ops import Operation, Statement
 from turnstile.runtime.store.records import (
     FINAL_INPUT_STATES,
     INPUT_STATES,
@@ -58,6 +63,9 @@ __all__ = [
     "open_store",
     "Migration",
     "MigrationSet",
+    "Operation",
+    "Statement",
+    "ops",
     "TableQuery",
     "UNSET",
     "UnsetType",
@@ -99,7 +107,7 @@ async def open_store(
             :mod:`runtime.store.migrations`); each is tracked by its name and versions.
 
     Yields:
-        The open store (a :class:`~runtime.store.front.StoreFront`).
+        The open store (a :class:`~runtime.store.front.Store`).
 
     Raises:
         ValueError: the URL is not one the store understands, or two sets share a name.
@@ -122,14 +130,14 @@ async def open_store(
         sqlite = SQLiteBackend(path, synchronous=options.get("synchronous", "FULL"))
         await sqlite.open(sets, clock.now())
         try:
-            yield StoreFront(sqlite, clock)
+            yield Store(sqlite, clock)
         finally:
             await sqlite.aclose()
     elif url.startswith(("postgresql://", "postgres://")):
         from turnstile.runtime.store.postgres import open_postgres_backend
 
         async with open_postgres_backend(url, sets, clock.now()) as postgres:
-            yield StoreFront(postgres, clock)
+            yield Store(postgres, clock)
     else:
         scheme = url.partition(":")[0]
         raise ValueError(f"unsupported store url scheme {scheme!r}")

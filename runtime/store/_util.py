@@ -67,6 +67,26 @@ def check_node_id(value: object, field: str = "id") -> str:
     return value
 
 
+#: PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
+MAX_NOTIFY_BYTES = 7999
+_CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def check_channel(channel: object) -> str:
+    """``channel`` if it is a notification channel name, else ``InvalidArgument``."""
+    if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
+        raise InvalidArgument(
+            "channel must be 1-63 lower-case letters, digits or _, not starting with a digit",
+            field="channel",
+        )
+    return channel
+
+
+def check_fence(fence: object) -> int | None:
+    """The ``fence`` argument of a fenced write: None (unfenced) or a lease epoch."""
+    return None if fence is None else check_int(fence, "fence")
+
+
 def check_int(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -101,7 +121,7 @@ def check_input_states(states: Sequence[str] | None) -> list[str] | None:
 def check_job_state(state: object) -> str:
     if state not in JOB_STATES:
         raise ValueError(f"unknown job state {state!r}")
-    return state  # type: ignore[return-value]
+    return state
 
 
 def check_job_states(states: Sequence[str] | None) -> list[str] | None:
@@ -116,7 +136,7 @@ def check_input_state(state: object) -> str:
     """``state`` must name an input state (whether the move is legal is checked later)."""
     if state not in INPUT_STATES:
         raise ValueError(f"unknown input state {state!r}")
-    return state  # type: ignore[return-value]
+    return state
 
 
 def transition_error(input_id: int, current: str, target: str) -> ConflictError:

@@ -1,54 +1,50 @@
-"""The PostgreSQL backend, on asyncpg: the pool, the asyncio thread and migrations.
+"""The PostgreSQL backend, on asyncpg: the pool, migrations and notifications.
 
-It only runs queries (:mod:`runtime.store.postgres_queries`); the front
+It only runs operations (:mod:`runtime.store.ops`: an operation's PostgreSQL side, on a pooled
+connection, on the store's asyncio thread, :mod:`runtime.store.postgres_thread`); the front
 (:mod:`runtime.store.front`) checks arguments and builds records.
 
-asyncpg is an asyncio library. It runs here on a plain asyncio event loop in a thread of its
-own (:class:`AsyncioThread`), which the store starts when it opens and stops when it closes. A
-trio task runs an operation by handing the coroutine to that loop (``call_soon_threadsafe``) and
-sleeping until the loop hands the outcome back (``TrioToken.run_sync_soon``): two wake-ups
-per operation, however many statements it sends, where trio-asyncio took about sixteen passes
-of its loop per statement (``bench/scenarios/pgdriver.py`` measures both). Any trio task of
-the run that opened the store may call it. asyncio is confined to this module and its query
-module; nothing on the asyncio side touches trio except through the run's token.
-
-Cancellation: a trio task cancelled while its operation runs asks the loop to cancel it and
-waits until it has ended, so no connection is left in use behind the caller (asyncpg's pool
-resets or closes a connection whose query was interrupted). If the operation finished first,
-its answer is returned and the cancellation is seen at the caller's next checkpoint: a
-committed write is never reported as cancelled.
+Cancellation: a trio task cancelled while its operation runs waits until the operation has
+ended on the loop (see :mod:`runtime.store.postgres_thread`), and a connection whose query was
+cut off is dropped, not reused.
 
 Migrations run at start-up in one transaction under ``pg_advisory_xact_lock`` keyed by the
 current schema, so concurrent start-ups apply them once.
+
+Over 400 lines: the pool, the backend and ``listen`` share one lifecycle (opened, drained and
+closed together) and the pool's rules (no reset, fires first) are the backend's; the bridge to
+trio, which knows nothing of PostgreSQL, is a module of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 import asyncpg
-import outcome
 import trio
 
 from turnstile.runtime.errors import MigrationError, StoreError
-from turnstile.runtime.store import postgres_queries as queries
+from turnstile.runtime.store import ops
 from turnstile.runtime.store.migrations import (
     POSTGRES_SCHEMA_TABLE,
     POSTGRES_SCHEMA_TABLE_UPGRADE,
     MigrationSet,
     plan,
 )
+from turnstile.runtime.store.ops import Operation
+from turnstile.runtime.store.postgres_thread import AsyncioThread, open_asyncio_thread
 
 __all__ = ["AsyncioThread", "PostgresBackend", "open_asyncio_thread", "open_postgres_backend"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger("turnstile.store")
 
@@ -58,186 +54,6 @@ _CLOSE_TIMEOUT = 10.0
 _LISTEN_PING = 5.0
 _LISTEN_RETRY = 1.0
 _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-
-class _Cancelled:
-    """The outcome of an operation the loop cancelled."""
-
-
-_CANCELLED = _Cancelled()
-
-
-class AsyncioThread:
-    """A plain asyncio event loop running in a thread of its own, callable from trio.
-
-    Started and stopped by :func:`open_asyncio_thread` (the store does it); :meth:`call` runs a
-    coroutine function on the loop from any task of the trio run that started it.
-
-    Both directions are batched: requests wait in a deque that the loop drains in one callback,
-    and outcomes in a deque that trio drains in one callback, so a burst of operations costs
-    one wake-up each way, not one per operation. A wake-up is a byte written to the other
-    side's socket, and every such system call makes the writing thread give up the GIL and
-    wait for it again while the other thread computes (up to ``sys.getswitchinterval()``).
-    """
-
-    def __init__(self) -> None:
-        # the loop's class, not asyncio.new_event_loop(): once trio-asyncio is imported (tests,
-        # the bench's baseline), its policy would make a trio-asyncio loop
-        self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop()
-        self._thread = threading.Thread(
-            target=self._main, name="turnstile postgres (asyncio)", daemon=True
-        )
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stopped = False
-        # trio -> loop: callables to run on the loop, and whether a drain is scheduled there
-        self._requests: deque[Callable[[], None]] = deque()
-        self._requests_armed = False
-        # loop -> trio: (task, outcome) to reschedule, and whether a drain is scheduled in trio
-        self._outcomes: deque[tuple[trio.lowlevel.Task, outcome.Outcome]] = deque()
-        self._outcomes_armed = False
-
-    def _main(self) -> None:
-        loop = self.loop
-        try:
-            loop.run_forever()
-        finally:
-            # stop() is only asked once the store has closed its pool; whatever is left (a
-            # task still ending) is cancelled and given a pass to finish
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-
-    def start(self) -> None:
-        """Start the loop's thread; later calls come from this trio run."""
-        self._token = trio.lowlevel.current_trio_token()
-        self._thread.start()
-
-    async def stop(self) -> None:
-        """Stop the loop, wait for its thread and close it (bounded; shielded)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        if not self._thread.is_alive():
-            self.loop.close()
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
-            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
-        if self._thread.is_alive():
-            log.warning("postgres: the asyncio thread did not stop; leaving it")
-        else:
-            self.loop.close()
-
-    # The flags are cleared before their deque is drained and set after an append is made:
-    # an item appended while a drain runs is either seen by it or schedules the next one.
-
-    def _request(self, fn: Callable[[], None]) -> None:  # trio thread
-        self._requests.append(fn)
-        if not self._requests_armed:
-            self._requests_armed = True
-            try:
-                self.loop.call_soon_threadsafe(self._drain_requests)
-            except RuntimeError:  # pragma: no cover - the loop is closed: nothing runs there
-                pass
-
-    def _drain_requests(self) -> None:  # asyncio thread
-        self._requests_armed = False
-        requests = self._requests
-        while requests:
-            requests.popleft()()
-
-    def _reply(self, task: trio.lowlevel.Task, result: outcome.Outcome) -> None:  # asyncio
-        self._outcomes.append((task, result))
-        if not self._outcomes_armed:
-            self._outcomes_armed = True
-            try:
-                self._token.run_sync_soon(self._drain_outcomes)
-            except trio.RunFinishedError:  # pragma: no cover - the trio run is gone
-                pass
-
-    def _drain_outcomes(self) -> None:  # trio thread
-        self._outcomes_armed = False
-        outcomes = self._outcomes
-        reschedule = trio.lowlevel.reschedule
-        while outcomes:
-            reschedule(*outcomes.popleft())
-
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """``await fn(*args, **kwargs)`` on the loop; its answer or exception comes back here.
-
-        Raises:
-            StoreError: the loop is stopped, or the operation was cancelled on the loop's side.
-        """
-        if self._stopped:
-            raise StoreError("store is closed")
-        op = _Call(self, trio.lowlevel.current_task(), fn, args, kwargs)
-        self._request(op.begin)
-        answer = await trio.lowlevel.wait_task_rescheduled(op.abort)
-        if answer is _CANCELLED:
-            await trio.lowlevel.checkpoint()  # raises Cancelled when the caller was cancelled
-            raise StoreError("postgres: operation cancelled")
-        return answer
-
-
-class _Call:
-    """One operation of :meth:`AsyncioThread.call`: what the loop runs and whom it answers.
-
-    One object with bound methods rather than four closures and their cells: every store
-    operation makes one, and fewer young objects mean fewer pauses of the cyclic GC.
-    """
-
-    __slots__ = ("_thread", "_task", "_fn", "_args", "_kwargs", "_future")
-
-    def __init__(
-        self,
-        thread: AsyncioThread,
-        task: trio.lowlevel.Task,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> None:
-        self._thread = thread
-        self._task = task
-        self._fn = fn
-        self._args = args
-        self._kwargs = kwargs
-        self._future: asyncio.Task | None = None
-
-    def begin(self) -> None:  # asyncio thread
-        future = self._thread.loop.create_task(self._fn(*self._args, **self._kwargs))
-        self._future = future
-        future.add_done_callback(self._done)
-
-    def _done(self, future: asyncio.Task) -> None:  # asyncio thread
-        if future.cancelled():
-            result: outcome.Outcome = outcome.Value(_CANCELLED)
-        else:
-            exc = future.exception()
-            result = outcome.Value(future.result()) if exc is None else outcome.Error(exc)
-        self._thread._reply(self._task, result)
-
-    def _cancel(self) -> None:  # asyncio thread, after begin (requests run in order)
-        self._future.cancel()
-
-    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:  # trio thread
-        # wait for the operation to end: its connection goes back to the pool before the
-        # caller moves on; the answer (if it finished first) is still the caller's
-        self._thread._request(self._cancel)
-        return trio.lowlevel.Abort.FAILED
-
-
-@asynccontextmanager
-async def open_asyncio_thread() -> AsyncIterator[AsyncioThread]:
-    """An :class:`AsyncioThread`, started for the block and stopped after it."""
-    thread = AsyncioThread()
-    thread.start()
-    try:
-        yield thread
-    finally:
-        await thread.stop()
 
 
 async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: datetime) -> None:
@@ -257,7 +73,7 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
                 await conn.execute(stmt)
         await conn.execute(POSTGRES_SCHEMA_TABLE)
         applied = await conn.fetch("SELECT set_name, version, name FROM schema_migrations")
-        for step in plan(applied, sets, "postgres"):
+        for step in plan(cast(list[tuple[str, int, str]], applied), sets, "postgres"):
             for stmt in step.statements:
                 await conn.execute(stmt)
             await conn.execute(
@@ -270,12 +86,8 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
-#: Operations served before the others waiting for a connection: firing a job occurrence is
-#: the scheduler's promise to be on time (its lateness is measured due -> commit), and it is one
-#: short statement among the many a busy node's sessions queue (a thousand sessions can hold
-#: a thousand operations in the queue; behind them a fire waited hundreds of milliseconds).
-#: Among themselves they are served in the order they came (the oldest fire is the latest).
-_FIRST = frozenset({"fire_job", "fire_jobs"})
+#: ``pg_notify``: delivered to every listener once it commits.
+_NOTIFY = ops.execute("notify", postgres="SELECT pg_notify(:channel, :payload)")
 
 
 class _Pool:
@@ -298,8 +110,11 @@ class _Pool:
         self._idle: list[asyncpg.Connection] = []
         self._size = 0  # connections open or being opened
         self._in_use = 0
-        # operations waiting for a connection: first those served first (fires), each queue
-        # in the order they came
+        # operations waiting for a connection: first those served first (``Operation.first``:
+        # firing a job occurrence is the scheduler's promise to be on time, and it is one short
+        # statement among the many a busy node's sessions queue; behind a thousand of them a
+        # fire waited hundreds of milliseconds), each queue in the order they came (the
+        # oldest fire is the latest)
         self._first_waiters: deque[asyncio.Future[None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False  # no new operations
@@ -388,7 +203,7 @@ class _Pool:
 
 
 class PostgresBackend:
-    """Runs the store's queries on a PostgreSQL pool (see the module docstring).
+    """Runs the store's operations on a PostgreSQL pool (see the module docstring).
 
     Use :func:`runtime.store.open_store` (``postgresql://...``) rather than this class.
 
@@ -427,7 +242,7 @@ class PostgresBackend:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
         self._pool = pool
         try:
-            await self._call(_migrate, sets, now)
+            await aio.call(_with_conn, pool, _migrate, {"sets": sets, "now": now}, False)
         except MigrationError:
             await self.aclose()
             raise
@@ -448,28 +263,26 @@ class PostgresBackend:
         with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT + 1):
             await self._aio.call(pool.close)
 
-    # ---- running queries ----
+    # ---- running operations ----
 
-    async def read(self, op: str, /, **args: Any) -> Any:
-        return await self._call(getattr(queries, op), **args)
-
-    async def write(self, op: str, /, **args: Any) -> Any:
-        # every operation manages its own transaction where it needs one
-        if op in _FIRST:
-            return await self._call_first(getattr(queries, op), **args)
-        return await self._call(getattr(queries, op), **args)
-
-    async def run_read(self, fn: Callable[..., Awaitable[T]], /, **args: Any) -> T:
-        """Run a feature's ``await fn(conn, **args)`` (see :mod:`runtime.store.tables`)."""
-        return await self._call(fn, **args)
-
-    run_write = run_read  # the query opens its own transaction where it needs one
+    async def run(self, op: Operation[R], /, **args: Any) -> R:
+        """Run ``op``'s PostgreSQL side on a pooled connection on the asyncio thread (it opens
+        a transaction itself where it needs one), then its ``decode`` here."""
+        fn = op.postgres
+        if fn is None:
+            raise TypeError(f"operation {op.name!r} does not run on postgres")
+        pool, aio = self._pool, self._aio
+        if pool is None or aio is None:
+            raise StoreError("store is closed")
+        answer = await aio.call(_with_conn, pool, fn, args, op.first)
+        decode = op.decode
+        return answer if decode is None else decode(answer)
 
     # ---- notifications ----
 
     async def notify(self, channel: str, payload: str) -> None:
         """``pg_notify(channel, payload)``: delivered to every listener once this commits."""
-        await self._call(queries.notify, channel=channel, payload=payload)
+        await self.run(_NOTIFY, channel=channel, payload=payload)
 
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
         """Listen on ``channel`` forever, on a connection of its own (not the pool's).
@@ -500,9 +313,11 @@ class PostgresBackend:
         while True:
             try:
                 conn = await aio.call(
-                    asyncpg.connect,
-                    self.dsn,
-                    server_settings={"application_name": f"turnstile listen {channel}"},
+                    partial(
+                        asyncpg.connect,
+                        self.dsn,
+                        server_settings={"application_name": f"turnstile listen {channel}"},
+                    )
                 )
             except _DRIVER_ERRORS as exc:
                 log.warning("listen on %s: cannot connect (%s); retrying", channel, exc)
@@ -538,25 +353,12 @@ class PostgresBackend:
             log.warning("listen on %s: connection closed; reconnecting", channel)
             await trio.sleep(_LISTEN_RETRY)
 
-    async def _call(self, op: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        if self._pool is None or self._aio is None:
-            raise StoreError("store is closed")
-        return await self._aio.call(_with_conn, self._pool, op, args, kwargs)
-
-    async def _call_first(self, op: Callable[..., Awaitable[T]], **kwargs: Any) -> T:
-        if self._pool is None or self._aio is None:
-            raise StoreError("store is closed")
-        return await self._aio.call(_with_conn, self._pool, op, (), kwargs, True)
-
 
 async def _with_conn(
-    pool: _Pool,
-    op: Callable[..., Awaitable[T]],
-    args: tuple,
-    kwargs: dict[str, Any],
-    first: bool = False,
+    pool: _Pool, fn: Callable[..., Awaitable[T]], args: dict[str, Any], first: bool
 ) -> T:
-    """asyncio side: run ``op`` on a pooled connection, map driver errors to StoreError."""
+    """asyncio side: run ``fn(conn, **args)`` on a pooled connection (``first``: ahead of the
+    operations waiting for one), map driver errors to StoreError."""
     try:
         conn = await pool.acquire(first)
     except _DRIVER_ERRORS as exc:
@@ -566,7 +368,7 @@ async def _with_conn(
     # is closed or still inside a transaction)
     clean = True
     try:
-        return await op(conn, *args, **kwargs)
+        return await fn(conn, **args)
     except asyncio.CancelledError:
         clean = False
         raise

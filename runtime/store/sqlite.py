@@ -1,7 +1,7 @@
 """The embedded SQLite backend: connections, threads and migrations.
 
-It only runs queries (:mod:`runtime.store.sqlite_queries`); the front
-(:mod:`runtime.store.front`) checks arguments and builds records.
+It only runs operations (:mod:`runtime.store.ops`: an operation's SQLite side, in a thread);
+the front (:mod:`runtime.store.front`) checks arguments and builds records.
 
 Threads: no sqlite3 call ever runs on the trio thread.
 
@@ -24,25 +24,25 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import partial
 from typing import Any, TypeVar
 
 import trio
 
 from turnstile.runtime.errors import MigrationError, StoreError
 from turnstile.runtime.store import _util as u
-from turnstile.runtime.store import sqlite_queries as queries
 from turnstile.runtime.store.migrations import (
     SQLITE_SCHEMA_TABLE,
     SQLITE_SCHEMA_TABLE_UPGRADE,
     MigrationSet,
     plan,
 )
+from turnstile.runtime.store.ops import Operation
 from turnstile.runtime.store.sqlite_writer import InlineWriter, Writer
 
 __all__ = ["SQLiteBackend"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 _MIN_SQLITE = (3, 37, 0)  # STRICT tables (RETURNING needs 3.35)
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -172,7 +172,7 @@ class SQLiteBackend:
             for _ in range(self._n_readers):  # readers still waiting now see "closed"
                 self._reader_slots.release()
             if readers:
-                await trio.to_thread.run_sync(lambda: [r.close() for r in readers])
+                await trio.to_thread.run_sync(_close_all, readers)
             if self._writer is not None:
                 await self._writer.stop()
 
@@ -187,40 +187,38 @@ class SQLiteBackend:
         on_message(None)
         await trio.sleep_forever()
 
-    async def read(self, op: str, /, **args: Any) -> Any:
-        return await self._read(getattr(queries, op), **args)
+    async def run(self, op: Operation[R], /, **args: Any) -> R:
+        """Run ``op``'s SQLite side: a write in the writer's next group commit (durable when
+        this returns), a read on a reader connection in one read transaction; then its
+        ``decode`` here."""
+        fn = op.sqlite
+        if fn is None:
+            raise TypeError(f"operation {op.name!r} does not run on sqlite")
+        if op.writes:
+            answer = await self._write(fn, args)
+        else:
+            answer = await self._read(fn, args)
+        decode = op.decode
+        return answer if decode is None else decode(answer)
 
-    async def write(self, op: str, /, **args: Any) -> Any:
-        return await self._write(getattr(queries, op), **args)
-
-    async def run_read(self, fn: Callable[..., T], /, **args: Any) -> T:
-        """Run a feature's read ``fn(conn, **args)`` (see :mod:`runtime.store.tables`)."""
-        return await self._read(fn, **args)
-
-    async def run_write(self, fn: Callable[..., T], /, **args: Any) -> T:
-        """Run a feature's write ``fn(conn, **args)`` in the next group commit."""
-        return await self._write(fn, **args)
-
-    async def _write(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        """Run ``fn(conn, **kwargs)`` in the writer thread, in the next group commit."""
+    async def _write(self, fn: Callable[..., T], args: dict[str, Any]) -> T:
+        """Run ``fn(conn, **args)`` in the writer thread, in the next group commit."""
         if self._closed or self._writer is None:
             raise StoreError("store is closed")
-        return await self._writer.submit(partial(fn, **kwargs) if kwargs else fn)
+        return await self._writer.submit(fn, args)
 
-    async def _read(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        """Run ``fn(conn, **kwargs)`` on a reader connection, in one read transaction."""
+    async def _read(self, fn: Callable[..., T], args: dict[str, Any]) -> T:
+        """Run ``fn(conn, **args)`` on a reader connection, in one read transaction."""
         if self._closed or self._writer is None:
             raise StoreError("store is closed")
-        if kwargs:
-            fn = partial(fn, **kwargs)
         if self._memory:
-            return await self._writer.submit(fn)
+            return await self._writer.submit(fn, args)
         async with self._reader_slots:
             if not self._readers:
                 raise StoreError("store is closed")
             conn = self._readers.pop()
             try:
-                return await trio.to_thread.run_sync(_read_txn, conn, fn)
+                return await trio.to_thread.run_sync(_read_txn, conn, fn, args)
             finally:
                 self._readers.append(conn)
 
@@ -231,12 +229,17 @@ class SQLiteBackend:
         return (w.commits, w.committed_requests) if w else (0, 0)
 
 
-def _read_txn(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn`` in one read transaction (one snapshot) on a reader connection."""
+def _close_all(conns: list[sqlite3.Connection]) -> None:
+    for conn in conns:
+        conn.close()
+
+
+def _read_txn(conn: sqlite3.Connection, fn: Callable[..., T], args: dict[str, Any]) -> T:
+    """Run ``fn(conn, **args)`` in one read transaction (one snapshot) on a reader connection."""
     try:
         conn.execute("BEGIN")
         try:
-            return fn(conn)
+            return fn(conn, **args)
         finally:
             conn.execute("COMMIT")
     except sqlite3.Error as exc:

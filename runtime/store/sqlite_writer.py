@@ -21,7 +21,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -36,10 +36,15 @@ _STOP = object()
 
 
 class _Request:
-    __slots__ = ("fn", "task", "state", "result", "error")
+    """One write: ``fn(conn, **args)``, the task waiting for it, and how it went."""
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], Any], task: trio.lowlevel.Task) -> None:
+    __slots__ = ("fn", "args", "task", "state", "result", "error")
+
+    def __init__(
+        self, fn: Callable[..., Any], args: dict[str, Any], task: trio.lowlevel.Task | None
+    ) -> None:
         self.fn = fn
+        self.args = args
         self.task = task
         self.state = _PENDING
         self.result: Any = None
@@ -75,11 +80,12 @@ class Writer:
     def start(self) -> None:
         self._thread.start()
 
-    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def submit(self, fn: Callable[..., T], args: dict[str, Any]) -> T:
+        """Run ``fn(conn, **args)`` in the next group commit; its answer once committed."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self._accepting:
             raise StoreError("store is closed")
-        req = _Request(fn, trio.lowlevel.current_task())
+        req = _Request(fn, args, trio.lowlevel.current_task())
 
         def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
             with self._lock:
@@ -94,7 +100,7 @@ class Writer:
         if req.error is not None:
             error, req.error = req.error, None
             raise error
-        return req.result
+        return cast(T, req.result)
 
     async def stop(self) -> None:
         """Finish every request already queued, close the connection, join the thread."""
@@ -148,8 +154,10 @@ class Writer:
             return True
 
     def _wake(self, req: _Request) -> None:
+        task = req.task
+        assert task is not None  # (only InlineWriter's requests have none, and wake no one)
         try:
-            self._token.run_sync_soon(trio.lowlevel.reschedule, req.task)
+            self._token.run_sync_soon(trio.lowlevel.reschedule, task)
         except trio.RunFinishedError:  # pragma: no cover - the store outlived trio.run
             pass
 
@@ -184,7 +192,7 @@ class Writer:
                 conn.execute("BEGIN IMMEDIATE")
             conn.execute("SAVEPOINT request")
             try:
-                req.result = req.fn(conn)
+                req.result = req.fn(conn, **req.args)
             except Exception as exc:
                 req.result, req.error = None, wrap_error(exc)
                 if conn.in_transaction:
@@ -217,11 +225,11 @@ class InlineWriter(Writer):
     def start(self) -> None:
         pass
 
-    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def submit(self, fn: Callable[..., T], args: dict[str, Any]) -> T:
         await trio.lowlevel.checkpoint()
         if not self._accepting:
             raise StoreError("store is closed")
-        req = _Request(fn, None)  # type: ignore[arg-type]
+        req = _Request(fn, args, None)
         req.state = _TAKEN
         try:
             self._transact([req])
@@ -231,7 +239,7 @@ class InlineWriter(Writer):
             req.error = StoreError(f"sqlite: transaction failed: {exc}")
         if req.error is not None:
             raise req.error
-        return req.result
+        return cast(T, req.result)
 
     async def stop(self) -> None:
         if self._accepting:

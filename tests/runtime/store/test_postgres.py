@@ -12,11 +12,16 @@ import trio_asyncio
 
 from tests.runtime.store._support import T0, pg_run
 from turnstile.runtime.errors import StoreError
-from turnstile.runtime.store import SCHEMA_VERSION, open_store
+from turnstile.runtime.store import SCHEMA_VERSION, open_store, ops
 from turnstile.runtime.store.kernel import KERNEL
 from turnstile.runtime.store.postgres import open_postgres_backend
 
 pytestmark = pytest.mark.postgres
+
+
+def _on_postgres(fn) -> ops.Operation:
+    """An operation that runs ``await fn(conn)`` on a pooled connection."""
+    return ops.procedure("test.hold", sqlite=None, postgres=fn, writes=True)
 
 
 async def test_runs_its_own_asyncio_thread(pg_store):
@@ -52,12 +57,12 @@ async def test_a_cancelled_query_gives_its_connection_back(pg_store):
     async with open_postgres_backend(pg_store, [KERNEL], T0, max_size=1) as backend:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(backend.run_read, slow)
+                nursery.start_soon(backend.run, _on_postgres(slow))
                 await trio.to_thread.run_sync(started.wait)
                 scope.cancel()
         assert scope.cancelled_caught
         with trio.fail_after(5):  # the pool has its one connection again (a new one)
-            assert await backend.run_read(quick) == 42
+            assert await backend.run(_on_postgres(quick)) == 42
 
 
 async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_store):
@@ -74,7 +79,7 @@ async def test_an_answer_comes_back_even_when_cancelled_meanwhile(pg_store):
         answers = []
 
         async def caller():
-            answers.append(await backend.run_write(write))
+            answers.append(await backend.run(_on_postgres(write)))
             await trio.lowlevel.checkpoint()
             answers.append("not cancelled")
 
@@ -111,7 +116,7 @@ async def test_a_fire_is_served_before_operations_already_waiting(pg_store):
             answers["fired"] = await store.fire_job("j1", T0, None, input=("job", {"n": 1}))
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.engine.run_write, hold)
+            nursery.start_soon(store.run, _on_postgres(hold))
             await trio.to_thread.run_sync(held.wait)
             nursery.start_soon(enqueue)
             await trio.testing.wait_all_tasks_blocked()  # its request is in before the fire's
@@ -148,7 +153,7 @@ async def test_fires_waiting_for_a_connection_are_served_in_the_order_they_came(
             answers["queued"] = await store.enqueue_input("s1", "user", {"text": "waiting"})
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.engine.run_write, hold)
+            nursery.start_soon(store.run, _on_postgres(hold))
             await trio.to_thread.run_sync(held.wait)
             for job_id in ("j1", "j2"):
                 nursery.start_soon(fire, job_id)

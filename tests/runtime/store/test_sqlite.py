@@ -11,7 +11,17 @@ import trio.lowlevel
 import trio.testing
 
 from turnstile.runtime.errors import AlreadyExists, NotFound, StoreError
-from turnstile.runtime.store import SCHEMA_VERSION, open_store
+from turnstile.runtime.store import SCHEMA_VERSION, open_store, ops
+
+
+def _write(fn) -> ops.Operation:
+    """An operation that runs ``fn(conn)`` in the writer's group commit."""
+    return ops.procedure("test.write", sqlite=fn, postgres=None, writes=True)
+
+
+def _read(fn) -> ops.Operation:
+    """An operation that runs ``fn(conn)`` on a reader connection."""
+    return ops.procedure("test.read", sqlite=fn, postgres=None)
 
 
 def _writer_threads() -> list[threading.Thread]:
@@ -29,11 +39,11 @@ async def test_pragmas(tmp_path):
         return lambda conn: conn.execute(f"PRAGMA {name}").fetchone()[0]
 
     async with open_store(f"sqlite:///{tmp_path}/a.db") as store:
-        assert await store.engine._write(pragma("journal_mode")) == "wal"
-        assert await store.engine._write(pragma("synchronous")) == 2  # FULL
-        assert await store.engine._write(pragma("foreign_keys")) == 1
+        assert await store.run(_write(pragma("journal_mode"))) == "wal"
+        assert await store.run(_write(pragma("synchronous"))) == 2  # FULL
+        assert await store.run(_write(pragma("foreign_keys"))) == 1
     async with open_store(f"sqlite:///{tmp_path}/b.db?synchronous=normal") as store:
-        assert await store.engine._write(pragma("synchronous")) == 1  # NORMAL
+        assert await store.run(_write(pragma("synchronous"))) == 1  # NORMAL
     with pytest.raises(ValueError, match="unknown synchronous setting 'sometimes'"):
         async with open_store(f"sqlite:///{tmp_path}/c.db?synchronous=sometimes"):
             pass
@@ -89,7 +99,7 @@ async def test_cancelled_while_queued_writes_nothing(sq):
         gate.wait(10)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sq.engine._write, blocker)
+        nursery.start_soon(sq.run, _write(blocker))
         await trio.to_thread.run_sync(started.wait)
         with trio.move_on_after(0.05) as scope:
             await sq.enqueue_input("s1", "user", {})
@@ -114,7 +124,7 @@ async def test_cancelled_while_running_still_gets_result(sq):
     async def caller(task_status=trio.TASK_STATUS_IGNORED):
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            seen.append(await sq.engine._write(slow))
+            seen.append(await sq.run(_write(slow)))
             await trio.lowlevel.checkpoint()  # the pending cancellation lands here
             seen.append("not reached")
 
@@ -130,11 +140,11 @@ async def test_cancelled_while_running_still_gets_result(sq):
 
 async def test_sqlite_errors_become_store_errors(sq):
     with pytest.raises(StoreError, match="^sqlite: no such table: nope$"):
-        await sq.engine._write(lambda conn: conn.execute("SELECT * FROM nope"))
+        await sq.run(_write(lambda conn: conn.execute("SELECT * FROM nope")))
     with pytest.raises(StoreError, match="^sqlite: no such table: nope$"):
-        await sq.engine._read(lambda conn: conn.execute("SELECT * FROM nope"))
+        await sq.run(_read(lambda conn: conn.execute("SELECT * FROM nope")))
     with pytest.raises(StoreError, match="readonly"):
-        await sq.engine._read(lambda conn: conn.execute("DELETE FROM sessions"))
+        await sq.run(_read(lambda conn: conn.execute("DELETE FROM sessions")))
 
 
 async def test_close_stops_the_writer_thread(tmp_path):
@@ -156,7 +166,7 @@ async def test_close_finishes_queued_writes(tmp_path):
     async with open_store(url) as store:
         await store.create_session("s1", "ada")
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.engine._write, blocker)
+            nursery.start_soon(store.run, _write(blocker))
             await trio.to_thread.run_sync(started.wait)
             for i in range(20):
                 nursery.start_soon(store.enqueue_input, "s1", "user", {"i": i})

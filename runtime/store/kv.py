@@ -1,0 +1,244 @@
+"""The store's key-value table: small state that belongs to no table of its own.
+
+Watchers (``watchers``) and notification buffers (``notify:<session>``) keep rows here. An item
+whose ``expires_at`` has passed reads as absent and is purged hourly. ``kv_append`` numbers a
+namespace's items without a gap or a repeat however many nodes append at once: a counter row
+under key ``""``, locked by the appending transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.store import _util as u
+from turnstile.runtime.store import ops
+from turnstile.runtime.store.base import StoreBase
+
+__all__ = ["KVMethods"]
+
+#: An item that has not expired at ``:now``.
+_LIVE = " AND (expires_at IS NULL OR expires_at > :now)"
+
+_PUT = ops.Statement(
+    "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+    " VALUES (:namespace, :key, :value::jsonb, :expires_at, :now)"
+    " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+    " expires_at = excluded.expires_at, updated_at = excluded.updated_at",
+    params=("namespace", "key", "value", "expires_at", "now"),
+)
+
+
+def _put_sqlite(
+    conn: sqlite3.Connection, namespace: str, rows: list[tuple[str, str, Any]], now: str
+) -> None:
+    values = [(namespace, key, value, expires, now) for key, value, expires in rows]
+    conn.executemany(_PUT.sqlite, values)
+
+
+async def _put_postgres(
+    conn: Any, namespace: str, rows: list[tuple[str, str, Any]], now: Any
+) -> None:
+    values = [(namespace, key, value, expires, now) for key, value, expires in rows]
+    await conn.executemany(_PUT.postgres, values)
+
+
+#: ``(namespace, rows: [(key, value JSON, expires_at)], now)``: inserted or replaced.
+KV_PUT = ops.execute("kv_put", sqlite=_put_sqlite, postgres=_put_postgres)
+#: ``(namespace, key, now) -> value JSON | None``.
+KV_GET = ops.value(
+    "kv_get", "SELECT value FROM kv WHERE namespace = :namespace AND key = :key" + _LIVE
+)
+_DELETE_ONE = ops.Statement(
+    "DELETE FROM kv WHERE namespace = :namespace AND key = :key", params=("namespace", "key")
+)
+
+
+def _delete_sqlite(conn: sqlite3.Connection, namespace: str, keys: list[str]) -> int:
+    return sum(conn.execute(_DELETE_ONE.sqlite, (namespace, key)).rowcount for key in keys)
+
+
+#: ``(namespace, keys) -> how many existed``.
+KV_DELETE = ops.count(
+    "kv_delete",
+    sqlite=_delete_sqlite,
+    postgres="DELETE FROM kv WHERE namespace = :namespace AND key = ANY(:keys::text[])",
+)
+
+
+def _item(row: Any) -> tuple[str, dict[str, Any]]:
+    return row["key"], u.decode_json(row["value"])
+
+
+#: ``(namespace, after, limit, now) -> [(key, value)]`` in key order.
+KV_LIST = ops.rows(
+    "kv_list",
+    "SELECT key, value FROM kv WHERE namespace = :namespace AND key > :after"
+    + _LIVE
+    + " ORDER BY key LIMIT :limit",
+    decode=_item,
+)
+#: ``(now) -> how many expired items were deleted``.
+KV_PURGE = ops.count(
+    "kv_purge", "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= :now"
+)
+
+_INSERT_ITEM = ops.Statement(
+    "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+    " VALUES (:namespace, :key, :value::jsonb, :expires_at, :now)",
+    params=("namespace", "key", "value", "expires_at", "now"),
+)
+_COUNT_SQLITE = ops.Statement(
+    "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+    " VALUES (:namespace, '', '{\"seq\":1}', NULL, :now)"
+    " ON CONFLICT (namespace, key) DO UPDATE SET updated_at = excluded.updated_at,"
+    " value = json_object('seq', json_extract(kv.value, '$.seq') + 1)"
+    " RETURNING json_extract(value, '$.seq')",
+    params=("namespace", "now"),
+)
+_KEEP_SQLITE = ops.Statement(
+    "DELETE FROM kv WHERE namespace = :namespace AND key IN (SELECT key FROM kv"
+    " WHERE namespace = :namespace AND key <> '' ORDER BY key DESC LIMIT -1 OFFSET :keep)",
+    params=("namespace", "keep"),
+)
+
+
+def _append_sqlite(
+    conn: sqlite3.Connection,
+    namespace: str,
+    value: str,
+    expires: str | None,
+    keep: int | None,
+    now: str,
+) -> int:
+    # One writer at a time (the store's writer thread): the counter needs no lock of its own.
+    (seq,) = conn.execute(_COUNT_SQLITE.sqlite, (namespace, now)).fetchone()
+    conn.execute(_INSERT_ITEM.sqlite, (namespace, f"{seq:020d}", value, expires, now))
+    if keep is not None:
+        conn.execute(_KEEP_SQLITE.sqlite, (namespace, keep))
+    return int(seq)
+
+
+_BUMP_PG = ops.Statement(
+    "UPDATE kv SET value = jsonb_build_object('seq', (value->>'seq')::bigint + 1),"
+    " updated_at = :now WHERE namespace = :namespace AND key = ''"
+    " RETURNING (value->>'seq')::bigint",
+    params=("namespace", "now"),
+)
+_COUNT_PG = ops.Statement(
+    "INSERT INTO kv (namespace, key, value, expires_at, updated_at)"
+    " VALUES (:namespace, '', '{\"seq\": 1}', NULL, :now)"
+    " ON CONFLICT (namespace, key) DO UPDATE SET updated_at = :now,"
+    " value = jsonb_build_object('seq', (kv.value->>'seq')::bigint + 1)"
+    " RETURNING (value->>'seq')::bigint",
+    params=("namespace", "now"),
+)
+_KEEP_PG = ops.Statement(
+    "DELETE FROM kv WHERE namespace = :namespace AND key IN (SELECT key FROM kv"
+    " WHERE namespace = :namespace AND key <> '' ORDER BY key DESC OFFSET :keep)",
+    params=("namespace", "keep"),
+)
+
+
+async def _append_postgres(
+    conn: Any, namespace: str, value: str, expires: Any, keep: int | None, now: Any
+) -> int:
+    # The counter row's lock (its UPDATE, or the INSERT's conflict) orders concurrent appends
+    # until the transaction ends: gapless, never repeated.
+    async with conn.transaction():
+        seq = await conn.fetchval(_BUMP_PG.postgres, namespace, now)
+        if seq is None:
+            seq = await conn.fetchval(_COUNT_PG.postgres, namespace, now)
+        values = (namespace, f"{seq:020d}", value, expires, now)
+        await conn.execute(_INSERT_ITEM.postgres, *values)
+        if keep is not None:
+            await conn.execute(_KEEP_PG.postgres, namespace, keep)
+    return int(seq)
+
+
+#: ``(namespace, value, expires, keep, now) -> the item's number``, one more than the
+#: namespace's last.
+KV_APPEND = ops.value("kv_append", sqlite=_append_sqlite, postgres=_append_postgres, writes=True)
+
+
+class KVMethods(StoreBase):
+    """The store's key-value methods (see :class:`runtime.store.front.Store`)."""
+
+    async def kv_put(
+        self,
+        namespace: str,
+        items: Sequence[tuple[str, dict[str, Any], datetime | None]],
+    ) -> None:
+        """Insert or replace ``(key, value, expires_at)`` items of ``namespace``, in one commit.
+
+        For small state that belongs to no table of its own (watchers, notification buffers):
+        ``value`` is a JSON object; an item whose ``expires_at`` has passed reads as absent.
+        """
+        u.check_text(namespace, "namespace")
+        rows = [
+            (
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                self._optional_time(expires, "expires_at"),
+            )
+            for key, value, expires in items
+        ]
+        if rows:
+            await self.engine.run(KV_PUT, namespace=namespace, rows=rows, now=self._now())
+
+    async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        """The value under ``key``, or None (missing or expired)."""
+        value = await self.engine.run(KV_GET, namespace=namespace, key=key, now=self._now())
+        return u.decode_optional_json(value)  # type: ignore[no-any-return]
+
+    async def kv_delete(self, namespace: str, keys: Sequence[str]) -> int:
+        """Delete ``keys`` of ``namespace``; returns how many existed."""
+        return await self.engine.run(KV_DELETE, namespace=namespace, keys=list(keys))
+
+    async def kv_list(
+        self, namespace: str, *, after_key: str | None = None, limit: int = 1000
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Unexpired ``(key, value)`` pairs of ``namespace`` in key order, after ``after_key``."""
+        return await self.engine.run(
+            KV_LIST, namespace=namespace, after=after_key or "", limit=limit, now=self._now()
+        )
+
+    async def kv_purge_expired(self) -> int:
+        """Delete every expired item; returns how many."""
+        return await self.engine.run(KV_PURGE, now=self._now())
+
+    async def kv_append(
+        self,
+        namespace: str,
+        value: dict[str, Any],
+        *,
+        expires_at: datetime | None = None,
+        keep: int | None = None,
+    ) -> int:
+        """Append ``value`` to ``namespace`` under the next number, in one transaction.
+
+        Numbers are 1, 2, 3, … per namespace, without a gap or a repeat however many writers
+        (nodes) append at once: a counter row (key ``""``, which ``kv_list`` never returns)
+        is incremented and locked by the transaction that stores the item. The item's key is
+        the number, zero-padded to 20 digits, so key order is number order. With ``keep``,
+        only the newest ``keep`` items stay (the oldest are deleted in the same transaction);
+        a reader tells what was dropped or expired from the gaps between the numbers it sees
+        and the counter (``kv_get(namespace, "")`` is ``{"seq": <last number>}``).
+
+        Returns:
+            The item's number.
+        """
+        u.check_text(namespace, "namespace")
+        if keep is not None and keep < 1:
+            raise InvalidArgument("keep must be at least 1", field="keep")
+        return await self.engine.run(
+            KV_APPEND,
+            namespace=namespace,
+            value=u.encode_json(value, "value"),
+            expires=self._optional_time(expires_at, "expires_at"),
+            keep=keep,
+            now=self._now(),
+        )

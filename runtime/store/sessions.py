@@ -1,0 +1,220 @@
+"""The store's sessions: their rows, and the methods that create, read, change and delete them.
+
+Deleting a session removes its inbox, events, jobs and runs (``ON DELETE CASCADE``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from msgspec import UNSET, UnsetType
+
+from turnstile.runtime.errors import AlreadyExists
+from turnstile.runtime.store import _util as u
+from turnstile.runtime.store import ops
+from turnstile.runtime.store.base import StoreBase, ts
+from turnstile.runtime.store.records import Session
+
+__all__ = [
+    "SessionMethods",
+    "fenced_postgres",
+    "fenced_sqlite",
+    "has_session_sqlite",
+    "require_session_postgres",
+    "require_session_sqlite",
+    "session_record",
+]
+
+
+def session_record(row: Any) -> Session:
+    """A ``sessions`` row as a :class:`Session`."""
+    return Session(
+        id=row["id"],
+        owner=row["owner"],
+        metadata=u.decode_json(row["metadata"]),
+        policy=row["policy"],
+        created_at=ts(row["created_at"]),
+        updated_at=ts(row["updated_at"]),
+        last_seq=row["last_seq"],
+    )
+
+
+# -- checks the other areas' operations make inside their transactions --------------------------
+
+_SESSION_EXISTS = ops.Statement("SELECT 1 FROM sessions WHERE id = :id")
+_LEASE_EPOCH = ops.Statement("SELECT lease_epoch FROM sessions WHERE id = :id")
+
+
+def has_session_sqlite(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether the session exists."""
+    return conn.execute(_SESSION_EXISTS.sqlite, (session_id,)).fetchone() is not None
+
+
+def require_session_sqlite(conn: sqlite3.Connection, session_id: str) -> None:
+    """``NotFound`` unless the session exists."""
+    if not has_session_sqlite(conn, session_id):
+        raise u.no_session(session_id)
+
+
+async def require_session_postgres(conn: Any, session_id: str) -> None:
+    """``NotFound`` unless the session exists."""
+    if await conn.fetchval(_SESSION_EXISTS.postgres, session_id) is None:
+        raise u.no_session(session_id)
+
+
+def fenced_sqlite(conn: sqlite3.Connection, session_id: str, fence: int) -> None:
+    """Raise ``Fenced`` when ``session_id``'s lease epoch is no longer ``fence`` (and
+    ``NotFound`` when the session is gone): called after a fenced write matched nothing."""
+    row = conn.execute(_LEASE_EPOCH.sqlite, (session_id,)).fetchone()
+    if row is None:
+        raise u.no_session(session_id)
+    if row[0] != fence:
+        raise u.fenced(session_id, fence, row[0])
+
+
+async def fenced_postgres(conn: Any, session_id: str, fence: int) -> None:
+    """As :func:`fenced_sqlite`."""
+    current = await conn.fetchval(_LEASE_EPOCH.postgres, session_id)
+    if current is None:
+        raise u.no_session(session_id)
+    if current != fence:
+        raise u.fenced(session_id, fence, current)
+
+
+# -- the operations on sessions -----------------------------------------------------------------
+
+#: ``(id, owner, metadata, policy, now)``; None when the id is taken.
+CREATE_SESSION = ops.row(
+    "create_session",
+    "INSERT INTO sessions (id, owner, metadata, policy, created_at, updated_at)"
+    " VALUES (:id, :owner, :metadata::jsonb, :policy, :now, :now)"
+    " ON CONFLICT (id) DO NOTHING RETURNING *",
+    decode=session_record,
+    writes=True,
+)
+GET_SESSION = ops.row("get_session", "SELECT * FROM sessions WHERE id = :id", decode=session_record)
+#: ``(owner, after_id, limit)``, either filter None for none.
+LIST_SESSIONS = ops.rows(
+    "list_sessions",
+    "SELECT * FROM sessions WHERE (:owner::text IS NULL OR owner = :owner)"
+    " AND (:after_id::text IS NULL OR id > :after_id) ORDER BY id LIMIT :limit",
+    decode=session_record,
+)
+#: ``(id, set_metadata, metadata, set_policy, policy, now)``: the columns whose ``set_`` flag
+#: is true take the new value; None when there is no such session.
+UPDATE_SESSION = ops.row(
+    "update_session",
+    "UPDATE sessions SET"
+    " metadata = CASE WHEN :set_metadata THEN :metadata::jsonb ELSE metadata END,"
+    " policy = CASE WHEN :set_policy THEN :policy::text ELSE policy END,"
+    " updated_at = :now WHERE id = :id RETURNING *",
+    decode=session_record,
+    writes=True,
+)
+#: ``(id)``: whether it existed.
+DELETE_SESSION = ops.found(
+    "delete_session", "DELETE FROM sessions WHERE id = :id RETURNING id", writes=True
+)
+
+
+class SessionMethods(StoreBase):
+    """The store's methods on sessions (see :class:`runtime.store.front.Store`)."""
+
+    async def create_session(
+        self,
+        id: str,
+        owner: str,
+        metadata: dict[str, Any] | None = None,
+        policy: str = "enqueue",
+    ) -> Session:
+        """Create a session with an empty inbox and event log.
+
+        Args:
+            id: caller-supplied, non-empty.
+            owner: the user it belongs to.
+            metadata: free-form JSON object (default ``{}``).
+            policy: what to do with input arriving mid-turn.
+
+        Returns:
+            The new session (``last_seq`` 0).
+
+        Raises:
+            AlreadyExists: ``session 'x' already exists``.
+        """
+        u.check_text(id, "id")
+        u.check_text(owner, "owner")
+        u.check_text(policy, "policy")
+        meta = u.encode_json({} if metadata is None else metadata, "metadata")
+        session = await self.engine.run(
+            CREATE_SESSION, id=id, owner=owner, metadata=meta, policy=policy, now=self._now()
+        )
+        if session is None:
+            raise AlreadyExists(f"session {id!r} already exists")
+        return session
+
+    async def get_session(self, id: str) -> Session:
+        """Read one session.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        session = await self.engine.run(GET_SESSION, id=id)
+        if session is None:
+            raise u.no_session(id)
+        return session
+
+    async def list_sessions(
+        self, owner: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Session]:
+        """List sessions ordered by id (byte order), one page at a time.
+
+        Args:
+            owner: only this user's sessions; None for all.
+            limit: at most this many (positive).
+            after_id: keyset pagination - only ids greater than this one.
+
+        Returns:
+            Up to ``limit`` sessions; pass the last one's id as ``after_id`` for the next page.
+        """
+        u.check_limit(limit)
+        return await self.engine.run(LIST_SESSIONS, owner=owner, after_id=after_id, limit=limit)
+
+    async def update_session(
+        self,
+        id: str,
+        *,
+        metadata: dict[str, Any] | UnsetType = UNSET,
+        policy: str | UnsetType = UNSET,
+    ) -> Session:
+        """Replace a session's metadata and/or policy; bumps ``updated_at`` when anything is set.
+
+        Returns:
+            The session as stored after the update.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        if metadata is UNSET and policy is UNSET:
+            return await self.get_session(id)
+        session = await self.engine.run(
+            UPDATE_SESSION,
+            id=id,
+            set_metadata=metadata is not UNSET,
+            metadata=None if metadata is UNSET else u.encode_json(metadata, "metadata"),
+            set_policy=policy is not UNSET,
+            policy=None if policy is UNSET else u.check_text(policy, "policy"),
+            now=self._now(),
+        )
+        if session is None:
+            raise u.no_session(id)
+        return session
+
+    async def delete_session(self, id: str) -> None:
+        """Delete a session with its inbox, events, jobs and their runs.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+        """
+        if not await self.engine.run(DELETE_SESSION, id=id):
+            raise u.no_session(id)
