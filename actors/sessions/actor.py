@@ -16,52 +16,38 @@ User messages that arrive during a turn follow the session's policy:
 * ``interrupt`` — queue it and cancel the running turn, which closes as ``interrupted``.
 * ``inject`` — fold it into the running turn before its next model call.
 
-Every turn that starts ends with a visible closure: a ``stream_end`` event whose ``status`` is
-``completed``, ``empty``, ``failed`` (with a short message; the traceback goes to the inbox
-row's detail, not the transcript), ``stopped`` or ``interrupted``.
-
-A turn decodes its inbox row's payload once, by source (``inputs.decode_input``: a
-``UserMessage``, a ``CronTrigger``, a ``HeartbeatRun``…), and branches on the decoded type. A
-payload that does not decode fails its turn like any other failure (``UNREADABLE_INPUT`` on
-the stream and in history, the decoder's message in the inbox row's and the run's detail); the
-inputs behind it run as usual. The agent still gets the payload as stored.
+Turns themselves are run by the actor's other half, ``runner.TurnRunner``: one runner task
+claims the inbox's inputs oldest first and runs each as a turn, which its input's kind
+(``kinds``, filled by the features) shapes, answers and settles; every turn that starts ends
+with a visible closure.
 
 Events are appended to the session's log in the store, then offered to every attached
 subscriber (``events.EventLog``); the transcript (``history``) is derived from the same log
 (``history``). The rest lives beside this module: the messages (``messages``), what the node
-hands every session (``services``), the turn's context for the agent (``turn``), the typed
-turn inputs (``inputs``), and what a turn started by a job does besides (``scheduled``).
+hands every session (``services``), the turn's context for the agent (``turn``), the input
+kinds (``kinds``) and the sessions' own inputs (``inputs``), the scheduled-turn slots
+(``slots``). This module re-exports the names other modules imported from it before the split.
 
-This module is over 400 lines because the actor's mailbox, inbox and turn runner share its
-state (the running turn, the queue count, the runner flags); it re-exports the names other
-modules imported from it before the split.
+It is over 400 lines because every message the mailbox answers (submit with its policies,
+inject and fold, stop, hand-over, delete) reads and changes the same few fields of the running
+session; splitting them further would pass that state around instead.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import traceback
 from typing import Any
 
-import msgspec
 import trio
 
-from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, TurnInput
+from turnstile.actors.sessions.agents.base import HistoryEntry
 from turnstile.actors.sessions.event_types import (
     InjectedMessage,
-    SessionEvent,
-    SessionSync,
-    StreamEnd,
-    StreamStart,
-    TokenUsage,
     TurnQueued,
 )
 from turnstile.actors.sessions.events import MAX_UNSTORED_EVENTS, EventLog
-from turnstile.actors.sessions.history import history_from_events, input_entry, load_history
+from turnstile.actors.sessions.history import history_from_events, load_history
 from turnstile.actors.sessions.ids import public_id
-from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
-from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.messages import (
     POLICIES,
     Arrived,
@@ -83,6 +69,13 @@ from turnstile.actors.sessions.messages import (
     Submit,
     Wake,
 )
+from turnstile.actors.sessions.runner import (
+    CLOSE_GRACE_SECONDS,
+    CLOSE_TIMEOUT_SECONDS,
+    UNREADABLE_INPUT,
+    TurnRunner,
+    _raw_content,
+)
 from turnstile.actors.sessions.services import (
     SessionLimits,
     SessionServices,
@@ -91,7 +84,7 @@ from turnstile.actors.sessions.services import (
     TurnShaper,
 )
 from turnstile.actors.sessions.slots import TurnSlots
-from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.actors.sessions.turn import Turn
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.errors import (
     Busy,
@@ -107,6 +100,9 @@ from turnstile.runtime.store import InboxItem, Session
 # The names other modules import from here, from before this module was split: kept so that
 # ``from turnstile.actors.sessions.actor import Submit`` and the like go on working.
 __all__ = [
+    "CLOSE_GRACE_SECONDS",
+    "CLOSE_TIMEOUT_SECONDS",
+    "UNREADABLE_INPUT",
     "POLICIES",
     "Policy",
     "MAX_UNSTORED_EVENTS",
@@ -134,19 +130,8 @@ __all__ = [
 
 log = logging.getLogger("turnstile.session")
 
-#: How long closing a turn (its unstored events, final event, inbox state) may take when the
-#: session itself is being cancelled (node shutdown), and otherwise. The closure is shielded
-#: either way; the second bound only guards against a store that stopped answering, since a
-#: closure given up leaves the input ``running`` until the next start-up's recovery.
-CLOSE_GRACE_SECONDS = 5.0
-CLOSE_TIMEOUT_SECONDS = 300.0
 
-#: What a turn whose input's payload does not decode closes with (the stream and history see
-#: this; the decoder's message goes to the inbox row's and the run's detail).
-UNREADABLE_INPUT = "the input's payload could not be read"
-
-
-class SessionActor(Actor):
+class SessionActor(TurnRunner, Actor):
     """One session. Built by the registry from its id; see the module docstring."""
 
     uses_nursery = True
@@ -520,288 +505,6 @@ class SessionActor(Actor):
         self.session = None
         self.ref.stop_nowait()
 
-    # -- the turn runner --
-
-    def _ensure_runner(self) -> None:
-        self.wakeup_pending = True
-        if not self.runner_active and not self.deleting:
-            self.runner_active = True
-            self.runner_done = trio.Event()
-            self.nursery.start_soon(self._drain, name=f"turns of session {self.session_id}")
-
-    async def _drain(self) -> None:
-        """Run queued inputs one at a time, oldest first, until none is left."""
-        try:
-            while not self.deleting and not self.fenced:
-                self.wakeup_pending = False
-                held = await self.slots.for_next()
-                try:
-                    # a node that is draining claims nothing more: what waits is left in the
-                    # inbox for the nodes that stay
-                    if self.deleting or self.fenced or self.services.running.draining:
-                        return
-                    try:
-                        item = await self.services.store.claim_next_input(
-                            self.session_id, fence=self.fence
-                        )
-                    except Fenced as exc:
-                        self._lost_lease(exc)
-                        return
-                    if item is None:
-                        if self.wakeup_pending:
-                            continue  # something was enqueued while we looked
-                        return
-                    self.queued = max(0, self.queued - 1)
-                    scheduled = self.services.input_kinds.scheduled(item.source)
-                    if scheduled and not held:
-                        # A slot was free when we looked, or the queue changed since: the
-                        # input is claimed, so take the slot now (nearly always at once).
-                        held = await self.slots.take()
-                        if self.deleting:
-                            return  # the delete takes the claimed input with the session
-                    elif held and not scheduled:
-                        self.slots.release()
-                        held = False
-                    await self._run_turn(item)
-                finally:
-                    if held:
-                        self.slots.release()
-                if self.queued == 0 and not self.wakeup_pending and self.services.remote is None:
-                    # Nothing was enqueued here since (that counts, and every other way in
-                    # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
-                    # With several nodes another node may have stored one (its announcement
-                    # can be lost), so the store is asked until it has nothing.
-                    return
-        finally:
-            self.runner_active = False
-            self.runner_done.set()
-
-    async def _run_turn(self, item: InboxItem) -> None:
-        self.services.running.started()
-        try:
-            await self._run_turn_counted(item)
-        finally:
-            self.services.running.ended()
-
-    async def _run_turn_counted(self, item: InboxItem) -> None:
-        turn = Turn(item)
-        self.turn = turn
-        self.last_turn_id = item.id
-        started = trio.current_time()
-        #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
-        #: that attach during or after it may have missed its beginning.
-        headless = not self.subscribers
-        host = _TurnHost(self, turn)
-        # The agent gets the payload as stored (less ``content``), never the decoded Struct.
-        payload = {k: v for k, v in item.payload.items() if k != "content"}
-        outcome = TurnOutcome(status="interrupted")
-        kinds = self.services.input_kinds
-        kind = kinds.get(item.source)
-        received: TurnPayload | None = None
-        unreadable: InputPayloadError | None = None
-        try:
-            received = kinds.decode_item(item)
-        except InputPayloadError as exc:
-            unreadable = exc
-        content = received.content if received is not None else _raw_content(item)
-        turn_input = TurnInput(
-            input_id=item.id, source=item.source, content=content, payload=payload
-        )
-        kind_turn: InputTurn | None = None
-        try:
-            kind_turn = await kind.open(item, received)
-            if received is not None:
-                turn_input = kind_turn.shape(turn, turn_input)
-            reruns = (item.detail or {}).get("reruns")  # set by recovery: run again
-            start = StreamStart(
-                input_id=item.id,
-                source=item.source,
-                content=content,
-                rerun=reruns if isinstance(reruns, int) and reruns > 0 else msgspec.UNSET,
-                **kind_turn.start_fields(),
-            )
-            stored = await host.emit(start, durable=False)
-            self._remember(input_entry(stored))
-            history = [] if kind_turn.fresh_history else list(self.history[:-1])
-            context = TurnContext(
-                host, turn, turn_input, history, self.services.tools, self.services.on_usage
-            )
-            if received is None:
-                # A visible failure like any other; the actor and the inputs behind go on.
-                log.warning("turn %s of session %s: %s", item.id, self.session_id, unreadable)
-                outcome = TurnOutcome(
-                    status="failed",
-                    error=UNREADABLE_INPUT,
-                    detail={"payload_error": str(unreadable)},
-                )
-            else:
-                with turn.scope:
-                    try:
-                        text = await kind_turn.respond(
-                            host, context, lambda: self._run_agent(context, turn)
-                        )
-                        outcome = TurnOutcome(status="completed" if text else "empty", text=text)
-                    except AgentError as exc:
-                        outcome = TurnOutcome(status="failed", error=str(exc) or "the agent failed")
-                    except Exception as exc:
-                        log.exception("turn %s of session %s failed", item.id, self.session_id)
-                        outcome = TurnOutcome(
-                            status="failed",
-                            error=f"the agent failed ({type(exc).__name__})",
-                            detail={"exception": "".join(traceback.format_exception(exc))},
-                        )
-            if turn.scope.cancelled_caught:
-                outcome = msgspec.structs.replace(outcome, status=turn.cancel_status)
-        finally:
-            self.turn = None
-            if self.services.on_turn_closed is not None:
-                self.services.on_turn_closed(
-                    outcome.status, trio.current_time() - started, item.source
-                )
-            # A busy store can take seconds to commit what the turn streamed; only a session
-            # that is itself being cancelled cuts its closure short.
-            cancelled = trio.current_effective_deadline() == -math.inf
-            bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
-            with trio.move_on_after(bound, shield=True) as closing:
-                closed = False
-                try:
-                    if kind_turn is not None:
-                        outcome = await kind_turn.settle(host, turn, outcome)
-                    await self._close_turn(turn, outcome)
-                    closed = True
-                except Fenced as exc:  # the new holder's recovery closes this turn
-                    self._lost_lease(exc)
-                if closed and kind_turn is not None:
-                    await kind_turn.closed(outcome)
-                if closed and headless:
-                    # recall.md's finally: a run nobody started watching ends with a
-                    # session_sync, so late observers re-read history and state at once.
-                    # Same fields as the attach-time frame, plus which turn just ended.
-                    sync = SessionSync(
-                        busy=False,
-                        policy=self.session.policy,
-                        queued=self.queued,
-                        input_id=item.id,
-                        status=outcome.status,
-                    )
-                    await self._emit(sync)
-            if closing.cancelled_caught:
-                log.error(
-                    "closing turn %s of session %s took over %g s and was given up; the input "
-                    "stays running until the node's next start-up closes it",
-                    item.id,
-                    self.session_id,
-                    bound,
-                )
-
-    async def _run_agent(self, context: TurnContext, turn: Turn) -> str:
-        """Ask the agent: with the tools, default prompt and history the shaper chose, and the
-        system messages the features add."""
-        self._shape(context, turn)
-        await self._add_context(context)
-        return await self.services.agent.run_turn(context)
-
-    async def _close_turn(self, turn: Turn, outcome: TurnOutcome) -> None:
-        """Close the turn visibly (stream and history) and settle its inbox row."""
-        usage = msgspec.UNSET
-        if turn.usage is not None:
-            prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
-            usage = TokenUsage(
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                total_tokens=prompt + completion,
-            )
-        status, text, error = outcome.status, outcome.text, outcome.error
-        if not outcome.suppressed:
-            end = StreamEnd(
-                input_id=turn.item.id,
-                status=status,
-                text=text,
-                error=msgspec.UNSET if error is None else error,
-                usage=usage,
-            )
-            await self._turn_emit(turn, end)
-            self._remember(
-                HistoryEntry(
-                    role="assistant", content=text if text else (error or ""), status=status
-                )
-            )
-        state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
-            status, "interrupted"
-        )
-        await self.services.store.finish_input(
-            turn.item.id, state, {"status": status, **(outcome.detail or {})}, fence=self.fence
-        )
-        # Injections the agent never took are not lost: they become turns of their own.
-        for entry in turn.injections:
-            await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
-
-    async def _turn_emit(
-        self, turn: Turn, event: SessionEvent, *, durable: bool = True
-    ) -> dict[str, Any]:
-        """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats).
-
-        Returns:
-            the event's payload as stored.
-        """
-        type_, payload = event.stored()
-        await self._turn_emit_stored(turn, type_, payload, durable=durable)
-        return payload
-
-    async def _turn_emit_stored(
-        self, turn: Turn, type_: str, payload: dict[str, Any], *, durable: bool = True
-    ) -> None:
-        """``_turn_emit`` for an event already as stored (the per-token deltas' fast path)."""
-        if turn.buffer is not None:
-            turn.buffer.append((type_, payload))
-        else:
-            await self.events.emit(type_, payload, durable=durable)
-
-    def _shape(self, context: TurnContext, turn: Turn) -> None:
-        """Give the turn the tools, default prompt and history the shaper chose."""
-        shaper = self.services.shaper
-        if shaper is None:
-            return
-        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
-        turn.allowed = shaped.allowed
-        context.tools, context.history = shaped.tools, shaped.history
-        context.input = msgspec.structs.replace(
-            context.input,
-            system_prompt=shaped.system_prompt,
-            context_tokens=shaped.context_tokens,
-        )
-
-    async def _add_context(self, context: TurnContext) -> None:
-        """Give the turn the system messages the features add (``hooks.turn_context``).
-
-        A hook that fails is logged and left out: a feature's trouble costs the turn that
-        message, never the turn itself.
-        """
-        messages: list[str] = []
-        for hook in self.services.turn_context:
-            try:
-                message = await hook(self.session.owner, self.session_id)
-            except Exception:
-                log.exception("turn context for session %s failed", self.session_id)
-                continue
-            if message:
-                messages.append(message)
-        if messages:
-            context.input = msgspec.structs.replace(
-                context.input, system_messages=(*context.input.system_messages, *messages)
-            )
-
-    async def _emit(self, event: SessionEvent, *, durable: bool = True) -> None:
-        """Append an event to the session's log (see ``EventLog.emit``), as the store keeps
-        it: ``(type, payload)``, made once here (``SessionEvent.stored``)."""
-        await self.events.emit(*event.stored(), durable=durable)
-
-    def _remember(self, entry: HistoryEntry) -> None:
-        self.history.append(entry)
-        overflow = len(self.history) - self.services.limits.history_entries
-        if overflow > 0:
-            del self.history[:overflow]
-
 
 def _stored(msg: Submit) -> dict[str, Any]:
     """The payload an input is stored with: its own keys and its ``content``."""
@@ -813,45 +516,3 @@ def _replayed(item: InboxItem) -> Submitted:
     if item.state == "done" and "injected_into" in (item.detail or {}):
         return Submitted(injected=True, replayed=True)
     return Submitted(input_id=item.id, replayed=True)
-
-
-def _raw_content(item: InboxItem) -> str:
-    """The text of an input whose payload does not decode, for its (failed) turn's record."""
-    content = item.payload.get("content")
-    return content if isinstance(content, str) else ""
-
-
-class _TurnHost:
-    """A running turn's session as the turn and its input's kind see it (``turn.TurnHost``):
-    the few things they may do to it, without the actor's private state."""
-
-    __slots__ = ("_session", "_turn", "_mark", "session_id", "owner", "item")
-
-    def __init__(self, session: SessionActor, turn: Turn) -> None:
-        self._session = session
-        self._turn = turn
-        #: Where this turn's history begins (its input's entry is the next one).
-        self._mark = len(session.history)
-        self.session_id = session.session_id
-        self.owner = session.session.owner
-        self.item = turn.item
-
-    async def emit(self, event: SessionEvent, *, durable: bool = True) -> dict[str, Any]:
-        return await self._session._turn_emit(self._turn, event, durable=durable)
-
-    async def emit_stored(
-        self, type_: str, payload: dict[str, Any], *, durable: bool = True
-    ) -> None:
-        await self._session._turn_emit_stored(self._turn, type_, payload, durable=durable)
-
-    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
-        await self._session.events.emit(type_, payload)
-
-    async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:
-        await self._session._enqueue(source, content, payload)
-
-    def forget_turn(self) -> None:
-        del self._session.history[self._mark :]
-
-    def remember(self, entry: HistoryEntry) -> None:
-        self._session._remember(entry)

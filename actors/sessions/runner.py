@@ -1,0 +1,423 @@
+"""The session actor's turn runner: it claims a session's inputs one at a time and runs each
+as a turn.
+
+``TurnRunner`` is the half of ``SessionActor`` that runs turns (the other half, in ``actor``,
+answers the mailbox). A single runner task claims inputs from the inbox oldest first, so turns
+never overlap and keep arrival order; a scheduled input waits for one of the node's
+scheduled-turn slots (``slots``). Each turn decodes its input by source through the node's input
+kinds (``kinds``): the kind of the input's source opens the turn's ``InputTurn``, which shapes the
+agent's input, says what ``stream_start`` carries, answers (the agent, a scheduled tool, another
+channel) and settles the turn; a payload that does not decode fails its turn visibly
+(``UNREADABLE_INPUT``) and the inputs behind it run as usual. The turn and its kind work on the
+session through ``_TurnHost`` (``turn.TurnHost``).
+
+Every turn that starts ends with a visible closure: a ``stream_end`` whose ``status`` is
+``completed``, ``empty``, ``failed`` (with a short message; the traceback goes to the inbox row's
+detail, not the transcript), ``stopped`` or ``interrupted``; then its inbox row is settled.
+
+It is over 400 lines because a turn's run is one sequence (claim, slot, decode, start, answer,
+settle, close) whose failure paths share its locals; it is kept together so that each path's
+closure can be read in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from typing import Any
+
+import msgspec
+import trio
+
+from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, TurnInput
+from turnstile.actors.sessions.event_types import (
+    SessionEvent,
+    SessionSync,
+    StreamEnd,
+    StreamStart,
+    TokenUsage,
+)
+from turnstile.actors.sessions.events import EventLog
+from turnstile.actors.sessions.history import input_entry
+from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
+from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
+from turnstile.actors.sessions.services import SessionServices
+from turnstile.actors.sessions.slots import TurnSlots
+from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.runtime.errors import Fenced
+from turnstile.runtime.gateway.backend import Subscriber
+from turnstile.runtime.store import InboxItem, Session
+
+__all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "TurnRunner"]
+
+log = logging.getLogger("turnstile.session")
+
+#: How long closing a turn (its unstored events, final event, inbox state) may take when the
+#: session itself is being cancelled (node shutdown), and otherwise. The closure is shielded
+#: either way; the second bound only guards against a store that stopped answering, since a
+#: closure given up leaves the input ``running`` until the next start-up's recovery.
+CLOSE_GRACE_SECONDS = 5.0
+CLOSE_TIMEOUT_SECONDS = 300.0
+
+#: What a turn whose input's payload does not decode closes with (the stream and history see
+#: this; the decoder's message goes to the inbox row's and the run's detail).
+UNREADABLE_INPUT = "the input's payload could not be read"
+
+
+class TurnRunner:
+    """The turns of a session: the runner task and one turn's run, start to closure.
+
+    The state below is the session actor's (``SessionActor.__init__`` sets it); it is declared
+    here so that each half is checked against the same attributes.
+    """
+
+    session_id: str
+    services: SessionServices
+    session: Session | None
+    history: list[HistoryEntry]
+    subscribers: set[Subscriber]
+    turn: Turn | None
+    last_turn_id: int | None
+    runner_active: bool
+    runner_done: trio.Event | None
+    wakeup_pending: bool
+    deleting: bool
+    slots: TurnSlots
+    queued: int
+    fence: int | None
+    fenced: bool
+    events: EventLog
+    nursery: trio.Nursery
+
+    def _lost_lease(self, exc: Fenced) -> None:
+        """The session's lease moved to another node (``SessionActor``)."""
+        raise NotImplementedError
+
+    async def _enqueue(
+        self, source: str, content: str, payload: dict[str, Any], key: str | None = None
+    ) -> tuple[InboxItem, bool]:
+        """Store an input to run as a turn (``SessionActor``)."""
+        raise NotImplementedError
+
+    def _ensure_runner(self) -> None:
+        self.wakeup_pending = True
+        if not self.runner_active and not self.deleting:
+            self.runner_active = True
+            self.runner_done = trio.Event()
+            self.nursery.start_soon(self._drain, name=f"turns of session {self.session_id}")
+
+    async def _drain(self) -> None:
+        """Run queued inputs one at a time, oldest first, until none is left."""
+        try:
+            while not self.deleting and not self.fenced:
+                self.wakeup_pending = False
+                held = await self.slots.for_next()
+                try:
+                    # a node that is draining claims nothing more: what waits is left in the
+                    # inbox for the nodes that stay
+                    if self.deleting or self.fenced or self.services.running.draining:
+                        return
+                    try:
+                        item = await self.services.store.claim_next_input(
+                            self.session_id, fence=self.fence
+                        )
+                    except Fenced as exc:
+                        self._lost_lease(exc)
+                        return
+                    if item is None:
+                        if self.wakeup_pending:
+                            continue  # something was enqueued while we looked
+                        return
+                    self.queued = max(0, self.queued - 1)
+                    scheduled = self.services.input_kinds.scheduled(item.source)
+                    if scheduled and not held:
+                        # A slot was free when we looked, or the queue changed since: the
+                        # input is claimed, so take the slot now (nearly always at once).
+                        held = await self.slots.take()
+                        if self.deleting:
+                            return  # the delete takes the claimed input with the session
+                    elif held and not scheduled:
+                        self.slots.release()
+                        held = False
+                    await self._run_turn(item)
+                finally:
+                    if held:
+                        self.slots.release()
+                if self.queued == 0 and not self.wakeup_pending and self.services.remote is None:
+                    # Nothing was enqueued here since (that counts, and every other way in
+                    # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
+                    # With several nodes another node may have stored one (its announcement
+                    # can be lost), so the store is asked until it has nothing.
+                    return
+        finally:
+            self.runner_active = False
+            self.runner_done.set()
+
+    async def _run_turn(self, item: InboxItem) -> None:
+        self.services.running.started()
+        try:
+            await self._run_turn_counted(item)
+        finally:
+            self.services.running.ended()
+
+    async def _run_turn_counted(self, item: InboxItem) -> None:
+        turn = Turn(item)
+        self.turn = turn
+        self.last_turn_id = item.id
+        started = trio.current_time()
+        #: Nobody watched the turn start (a recall, a cron run, an HTTP-only submit): clients
+        #: that attach during or after it may have missed its beginning.
+        headless = not self.subscribers
+        host = _TurnHost(self, turn)
+        # The agent gets the payload as stored (less ``content``), never the decoded Struct.
+        payload = {k: v for k, v in item.payload.items() if k != "content"}
+        outcome = TurnOutcome(status="interrupted")
+        kinds = self.services.input_kinds
+        kind = kinds.get(item.source)
+        received: TurnPayload | None = None
+        unreadable: InputPayloadError | None = None
+        try:
+            received = kinds.decode_item(item)
+        except InputPayloadError as exc:
+            unreadable = exc
+        content = received.content if received is not None else _raw_content(item)
+        turn_input = TurnInput(
+            input_id=item.id, source=item.source, content=content, payload=payload
+        )
+        kind_turn: InputTurn | None = None
+        try:
+            kind_turn = await kind.open(item, received)
+            if received is not None:
+                turn_input = kind_turn.shape(turn, turn_input)
+            reruns = (item.detail or {}).get("reruns")  # set by recovery: run again
+            start = StreamStart(
+                input_id=item.id,
+                source=item.source,
+                content=content,
+                rerun=reruns if isinstance(reruns, int) and reruns > 0 else msgspec.UNSET,
+                **kind_turn.start_fields(),
+            )
+            stored = await host.emit(start, durable=False)
+            self._remember(input_entry(stored))
+            history = [] if kind_turn.fresh_history else list(self.history[:-1])
+            context = TurnContext(
+                host, turn, turn_input, history, self.services.tools, self.services.on_usage
+            )
+            if received is None:
+                # A visible failure like any other; the actor and the inputs behind go on.
+                log.warning("turn %s of session %s: %s", item.id, self.session_id, unreadable)
+                outcome = TurnOutcome(
+                    status="failed",
+                    error=UNREADABLE_INPUT,
+                    detail={"payload_error": str(unreadable)},
+                )
+            else:
+                with turn.scope:
+                    try:
+                        text = await kind_turn.respond(
+                            host, context, lambda: self._run_agent(context, turn)
+                        )
+                        outcome = TurnOutcome(status="completed" if text else "empty", text=text)
+                    except AgentError as exc:
+                        outcome = TurnOutcome(status="failed", error=str(exc) or "the agent failed")
+                    except Exception as exc:
+                        log.exception("turn %s of session %s failed", item.id, self.session_id)
+                        outcome = TurnOutcome(
+                            status="failed",
+                            error=f"the agent failed ({type(exc).__name__})",
+                            detail={"exception": "".join(traceback.format_exception(exc))},
+                        )
+            if turn.scope.cancelled_caught:
+                outcome = msgspec.structs.replace(outcome, status=turn.cancel_status)
+        finally:
+            self.turn = None
+            if self.services.on_turn_closed is not None:
+                self.services.on_turn_closed(
+                    outcome.status, trio.current_time() - started, item.source
+                )
+            # A busy store can take seconds to commit what the turn streamed; only a session
+            # that is itself being cancelled cuts its closure short.
+            cancelled = trio.current_effective_deadline() == -math.inf
+            bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
+            with trio.move_on_after(bound, shield=True) as closing:
+                closed = False
+                try:
+                    if kind_turn is not None:
+                        outcome = await kind_turn.settle(host, turn, outcome)
+                    await self._close_turn(turn, outcome)
+                    closed = True
+                except Fenced as exc:  # the new holder's recovery closes this turn
+                    self._lost_lease(exc)
+                if closed and kind_turn is not None:
+                    await kind_turn.closed(outcome)
+                if closed and headless:
+                    # recall.md's finally: a run nobody started watching ends with a
+                    # session_sync, so late observers re-read history and state at once.
+                    # Same fields as the attach-time frame, plus which turn just ended.
+                    sync = SessionSync(
+                        busy=False,
+                        policy=self.session.policy,
+                        queued=self.queued,
+                        input_id=item.id,
+                        status=outcome.status,
+                    )
+                    await self._emit(sync)
+            if closing.cancelled_caught:
+                log.error(
+                    "closing turn %s of session %s took over %g s and was given up; the input "
+                    "stays running until the node's next start-up closes it",
+                    item.id,
+                    self.session_id,
+                    bound,
+                )
+
+    async def _run_agent(self, context: TurnContext, turn: Turn) -> str:
+        """Ask the agent: with the tools, default prompt and history the shaper chose, and the
+        system messages the features add."""
+        self._shape(context, turn)
+        await self._add_context(context)
+        return await self.services.agent.run_turn(context)
+
+    async def _close_turn(self, turn: Turn, outcome: TurnOutcome) -> None:
+        """Close the turn visibly (stream and history) and settle its inbox row."""
+        usage = msgspec.UNSET
+        if turn.usage is not None:
+            prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
+            usage = TokenUsage(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                total_tokens=prompt + completion,
+            )
+        status, text, error = outcome.status, outcome.text, outcome.error
+        if not outcome.suppressed:
+            end = StreamEnd(
+                input_id=turn.item.id,
+                status=status,
+                text=text,
+                error=msgspec.UNSET if error is None else error,
+                usage=usage,
+            )
+            await self._turn_emit(turn, end)
+            self._remember(
+                HistoryEntry(
+                    role="assistant", content=text if text else (error or ""), status=status
+                )
+            )
+        state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
+            status, "interrupted"
+        )
+        await self.services.store.finish_input(
+            turn.item.id, state, {"status": status, **(outcome.detail or {})}, fence=self.fence
+        )
+        # Injections the agent never took are not lost: they become turns of their own.
+        for entry in turn.injections:
+            await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    async def _turn_emit(
+        self, turn: Turn, event: SessionEvent, *, durable: bool = True
+    ) -> dict[str, Any]:
+        """Emit an event of ``turn``: at once, or held back if the turn buffers (heartbeats).
+
+        Returns:
+            the event's payload as stored.
+        """
+        type_, payload = event.stored()
+        await self._turn_emit_stored(turn, type_, payload, durable=durable)
+        return payload
+
+    async def _turn_emit_stored(
+        self, turn: Turn, type_: str, payload: dict[str, Any], *, durable: bool = True
+    ) -> None:
+        """``_turn_emit`` for an event already as stored (the per-token deltas' fast path)."""
+        if turn.buffer is not None:
+            turn.buffer.append((type_, payload))
+        else:
+            await self.events.emit(type_, payload, durable=durable)
+
+    def _shape(self, context: TurnContext, turn: Turn) -> None:
+        """Give the turn the tools, default prompt and history the shaper chose."""
+        shaper = self.services.shaper
+        if shaper is None:
+            return
+        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
+        turn.allowed = shaped.allowed
+        context.tools, context.history = shaped.tools, shaped.history
+        context.input = msgspec.structs.replace(
+            context.input,
+            system_prompt=shaped.system_prompt,
+            context_tokens=shaped.context_tokens,
+        )
+
+    async def _add_context(self, context: TurnContext) -> None:
+        """Give the turn the system messages the features add (``hooks.turn_context``).
+
+        A hook that fails is logged and left out: a feature's trouble costs the turn that
+        message, never the turn itself.
+        """
+        messages: list[str] = []
+        for hook in self.services.turn_context:
+            try:
+                message = await hook(self.session.owner, self.session_id)
+            except Exception:
+                log.exception("turn context for session %s failed", self.session_id)
+                continue
+            if message:
+                messages.append(message)
+        if messages:
+            context.input = msgspec.structs.replace(
+                context.input, system_messages=(*context.input.system_messages, *messages)
+            )
+
+    async def _emit(self, event: SessionEvent, *, durable: bool = True) -> None:
+        """Append an event to the session's log (see ``EventLog.emit``), as the store keeps
+        it: ``(type, payload)``, made once here (``SessionEvent.stored``)."""
+        await self.events.emit(*event.stored(), durable=durable)
+
+    def _remember(self, entry: HistoryEntry) -> None:
+        self.history.append(entry)
+        overflow = len(self.history) - self.services.limits.history_entries
+        if overflow > 0:
+            del self.history[:overflow]
+
+
+def _raw_content(item: InboxItem) -> str:
+    """The text of an input whose payload does not decode, for its (failed) turn's record."""
+    content = item.payload.get("content")
+    return content if isinstance(content, str) else ""
+
+
+class _TurnHost:
+    """A running turn's session as the turn and its input's kind see it (``turn.TurnHost``):
+    the few things they may do to it, without the actor's private state."""
+
+    __slots__ = ("_session", "_turn", "_mark", "session_id", "owner", "item")
+
+    def __init__(self, session: TurnRunner, turn: Turn) -> None:
+        self._session = session
+        self._turn = turn
+        #: Where this turn's history begins (its input's entry is the next one).
+        self._mark = len(session.history)
+        self.session_id = session.session_id
+        self.owner = session.session.owner
+        self.item = turn.item
+
+    async def emit(self, event: SessionEvent, *, durable: bool = True) -> dict[str, Any]:
+        return await self._session._turn_emit(self._turn, event, durable=durable)
+
+    async def emit_stored(
+        self, type_: str, payload: dict[str, Any], *, durable: bool = True
+    ) -> None:
+        await self._session._turn_emit_stored(self._turn, type_, payload, durable=durable)
+
+    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
+        await self._session.events.emit(type_, payload)
+
+    async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:
+        await self._session._enqueue(source, content, payload)
+
+    def forget_turn(self) -> None:
+        del self._session.history[self._mark :]
+
+    def remember(self, entry: HistoryEntry) -> None:
+        self._session._remember(entry)
