@@ -1,8 +1,10 @@
 """The scheduler: the one owner of time.
 
 Every job lives in the store; the scheduler keeps an in-memory ``TimerWheel`` of when each
-active job is due, rebuilt from the store at start. One task sleeps until the wheel's next
-deadline — no polling ticker, so firing is as precise as trio's clock — and fires what is due.
+active job is due, rebuilt from the store at start. Spawned ``held`` (as the node does, in its
+features' ``start``), it fires nothing until told :class:`Begin` (in their ``open``, once the
+sessions can run what it fires). One task sleeps until the wheel's next deadline — no polling
+ticker, so firing is as precise as trio's clock — and fires what is due.
 
 Firing an occurrence is one store transaction (``Store.fire_job``): compare-and-set the job's
 expected ``next_fire_at``, advance it (or complete the job), write the run record and insert
@@ -86,6 +88,7 @@ __all__ = [
     "SchedulerLimits",
     "JobShare",
     "AddJob",
+    "Begin",
     "CancelJob",
     "RescheduleJob",
     "next_occurrence",
@@ -180,6 +183,12 @@ class RescheduleJob(Message, tag="reschedule_job", kw_only=True):
     job_id: str
     next_fire_at: datetime
     session_id: str | None = None
+
+
+class Begin(Message, tag="begin_scheduler", kw_only=True):
+    """Start firing: the wheel runs (and, with several nodes, the look for jobs to take on).
+    A scheduler spawned ``held`` fires nothing before it; the scheduling feature sends it in
+    its ``open``, once every feature is ready. Answers None; a second one changes nothing."""
 
 
 class CancelJob(Message, tag="cancel_job", kw_only=True):
@@ -336,6 +345,10 @@ class SchedulerActor(Actor):
             session's log when one of its jobs delivers a turn (recalls: ``recall_update``);
             the scheduler itself knows no job kind.
         share: several nodes: which jobs this node fires (:class:`JobShare`); None: all.
+        held: load the jobs at start but fire none until told :class:`Begin` (a node spawns
+            it so in its features' ``start`` and begins it in their ``open``, once the sessions
+            can run what it fires); False: fire from the start (a restarted incarnation of a
+            scheduler that had begun; tests).
     """
 
     uses_nursery = True
@@ -350,8 +363,11 @@ class SchedulerActor(Actor):
         metrics: Metrics | None = None,
         fired_events: Callable[[Job, JobRun], list[SessionEvent]] | None = None,
         share: JobShare | None = None,
+        held: bool = False,
     ) -> None:
         self.share = share
+        self.held = held
+        self._begun = False
         self.store = store
         self.fired_events = fired_events
         self.clock = clock
@@ -396,6 +412,16 @@ class SchedulerActor(Actor):
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
         self._batches = _Batches(self.store, self.nursery)
+        if not self.held:
+            self._begin()
+
+    def _begin(self) -> None:
+        """Start the wheel (and the look for jobs to take on): from now on, what is due fires.
+        Jobs added, cancelled or moved before it are in the wheel already."""
+        if self._begun:
+            return
+        self._begun = True
+        assert self.nursery is not None
         self.nursery.start_soon(self._run, name="scheduler wheel")
         if self.share is not None:
             self.nursery.start_soon(self._take_on, name="scheduler: jobs to take on")
@@ -440,6 +466,8 @@ class SchedulerActor(Actor):
                 return await self._cancel(message)
             case RescheduleJob():
                 return await self._reschedule(message)
+            case Begin():
+                return self._begin()
         raise InvalidArgument(f"scheduler cannot handle {type(message).__name__}")
 
     # -- adding and cancelling --

@@ -71,12 +71,14 @@ from turnstile.actors.watchers.state import (
 )
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
+from turnstile.runtime.codec import Message
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
 from turnstile.runtime.store import Store
 from turnstile.runtime.timerwheel import TimerWheel
 
 __all__ = [
     "STRATEGIES",
+    "BeginChecks",
     "WatcherActor",
     "Watcher",
     "StartWatcher",
@@ -109,6 +111,12 @@ log = logging.getLogger("turnstile.watcher")
 MAX_CONCURRENT_CHECKS = 64
 
 
+class BeginChecks(Message, tag="begin_checks", kw_only=True):
+    """Start checking: the wheel runs. A watcher actor spawned ``held`` runs no check before
+    it; the watchers feature sends it in its ``open``, once every feature is ready. Answers
+    None; a second one changes nothing."""
+
+
 class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
     """Owns every watcher (with several nodes, checks this node's share and reaches the
     others' through the store: ``cluster.py``). See the module docstring.
@@ -126,6 +134,10 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         max_concurrent_checks: checks in flight at once, over every watcher.
         share: several nodes on one store: which watchers this node checks (the node's
             ``Membership``; ``cluster.py``). None: one node, which checks every watcher.
+        held: load the watchers at start but check none until told :class:`BeginChecks` (a
+            node spawns it so in its features' ``start`` and begins it in their ``open``);
+            False: check from the start (a restarted incarnation of an actor that had begun;
+            tests).
     """
 
     uses_nursery = True
@@ -142,8 +154,11 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         max_concurrent_checks: int = MAX_CONCURRENT_CHECKS,
         notify=None,
         share: WatcherShare | None = None,
+        held: bool = False,
     ) -> None:
         self.share = share
+        self.held = held
+        self._begun = False
         self.run_tool = run_tool
         self.publish = publish
         #: ``async (session_id, owner, channel, text, **fields)`` — the notifier, for watchers
@@ -178,8 +193,16 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
             await self._load()
         else:
             await self._cluster_start()
-        self.nursery.start_soon(self._run, name="watcher wheel")
-        self.nursery.start_soon(self._persist_loop, name="watcher persister")
+        self._tasks.start_soon(self._persist_loop, name="watcher persister")
+        if not self.held:
+            self._begin()
+
+    def _begin(self) -> None:
+        """Start the wheel: from now on, due checks run (those of watchers started or resumed
+        before it are in the wheel already)."""
+        if not self._begun:
+            self._begun = True
+            self._tasks.start_soon(self._run, name="watcher wheel")
 
     async def on_stop(self) -> None:
         with trio.move_on_after(5, shield=True):
@@ -196,6 +219,8 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
             if answer is not LOCAL:
                 return answer
         match message:
+            case BeginChecks():
+                return self._begin()
             case StartWatcher():
                 return await self._start(message)
             case StopWatcher():
