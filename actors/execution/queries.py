@@ -1,4 +1,4 @@
-"""The execution feature's queries on ``background_tasks``: ``TableQuery`` objects, one function
+"""The execution feature's queries on ``background_tasks``: store operations, one function
 per backend.
 
 Times are passed in as the store keeps them (``store.db_time``) and come back as aware
@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from turnstile.runtime.store import TableQuery
+from turnstile.runtime.store import ops
 
 __all__ = [
     "CLOSE_LOST",
@@ -146,7 +146,9 @@ async def _start_postgres(conn: Any, *, task: dict[str, Any], keep: int) -> None
 #: ``(task: {id, session_key, owner, tool, args, started_at, node_id, node_epoch}, keep)``:
 #: records a task as ``running`` and forgets the session's finished tasks past the newest
 #: ``keep``.
-START = TableQuery("execution.start", sqlite=_start_sqlite, postgres=_start_postgres)
+START = ops.procedure(
+    "execution.start", sqlite=_start_sqlite, postgres=_start_postgres, writes=True
+)
 
 _FINISH = (
     "UPDATE background_tasks SET state = {state}, result = {result}, finished_at = {now},"
@@ -171,7 +173,9 @@ async def _finish_postgres(
 #: ``(session_key, id, state, result, now) -> bool``: the task ended (its node tells the
 #: session); False when the row is not ``running`` any more (closed as lost by another node,
 #: which told the session) or is gone (the session was deleted).
-FINISH = TableQuery("execution.finish", sqlite=_finish_sqlite, postgres=_finish_postgres)
+FINISH = ops.procedure(
+    "execution.finish", sqlite=_finish_sqlite, postgres=_finish_postgres, writes=True
+)
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -190,7 +194,7 @@ async def _get_postgres(conn: Any, *, session_key: str, id: str) -> StoredTask |
 
 
 #: ``(session_key, id) -> StoredTask | None``: only the session's own task.
-GET = TableQuery("execution.get", sqlite=_get_sqlite, postgres=_get_postgres)
+GET = ops.procedure("execution.get", sqlite=_get_sqlite, postgres=_get_postgres)
 
 _LIST = (
     f"SELECT {_COLUMNS} FROM background_tasks WHERE session_key = {{}}"
@@ -207,7 +211,7 @@ async def _list_postgres(conn: Any, *, session_key: str, limit: int) -> list[Sto
 
 
 #: ``(session_key, limit) -> [StoredTask]``: the session's tasks, newest first.
-LIST = TableQuery("execution.list", sqlite=_list_sqlite, postgres=_list_postgres)
+LIST = ops.procedure("execution.list", sqlite=_list_sqlite, postgres=_list_postgres)
 
 
 # ---- lost tasks ---------------------------------------------------------------------------------
@@ -233,7 +237,7 @@ async def _look_postgres(
 
 #: ``(limit) -> ([(node_id, node_epoch)], [StoredTask])``: the incarnations that run tasks,
 #: and up to ``limit`` lost tasks whose session was not told yet.
-LOOK = TableQuery("execution.look", sqlite=_look_sqlite, postgres=_look_postgres)
+LOOK = ops.procedure("execution.look", sqlite=_look_sqlite, postgres=_look_postgres)
 
 _CLOSE_LOST = (
     "UPDATE background_tasks SET state = 'lost', result = {result}, finished_at = {now}"
@@ -259,8 +263,11 @@ async def _close_lost_postgres(
 #: ``(node_id, node_epoch, result, now) -> [StoredTask]``: closes as ``lost`` (with ``result``)
 #: the tasks that incarnation was running; answers the rows this call closed (none when another
 #: node closed them first).
-CLOSE_LOST = TableQuery(
-    "execution.close_lost", sqlite=_close_lost_sqlite, postgres=_close_lost_postgres
+CLOSE_LOST = ops.procedure(
+    "execution.close_lost",
+    sqlite=_close_lost_sqlite,
+    postgres=_close_lost_postgres,
+    writes=True,
 )
 
 _MARK_TOLD = (
@@ -278,8 +285,11 @@ async def _mark_told_postgres(conn: Any, *, session_key: str, id: str, now: date
 
 
 #: ``(session_key, id, now)``: the session of a lost task was told.
-MARK_TOLD = TableQuery(
-    "execution.mark_told", sqlite=_mark_told_sqlite, postgres=_mark_told_postgres
+MARK_TOLD = ops.procedure(
+    "execution.mark_told",
+    sqlite=_mark_told_sqlite,
+    postgres=_mark_told_postgres,
+    writes=True,
 )
 
 
@@ -294,4 +304,6 @@ async def _drop_postgres(conn: Any, *, session_key: str) -> int:
 
 
 #: ``(session_key) -> rows deleted``: a deleted session's tasks.
-DROP_SESSION = TableQuery("execution.drop_session", sqlite=_drop_sqlite, postgres=_drop_postgres)
+DROP_SESSION = ops.procedure(
+    "execution.drop_session", sqlite=_drop_sqlite, postgres=_drop_postgres, writes=True
+)

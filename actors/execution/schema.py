@@ -15,7 +15,7 @@ tasks' table is a set of its own, ``background_schema.py``).
                request deletes it.
 =============  ===================================================================================
 
-The queries (``TableQuery``, one function per backend) take times already converted with
+The queries (store operations, one function per backend) take times already converted with
 ``store.db_time``.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from turnstile.runtime.store import Migration, MigrationSet, TableQuery
+from turnstile.runtime.store import Migration, MigrationSet, ops
 
 __all__ = [
     "CLOSE",
@@ -122,7 +122,9 @@ async def _request_postgres(conn: Any, **a: Any) -> None:
 #: ``(id, session_id, owner, tool, now, expires_at, node_id, node_epoch, stale_before)``:
 #: records a waiting call of that node incarnation (``node_id`` None: none), and deletes the
 #: rows left without an incarnation, expired before ``stale_before``.
-REQUEST = TableQuery("execution.request", sqlite=_request_sqlite, postgres=_request_postgres)
+REQUEST = ops.procedure(
+    "execution.request", sqlite=_request_sqlite, postgres=_request_postgres, writes=True
+)
 
 # ---- decide: the first answer wins -------------------------------------------------------------
 
@@ -168,7 +170,9 @@ async def _decide_postgres(
 
 #: ``(id, owner, decision, live_after) -> (won, session_id) | None``: records ``decision``
 #: unless one is recorded already (``won`` False); None when ``owner`` has no such approval.
-DECIDE = TableQuery("execution.decide", sqlite=_decide_sqlite, postgres=_decide_postgres)
+DECIDE = ops.procedure(
+    "execution.decide", sqlite=_decide_sqlite, postgres=_decide_postgres, writes=True
+)
 
 # ---- read, close, list -------------------------------------------------------------------------
 
@@ -197,9 +201,11 @@ async def _close_postgres(conn: Any, *, id: str) -> tuple[str | None, str | None
 
 
 #: ``(id) -> (decision, decided_by) | None``: the answer recorded so far (None: no row).
-READ = TableQuery("execution.read", sqlite=_read_sqlite, postgres=_read_postgres)
+READ = ops.procedure("execution.read", sqlite=_read_sqlite, postgres=_read_postgres)
 #: ``(id) -> (decision, decided_by) | None``: deletes the row, answering what it held.
-CLOSE = TableQuery("execution.close", sqlite=_close_sqlite, postgres=_close_postgres)
+CLOSE = ops.procedure(
+    "execution.close", sqlite=_close_sqlite, postgres=_close_postgres, writes=True
+)
 
 _DROP = "DELETE FROM approvals WHERE session_id = {}"
 
@@ -215,7 +221,7 @@ async def _drop_postgres(conn: Any, *, session_id: str) -> int:
 
 #: ``(session_id) -> int``: deletes a deleted session's approvals (their calls, on whichever
 #: node, find their row gone and count it as a denial).
-DROP = TableQuery("execution.drop", sqlite=_drop_sqlite, postgres=_drop_postgres)
+DROP = ops.procedure("execution.drop", sqlite=_drop_sqlite, postgres=_drop_postgres, writes=True)
 
 _PENDING = (
     "SELECT id, tool FROM approvals WHERE session_id = {} AND decision IS NULL"
@@ -236,7 +242,7 @@ async def _pending_postgres(
 
 
 #: ``(session_id, live_after) -> [(id, tool)]``: the session's undecided approvals.
-PENDING = TableQuery("execution.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
+PENDING = ops.procedure("execution.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
 
 # ---- the approvals of ended node incarnations --------------------------------------------------
 
@@ -263,11 +269,16 @@ async def _drop_lost_postgres(conn: Any, *, node_id: str, node_epoch: int) -> li
 
 
 #: ``() -> [(node_id, node_epoch)]``: the node incarnations whose calls wait for approvals.
-LOST_INCARNATIONS = TableQuery(
-    "execution.lost_incarnations", sqlite=_incarnations_sqlite, postgres=_incarnations_postgres
+LOST_INCARNATIONS = ops.procedure(
+    "execution.lost_incarnations",
+    sqlite=_incarnations_sqlite,
+    postgres=_incarnations_postgres,
 )
 #: ``(node_id, node_epoch) -> [(id, session_id)]``: deletes that incarnation's approvals (it
 #: ended: no call waits for them any more), answering which they were.
-DROP_LOST = TableQuery(
-    "execution.drop_lost", sqlite=_drop_lost_sqlite, postgres=_drop_lost_postgres
+DROP_LOST = ops.procedure(
+    "execution.drop_lost",
+    sqlite=_drop_lost_sqlite,
+    postgres=_drop_lost_postgres,
+    writes=True,
 )

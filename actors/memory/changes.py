@@ -57,7 +57,7 @@ from turnstile.actors.memory.notices import CHANNEL
 from turnstile.actors.memory.queries import DELETE_USER, FORGET, SAVE, SET_SUMMARY
 from turnstile.runtime.errors import StoreError
 from turnstile.runtime.gateway.topics import TopicEvent, TopicHead
-from turnstile.runtime.store import Migration, MigrationSet, Store, TableQuery
+from turnstile.runtime.store import Migration, MigrationSet, Store, ops
 
 __all__ = [
     "CHANGES",
@@ -317,7 +317,9 @@ async def _save_postgres(conn: Any, *, keep: int, **args: Any) -> tuple[Any, lis
 
 #: ``queries.SAVE``'s arguments plus ``keep`` -> ``(Fact, [TopicEvent])``: the save and its
 #: events (expired facts it deleted, then ``fact_saved``) in one transaction.
-SAVE_LOGGED = TableQuery("memory.save_logged", sqlite=_save_sqlite, postgres=_save_postgres)
+SAVE_LOGGED = ops.procedure(
+    "memory.save_logged", sqlite=_save_sqlite, postgres=_save_postgres, writes=True
+)
 
 
 _MATCHING = "SELECT DISTINCT category FROM memory_facts WHERE owner = {o} AND key = {k}"
@@ -354,7 +356,9 @@ async def _forget_postgres(
 
 #: ``(owner, key, category, now, keep) -> (deleted, [TopicEvent])``: ``queries.FORGET`` and a
 #: ``fact_forgotten`` per fact it deleted.
-FORGET_LOGGED = TableQuery("memory.forget_logged", sqlite=_forget_sqlite, postgres=_forget_postgres)
+FORGET_LOGGED = ops.procedure(
+    "memory.forget_logged", sqlite=_forget_sqlite, postgres=_forget_postgres, writes=True
+)
 
 
 async def _announce_postgres(conn: Any, announce: str | None) -> None:
@@ -392,8 +396,11 @@ async def _summary_postgres(
 
 #: ``(owner, content, now, keep, announce=None) -> (Summary, [TopicEvent])``:
 #: ``queries.SET_SUMMARY`` and its ``summary_changed`` (and ``announce``, see above).
-SET_SUMMARY_LOGGED = TableQuery(
-    "memory.set_summary_logged", sqlite=_summary_sqlite, postgres=_summary_postgres
+SET_SUMMARY_LOGGED = ops.procedure(
+    "memory.set_summary_logged",
+    sqlite=_summary_sqlite,
+    postgres=_summary_postgres,
+    writes=True,
 )
 
 
@@ -418,8 +425,11 @@ async def _delete_postgres(
 #: ``(owner, now, keep, announce=None) -> (counts, [TopicEvent])``: ``queries.DELETE_USER``,
 #: and the user's log emptied of everything but one ``memory_deleted`` (which holds only the
 #: counts); ``announce`` as above.
-DELETE_USER_LOGGED = TableQuery(
-    "memory.delete_user_logged", sqlite=_delete_sqlite, postgres=_delete_postgres
+DELETE_USER_LOGGED = ops.procedure(
+    "memory.delete_user_logged",
+    sqlite=_delete_sqlite,
+    postgres=_delete_postgres,
+    writes=True,
 )
 
 
@@ -476,11 +486,11 @@ async def _page_postgres(
 
 
 #: ``(owner) -> TopicHead``.
-HEAD = TableQuery("memory.changes_head", sqlite=_head_sqlite, postgres=_head_postgres)
+HEAD = ops.procedure("memory.changes_head", sqlite=_head_sqlite, postgres=_head_postgres)
 #: ``(owner, after_seq, limit) -> [TopicEvent]`` oldest first.
-READ = TableQuery("memory.changes_read", sqlite=_read_sqlite, postgres=_read_postgres)
+READ = ops.procedure("memory.changes_read", sqlite=_read_sqlite, postgres=_read_postgres)
 #: ``(owner, after_seq, limit) -> (TopicHead, [TopicEvent])`` from one snapshot.
-PAGE = TableQuery("memory.changes_page", sqlite=_page_sqlite, postgres=_page_postgres)
+PAGE = ops.procedure("memory.changes_page", sqlite=_page_sqlite, postgres=_page_postgres)
 
 
 # ---- the log as the gateway and the service see it ------------------------------------------
@@ -539,7 +549,7 @@ class ChangeLog:
             else:
                 self._locks[owner] = (lock, holders - 1)
 
-    async def write(self, query: TableQuery, /, **args: Any) -> Any:
+    async def write(self, query: ops.Operation[Any], /, **args: Any) -> Any:
         """Run a ``*_LOGGED`` write for ``args["owner"]`` and publish its events; its first
         answer.
 

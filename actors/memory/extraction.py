@@ -59,7 +59,7 @@ from turnstile.actors.sessions.actor import load_history
 from turnstile.actors.sessions.agents import Agent, OpenAIAgent
 from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, TurnInput, Usage
 from turnstile.runtime.errors import TurnstileError
-from turnstile.runtime.store import Store, TableQuery
+from turnstile.runtime.store import Store, ops
 
 __all__ = [
     "EXTRACTION_PROMPT",
@@ -134,7 +134,7 @@ async def _stale_postgres(conn: Any, *, cutoff: datetime, limit: int) -> list[_S
 
 
 #: ``(cutoff, limit) -> [_Stale]``: sessions idle since before ``cutoff``, not extracted since.
-STALE = TableQuery("memory.stale_sessions", sqlite=_stale_sqlite, postgres=_stale_postgres)
+STALE = ops.procedure("memory.stale_sessions", sqlite=_stale_sqlite, postgres=_stale_postgres)
 
 
 def _done_sqlite(conn: Any, *, session_key: str, at: str) -> None:
@@ -158,7 +158,9 @@ async def _done_postgres(conn: Any, *, session_key: str, at: datetime) -> None:
 
 
 #: ``(session_key, at)``: the session is extracted as of its activity ``at``.
-DONE = TableQuery("memory.extraction_done", sqlite=_done_sqlite, postgres=_done_postgres)
+DONE = ops.procedure(
+    "memory.extraction_done", sqlite=_done_sqlite, postgres=_done_postgres, writes=True
+)
 
 
 def render_transcript(entries: list[HistoryEntry]) -> str:

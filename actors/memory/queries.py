@@ -1,4 +1,4 @@
-"""The memory feature's queries: ``TableQuery`` objects, one function per backend.
+"""The memory feature's queries: store operations (``ops.procedure``), one function per backend.
 
 Every query takes the owner (the user the facts belong to) and filters on it; none takes a
 fact's id, so no id can reach another user's fact. Times are passed in as the store stores
@@ -56,7 +56,7 @@ from turnstile.actors.memory.schema import (
 from turnstile.actors.memory.tokens import fact_tokens, fact_words, owner_tag, query_words
 from turnstile.actors.memory.vector_cache import VectorCache, nearest
 from turnstile.runtime.errors import LimitExceeded
-from turnstile.runtime.store import TableQuery
+from turnstile.runtime.store import ops
 
 __all__ = [
     "DELETE_USER",
@@ -325,7 +325,9 @@ async def _detect_postgres(conn: Any) -> SearchPath:
 
 
 #: ``() -> SearchPath``; on PostgreSQL it first creates what it can (``schema.ENSURE_TRIGRAM``).
-DETECT = TableQuery("memory.detect", sqlite=_detect_sqlite, postgres=_detect_postgres)
+DETECT = ops.procedure(
+    "memory.detect", sqlite=_detect_sqlite, postgres=_detect_postgres, writes=True
+)
 
 
 # ---- facts written before the search tokens (migration 5) ---------------------------------
@@ -344,7 +346,9 @@ async def _unindexed_postgres(conn: Any) -> int:
 
 #: ``() -> int``: how many facts have no search tokens yet (a database from before migration
 #: 5); read through ``schema.UNINDEXED_INDEX``, so nothing to count costs nothing.
-UNINDEXED = TableQuery("memory.unindexed", sqlite=_unindexed_sqlite, postgres=_unindexed_postgres)
+UNINDEXED = ops.procedure(
+    "memory.unindexed", sqlite=_unindexed_sqlite, postgres=_unindexed_postgres
+)
 
 
 def _index_unindexed_sqlite(conn: Any, *, after: int, limit: int) -> tuple[int, int | None]:
@@ -386,8 +390,11 @@ async def _index_unindexed_postgres(conn: Any, *, after: int, limit: int) -> tup
 #: ``(after, limit) -> (done, next_after | None)``: writes the search tokens of up to ``limit``
 #: facts without them, by id after ``after``, in one transaction; ``next_after`` is None when
 #: there are no more (on PostgreSQL the table is then analysed).
-INDEX_UNINDEXED = TableQuery(
-    "memory.index_unindexed", sqlite=_index_unindexed_sqlite, postgres=_index_unindexed_postgres
+INDEX_UNINDEXED = ops.procedure(
+    "memory.index_unindexed",
+    sqlite=_index_unindexed_sqlite,
+    postgres=_index_unindexed_postgres,
+    writes=True,
 )
 
 
@@ -525,7 +532,7 @@ def _full(max_facts: int) -> LimitExceeded:
 #: embedding}, now, max_facts, vector) -> Fact``: insert, or replace the value and metadata
 #: of, ``(owner, category, key)``; the owner's expired facts go first; a new key beyond
 #: ``max_facts`` is refused.
-SAVE = TableQuery("memory.save", sqlite=_save_sqlite, postgres=_save_postgres)
+SAVE = ops.procedure("memory.save", sqlite=_save_sqlite, postgres=_save_postgres, writes=True)
 
 
 # ---- search ---------------------------------------------------------------------------------
@@ -834,7 +841,7 @@ async def _search_postgres(
 
 
 #: ``(owner, query, now, limit, path) -> [Fact]``, best first, expired facts never.
-SEARCH = TableQuery("memory.search", sqlite=_search_sqlite, postgres=_search_postgres)
+SEARCH = ops.procedure("memory.search", sqlite=_search_sqlite, postgres=_search_postgres)
 
 
 # ---- embeddings -----------------------------------------------------------------------------
@@ -892,8 +899,11 @@ async def _vector_setup_postgres(conn: Any, *, dimensions: int | None) -> Vector
 
 #: ``(dimensions | None) -> VectorPath``: on PostgreSQL, creates pgvector if it can, then the
 #: ``vector(dimensions)`` column and its HNSW index (replacing a column of another dimension).
-VECTOR_SETUP = TableQuery(
-    "memory.vector_setup", sqlite=_vector_setup_sqlite, postgres=_vector_setup_postgres
+VECTOR_SETUP = ops.procedure(
+    "memory.vector_setup",
+    sqlite=_vector_setup_sqlite,
+    postgres=_vector_setup_postgres,
+    writes=True,
 )
 
 
@@ -988,8 +998,10 @@ async def _vector_search_postgres(
 
 #: ``(owner, vector, now, limit, max_distance, path) -> [Fact]``: the owner's facts within
 #: ``max_distance`` (cosine) of ``vector``, nearest first, expired never.
-VECTOR_SEARCH = TableQuery(
-    "memory.vector_search", sqlite=_vector_search_sqlite, postgres=_vector_search_postgres
+VECTOR_SEARCH = ops.procedure(
+    "memory.vector_search",
+    sqlite=_vector_search_sqlite,
+    postgres=_vector_search_postgres,
 )
 
 
@@ -1047,8 +1059,10 @@ async def _missing_postgres(
 #: ``(after, limit, dimensions, now, count=False, everything=False) -> [(id, category, key,
 #: value)]`` of every user's unexpired facts without an embedding (of this dimension; with
 #: ``everything``, all of them), by id after ``after``; with ``count=True``, how many.
-MISSING_EMBEDDINGS = TableQuery(
-    "memory.missing_embeddings", sqlite=_missing_sqlite, postgres=_missing_postgres
+MISSING_EMBEDDINGS = ops.procedure(
+    "memory.missing_embeddings",
+    sqlite=_missing_sqlite,
+    postgres=_missing_postgres,
 )
 
 
@@ -1081,8 +1095,11 @@ async def _set_embeddings_postgres(
 
 #: ``(rows=[(id, value, vector)], path) -> updated``: store embeddings computed for facts, unless a
 #: fact's value changed meanwhile (a save then stored its own).
-SET_EMBEDDINGS = TableQuery(
-    "memory.set_embeddings", sqlite=_set_embeddings_sqlite, postgres=_set_embeddings_postgres
+SET_EMBEDDINGS = ops.procedure(
+    "memory.set_embeddings",
+    sqlite=_set_embeddings_sqlite,
+    postgres=_set_embeddings_postgres,
+    writes=True,
 )
 
 
@@ -1113,7 +1130,9 @@ async def _forget_postgres(conn: Any, *, owner: str, key: str, category: str | N
 
 #: ``(owner, key, category=None) -> deleted``: the owner's facts with that key (in that
 #: category, if given).
-FORGET = TableQuery("memory.forget", sqlite=_forget_sqlite, postgres=_forget_postgres)
+FORGET = ops.procedure(
+    "memory.forget", sqlite=_forget_sqlite, postgres=_forget_postgres, writes=True
+)
 
 
 # ---- list -----------------------------------------------------------------------------------
@@ -1208,7 +1227,7 @@ async def _list_postgres(
 #: ``owner=None`` is every user's (admins only: the caller checks). ``search`` is a
 #: case-insensitive substring of category, key or value; ``category`` (optional) keeps that
 #: category's facts only (exact, as saved).
-LIST = TableQuery("memory.list", sqlite=_list_sqlite, postgres=_list_postgres)
+LIST = ops.procedure("memory.list", sqlite=_list_sqlite, postgres=_list_postgres)
 
 
 # ---- summary --------------------------------------------------------------------------------
@@ -1251,12 +1270,17 @@ async def _set_summary_postgres(conn: Any, *, owner: str, content: str, now: dat
 
 
 #: ``(owner) -> Summary | None``.
-GET_SUMMARY = TableQuery(
-    "memory.get_summary", sqlite=_get_summary_sqlite, postgres=_get_summary_postgres
+GET_SUMMARY = ops.procedure(
+    "memory.get_summary",
+    sqlite=_get_summary_sqlite,
+    postgres=_get_summary_postgres,
 )
 #: ``(owner, content, now) -> Summary``: replaces the owner's summary.
-SET_SUMMARY = TableQuery(
-    "memory.set_summary", sqlite=_set_summary_sqlite, postgres=_set_summary_postgres
+SET_SUMMARY = ops.procedure(
+    "memory.set_summary",
+    sqlite=_set_summary_sqlite,
+    postgres=_set_summary_postgres,
+    writes=True,
 )
 
 
@@ -1302,14 +1326,21 @@ async def _end_session_postgres(conn: Any, *, session_key: str) -> None:
 
 
 #: ``(session_key, at)``: the session was processed by extraction at ``at``.
-MARK_EXTRACTED = TableQuery("memory.mark_extracted", sqlite=_mark_sqlite, postgres=_mark_postgres)
+MARK_EXTRACTED = ops.procedure(
+    "memory.mark_extracted", sqlite=_mark_sqlite, postgres=_mark_postgres, writes=True
+)
 #: ``(session_key) -> datetime | None``.
-EXTRACTED_AT = TableQuery(
-    "memory.extracted_at", sqlite=_extracted_sqlite, postgres=_extracted_postgres
+EXTRACTED_AT = ops.procedure(
+    "memory.extracted_at",
+    sqlite=_extracted_sqlite,
+    postgres=_extracted_postgres,
 )
 #: ``(session_key)``: forget a deleted session's extraction state.
-END_SESSION = TableQuery(
-    "memory.end_session", sqlite=_end_session_sqlite, postgres=_end_session_postgres
+END_SESSION = ops.procedure(
+    "memory.end_session",
+    sqlite=_end_session_sqlite,
+    postgres=_end_session_postgres,
+    writes=True,
 )
 
 
@@ -1342,6 +1373,9 @@ async def _delete_user_postgres(conn: Any, *, owner: str) -> dict[str, int]:
 
 #: ``(owner) -> {"facts", "summary", "sessions"}`` rows deleted: everything memory holds about
 #: a user, in one transaction (their sessions' keys are ``<owner>/<name>``).
-DELETE_USER = TableQuery(
-    "memory.delete_user", sqlite=_delete_user_sqlite, postgres=_delete_user_postgres
+DELETE_USER = ops.procedure(
+    "memory.delete_user",
+    sqlite=_delete_user_sqlite,
+    postgres=_delete_user_postgres,
+    writes=True,
 )

@@ -1,5 +1,5 @@
 """The read query behind ``GET /memory/extraction`` that ``queries.py`` does not have: the
-extraction state of sessions. A ``TableQuery``, one function per backend, as in
+extraction state of sessions. A store operation, one function per backend, as in
 ``queries.py``; kept in a module of its own so the search queries there can change apart.
 
 Extraction state. A session is *due* when the extraction sweep (``extraction.py``) would take
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from turnstile.runtime.store import TableQuery
+from turnstile.runtime.store import ops
 
 __all__ = ["EXTRACTION_STATE", "SessionState"]
 
@@ -102,6 +102,8 @@ async def _state_postgres(
 #: ``after`` (None: from the start), ``owner``'s only unless None (admins: the caller checks);
 #: ``due=True`` only those the sweep would take at ``cutoff`` (``now - stale_after``),
 #: ``due=False`` only the others.
-EXTRACTION_STATE = TableQuery(
-    "memory.extraction_state", sqlite=_state_sqlite, postgres=_state_postgres
+EXTRACTION_STATE = ops.procedure(
+    "memory.extraction_state",
+    sqlite=_state_sqlite,
+    postgres=_state_postgres,
 )

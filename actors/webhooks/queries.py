@@ -1,4 +1,4 @@
-"""The webhooks feature's queries: ``TableQuery`` objects, one function per backend.
+"""The webhooks feature's queries: store operations (``ops.procedure``), one function per backend.
 
 Times are passed in as the store keeps them (``store.db_time``), so every "now" follows the
 node's clock; they come back as aware datetimes. JSON columns go in and come out as text
@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from turnstile.runtime.errors import LimitExceeded
-from turnstile.runtime.store import TableQuery
+from turnstile.runtime.store import ops
 
 __all__ = [
     "BIND",
@@ -220,7 +220,9 @@ async def _record_postgres(
 #: ``(delivery, lookup, fallback, now) -> [(session_key, owner)] | None``: records the delivery
 #: with its targets (the sessions bound to any ``lookup`` key, else ``fallback``); None when
 #: that id is already recorded (a redelivery: nothing is written).
-RECORD = TableQuery("webhooks.record", sqlite=_record_sqlite, postgres=_record_postgres)
+RECORD = ops.procedure(
+    "webhooks.record", sqlite=_record_sqlite, postgres=_record_postgres, writes=True
+)
 
 
 # ---- deliver: claim, settle, release, pending --------------------------------------------------
@@ -280,7 +282,7 @@ async def _claim_postgres(
 
 #: ``(delivery_id, session_key, now, until) -> Claimed | None``: takes the target for one
 #: attempt (a lease until ``until``), unless it is settled or another deliverer holds it.
-CLAIM = TableQuery("webhooks.claim", sqlite=_claim_sqlite, postgres=_claim_postgres)
+CLAIM = ops.procedure("webhooks.claim", sqlite=_claim_sqlite, postgres=_claim_postgres, writes=True)
 
 _SETTLE = (
     "UPDATE webhook_targets SET state = {state}, input_id = {input_id}, error = {error},"
@@ -318,7 +320,9 @@ async def _settle_postgres(conn: Any, **args: Any) -> int:
 
 #: ``(delivery_id, session_key, state, input_id, error, now) -> rows``: ``delivered`` (with the
 #: inbox row) or ``dropped`` (the session is gone); only an ``accepted`` target moves.
-SETTLE = TableQuery("webhooks.settle", sqlite=_settle_sqlite, postgres=_settle_postgres)
+SETTLE = ops.procedure(
+    "webhooks.settle", sqlite=_settle_sqlite, postgres=_settle_postgres, writes=True
+)
 
 _RELEASE = (
     "UPDATE webhook_targets SET claimed_until = {retry_at}, error = {error}, updated_at = {now}"
@@ -346,7 +350,9 @@ async def _release_postgres(conn: Any, **args: Any) -> None:
 
 #: ``(delivery_id, session_key, error, now, retry_at)``: an attempt failed (a full queue…); the
 #: target stays ``accepted`` and is not tried again before ``retry_at``.
-RELEASE = TableQuery("webhooks.release", sqlite=_release_sqlite, postgres=_release_postgres)
+RELEASE = ops.procedure(
+    "webhooks.release", sqlite=_release_sqlite, postgres=_release_postgres, writes=True
+)
 
 _PENDING = (
     "SELECT delivery_id, session_key FROM webhook_targets WHERE state = 'accepted'"
@@ -365,7 +371,7 @@ async def _pending_postgres(conn: Any, *, now: datetime, limit: int) -> list[tup
 
 
 #: ``(now, limit) -> [(delivery_id, session_key)]``: targets not yet delivered that nobody holds.
-PENDING = TableQuery("webhooks.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
+PENDING = ops.procedure("webhooks.pending", sqlite=_pending_sqlite, postgres=_pending_postgres)
 
 _TARGETS = (
     "SELECT delivery_id, session_key, owner, state, input_id, attempts, error"
@@ -382,7 +388,7 @@ async def _targets_postgres(conn: Any, *, delivery_id: str) -> list[Target]:
 
 
 #: ``(delivery_id) -> [Target]``: where a delivery went.
-TARGETS = TableQuery("webhooks.targets", sqlite=_targets_sqlite, postgres=_targets_postgres)
+TARGETS = ops.procedure("webhooks.targets", sqlite=_targets_sqlite, postgres=_targets_postgres)
 
 
 # ---- deliveries, as a person reads them ---------------------------------------------------------
@@ -431,8 +437,10 @@ async def _deliveries_postgres(conn: Any, *, owner: str | None, limit: int) -> l
 
 #: ``(owner, limit) -> [Recorded]``, newest first, each with its targets; ``owner=None`` lists
 #: everyone's (admins), else only the owner's deliveries and, of each, the owner's targets.
-DELIVERIES = TableQuery(
-    "webhooks.deliveries", sqlite=_deliveries_sqlite, postgres=_deliveries_postgres
+DELIVERIES = ops.procedure(
+    "webhooks.deliveries",
+    sqlite=_deliveries_sqlite,
+    postgres=_deliveries_postgres,
 )
 
 
@@ -507,7 +515,7 @@ async def _bind_postgres(
 
 #: ``(owner, session_key, source, via, now, limit) -> (Binding, created)``; binding an already
 #: bound source answers the existing binding. Raises ``LimitExceeded`` past ``limit``.
-BIND = TableQuery("webhooks.bind", sqlite=_bind_sqlite, postgres=_bind_postgres)
+BIND = ops.procedure("webhooks.bind", sqlite=_bind_sqlite, postgres=_bind_postgres, writes=True)
 
 
 def _unbind_sqlite(conn: Any, *, session_key: str, source: str) -> int:
@@ -527,7 +535,9 @@ async def _unbind_postgres(conn: Any, *, session_key: str, source: str) -> int:
 
 
 #: ``(session_key, source) -> rows deleted``.
-UNBIND = TableQuery("webhooks.unbind", sqlite=_unbind_sqlite, postgres=_unbind_postgres)
+UNBIND = ops.procedure(
+    "webhooks.unbind", sqlite=_unbind_sqlite, postgres=_unbind_postgres, writes=True
+)
 
 
 def _bindings_sqlite(conn: Any, *, session_key: str) -> list[Binding]:
@@ -549,7 +559,7 @@ async def _bindings_postgres(conn: Any, *, session_key: str) -> list[Binding]:
 
 
 #: ``(session_key) -> [Binding]``, by source.
-BINDINGS = TableQuery("webhooks.bindings", sqlite=_bindings_sqlite, postgres=_bindings_postgres)
+BINDINGS = ops.procedure("webhooks.bindings", sqlite=_bindings_sqlite, postgres=_bindings_postgres)
 
 
 def _end_sqlite(conn: Any, *, session_key: str, now: str) -> None:
@@ -573,7 +583,9 @@ async def _end_postgres(conn: Any, *, session_key: str, now: datetime) -> None:
 
 
 #: ``(session_key, now)``: a deleted session's bindings go, its undelivered targets are dropped.
-END_SESSION = TableQuery("webhooks.end_session", sqlite=_end_sqlite, postgres=_end_postgres)
+END_SESSION = ops.procedure(
+    "webhooks.end_session", sqlite=_end_sqlite, postgres=_end_postgres, writes=True
+)
 
 
 # ---- unrouted, pruning -------------------------------------------------------------------------
@@ -616,7 +628,7 @@ async def _unrouted_postgres(conn: Any, *, owner: str | None, limit: int) -> lis
 
 
 #: ``(owner, limit) -> [Unrouted]``, newest first; ``owner=None`` lists everyone's (admins).
-UNROUTED = TableQuery("webhooks.unrouted", sqlite=_unrouted_sqlite, postgres=_unrouted_postgres)
+UNROUTED = ops.procedure("webhooks.unrouted", sqlite=_unrouted_sqlite, postgres=_unrouted_postgres)
 
 
 def _prune_sqlite(conn: Any, *, before: str) -> int:
@@ -630,4 +642,4 @@ async def _prune_postgres(conn: Any, *, before: datetime) -> int:
 
 #: ``(before) -> deliveries deleted`` (their targets with them): the end of the idempotency
 #: window; a delivery redelivered after it is new again.
-PRUNE = TableQuery("webhooks.prune", sqlite=_prune_sqlite, postgres=_prune_postgres)
+PRUNE = ops.procedure("webhooks.prune", sqlite=_prune_sqlite, postgres=_prune_postgres, writes=True)

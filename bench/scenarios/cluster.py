@@ -35,7 +35,7 @@ import trio
 
 from bench.harness import Measure, ScenarioResult
 from bench.pgschema import PostgresUnavailable, temporary_schema
-from turnstile.runtime.store import Store, TableQuery, open_store
+from turnstile.runtime.store import Store, open_store, ops
 
 TOKEN = "bench-cluster-token-0123456789"
 LEASE = 2.0
@@ -94,7 +94,7 @@ def _no_sqlite(conn, **args):
     raise NotImplementedError("the cluster scenario runs on PostgreSQL")
 
 
-_SQL = TableQuery("bench.cluster.sql", sqlite=_no_sqlite, postgres=_run_sql)
+_SQL = ops.procedure("bench.cluster.sql", sqlite=_no_sqlite, postgres=_run_sql, writes=True)
 
 
 class _Reader:

@@ -65,7 +65,7 @@ from turnstile.actors.memory.schema import MEMORY, VECTOR_INDEX
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.settings import EmbeddingsConfig, MemoryConfig
 from turnstile.runtime.clock import SystemClock
-from turnstile.runtime.store import TableQuery, open_store
+from turnstile.runtime.store import open_store, ops
 
 WRITERS = 64
 #: facts saved one by one through ``Memory.save`` (the rest is bulk-loaded), and saves timed
@@ -131,7 +131,7 @@ async def _like_postgres(conn, owner: str, word: str, limit: int):
     return [tuple(r) for r in rows[:limit]]
 
 
-LIKE = TableQuery("bench.like", sqlite=_like_sqlite, postgres=_like_postgres)
+LIKE = ops.procedure("bench.like", sqlite=_like_sqlite, postgres=_like_postgres)
 
 
 _BULK_COLUMNS = (
@@ -189,7 +189,7 @@ async def _bulk_postgres(conn, *, rows: list, vectors: list | None, now, schema:
 #: Rows straight into ``memory_facts`` (what a migration or import would do), for the sizes
 #: ``Memory.save`` one by one would take many minutes to reach; the triggers and indexes see
 #: every row as they would a save's.
-BULK = TableQuery("bench.bulk", sqlite=_bulk_sqlite, postgres=_bulk_postgres)
+BULK = ops.procedure("bench.bulk", sqlite=_bulk_sqlite, postgres=_bulk_postgres, writes=True)
 BULK_BATCH = 20_000
 
 
@@ -523,7 +523,9 @@ async def _drop_hnsw_postgres(conn) -> None:
     await conn.execute(f"DROP INDEX IF EXISTS {VECTOR_INDEX}")
 
 
-_DROP_HNSW = TableQuery("bench.drop_hnsw", sqlite=lambda conn: None, postgres=_drop_hnsw_postgres)
+_DROP_HNSW = ops.procedure(
+    "bench.drop_hnsw", sqlite=lambda conn: None, postgres=_drop_hnsw_postgres, writes=True
+)
 
 
 async def _vectors(sqlite_url: str, pg, n: int) -> dict[str, dict]:

@@ -18,7 +18,7 @@ from tests.support.pgvector import pgvector_server
 from turnstile.actors.memory.queries import VECTOR_INDEX, VECTOR_SEARCH, VECTOR_SETUP
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.runtime.clock import SystemClock
-from turnstile.runtime.store import TableQuery, open_store
+from turnstile.runtime.store import open_store, ops
 
 DIMENSIONS = 16
 LIMIT = 15
@@ -57,8 +57,8 @@ async def _analyze(conn) -> None:
     await conn.execute("ANALYZE memory_facts")  # the planner knows who holds many facts
 
 
-LOAD = TableQuery("test.load", sqlite=None, postgres=_load)
-ANALYZE = TableQuery("test.analyze", sqlite=None, postgres=_analyze)
+LOAD = ops.procedure("test.load", sqlite=None, postgres=_load, writes=True)
+ANALYZE = ops.procedure("test.analyze", sqlite=None, postgres=_analyze, writes=True)
 
 
 @pytest.mark.parametrize("analyzed", [True, False], ids=["with-statistics", "without"])

@@ -28,7 +28,7 @@ from turnstile.actors.memory.tokens import (
     words,
 )
 from turnstile.runtime.errors import StoreError
-from turnstile.runtime.store import MigrationSet, TableQuery, open_store
+from turnstile.runtime.store import MigrationSet, open_store, ops
 
 T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
 #: two owners whose tags collide (the first 8 hex digits of their SHA-256 are c29dbc05)
@@ -195,7 +195,7 @@ def _lists_sqlite_sync(conn, *, token: str) -> list[str]:
 
 
 #: ``(token) -> [owner]``: whose facts the index lists under one token
-INDEX_LIST = TableQuery("test.index_list", sqlite=_lists_sqlite_sync, postgres=_lists_postgres)
+INDEX_LIST = ops.procedure("test.index_list", sqlite=_lists_sqlite_sync, postgres=_lists_postgres)
 
 
 async def test_a_search_reads_only_its_users_lists(store_url):
@@ -259,7 +259,7 @@ async def _check_postgres(conn) -> list[tuple[str, str]]:
 
 #: ``() -> [(owner, key)]`` of facts whose tokens do not say what their text says (SQLite:
 #: after FTS5's own integrity check of the index against them)
-STALE = TableQuery("test.stale", sqlite=_check_sqlite, postgres=_check_postgres)
+STALE = ops.procedure("test.stale", sqlite=_check_sqlite, postgres=_check_postgres, writes=True)
 
 
 async def test_updates_and_deletes_keep_the_index_in_step(store_url):
@@ -307,7 +307,9 @@ async def _old_rows_postgres(conn, *, rows: list[tuple[str, str, str, str]], now
     )
 
 
-OLD_ROWS = TableQuery("test.old_rows", sqlite=_old_rows_sqlite, postgres=_old_rows_postgres)
+OLD_ROWS = ops.procedure(
+    "test.old_rows", sqlite=_old_rows_sqlite, postgres=_old_rows_postgres, writes=True
+)
 
 
 async def test_an_old_database_upgrades_and_searches_meanwhile(store_url, caplog):
