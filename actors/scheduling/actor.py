@@ -43,28 +43,38 @@ them do not stampede the sessions. ``max_runs`` completes a job after that many 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import trio
-from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
 from turnstile.actors.scheduling.events import JobUpdate
+from turnstile.actors.scheduling.firing import (
+    FireBatches,
+    JobEntry,
+    JobShare,
+    occurrence_content,
+    occurrence_jitter,
+)
+from turnstile.actors.scheduling.messages import (
+    MISFIRE_POLICIES,
+    AddJob,
+    Begin,
+    CancelJob,
+    RescheduleJob,
+    SchedulerLimits,
+    validate_spec,
+)
 from turnstile.actors.scheduling.spec import (
-    ActiveHours,
     JobSpec,
     JobSpecError,
-    MisfirePolicy,
-    RecallSpec,
     Schedule,
     first_occurrence,
     in_active_hours,
@@ -75,11 +85,10 @@ from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
-from turnstile.runtime.codec import Message
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import FireRequest, FireResult, Job, JobRun, Store
-from turnstile.runtime.timerwheel import TimerHandle, TimerWheel
+from turnstile.runtime.timerwheel import TimerWheel
 
 __all__ = [
     "MISFIRE_POLICIES",
@@ -97,7 +106,6 @@ __all__ = [
 
 log = logging.getLogger("turnstile.scheduler")
 
-MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("coalesce", "skip", "catch_up")
 #: At most this many missed occurrences are delivered by ``catch_up``.
 MAX_CATCH_UP = 10
 #: At most this many missed occurrences are recorded one by one (the rest as a count).
@@ -107,228 +115,9 @@ MAX_CONCURRENT_FIRES = 1024
 #: How many of them may be fires of their own (``Store.fire_job``: extra runs, skips, what a
 #: batch did not fire) at once: each is a statement or a transaction of its own.
 MAX_SOLO_FIRES = 64
-#: At most this many occurrences are fired in one ``Store.fire_jobs`` (PostgreSQL, sequential
-#: statements: 1 occurrence 0.8 ms, 50 in 6 ms, 200 in 29 ms, which is more per occurrence).
-MAX_BATCH = 100
-#: At most this many batches are in flight at once; the fires that come meanwhile wait and
-#: make the next batch (so the busier the store, the fuller the batches). With 2, fires at a
-#: steady 1,000/s queued behind them (the connections the store has work in parallel).
-MAX_BATCHES_IN_FLIGHT = 8
 #: jobs read per look for jobs to take on (several nodes): every node reads the due ones of
 #: all nodes, oldest first, so a backlog of others' jobs must not hide its own
 _TAKE_ON_PAGE = 10_000
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """Bounds on scheduling.
-
-    Attributes:
-        max_jobs_per_session: active and paused jobs one session may have.
-        min_interval_seconds: the shortest recurrence allowed.
-        max_prompt_chars: the longest prompt a job may carry.
-        restart_rate: overdue jobs fired per second after a restart.
-    """
-
-    max_jobs_per_session: int = 100
-    min_interval_seconds: float = 60.0
-    max_prompt_chars: int = 8000
-    restart_rate: float = 500.0
-
-
-class AddJob(Message, tag="add_job", kw_only=True):
-    """Create a job and index it. Answers the stored ``Job``.
-
-    Every ``JobSpec`` field is a field here too, under the same name, with the same meaning
-    (see ``JobSpec``); the stored spec is built from them. The others say where and how:
-
-    Attributes:
-        session_id: the session its turns go to.
-        kind: what sort of job (``"once"``, ``"cron"``, ``"recall"``…); the scheduler runs
-            every kind alike.
-        job_id: the job's id; default a random one.
-        immediate: fire at once (the first occurrence is now), whatever the schedule says.
-    """
-
-    session_id: str
-    kind: str
-    schedule: Schedule
-    deliver: dict[str, Any]
-    label: str = ""
-    misfire: str = "coalesce"
-    misfire_grace_seconds: float = 60.0
-    max_runs: int = 0
-    jitter_seconds: float = 0.0
-    job_id: str | None = None
-    immediate: bool = False
-    instructions: str | UnsetType = UNSET
-    heartbeat_of: str | UnsetType = UNSET
-    active_hours: ActiveHours | None | UnsetType = UNSET
-    recall: RecallSpec | UnsetType = UNSET
-    understood: str | UnsetType = UNSET
-    reference: str | UnsetType = UNSET
-    prompt_name: str | UnsetType = UNSET
-    prompt_version: int | UnsetType = UNSET
-    prompt_sha256: str | UnsetType = UNSET
-    prompt_text: str | UnsetType = UNSET
-
-    def spec(self) -> JobSpec:
-        """The spec to store: this message's ``JobSpec`` fields."""
-        return JobSpec(**{name: getattr(self, name) for name in JobSpec.__struct_fields__})
-
-
-class RescheduleJob(Message, tag="reschedule_job", kw_only=True):
-    """Move an active job's next occurrence; answers the stored ``Job``."""
-
-    job_id: str
-    next_fire_at: datetime
-    session_id: str | None = None
-
-
-class Begin(Message, tag="begin_scheduler", kw_only=True):
-    """Start firing: the wheel runs (and, with several nodes, the look for jobs to take on).
-    A scheduler spawned ``held`` fires nothing before it; the scheduling feature sends it in
-    its ``open``, once every feature is ready. Answers None; a second one changes nothing."""
-
-
-class CancelJob(Message, tag="cancel_job", kw_only=True):
-    """Cancel a job; answers the stored ``Job``. ``session_id`` must own it when given."""
-
-    job_id: str
-    session_id: str | None = None
-
-
-def _content(job_id: str, spec: JobSpec) -> str:
-    """What the session's turn is given when the job fires."""
-    action = spec.action_type or "llm_prompt"
-    prompt = spec.prompt
-    head = f"job_id={job_id}" + (f" label={spec.label}" if spec.label else "")
-    if action == "notification":
-        return f"[SCHEDULED NOTIFICATION] {head}\n{prompt}"
-    if action == "tool_call":
-        return f"[SCHEDULED TOOL CALL] {head} tool={spec.tool_name}"
-    if action == "heartbeat":
-        return f"[HEARTBEAT] job_id={job_id}\n{prompt}"
-    return prompt
-
-
-def _jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
-    if seconds <= 0:
-        return 0.0
-    digest = hashlib.blake2b(f"{job_id}@{occurrence.isoformat()}".encode(), digest_size=8)
-    return seconds * int.from_bytes(digest.digest(), "big") / 2**64
-
-
-class _Entry:
-    """An indexed job: the latest ``Job`` row, its spec decoded once, its timer."""
-
-    __slots__ = ("job", "spec", "_cron", "handle")
-
-    def __init__(self, job: Job, spec: JobSpec) -> None:
-        self.job = job
-        self.spec = spec
-        self._cron: CronSchedule | None = None
-        self.handle: TimerHandle | None = None
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.spec.schedule
-
-    @property
-    def cron(self) -> CronSchedule | None:
-        """The job's own cron evaluator, built at its first fire: a reload takes the next fire
-        time from the store and need not parse 100k expressions up front."""
-        if self._cron is None and self.schedule.type == "cron":
-            self._cron = CronSchedule(self.schedule.cron, self.schedule.timezone)
-        return self._cron
-
-
-class _Waiting:
-    """One occurrence waiting in :class:`_Batches` for its batch's answer."""
-
-    __slots__ = ("request", "done", "result")
-
-    def __init__(self, request: FireRequest) -> None:
-        self.request = request
-        self.done = trio.Event()
-        self.result: FireResult | None = None
-
-
-class _Batches:
-    """Fires the occurrences that come together with one ``Store.fire_jobs`` per batch.
-
-    The first occurrence to come starts a sender task, which takes what has come by the time it
-    runs: every fire started in the same pass of trio's run loop as that first one (the wheel
-    starts all those due at one instant together). A sender sends batch after batch while
-    occurrences wait; a second one starts when a batch leaves some behind, or when one comes
-    while every sender is sending, up to ``MAX_BATCHES_IN_FLIGHT``; what comes while that many
-    are in flight waits for the next batch. A batch that fails (the store raised) answers None
-    for each of its occurrences, like one that did not fire them: they are then fired alone.
-    """
-
-    def __init__(self, store: Store, nursery: trio.Nursery) -> None:
-        self._store = store
-        self._nursery = nursery
-        self._queue: list[_Waiting] = []
-        self._senders = 0  # sender tasks started and not ended
-        self._starting = False  # one of them has not yet taken its first batch
-
-    async def fire(self, request: FireRequest) -> FireResult | None:
-        """Fire ``request`` in the next batch: what ``fire_jobs`` answered for it."""
-        waiting = _Waiting(request)
-        self._queue.append(waiting)
-        self._start_sender()
-        await waiting.done.wait()
-        return waiting.result
-
-    def _start_sender(self) -> None:
-        if not self._starting and self._senders < MAX_BATCHES_IN_FLIGHT:
-            self._starting = True
-            self._senders += 1
-            self._nursery.start_soon(self._send, name="scheduler: fire batches")
-
-    async def _send(self) -> None:
-        self._starting = False
-        try:
-            while self._queue:
-                batch = self._queue[:MAX_BATCH]
-                del self._queue[:MAX_BATCH]
-                if self._queue:
-                    self._start_sender()
-                results: list[FireResult | None] = [None] * len(batch)
-                try:
-                    results = await self._store.fire_jobs([waiting.request for waiting in batch])
-                except Exception:
-                    log.warning(
-                        "firing %d occurrences at once failed; firing them one by one",
-                        len(batch),
-                        exc_info=True,
-                    )
-                finally:
-                    for waiting, result in zip(batch, results, strict=True):
-                        waiting.result = result
-                        waiting.done.set()
-        finally:
-            self._senders -= 1
-
-
-class JobShare(Protocol):
-    """Several nodes on one store: which jobs this node fires (``runtime.membership``'s
-    ``Membership``). Each job is fired by one live node, chosen by the job's id; a job whose
-    occurrence is overdue by more than a lease (its node died, or had not seen the job) is
-    fired by whichever node finds it first. The fire's compare-and-set keeps every occurrence
-    single either way."""
-
-    lease_seconds: float
-
-    @property
-    def interval(self) -> float:
-        """How often to look for jobs to take on (a third of the lease)."""
-        ...
-
-    def owns(self, key: str) -> bool:
-        """Whether this node fires the job ``key``."""
-        ...
 
 
 class SchedulerActor(Actor):
@@ -383,11 +172,11 @@ class SchedulerActor(Actor):
             ("kind",),
         )
         self.wheel = TimerWheel(now=trio.current_time())
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, JobEntry] = {}
         self._wake = trio.Event()
         self._fires = trio.CapacityLimiter(MAX_CONCURRENT_FIRES)
         self._solo_fires = trio.CapacityLimiter(MAX_SOLO_FIRES)
-        self._batches: _Batches | None = None  # on start (it needs the actor's nursery)
+        self._batches: FireBatches | None = None  # on start (it needs the actor's nursery)
         #: Recent lateness samples in seconds, due → inbox commit (for the bench).
         self.lateness: deque[float] = deque(maxlen=100_000)
 
@@ -411,7 +200,7 @@ class SchedulerActor(Actor):
                 overdue += 1
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
-        self._batches = _Batches(self.store, self.nursery)
+        self._batches = FireBatches(self.store, self.nursery)
         if not self.held:
             self._begin()
 
@@ -474,7 +263,7 @@ class SchedulerActor(Actor):
 
     async def _add(self, msg: AddJob) -> Job:
         spec = msg.spec()
-        self._validate(spec)
+        validate_spec(spec, self.limits, self.clock.now())
         active = await self.store.list_jobs(session_id=msg.session_id, states=["active", "paused"])
         if len(active) >= self.limits.max_jobs_per_session:
             raise LimitExceeded(
@@ -498,52 +287,11 @@ class SchedulerActor(Actor):
             session_id=msg.session_id,
             next_fire_at=first,
         )
-        entry = _Entry(job, spec)
+        entry = JobEntry(job, spec)
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
         await self._job_update(job, "scheduled", spec.label)
         return job
-
-    def _validate(self, spec: JobSpec) -> None:
-        """The bounds of ``JobSpec`` (which only decoding checks) and the limits."""
-        schedule = spec.schedule
-        if spec.misfire not in MISFIRE_POLICIES:
-            raise InvalidArgument(
-                f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {spec.misfire!r}",
-                field="misfire",
-            )
-        if spec.max_runs < 0:
-            raise InvalidArgument("max_runs must be >= 0", field="max_runs")
-        if not 0 <= spec.jitter_seconds <= 3600:
-            raise InvalidArgument("jitter_seconds must be from 0 to 3600", field="jitter_seconds")
-        if not 0 <= spec.misfire_grace_seconds <= 86400:
-            raise InvalidArgument(
-                "misfire_grace_seconds must be from 0 to 86400", field="misfire_grace_seconds"
-            )
-        if len(spec.prompt) > self.limits.max_prompt_chars:
-            raise InvalidArgument(
-                f"prompt is longer than {self.limits.max_prompt_chars} characters", field="prompt"
-            )
-        if schedule.type == "once" and schedule.run_at is None:
-            raise InvalidArgument("a once schedule needs run_at", field="when")
-        if schedule.type == "interval":
-            seconds = schedule.interval_seconds or 0
-            if not self.limits.min_interval_seconds <= seconds <= 366 * 86400:
-                raise InvalidArgument(
-                    f"interval must be at least {self.limits.min_interval_seconds:g} seconds",
-                    field="interval_seconds",
-                )
-        if schedule.type == "cron":
-            cron = CronSchedule(schedule.cron or "", schedule.timezone)  # raises InvalidArgument
-            now = self.clock.now()
-            first = cron.next_fire(now)
-            second = cron.next_fire(first)
-            if (second - first).total_seconds() < self.limits.min_interval_seconds:
-                raise InvalidArgument(
-                    f"cron fires more often than every {self.limits.min_interval_seconds:g} "
-                    "seconds",
-                    field="cron",
-                )
 
     async def _cancel(self, msg: CancelJob) -> Job:
         job = await self.store.get_job(msg.job_id)
@@ -563,7 +311,7 @@ class SchedulerActor(Actor):
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state != "active":
             raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
-        entry = self.entries.get(job.id) or _Entry(job, job_spec(job))  # JobSpecError
+        entry = self.entries.get(job.id) or JobEntry(job, job_spec(job))  # JobSpecError
         job = await self.store.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
         entry.job = job
         self.entries[job.id] = entry
@@ -573,13 +321,13 @@ class SchedulerActor(Actor):
 
     # -- the wheel --
 
-    def _due_at(self, entry: _Entry) -> datetime:
+    def _due_at(self, entry: JobEntry) -> datetime:
         job = entry.job
         return job.next_fire_at + timedelta(
-            seconds=_jitter(job.id, job.next_fire_at, entry.spec.jitter_seconds)
+            seconds=occurrence_jitter(job.id, job.next_fire_at, entry.spec.jitter_seconds)
         )
 
-    def _index(self, entry: _Entry, at: datetime) -> None:
+    def _index(self, entry: JobEntry, at: datetime) -> None:
         if entry.handle is not None:
             self.wheel.cancel(entry.handle)
         deadline = max(self.wheel.now, self.clock.monotonic_at(at))
@@ -618,7 +366,7 @@ class SchedulerActor(Actor):
                         await self._fires.acquire_on_behalf_of(job_id)
                     fires.start_soon(self._fire_guarded, entry, together, name=f"fire {job_id}")
 
-    async def _fire_guarded(self, entry: _Entry, together: bool = False) -> None:
+    async def _fire_guarded(self, entry: JobEntry, together: bool = False) -> None:
         try:
             await self._fire(entry, together)
         except NotFound:  # the job (or its session) was deleted: forget its timer
@@ -631,7 +379,7 @@ class SchedulerActor(Actor):
         finally:
             self._fires.release_on_behalf_of(entry.job.id)
 
-    async def _fire(self, entry: _Entry, together: bool = False) -> None:
+    async def _fire(self, entry: JobEntry, together: bool = False) -> None:
         """Fire ``entry``'s due occurrences; ``together``: with others due at the same moment
         (what can go in a batch does)."""
         job = entry.job
@@ -704,7 +452,7 @@ class SchedulerActor(Actor):
         late = (now - occurrence).total_seconds()
         payload = {
             **spec.deliver,
-            "content": _content(job.id, spec),
+            "content": occurrence_content(job.id, spec),
             "job_id": job.id,
             "kind": job.kind,
             "label": spec.label,
@@ -777,10 +525,10 @@ class SchedulerActor(Actor):
                 self.entries[job_id] = entry
                 self._index(entry, self._due_at(entry))
 
-    def _entry(self, job: Job) -> _Entry | None:
+    def _entry(self, job: Job) -> JobEntry | None:
         """An entry for a stored job, or None (logged) when its spec does not decode."""
         try:
-            return _Entry(job, job_spec(job))
+            return JobEntry(job, job_spec(job))
         except JobSpecError as exc:
             log.error("not scheduling job %s: %s", job.id, exc)
             self.metrics.inc("turnstile_scheduler_bad_specs_total")
@@ -812,7 +560,7 @@ def _job_update(job: Job, what: str, label: str, run_id: int | None = None) -> J
     )
 
 
-def _label(job: Job, entry: _Entry | None) -> str:
+def _label(job: Job, entry: JobEntry | None) -> str:
     """The job's label for a ``job_update``: from its entry, else from its spec. A spec that
     does not decode gives ``""``: it must not stop the job from being cancelled."""
     if entry is not None:
