@@ -39,6 +39,10 @@ An occurrence is a misfire when it is more than ``misfire_grace_seconds`` (defau
 Overdue jobs found at start-up are spread over time (``restart_rate`` per second) so 10,000 of
 them do not stampede the sessions. ``max_runs`` completes a job after that many deliveries;
 ``jitter_seconds`` delays each occurrence by a stable pseudo-random amount.
+
+The messages are in ``messages``, the firing machinery (indexed jobs, batches) in ``firing``.
+This module is over 400 lines because the wheel, the fire path and its misfire rules share the
+index of jobs and are read together.
 """
 
 from __future__ import annotations
