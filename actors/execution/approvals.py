@@ -121,7 +121,7 @@ class ApprovalDesk:
         if self.store is not None:
             store = self.store
             node = store.claimer  # this incarnation: its end drops the row (``drop_lost``)
-            await store.run_write(
+            await store.run(
                 table.REQUEST,
                 id=pending.id,
                 session_id=call.session_id,
@@ -192,7 +192,7 @@ class ApprovalDesk:
     async def _read(self, pending: _Pending) -> None:
         assert self.store is not None
         try:
-            row = await self.store.run_read(table.READ, id=pending.id)
+            row = await self.store.run(table.READ, id=pending.id)
         except StoreError as exc:  # read again at the next poll
             log.warning("reading approval %s: %s", pending.id, exc)
             return
@@ -208,7 +208,7 @@ class ApprovalDesk:
         row = None
         with trio.move_on_after(RESOLVED_PUBLISH_GRACE, shield=True):
             try:
-                row = await self.store.run_write(table.CLOSE, id=pending.id)
+                row = await self.store.run(table.CLOSE, id=pending.id)
             except StoreError as exc:  # the row reads as gone once it expired
                 log.warning("closing approval %s: %s", pending.id, exc)
         if row is not None and row[0] is not None and not pending.decided.is_set():
@@ -227,10 +227,10 @@ class ApprovalDesk:
         if self.store is None:
             return []
         dropped: list[tuple[str, str]] = []
-        for node_id, epoch in await self.store.run_read(table.LOST_INCARNATIONS):
+        for node_id, epoch in await self.store.run(table.LOST_INCARNATIONS):
             if ended_by(view, NodeRef(node_id, epoch)) is None:
                 continue
-            rows = await self.store.run_write(table.DROP_LOST, node_id=node_id, node_epoch=epoch)
+            rows = await self.store.run(table.DROP_LOST, node_id=node_id, node_epoch=epoch)
             for approval_id, session_id in rows:
                 log.warning(
                     "approval %s of session %s withdrawn: node %r epoch %d ended while its call"
@@ -261,7 +261,7 @@ class ApprovalDesk:
         if self.store is None:
             return self.pending(session_id)
         live = self.store.db_time(self.clock.now() - table.STALE)
-        rows = await self.store.run_read(table.PENDING, session_id=session_id, live_after=live)
+        rows = await self.store.run(table.PENDING, session_id=session_id, live_after=live)
         return [{"approval_id": id, "tool": tool} for id, tool in rows]
 
     async def answer(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:
@@ -274,7 +274,7 @@ class ApprovalDesk:
         if self.store is None:
             return self.resolve(user, approval_id, approved)
         decision = "approved" if approved else "denied"
-        outcome = await self.store.run_write(
+        outcome = await self.store.run(
             table.DECIDE,
             id=approval_id,
             owner=user,
@@ -308,7 +308,7 @@ class ApprovalDesk:
             self._pending.pop(pending.id, None)
         if self.store is None:
             return len(mine)
-        dropped = await self.store.run_write(table.DROP, session_id=session_id)
+        dropped = await self.store.run(table.DROP, session_id=session_id)
         return max(dropped, len(mine))
 
     def resolve(self, user: str, approval_id: str, approved: bool) -> dict[str, Any]:

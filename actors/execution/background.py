@@ -341,9 +341,7 @@ class BackgroundActor(Actor):
         self._outbox.pop(session_id, None)
         if self.store is not None:
             try:
-                return max(
-                    len(mine), await self.store.run_write(DROP_SESSION, session_key=session_id)
-                )
+                return max(len(mine), await self.store.run(DROP_SESSION, session_key=session_id))
             except StoreError as exc:
                 log.warning("forgetting the background tasks of %s failed: %s", session_id, exc)
         return len(mine)
@@ -362,7 +360,7 @@ class BackgroundActor(Actor):
         except NotFound:
             if self.store is None:
                 raise
-        row = await self.store.run_read(GET, session_key=session_id, id=task_id)
+        row = await self.store.run(GET, session_key=session_id, id=task_id)
         if row is None:
             raise NotFound(f"no background task with id {task_id!r}")
         return _from_store(row, self.clock)
@@ -372,7 +370,7 @@ class BackgroundActor(Actor):
         if self.store is not None:
             try:
                 limit = KEEP_FINISHED + self.max_running
-                rows = await self.store.run_read(LIST, session_key=session_id, limit=limit)
+                rows = await self.store.run(LIST, session_key=session_id, limit=limit)
             except StoreError as exc:
                 log.warning("listing the stored background tasks of %s failed: %s", session_id, exc)
                 rows = []
@@ -464,7 +462,7 @@ class BackgroundActor(Actor):
             "node_epoch": ref.epoch,
         }
         try:
-            await self.store.run_write(START, task=started, keep=KEEP_FINISHED)
+            await self.store.run(START, task=started, keep=KEEP_FINISHED)
         except StoreError as exc:
             log.warning("background task %s: recording its start failed: %s", task.id, exc)
             return
@@ -478,7 +476,7 @@ class BackgroundActor(Actor):
             return True
         with trio.move_on_after(_WRITE_GRACE, shield=True):
             try:
-                ended = await self.store.run_write(
+                ended = await self.store.run(
                     FINISH,
                     session_key=task.session_id,
                     id=task.id,
@@ -561,7 +559,7 @@ class LostTasks:
         Raises:
             StoreError: the store did not answer (nothing is lost: the next pass redoes it).
         """
-        running, untold = await self.store.run_read(LOOK, limit=_TELL_PER_PASS)
+        running, untold = await self.store.run(LOOK, limit=_TELL_PER_PASS)
         pending = {(t.session_key, t.id): t for t in untold}
         closed: list[StoredTask] = []
         for node_id, epoch in running:
@@ -570,7 +568,7 @@ class LostTasks:
                 continue
             why = _lost_because(current, epoch)
             result = ToolResult(ok=False, error={"code": "lost", "message": why})
-            rows = await self.store.run_write(
+            rows = await self.store.run(
                 CLOSE_LOST,
                 node_id=node_id,
                 node_epoch=epoch,
@@ -612,7 +610,7 @@ class LostTasks:
                 exc,
             )
             return
-        await self.store.run_write(
+        await self.store.run(
             MARK_TOLD,
             session_key=task.session_key,
             id=task.id,

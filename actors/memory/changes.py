@@ -520,18 +520,18 @@ class ChangeLog:
 
     async def head(self, user: str) -> TopicHead:
         """Where ``user``'s log stands."""
-        return await self.store.run_read(HEAD, owner=user)
+        return await self.store.run(HEAD, owner=user)
 
     async def read(self, user: str, after_seq: int, limit: int) -> list[TopicEvent]:
         """``user``'s events after ``after_seq``, oldest first, at most ``limit``."""
-        return await self.store.run_read(READ, owner=user, after_seq=after_seq, limit=limit)
+        return await self.store.run(READ, owner=user, after_seq=after_seq, limit=limit)
 
     async def page(
         self, user: str, after_seq: int, limit: int
     ) -> tuple[TopicHead, list[TopicEvent]]:
         """Where ``user``'s log stands and their events after ``after_seq`` (at most
         ``limit``), read together."""
-        return await self.store.run_read(PAGE, owner=user, after_seq=after_seq, limit=limit)
+        return await self.store.run(PAGE, owner=user, after_seq=after_seq, limit=limit)
 
     @asynccontextmanager
     async def writing(self, owner: str):
@@ -563,7 +563,7 @@ class ChangeLog:
         owner = args["owner"]
         async with self.writing(owner):
             with trio.move_on_after(WRITE_SHIELD_SECONDS, shield=True) as scope:
-                answer, events = await self.store.run_write(query, keep=self.keep, **args)
+                answer, events = await self.store.run(query, keep=self.keep, **args)
                 if events and self._publish is not None:
                     self._publish(owner, events)
             if scope.cancelled_caught:

@@ -355,9 +355,7 @@ class Extractor:
         """Extract every stale session (as many at once as slots allow); how many were."""
         self._sweeps += 1
         cutoff = self.memory.clock.now() - self.stale_after
-        stale = await self.store.run_read(
-            STALE, cutoff=self.store.db_time(cutoff), limit=SWEEP_BATCH
-        )
+        stale = await self.store.run(STALE, cutoff=self.store.db_time(cutoff), limit=SWEEP_BATCH)
         before = self._extracted
         async with trio.open_nursery() as nursery:
             for session in stale:
@@ -390,7 +388,7 @@ class Extractor:
             facts = await self._all_facts(session.owner)
             summary = render_summary(facts, self.memory.config.max_summary_chars)
             await self.memory.set_summary(session.owner, summary)
-        await self.store.run_write(DONE, session_key=session.key, at=session.activity)
+        await self.store.run(DONE, session_key=session.key, at=session.activity)
         self._extracted += 1
         self._facts += saved
         log.info("memory extraction of session %s: %d facts", session.key, saved)

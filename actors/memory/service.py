@@ -155,7 +155,7 @@ class Memory:
         vector column and the indexes where possible) and log each once; count the facts
         whose search tokens are not written yet (``unindexed``: the caller then runs
         ``index_unindexed``, the node's feature in the background)."""
-        self.search_path = await self.store.run_write(DETECT)
+        self.search_path = await self.store.run(DETECT)
         log.info("memory search: %s", self.search_path.describe())
         if self.search_path.missing:
             log.warning(
@@ -163,7 +163,7 @@ class Memory:
                 " are slower (see docs/memory.md, 'Search at scale')",
                 ", ".join(self.search_path.missing),
             )
-        self.unindexed = await self.store.run_read(UNINDEXED)
+        self.unindexed = await self.store.run(UNINDEXED)
         if self.unindexed:
             log.info(
                 "memory search: %d facts from before the search tokens (migration 5) are not"
@@ -185,7 +185,7 @@ class Memory:
                         exc,
                     )
                     self.embedder = None
-        path = await self.store.run_write(VECTOR_SETUP, dimensions=dimensions)
+        path = await self.store.run(VECTOR_SETUP, dimensions=dimensions)
         if path.kind == "numpy" and self.config.vector_cache_mb:
             path = replace(path, cache=VectorCache(self.config.vector_cache_mb * 2**20))
         self.vector_path = path
@@ -214,7 +214,7 @@ class Memory:
         facts it indexed."""
         done, after, started = 0, 0, trio.current_time()
         while after is not None:
-            n, after = await self.store.run_write(INDEX_UNINDEXED, after=after, limit=batch_size)
+            n, after = await self.store.run(INDEX_UNINDEXED, after=after, limit=batch_size)
             done += n
         if done:
             log.info(
@@ -339,7 +339,7 @@ class Memory:
         with self.notices.telling(owner, "facts"):
             if self.changes is not None:
                 return await self.changes.write(SAVE_LOGGED, **args)
-            return await self.store.run_write(SAVE, **args)
+            return await self.store.run(SAVE, **args)
 
     def check_limit(self, limit: int | None, *, default: int | None = None) -> int:
         """``limit`` or the default, checked against ``max_search_limit``.
@@ -374,7 +374,7 @@ class Memory:
         async def vector() -> None:
             vectors = await self._embed([query], "search") if query.strip() else None
             if vectors is not None:
-                found["vector"] = await self.store.run_read(
+                found["vector"] = await self.store.run(
                     VECTOR_SEARCH,
                     owner=owner,
                     vector=vectors[0],
@@ -385,7 +385,7 @@ class Memory:
                 )
 
         async def lexical() -> None:
-            found["lexical"] = await self.store.run_read(
+            found["lexical"] = await self.store.run(
                 SEARCH, owner=owner, query=query, now=now, limit=limit, path=self.search_path
             )
 
@@ -401,9 +401,7 @@ class Memory:
                 return await self.changes.write(
                     FORGET_LOGGED, owner=owner, key=key.strip(), category=category, now=now
                 )
-            return await self.store.run_write(
-                FORGET, owner=owner, key=key.strip(), category=category
-            )
+            return await self.store.run(FORGET, owner=owner, key=key.strip(), category=category)
 
     async def list_facts(
         self,
@@ -431,7 +429,7 @@ class Memory:
             raise InvalidArgument(f"sort_by must be one of {', '.join(SORT_KEYS)}", "sort_by")
         if sort_order not in ("asc", "desc"):
             raise InvalidArgument("sort_order must be asc or desc", field="sort_order")
-        return await self.store.run_read(
+        return await self.store.run(
             LIST,
             owner=owner,
             now=self.store.db_time(self._now()),
@@ -447,7 +445,7 @@ class Memory:
 
     async def get_summary(self, owner: str) -> Summary | None:
         """``owner``'s summary, if one was set."""
-        return await self.store.run_read(GET_SUMMARY, owner=owner)
+        return await self.store.run(GET_SUMMARY, owner=owner)
 
     async def set_summary(self, owner: str, content: str) -> Summary:
         """Replace ``owner``'s summary.
@@ -470,18 +468,18 @@ class Memory:
                     now=now,
                     announce=announcement(notice),
                 )
-            return await self.store.run_write(SET_SUMMARY, owner=owner, content=content, now=now)
+            return await self.store.run(SET_SUMMARY, owner=owner, content=content, now=now)
 
     # ---- extraction state ----
 
     async def mark_extracted(self, session_key: str, at: datetime | None = None) -> None:
         """Record that ``session_key`` was processed by extraction (at ``at``, default now)."""
         when = self.store.db_time(at if at is not None else self._now())
-        await self.store.run_write(MARK_EXTRACTED, session_key=session_key, at=when)
+        await self.store.run(MARK_EXTRACTED, session_key=session_key, at=when)
 
     async def extracted_at(self, session_key: str) -> datetime | None:
         """When ``session_key`` was last processed, or None."""
-        return await self.store.run_read(EXTRACTED_AT, session_key=session_key)
+        return await self.store.run(EXTRACTED_AT, session_key=session_key)
 
     @property
     def stale_after(self) -> timedelta:
@@ -506,7 +504,7 @@ class Memory:
             since.
         """
         cutoff = self._now() - self.stale_after
-        sessions = await self.store.run_read(
+        sessions = await self.store.run(
             EXTRACTION_STATE,
             owner=owner,
             cutoff=self.store.db_time(cutoff),
@@ -518,7 +516,7 @@ class Memory:
 
     async def end_session(self, session_key: str) -> None:
         """Forget a deleted session's extraction state (a ``hooks.on_session_end``)."""
-        await self.store.run_write(END_SESSION, session_key=session_key)
+        await self.store.run(END_SESSION, session_key=session_key)
 
     # ---- embeddings ----
 
@@ -544,7 +542,7 @@ class Memory:
         dimensions = self.vector_path.dimensions
         embedded, after = 0, 0
         while True:
-            rows = await self.store.run_read(
+            rows = await self.store.run(
                 MISSING_EMBEDDINGS,
                 after=after,
                 limit=batch_size,
@@ -556,13 +554,13 @@ class Memory:
                 break
             vectors = await self.embedder.embed([fact_text(c, k, v) for _, c, k, v in rows])
             self._answered()
-            embedded += await self.store.run_write(
+            embedded += await self.store.run(
                 SET_EMBEDDINGS,
                 rows=[(r[0], r[3], vec) for r, vec in zip(rows, vectors, strict=True)],
                 path=self.vector_path,
             )
             after = rows[-1][0]
-        remaining = await self.store.run_read(
+        remaining = await self.store.run(
             MISSING_EMBEDDINGS,
             after=0,
             limit=0,
@@ -585,4 +583,4 @@ class Memory:
                 return await self.changes.write(
                     DELETE_USER_LOGGED, owner=owner, now=now, announce=announcement(notice)
                 )
-            return await self.store.run_write(DELETE_USER, owner=owner)
+            return await self.store.run(DELETE_USER, owner=owner)

@@ -104,7 +104,7 @@ class _Reader:
         self.store = store
 
     async def __call__(self, query: str, *args) -> list:
-        return await self.store.run_write(_SQL, query=query, args=args)
+        return await self.store.run(_SQL, query=query, args=args)
 
 
 async def _until(check, seconds: float) -> None:

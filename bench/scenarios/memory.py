@@ -197,9 +197,7 @@ async def _bulk(store, rows: list, vectors=None, schema: str | None = None) -> N
     now = store.db_time(SystemClock().now())
     for i in range(0, len(rows), BULK_BATCH):
         part = None if vectors is None else vectors[i : i + BULK_BATCH]
-        await store.run_write(
-            BULK, rows=rows[i : i + BULK_BATCH], vectors=part, now=now, schema=schema
-        )
+        await store.run(BULK, rows=rows[i : i + BULK_BATCH], vectors=part, now=now, schema=schema)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -278,7 +276,7 @@ async def _measure(url: str, one_user: int, users: int, per_user: int) -> dict[s
             await memory.search("big", word)
 
         async def like(word: str) -> None:
-            await store.run_read(LIKE, owner="big", word=word, limit=config.search_limit)
+            await store.run(LIKE, owner="big", word=word, limit=config.search_limit)
 
         await _timed(search, random.Random(1))  # warm caches and connections
         ours = await _timed(search, random.Random(2))
@@ -444,7 +442,7 @@ async def _vector_store(
         rate = await _fill(memory, facts[: len(known)])
         if synthetic:
             if path.kind == "pgvector":
-                await store.run_write(_DROP_HNSW)
+                await store.run(_DROP_HNSW)
             await _bulk(store, facts[len(known) :], synthetic, schema=path.schema)
         index_s = None
         if synthetic and path.kind == "pgvector":
@@ -459,7 +457,7 @@ async def _vector_store(
             await embedder.embed([question])
 
         async def stage(question: str) -> None:
-            await store.run_read(
+            await store.run(
                 VECTOR_SEARCH,
                 owner="big",
                 vector=asked[question],
@@ -481,7 +479,7 @@ async def _vector_store(
         alone = await _timed_questions(stage, random.Random(2))
         if memory._failing_since is not None:  # a failed embed makes a search lexical only
             raise RuntimeError("the embedder failed during the searches")
-        found = await store.run_read(
+        found = await store.run(
             VECTOR_SEARCH,
             owner="big",
             vector=asked[QUESTIONS[0]],

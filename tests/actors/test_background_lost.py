@@ -82,7 +82,7 @@ async def test_a_task_its_node_stopped_before_it_ended_is_lost_at_the_next_start
         task_id = started.data["task_id"]
         await hang.running.wait()
         # the row says which incarnation runs it
-        (row,) = await node.store.run_read(LIST, session_key="ada/s", limit=10)
+        (row,) = await node.store.run(LIST, session_key="ada/s", limit=10)
         assert (row.id, row.state, row.node_id, row.node_epoch) == (task_id, "running", "local", 1)
     # the node stopped: its task was cancelled with it, and nobody was told yet
     again = Hang()

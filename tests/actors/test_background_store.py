@@ -28,7 +28,7 @@ async def start(store, key: str, task_id: str, node) -> None:
         "node_id": node.id,
         "node_epoch": node.epoch,
     }
-    await store.run_write(START, task=row, keep=100)
+    await store.run(START, task=row, keep=100)
 
 
 async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_passes(store_url):
@@ -72,7 +72,7 @@ async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_pas
         states = {
             t.id: t.state
             for key in ("ada/s0", "ada/s1", "bob/s")
-            for t in await store.run_read(LIST, session_key=key, limit=10)
+            for t in await store.run(LIST, session_key=key, limit=10)
         }
         assert states == {
             "bg-a0": "lost",
@@ -101,7 +101,7 @@ async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_pas
             " again as epoch 2)"
         )
         # all told: the next pass closes and tells nothing
-        assert (await store.run_read(LOOK, limit=100))[1] == []
+        assert (await store.run(LOOK, limit=100))[1] == []
         count = len(told)
         assert await passes[0].close(await store.list_nodes()) == []
         assert len(told) == count
@@ -111,9 +111,9 @@ async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_pas
         # the node that ran a lost task and finishes it later finds it lost: it tells nobody
         now = store.db_time(SystemClock().now())
         finish = {"state": "completed", "result": '{"success": true}', "now": now}
-        assert not await store.run_write(FINISH, session_key="ada/s0", id="bg-a0", **finish)
-        assert await store.run_write(FINISH, session_key="ada/s0", id="bg-b", **finish)
-        row = await store.run_read(GET, session_key="ada/s0", id="bg-a0")
+        assert not await store.run(FINISH, session_key="ada/s0", id="bg-a0", **finish)
+        assert await store.run(FINISH, session_key="ada/s0", id="bg-b", **finish)
+        row = await store.run(GET, session_key="ada/s0", id="bg-a0")
         assert row.state == "lost" and row.result["error"]["code"] == "lost"
 
 
@@ -136,7 +136,7 @@ async def test_a_tell_that_fails_is_tried_again_at_the_next_pass(store_url):
         failing = False
         assert await lost.close(await store.list_nodes()) == []  # nothing more to close…
         assert len(told) == 1  # …but the session is told now
-        assert (await store.run_read(LOOK, limit=10))[1] == []
+        assert (await store.run(LOOK, limit=10))[1] == []
 
 
 async def test_a_start_forgets_the_sessions_oldest_finished_tasks_past_those_kept(store_url):
@@ -154,12 +154,12 @@ async def test_a_start_forgets_the_sessions_oldest_finished_tasks_past_those_kep
                 "node_id": a.id,
                 "node_epoch": a.epoch,
             }
-            await store.run_write(START, task=row, keep=2)
+            await store.run(START, task=row, keep=2)
             if n < 3:  # the newest stays running
                 done = {"state": "completed", "result": None, "now": store.db_time(clock.now())}
-                assert await store.run_write(FINISH, session_key="ada/s", id=f"bg-{n}", **done)
+                assert await store.run(FINISH, session_key="ada/s", id=f"bg-{n}", **done)
         await start(store, "ada/t", "bg-t", a.ref)  # another session's are not counted
-        kept = await store.run_read(LIST, session_key="ada/s", limit=10)
+        kept = await store.run(LIST, session_key="ada/s", limit=10)
         assert [(t.id, t.state) for t in kept] == [
             ("bg-3", "running"),
             ("bg-2", "completed"),

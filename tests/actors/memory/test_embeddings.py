@@ -89,7 +89,7 @@ async def save_all(memory: Memory, owner: str = "ada") -> None:
 
 async def vector_stage(memory: Memory, query: str, owner: str = "ada") -> list[str]:
     (vector,) = await memory.embedder.embed([query])
-    facts = await memory.store.run_read(
+    facts = await memory.store.run(
         VECTOR_SEARCH,
         owner=owner,
         vector=vector,
@@ -230,7 +230,7 @@ async def test_a_changed_value_replaces_its_embedding(url, server):
         server.down = True
         await memory.save("ada", category="preferences", key="coffee", value="oat milk latte")
         # the old vector is gone with the old value: the fact waits for a backfill
-        pending = await memory.store.run_read(
+        pending = await memory.store.run(
             MISSING_EMBEDDINGS,
             after=0,
             limit=10,
@@ -296,9 +296,9 @@ async def test_pgvector_dimension_change_replaces_the_column(pgvector, server, c
     async with pgvector.database() as url:
         async with open_memory(url, config_for(server)) as memory:
             await save_all(memory)
-            path = await memory.store.run_write(VECTOR_SETUP, dimensions=384)
+            path = await memory.store.run(VECTOR_SETUP, dimensions=384)
             assert not path.reset  # same dimension: nothing happens
-            path = await memory.store.run_write(VECTOR_SETUP, dimensions=8)
+            path = await memory.store.run(VECTOR_SETUP, dimensions=8)
             assert path.reset and path.dimensions == 8
         (typmod,) = await pg_run(
             url,

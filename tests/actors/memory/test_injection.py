@@ -55,17 +55,17 @@ async def say(http, token: str, session: str, content: str) -> None:
 
 
 class CountingReads:
-    """Wraps a store's ``run_read`` to count the memory summary reads."""
+    """Wraps a store's ``run`` to count the memory summary reads."""
 
     def __init__(self, store) -> None:
         self.summary_reads = 0
-        self._read = store.run_read
-        store.run_read = self.run_read
+        self._run = store.run
+        store.run = self.run
 
-    async def run_read(self, query, /, **args):
+    async def run(self, query, /, **args):
         if query.name == "memory.get_summary":
             self.summary_reads += 1
-        return await self._read(query, **args)
+        return await self._run(query, **args)
 
 
 async def test_every_turn_of_the_users_sessions_gets_the_summary_cached(store_url):

@@ -69,21 +69,21 @@ async def test_a_user_with_a_small_share_gets_its_limit_nearest(pgvector, analyz
     rows = [(owner, f"{owner}-{i}") for owner, count in OWNERS for i in range(count)]
     vectors = _unit(rng, len(rows))
     async with pgvector.database() as url, open_store(url, migrations=[MEMORY]) as store:
-        await store.run_write(VECTOR_SETUP, dimensions=DIMENSIONS)
-        await store.run_write(
+        await store.run(VECTOR_SETUP, dimensions=DIMENSIONS)
+        await store.run(
             LOAD,
             owners=[o for o, _ in rows],
             keys=[k for _, k in rows],
             vectors=[_text(v) for v in vectors],
         )
-        path = await store.run_write(VECTOR_SETUP, dimensions=DIMENSIONS)
+        path = await store.run(VECTOR_SETUP, dimensions=DIMENSIONS)
         assert path.indexed and path.version
         if analyzed:
-            await store.run_write(ANALYZE)
+            await store.run(ANALYZE)
         now = store.db_time(SystemClock().now())
 
         async def search(owner: str, query: np.ndarray, path=path) -> list[str]:
-            facts = await store.run_read(
+            facts = await store.run(
                 VECTOR_SEARCH,
                 owner=owner,
                 vector=query,

@@ -205,10 +205,10 @@ async def test_a_search_reads_only_its_users_lists(store_url):
         await memory.save("bob", category="drinks", key="coffee", value="filter")
         store = memory.store
         # the index lists each word under each owner's own token
-        assert await store.run_read(INDEX_LIST, token=owner_tag("bob") + "coffee") == ["bob"]
-        assert await store.run_read(INDEX_LIST, token=owner_tag("alice") + "coffee") == ["alice"]
-        assert await store.run_read(INDEX_LIST, token=owner_tag("bob") + "peanuts") == []
-        assert await store.run_read(INDEX_LIST, token="peanuts") == []  # no untagged words
+        assert await store.run(INDEX_LIST, token=owner_tag("bob") + "coffee") == ["bob"]
+        assert await store.run(INDEX_LIST, token=owner_tag("alice") + "coffee") == ["alice"]
+        assert await store.run(INDEX_LIST, token=owner_tag("bob") + "peanuts") == []
+        assert await store.run(INDEX_LIST, token="peanuts") == []  # no untagged words
         assert await keys(memory, "bob", "peanuts") == []
         assert [f.value for f in await memory.search("bob", "coffee")] == ["filter"]
 
@@ -220,7 +220,7 @@ async def test_an_owner_whose_tag_collides_is_still_filtered_out(store_url):
         for i in range(30):  # enough to fill a ranked first ask on SQLite
             await memory.save(first, category="notes", key=f"n{i}", value="shared word")
         await memory.save(second, category="notes", key="mine", value="shared word")
-        tag_list = await memory.store.run_read(INDEX_LIST, token=owner_tag(first) + "peanuts")
+        tag_list = await memory.store.run(INDEX_LIST, token=owner_tag(first) + "peanuts")
         assert tag_list == [first]  # the same list serves both, so the owner test must hold
         assert await keys(memory, second, "peanuts") == []
         assert await keys(memory, second, "shared") == ["mine"]
@@ -276,12 +276,12 @@ async def test_updates_and_deletes_keep_the_index_in_step(store_url):
         clock.at = T0.replace(day=3)  # the hotel expires; the next save deletes it
         await memory.save("ada", category="pets", key="fish", value="a goldfish")
         assert await keys(memory, "ada", "lisbon") == []
-        assert await memory.store.run_write(STALE) == []
+        assert await memory.store.run(STALE) == []
         await memory.save("bob", category="pets", key="dog", value="a beagle")
         await memory.delete_user("ada")
         assert await keys(memory, "ada", "collie") == []
         assert await keys(memory, "bob", "beagle") == ["dog"]
-        assert await memory.store.run_write(STALE) == []
+        assert await memory.store.run(STALE) == []
 
 
 # ---- a database from before the tokens -----------------------------------------------------
@@ -316,7 +316,7 @@ async def test_an_old_database_upgrades_and_searches_meanwhile(store_url, caplog
     rows = [("ada", "notes", f"n{i}", f"note number {i}") for i in range(25)]
     rows += [("ada", "drinks", "coffee", "Café crème"), ("bob", "drinks", "coffee", "tea")]
     async with open_store(store_url, migrations=[BEFORE_TOKENS]) as store:
-        await store.run_write(OLD_ROWS, rows=rows, now=store.db_time(T0))
+        await store.run(OLD_ROWS, rows=rows, now=store.db_time(T0))
     caplog.set_level("INFO", logger="turnstile.memory")
     async with open_memory(store_url) as memory:
         assert memory.unindexed == 27
@@ -331,7 +331,7 @@ async def test_an_old_database_upgrades_and_searches_meanwhile(store_url, caplog
         assert await memory.index_unindexed(batch_size=10) == 27
         assert "indexed 27 facts from before the search tokens" in caplog.text
         assert await memory.index_unindexed() == 0  # safe to run again
-        assert await memory.store.run_write(STALE) == []
+        assert await memory.store.run(STALE) == []
     async with open_memory(store_url) as memory:
         assert memory.unindexed == 0
         assert await keys(memory, "ada", "cafe") == ["coffee"]

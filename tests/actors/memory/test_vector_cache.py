@@ -60,7 +60,7 @@ async def _memory(url: str, clock=None) -> tuple[object, Memory]:
 
 async def _vector_keys(memory: Memory, query: str, limit: int = 5) -> list[str]:
     vector = (await memory.embedder.embed([query]))[0]
-    found = await memory.store.run_read(
+    found = await memory.store.run(
         VECTOR_SEARCH,
         owner="ann",
         vector=vector,

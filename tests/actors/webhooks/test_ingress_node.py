@@ -90,7 +90,7 @@ async def test_a_redelivery_storm_of_100_identical_deliveries_makes_one_turn(sto
         await seen.until(b'"stream_end"')
         (item,) = await webhook_inputs(node, "ada/pr3")
         assert item.payload["delivery_id"] == "github:storm-1"
-        (target,) = await node.store.run_read(TARGETS, delivery_id="github:storm-1")
+        (target,) = await node.store.run(TARGETS, delivery_id="github:storm-1")
         assert (target.state, target.input_id, target.attempts) == ("delivered", item.id, 1)
         # the same delivery again later: still nothing
         again = await deliver(http, "check_run", body, delivery="storm-1")
@@ -121,7 +121,7 @@ async def test_a_delivery_recorded_before_a_crash_is_delivered_at_start_up(store
     async with node_with(store_url) as (node, http, ingress):
         await session(node, http, ADA, "pr3", PR3)
         # the crash: recorded, never submitted
-        targets = await node.store.run_write(
+        targets = await node.store.run(
             RECORD,
             **_recorded("github:crashed", "ada/pr3"),
             now=node.store.db_time(node.context.clock.now()),
@@ -132,7 +132,7 @@ async def test_a_delivery_recorded_before_a_crash_is_delivered_at_start_up(store
         await ingress.wait_sweeps(1)
         (item,) = await webhook_inputs(node, "ada/pr3")
         assert item.payload["content"] == "[CI FAILED] recorded before a crash"
-        (target,) = await node.store.run_read(TARGETS, delivery_id="github:crashed")
+        (target,) = await node.store.run(TARGETS, delivery_id="github:crashed")
         assert (target.state, target.input_id) == ("delivered", item.id)
 
 
@@ -140,12 +140,12 @@ async def test_a_crash_after_the_inbox_row_and_before_delivered_does_not_run_it_
     async with node_with(store_url) as (node, http, ingress):
         seen = await session(node, http, ADA, "pr3", PR3)
         now = node.context.clock.now()
-        await node.store.run_write(
+        await node.store.run(
             RECORD, **_recorded("github:half", "ada/pr3"), now=node.store.db_time(now)
         )
         # the first attempt claims the target and stores the inbox row, then "dies": its
         # lease is let run out at once, and the target is never marked delivered
-        claimed = await node.store.run_write(
+        claimed = await node.store.run(
             CLAIM,
             delivery_id="github:half",
             session_key="ada/pr3",
@@ -166,7 +166,7 @@ async def test_a_crash_after_the_inbox_row_and_before_delivered_does_not_run_it_
         await ingress.wait_sweeps(1)
         (item,) = await webhook_inputs(node, "ada/pr3")
         assert item.id == first.input_id
-        (target,) = await node.store.run_read(TARGETS, delivery_id="github:half")
+        (target,) = await node.store.run(TARGETS, delivery_id="github:half")
         assert (target.state, target.input_id, target.attempts) == ("delivered", item.id, 2)
 
 
@@ -401,7 +401,7 @@ async def test_a_full_queue_keeps_the_delivery_until_the_sweep_gets_it_in(autoju
         await node.directory.submit("ada", "pr3", "queued")
         answer = await deliver(http, "check_run", check_run_event())
         assert answer.json() == {"accepted": True, "sessions": 1, "unrouted": False}
-        (target,) = await node.store.run_read(TARGETS, delivery_id=_only_delivery(answer, node))
+        (target,) = await node.store.run(TARGETS, delivery_id=_only_delivery(answer, node))
         assert target.state == "accepted" and target.error.startswith("limit_exceeded")
         agent.gate("wait:a").set()
         await seen.until(b'"stream_end"', 2)
@@ -410,7 +410,7 @@ async def test_a_full_queue_keeps_the_delivery_until_the_sweep_gets_it_in(autoju
         await ingress.wait_sweeps(sweeps + 1)
         await seen.until(b'"stream_end"', 3)
         (item,) = await webhook_inputs(node, "ada/pr3")
-        (target,) = await node.store.run_read(TARGETS, delivery_id=item.payload["delivery_id"])
+        (target,) = await node.store.run(TARGETS, delivery_id=item.payload["delivery_id"])
         assert (target.state, target.input_id) == ("delivered", item.id)
 
 
@@ -435,12 +435,12 @@ async def test_deliveries_are_remembered_for_the_retention_window_then_pruned(au
         await trio.sleep(86400)  # a day later: still remembered
         assert (await deliver(http, "check_run", body, delivery="d")).json() == {"duplicate": True}
         await trio.sleep(86400 + 120)  # past two days, and a sweep has pruned it
-        assert await node.store.run_read(TARGETS, delivery_id="github:d") == []
+        assert await node.store.run(TARGETS, delivery_id="github:d") == []
         # recorded again, but the session's inbox knows the delivery by its key: no new turn
         again = await deliver(http, "check_run", body, delivery="d")
         assert again.status_code == 202
         await ingress.wait_sweeps(ingress.sweeps + 1)  # a sweep may have been delivering it
-        (target,) = await node.store.run_read(TARGETS, delivery_id="github:d")
+        (target,) = await node.store.run(TARGETS, delivery_id="github:d")
         assert (target.state, target.input_id) == ("delivered", first.id), target
         # the same one input (its state moved on: the turn closed after stream_end was seen)
         assert [i.id for i in await webhook_inputs(node, "ada/pr3")] == [first.id]
