@@ -12,15 +12,28 @@ application that embeds Turnstile::
         print("serving on", node.urls)
         await trio.sleep_forever()
 
-Start-up order matters for "nothing lost on a crash": migrations run, the node registers in the
-store's ``nodes`` table with a new epoch and starts heartbeating (``runtime.membership``), inputs
-that were ``running`` when a dead node (this node's previous epoch included) was cut off are
-closed as ``interrupted`` (with a visible ``stream_end`` in their session) -- never those a live
-node is running --, the features start, then every session with queued inputs is woken so they
-run (except those another live node is running a turn of), then the gateway opens. While the
-node runs, its sweep takes over the running inputs of nodes whose lease expires and closes them
-the same way (docs/cluster.md). Closing goes the other way: the gateway stops, then actors stop
-newest first (their ``on_stop`` runs), then the node marks itself stopped, then the store closes.
+A node starts whole: nothing fires, delivers or recovers before every feature is ready
+(``turnstile.actors.feature``). ``open_node`` states the order in its body:
+
+1. migrations run (the kernel's set, then each feature's), and the node registers in the
+   store's ``nodes`` table with a new epoch and starts heartbeating (``runtime.membership``);
+2. the start order is derived from what each feature ``needs`` and comes ``after``
+   (``feature.start_order``; a missing feature or a cycle is refused before anything opens);
+3. every feature's ``start`` in that order: actors, tools, hooks, and nothing else;
+4. every feature's ``ready`` in the same order (the sessions feature registers the ``session``
+   actor kind there);
+5. recovery: inputs that were ``running`` when a dead node (this node's previous epoch
+   included) was cut off are closed as ``interrupted`` (with a visible ``stream_end`` in their
+   session) -- never those a live node is running --, then every session with queued inputs is
+   woken so they run (except those another live node is running a turn of);
+6. every feature's ``open`` in the same order: work begins (the scheduler's overdue jobs, watcher
+   checks, webhook redelivery, lost background tasks, memory extraction);
+7. the gateway opens.
+
+While the node runs, its sweep takes over the running inputs of nodes whose lease expires and
+closes them the same way (docs/cluster.md). Closing goes the other way: the gateway stops, then
+actors stop newest first (their ``on_stop`` runs): each feature's actors in the reverse of the
+start order, the sessions last; then the node marks itself stopped, then the store closes.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from starlette.applications import Starlette
 from turnstile.actors.config import Config
 from turnstile.actors.console.feature import ConsoleFeature
 from turnstile.actors.execution.feature import ExecutionFeature
-from turnstile.actors.feature import Feature, NodeContext
+from turnstile.actors.feature import Feature, NodeContext, start_order
 from turnstile.actors.memory.feature import MemoryFeature
 from turnstile.actors.notifications.feature import NotificationsFeature
 from turnstile.actors.scheduling.feature import SchedulingFeature
@@ -217,17 +230,17 @@ async def _turn_started(store: Store, item: InboxItem) -> bool:
 
 
 def default_features(agent: Agent) -> list[Feature]:
-    """The features a node runs unless told otherwise, in start order: the ones others use
-    first, sessions last (its ``ready`` builds the session services from the filled hooks)."""
+    """The features a node runs unless told otherwise. Their order here is not their start
+    order: ``open_node`` derives that from what each declares (``feature.start_order``)."""
     return [
+        SessionsFeature(agent),
         NotificationsFeature(),
         SchedulingFeature(),
         ExecutionFeature(),
-        WatchersFeature(),  # after the sessions supervisor and the rest: it stops first
+        WatchersFeature(),
         MemoryFeature(),
         WebhooksFeature(),
-        ConsoleFeature(),  # static files: uses no other feature
-        SessionsFeature(agent),
+        ConsoleFeature(),
     ]
 
 
@@ -273,7 +286,9 @@ class Node:
             return True
         await membership.drain()
         placement.draining = True
-        running = self.features["sessions"].services.running
+        sessions = self.features["sessions"]
+        assert isinstance(sessions, SessionsFeature) and sessions.services is not None
+        running = sessions.services.running
         running.draining = True
         log.info("draining: %d turn(s) running here, up to %g s", running.count, seconds)
         with trio.move_on_after(seconds):
@@ -316,13 +331,17 @@ async def open_node(
         tokens: bearer token → user name (``config.users`` when None).
         agent: overrides the agent the config names (tests, embedding).
         clock: overrides the system clock (tests).
-        features: the features to run (``default_features(agent)`` when None); the sessions
-            feature must be among them, last.
+        features: the features to run, in any order (``default_features(agent)`` when None);
+            the sessions feature must be among them. They start in the order their
+            declarations give (``feature.start_order``).
         serve: open the gateway on ``config.host:config.port`` (``False``: nothing listens,
             for in-process use and benchmarks; the app is still built when there are tokens,
             e.g. to drive it through an ASGI transport).
 
     Raises:
+        MissingFeature: a feature (or the node) needs a feature that is not among them.
+        FeatureCycle: the features' ``needs`` and ``after`` wait on each other in a cycle.
+        FeatureOrderError: two features share a name, or one declares its needs wrongly.
         LeaseLost: the node's row in the store was taken over (another process started with
             its node id) or it was declared dead while it ran: everything in the block was
             cancelled, and it must not serve on (docs/cluster.md).
@@ -331,9 +350,9 @@ async def open_node(
     agent = agent or make_agent(config)
     if tokens is None:
         tokens = {user.token: user.name for user in config.users}
-    chosen = list(features) if features is not None else default_features(agent)
-    if not chosen or not isinstance(chosen[-1], SessionsFeature):
-        raise ValueError("open_node: the sessions feature must be the last feature")
+    given = list(features) if features is not None else default_features(agent)
+    # Derived before anything opens: a missing feature or a cycle is refused here.
+    chosen = start_order(given, required=("sessions",))
     limits = config.limits
     metrics = Metrics()
     try:
@@ -359,7 +378,6 @@ async def open_node(
             max_reruns = config.limits.max_turn_reruns
             hooks = SessionHooks()  # filled by the features as they start
             kinds = hooks.input_kinds
-            waiting = await recover(store, max_reruns=max_reruns, node=membership.ref, kinds=kinds)
             placement = None
             if _placed(config):
                 placement = LeasePlacement(
@@ -372,6 +390,9 @@ async def open_node(
                     ),
                 )
             async with open_supervisor("root") as root:
+                # The root's first child: children stop newest first, so every feature's actors
+                # (spawned in their ``start``, in start order) stop before any session, and a
+                # watcher delivers what is pending while the sessions still run.
                 sessions = await root.spawn_supervisor(
                     "sessions", max_restarts=3, within=10.0, escalate=False
                 )
@@ -410,8 +431,12 @@ async def open_node(
                         config,
                         start_background if any(f.name == "execution" for f in chosen) else None,
                     )
+                    # 1. start, in the derived order: actors, tools, hooks; nothing fires,
+                    # delivers, recovers or talks to a session yet.
                     for feature in chosen:
                         await feature.start(context)
+                    # 2. ready, in the same order: what needs every feature started (the
+                    # sessions feature registers the ``session`` actor kind).
                     for feature in chosen:
                         ready = getattr(feature, "ready", None)
                         if ready is not None:
@@ -428,6 +453,12 @@ async def open_node(
                         except (PlacedElsewhere, ActorStopped, StoreError):
                             pass  # another node holds it: it runs what waits there
 
+                    # 3. recovery, once every feature is ready (settling a cut-off turn goes
+                    # through the input kinds the features registered): turns cut off by a
+                    # crash are closed, then the sessions with inputs waiting are woken.
+                    waiting = await recover(
+                        store, max_reruns=max_reruns, node=membership.ref, kinds=kinds
+                    )
                     for session_id in waiting:  # (another node may have taken one meanwhile)
                         await wake(session_id)
 
@@ -461,6 +492,12 @@ async def open_node(
                         tasks.start_soon(
                             _catch_up, store, registry, membership, name="queued-input catch-up"
                         )
+                    # 4. open, in the same order: the features' work begins (timers fire,
+                    # deliveries and checks run, lost work is closed).
+                    for feature in chosen:
+                        begin = getattr(feature, "open", None)
+                        if begin is not None:
+                            await begin(context)
                     context.started.set()
                     app = None
                     if tokens or serve:  # serving without a token is refused by Auth

@@ -25,6 +25,8 @@ class ConsoleFeature:
     """``[console]``; needs nothing from the other features, and gives them nothing."""
 
     name = "console"
+    needs: tuple[str, ...] = ()  # static files: it calls the node's API from the browser
+    after: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.assets: Assets | None = None

@@ -9,8 +9,8 @@ A deleted session's tasks are cancelled and its pending approvals denied.
 It owns the ``background_tasks`` table (the ``background`` migration set,
 ``background_schema.py``): every background task is recorded there with the node incarnation
 running it, so any node can read it, and the tasks of an incarnation that ended before them are
-closed as lost and their sessions told (``LostTasks``): once the node has started (what an
-earlier start of this node left running) and, with several nodes, after every membership sweep
+closed as lost and their sessions told (``LostTasks``): once the node is open (what an earlier
+start of this node left running) and, with several nodes, after every membership sweep
 (``Membership.after_sweep``).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -36,6 +36,8 @@ from turnstile.actors.execution.schema import EXECUTION
 from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
+from turnstile.actors.sessions.actor import ShapedTurn
+from turnstile.actors.sessions.agents.base import HistoryEntry, TurnInput
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import InvalidArgument, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -47,16 +49,20 @@ log = logging.getLogger("turnstile.background")
 
 
 class ExecutionFeature:
-    """``[execution]`` and ``approval_timeout_seconds``; start it after the features whose
-    tools its shaper should know (``ready`` runs once all have started)."""
+    """``[execution]`` and ``approval_timeout_seconds``. Its turn shaper knows every tool: it
+    is built in ``ready``, once every feature's ``start`` has registered its own."""
 
     name = "execution"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ()
     migrations = [BACKGROUND, EXECUTION]
 
     def __init__(self) -> None:
         self.background: ActorRef | None = None
         self.approvals: ApprovalDesk | None = None
         self.lost: LostTasks | None = None
+        self.shaper = _ShaperOnceReady()
+        self._passes: trio.MemoryReceiveChannel[ClusterView | None] | None = None
 
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
@@ -103,6 +109,7 @@ class ExecutionFeature:
         node.hooks.on_session_end.append(end)
         node.hooks.resolve_approval = approvals.answer
         node.hooks.approval_heard = approvals.poke
+        node.hooks.shaper = self.shaper  # what it stands for is built in ``ready``
 
         async def tell(key: str, notice: Any) -> None:
             # asked where the session lives here, so that it is stored before the task is
@@ -121,18 +128,22 @@ class ExecutionFeature:
             async def after_sweep(view: ClusterView) -> None:
                 sweeps.send_nowait(view)  # the pass runs in the node's task, not the sweep's
 
-            node.membership.after_sweep.append(after_sweep)
-        node.start_soon(self._close_lost, node, passes, name="lost background tasks")
+            node.membership.after_sweep.append(after_sweep)  # (passes wait for ``open``)
+        self._passes = passes
+
+    async def open(self, node: NodeContext) -> None:
+        """Close what ended incarnations left (the start-up pass), then after every sweep."""
+        assert self._passes is not None, "open() after start()"
+        node.start_soon(self._close_lost, node, self._passes, name="lost background tasks")
 
     async def _close_lost(
         self, node: NodeContext, passes: trio.MemoryReceiveChannel[ClusterView | None]
     ) -> None:
-        """Once the node has started, and after every sweep: close the tasks of ended
+        """Once the node is open, and after every sweep: close the tasks of ended
         incarnations as lost and tell their sessions (``LostTasks``), and withdraw the
         approvals their calls waited for (``ApprovalDesk.drop_lost``). Views that queued up
         while a pass ran are taken together: the newest says all they did."""
         assert self.lost is not None and self.approvals is not None
-        await node.started.wait()
         async for view in passes:
             while True:
                 try:
@@ -153,7 +164,7 @@ class ExecutionFeature:
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""
         register_discovery_tools(node.tools)
-        node.hooks.shaper = shaper = TurnShaper(
+        self.shaper.shaper = shaper = TurnShaper(
             node.tools, node.clock, node.config.execution, node.hooks.tool_profiles
         )
         channel = node.config.execution.default_channel
@@ -167,3 +178,26 @@ class ExecutionFeature:
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.background is not None and self.approvals is not None, "routes() after start()"
         return execution_routes(node, self.background, self.approvals)
+
+
+class _ShaperOnceReady:
+    """``SessionHooks.shaper`` from execution's ``start`` on, standing for the ``TurnShaper``
+    its ``ready`` builds. The sessions feature takes the hook in its own ``ready``, which runs
+    first (every feature needs sessions, so they start first), while the shaper can only be
+    built once every feature's ``start`` has registered its tools and tool profiles. No turn
+    runs before every feature is ready (``open_node``), so ``shape`` always finds it."""
+
+    def __init__(self) -> None:
+        self.shaper: TurnShaper | None = None
+
+    def shape(
+        self,
+        metadata: Mapping[str, Any],
+        turn_input: TurnInput,
+        history: list[HistoryEntry],
+        allowed: frozenset[str] | None,
+    ) -> ShapedTurn:
+        """``TurnShaper.shape``."""
+        if self.shaper is None:
+            raise RuntimeError("a turn was shaped before ExecutionFeature.ready built the shaper")
+        return self.shaper.shape(metadata, turn_input, history, allowed)

@@ -31,7 +31,8 @@ __all__ = ["MemoryFeature"]
 
 
 class MemoryFeature:
-    """``[memory]``; uses nothing from the other features.
+    """``[memory]``; uses nothing the other features set when they start. Its work (the search
+    backfill, the extraction sweep) begins in ``open``.
 
     Attributes:
         memory: the service, once started (None before, or when disabled).
@@ -41,6 +42,8 @@ class MemoryFeature:
     """
 
     name = "memory"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ()
     migrations = [MEMORY, CHANGES]
 
     def __init__(self) -> None:
@@ -64,9 +67,6 @@ class MemoryFeature:
         topics.register(TOPIC, changes)
         self.memory = memory = Memory(node.store, node.clock, config, embedder, changes)
         await memory.start()
-        if memory.unindexed:
-            # facts from before the per-user search tokens; searches read them meanwhile
-            node.start_soon(memory.index_unindexed, name="memory search backfill")
         register_memory_tools(node.tools, memory)
         node.hooks.on_session_end.append(memory.end_session)
         # the cache subscribes to memory: every write, here or (listening) elsewhere, tells it
@@ -74,6 +74,15 @@ class MemoryFeature:
         node.hooks.turn_context.append(summaries.turn_context)
         if node.membership is not None:  # other nodes share the store: hear what they write
             node.start_soon(memory.listen, name="memory listener")
+
+    async def open(self, node: NodeContext) -> None:
+        """The search backfill (facts from before the per-user search tokens; searches read
+        them meanwhile) and the extraction sweep begin."""
+        memory = self.memory
+        if memory is None:
+            return
+        if memory.unindexed:
+            node.start_soon(memory.index_unindexed, name="memory search backfill")
         self.extractor = start_extraction(node, memory, self.extraction_model)
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:

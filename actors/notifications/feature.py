@@ -33,9 +33,12 @@ log = logging.getLogger("turnstile.notifications")
 
 
 class NotificationsFeature:
-    """``[notifications]`` and ``[channels.*]``; start it before the features that notify."""
+    """``[notifications]`` and ``[channels.*]``. The features that take ``notify`` or
+    ``check_channel`` in their ``start`` start ``after`` it."""
 
     name = "notifications"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.notifier: Notifier | None = None
@@ -43,11 +46,14 @@ class NotificationsFeature:
     async def start(self, node: NodeContext) -> None:
         self.notifier = notifier = make_notifier(node.config, node.store, node.clock, node)
         register_notify_tools(node.tools, notifier)
-        node.start_soon(purge_expired, node.store)
         node.notify = notifier.notify
         node.check_channel = notifier.check_channel
         node.hooks.on_attach.append(notifier.deliver_buffered)
         node.hooks.on_session_end.append(notifier.discard_buffered)
+
+    async def open(self, node: NodeContext) -> None:
+        """Purge expired buffers now and then."""
+        node.start_soon(purge_expired, node.store, name="notification buffers purge")
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.notifier is None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import msgspec
 
 from turnstile.actors.feature import NodeContext
-from turnstile.actors.scheduling.actor import SchedulerActor, SchedulerLimits
+from turnstile.actors.scheduling.actor import Begin, SchedulerActor, SchedulerLimits
 from turnstile.actors.scheduling.checks import register_check_tools
 from turnstile.actors.scheduling.cron import (
     bound_automations,
@@ -42,12 +42,16 @@ __all__ = ["SchedulingFeature"]
 
 
 class SchedulingFeature:
-    """``[limits]`` job limits and ``[heartbeat]`` defaults; needs the sessions feature."""
+    """``[limits]`` job limits and ``[heartbeat]`` defaults. Its tools take the notifications
+    feature's ``check_channel`` when it starts, hence ``after``."""
 
     name = "scheduling"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ("notifications",)
 
     def __init__(self) -> None:
         self.scheduler: ActorRef | None = None
+        self.opened = False
 
     async def start(self, node: NodeContext) -> None:
         store, clock, tools, limits = node.store, node.clock, node.tools, node.config.limits
@@ -64,6 +68,9 @@ class SchedulingFeature:
                 metrics=node.metrics,
                 fired_events=recall_fired_events,
                 share=node.membership,
+                # it loads the jobs now and fires in ``open``; an incarnation restarted after
+                # a crash once the node is open fires from its start
+                held=not self.opened,
             ),
             name="scheduler",
         )
@@ -116,6 +123,13 @@ class SchedulingFeature:
             notify=lambda: node.notify,
             disable_job=disable_job,
         )
+
+    async def open(self, node: NodeContext) -> None:
+        """Due jobs fire from now on: overdue ones (spread, ``restart_rate``), then each on
+        time."""
+        assert self.scheduler is not None, "open() after start()"
+        self.opened = True
+        await self.scheduler.ask(Begin())
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.scheduler is not None, "routes() after start()"

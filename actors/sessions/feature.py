@@ -1,6 +1,7 @@
 """The sessions feature: session actors, the directory the gateway talks to, the session
-endpoints. Every other feature builds on it through ``SessionHooks``; it is started last, once
-the others have filled the hooks.
+endpoints. Every other feature builds on it through ``SessionHooks`` and needs it, so it
+starts first; its ``ready`` builds the session services from the hooks the others filled in
+their ``start``, and its ``open`` starts listening to the other nodes.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ class SessionsFeature:
     """``[limits]`` session limits and the node's agent."""
 
     name = "sessions"
+    needs: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.services: SessionServices | None = None
         self.directory: SessionDirectory | None = None
+        self.remote: RemoteSessions | None = None
 
     async def start(self, node: NodeContext) -> None:
         """Nothing to do until the other features are in: see ``ready``."""
@@ -96,8 +100,15 @@ class SessionsFeature:
             )
             services.remote = self.directory.remote = remote
             remote.on_delete = self.directory.delete_here
+            remote.on_gone = self.directory.heard_gone
             remote.on_approval = hooks.approval_heard
-            node.start_soon(remote.run)
+            self.remote = remote
+
+    async def open(self, node: NodeContext) -> None:
+        """Several nodes: hear the others (inputs for sessions held here, requests, the
+        sessions this node follows for its clients)."""
+        if self.remote is not None:
+            node.start_soon(self.remote.run, name="remote sessions")
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.directory is not None, "routes() after ready()"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.feature import NodeContext
-from turnstile.actors.watchers.actor import DropSessionWatchers, WatcherActor
+from turnstile.actors.watchers.actor import BeginChecks, DropSessionWatchers, WatcherActor
 from turnstile.actors.watchers.cluster import settled
 from turnstile.actors.watchers.routes import watcher_routes
 from turnstile.actors.watchers.tools import WATCH_TOOLS, register_watch_tools, watch_runner
@@ -21,13 +21,18 @@ __all__ = ["WatchersFeature"]
 
 
 class WatchersFeature:
-    """Start it after the sessions supervisor exists: children stop newest first, so the
-    watcher saves its state and delivers what is pending while sessions still run."""
+    """Its actor takes the notifications feature's ``notify`` when it starts, hence ``after``.
+    Like every feature's actors it stops before the sessions (``open_node`` spawns their
+    supervisor first; children stop newest first), so the watcher saves its state and
+    delivers what is pending while sessions still run."""
 
     name = "watchers"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ("notifications",)
 
     def __init__(self) -> None:
         self.watchers: ActorRef | None = None
+        self.opened = False
 
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
@@ -43,6 +48,9 @@ class WatchersFeature:
                 max_concurrent_checks=settings.max_concurrent_checks,
                 notify=node.notify,
                 share=node.membership,  # several nodes: each watcher is checked by one
+                # it loads the watchers now and checks from ``open``; an incarnation restarted
+                # after a crash once the node is open checks from its start
+                held=not self.opened,
             ),
             name="watchers",
         )
@@ -53,6 +61,12 @@ class WatchersFeature:
             await settled(await watchers.ask(DropSessionWatchers(session_id=key)))
 
         node.hooks.on_session_end.append(drop)
+
+    async def open(self, node: NodeContext) -> None:
+        """Checks run from now on (each watcher on its grid)."""
+        assert self.watchers is not None, "open() after start()"
+        self.opened = True
+        await self.watchers.ask(BeginChecks())
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         assert self.watchers is not None, "routes() after start()"

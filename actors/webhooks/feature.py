@@ -7,7 +7,7 @@ enabled``, serves ``POST /webhooks/github`` (with a GitHub secret) and ``POST /w
 authentication — plus the bindings and unrouted routes behind it; registers ``bind_source``,
 ``unbind_source`` and ``list_sources``; watches ``http.post`` for pull requests a session opens
 (``ToolRegistry.observers``); ends a deleted session's bindings; and sweeps undelivered
-deliveries once the node has started and every ``redeliver_seconds`` after.
+deliveries once the node is open (``open``) and every ``redeliver_seconds`` after.
 
 It is the writer of the sessions feature's ``webhook`` turn input (``inputs.WebhookEvent``),
 through the sessions feature's own submission path (``Submit``).
@@ -43,6 +43,8 @@ class WebhooksFeature:
     """
 
     name = "webhooks"
+    needs: tuple[str, ...] = ("sessions",)
+    after: tuple[str, ...] = ()
     migrations = [WEBHOOKS]
 
     def __init__(self) -> None:
@@ -75,7 +77,12 @@ class WebhooksFeature:
                 log.warning("webhooks: hook %s has no secret: not served", name)
                 continue
             self.hooks[name] = SignedHook(hook, key, RouteTemplate.parse(hook.session))
-        node.start_soon(ingress.run, node.started, name="webhooks redelivery")
+
+    async def open(self, node: NodeContext) -> None:
+        """The redelivery sweep begins: deliveries recorded and not yet in their sessions'
+        inboxes (a crash between the two) go in now, then every ``redeliver_seconds``."""
+        if self.ingress is not None:
+            node.start_soon(self.ingress.run, name="webhooks redelivery")
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.ingress is None:

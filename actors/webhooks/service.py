@@ -45,9 +45,9 @@ import trio
 
 from turnstile.actors.sessions.ids import session_key
 from turnstile.actors.sessions.messages import Publish, Submit
-from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent, webhook_payload
 from turnstile.actors.webhooks.events import SourceBinding
 from turnstile.actors.webhooks.github import branch_key, parse_source_key, pr_key
+from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent, webhook_payload
 from turnstile.actors.webhooks.queries import (
     BIND,
     BINDINGS,
@@ -370,10 +370,10 @@ class Ingress:
             log.info("webhooks: delivered %d pending deliveries", delivered)
         return delivered
 
-    async def run(self, started: trio.Event) -> None:
-        """Sweep once the node has started (its sessions can take inputs), then every
-        ``redeliver_seconds``. A failed sweep is logged and tried again next time."""
-        await started.wait()
+    async def run(self) -> None:
+        """Sweep now, then every ``redeliver_seconds`` (the webhooks feature starts it in its
+        ``open``: the sessions can take inputs). A failed sweep is logged and tried again next
+        time."""
         while True:
             try:
                 await self.sweep()
@@ -385,7 +385,7 @@ class Ingress:
             await trio.sleep(self.config.redeliver_seconds)
 
     async def wait_sweeps(self, count: int) -> None:
-        """Return once ``count`` sweeps have finished since the node started."""
+        """Return once ``count`` sweeps have finished since the node opened."""
         while self.sweeps < count:
             await self._swept.wait()
 

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 
 import httpx
 import msgspec
-import pytest
 
 from turnstile.actors.config import Config
 from turnstile.actors.feature import NodeContext
@@ -108,13 +107,12 @@ class Greetings:
 @asynccontextmanager
 async def node_with(tmp_path, feature: Greetings):
     agent = ScriptedAgent(token_delay=0)
-    *others, sessions = default_features(agent)
     config = Config(store=f"sqlite:///{tmp_path}/node.db")
     async with open_node(
         config,
         tokens={ADA: "ada", BOB: "bob"},
         agent=agent,
-        features=[*others, feature, sessions],
+        features=[*default_features(agent), feature],
         serve=False,
     ) as node:
         transport = httpx.ASGITransport(app=node.app)
@@ -161,10 +159,15 @@ async def test_a_features_rows_outlive_the_node_and_a_new_step_runs_alone(tmp_pa
         assert answer.json() == {"count": 1}
 
 
-async def test_the_sessions_feature_must_come_last(tmp_path):
+async def test_features_may_be_given_in_any_order(tmp_path):
+    """The node derives the start order from what each feature declares (``start_order``): the
+    sessions feature, which the others need, may come last, first or anywhere."""
+    greetings = Greetings()
     agent = ScriptedAgent(token_delay=0)
-    features = default_features(agent)
+    features = [greetings, *default_features(agent)[::-1]]
     config = Config(store=f"sqlite:///{tmp_path}/node.db")
-    with pytest.raises(ValueError, match="sessions feature must be the last"):
-        async with open_node(config, agent=agent, features=features[::-1], serve=False):
-            pass
+    async with open_node(config, agent=agent, features=features, serve=False) as node:
+        await node.directory.create_session("ada", session_id="s1")
+        result = await node.directory.call_tool("ada", "s1", "greet.hello", {})
+        assert result.ok and result.data == {"count": 1}
+        assert (await node.directory.submit("ada", "s1", "hello")).input_id
