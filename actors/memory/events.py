@@ -51,7 +51,7 @@ class MemoryChange(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
         return payload.pop("type"), payload
 
 
-class FactSaved(MemoryChange, tag="fact_saved", kw_only=True):
+class FactSaved(MemoryChange, tag="fact_saved", kw_only=True, frozen=True):
     """A fact was saved: new, or replacing the one with the same category and key.
 
     Attributes:
@@ -74,7 +74,7 @@ class FactSaved(MemoryChange, tag="fact_saved", kw_only=True):
         return fact_subject(self.fact["category"], self.fact["key"])
 
 
-class FactForgotten(MemoryChange, tag="fact_forgotten", kw_only=True):
+class FactForgotten(MemoryChange, tag="fact_forgotten", kw_only=True, frozen=True):
     """A fact is gone.
 
     Attributes:
@@ -93,7 +93,7 @@ class FactForgotten(MemoryChange, tag="fact_forgotten", kw_only=True):
         return fact_subject(self.category, self.key)
 
 
-class SummaryChanged(MemoryChange, tag="summary_changed", kw_only=True):
+class SummaryChanged(MemoryChange, tag="summary_changed", kw_only=True, frozen=True):
     """The user's summary was written (``PUT /memory/summary``, extraction).
 
     Attributes:
@@ -109,7 +109,7 @@ class SummaryChanged(MemoryChange, tag="summary_changed", kw_only=True):
         return "summary"
 
 
-class MemoryDeleted(MemoryChange, tag="memory_deleted", kw_only=True):
+class MemoryDeleted(MemoryChange, tag="memory_deleted", kw_only=True, frozen=True):
     """Everything memory held about the user was deleted (``DELETE /memory``): facts,
     summary, their sessions' extraction state. The log keeps no earlier event of theirs.
 

@@ -380,9 +380,7 @@ class Extractor:
         entries = await load_history(self.store, session.key, self.history_entries)
         saved = 0
         if any(entry.role == "user" for entry in entries):
-            answer = await self.model.run_turn(
-                _OneCall(session.key, render_transcript(entries))  # type: ignore[arg-type]
-            )
+            answer = await self.model.run_turn(_OneCall(session.key, render_transcript(entries)))
             saved = await self._save(session, parse_facts(answer))
         if saved:
             facts = await self._all_facts(session.owner)

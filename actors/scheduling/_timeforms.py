@@ -152,9 +152,10 @@ def _iso(ctx: _Context, s: str) -> When | None:
     except ValueError as exc:
         raise ctx.error(f"is not a valid date: {exc}") from None
     wall = f"{dt:%Y-%m-%d} {_clock((dt.hour, dt.minute, dt.second))}"
-    if dt.tzinfo is None:
+    delta = dt.utcoffset()  # None exactly when the text gave no offset
+    if delta is None:
         return ctx.once(wall_to_utc(dt, ctx.tz), f"{wall} {ctx.tz_name}")
-    offset = int(dt.utcoffset().total_seconds() // 60)
+    offset = int(delta.total_seconds() // 60)
     return ctx.once(dt, f"{wall} {fixed_offset_name(offset)}")
 
 
@@ -171,12 +172,16 @@ def _cron(ctx: _Context, s: str) -> When | None:
 
 def _relative(ctx: _Context, s: str) -> When | None:
     body = _REL_PREFIX.sub("", s, count=1)
-    seconds, pos, parts = 0, 0, 0
+    seconds, pos, parts, bare = 0, 0, 0, False
     while pos < len(body):
-        pos = _REL_SEP.match(body, pos).end() if parts else pos
+        if parts:
+            sep = _REL_SEP.match(body, pos)  # it also matches nothing: never None in practice
+            pos = pos if sep is None else sep.end()
         m = _REL_PART.match(body, pos)
         if m is None:
             return None
+        # ``3h`` or ``3:30`` alone could be a delay or a time of day
+        bare = bool(m["hhmm"] or m["h"] == "h")
         if m["hhmm"]:
             seconds += int(m["hh"]) * 3600 + int(m["mm"]) * 60
         else:
@@ -186,7 +191,7 @@ def _relative(ctx: _Context, s: str) -> When | None:
         pos, parts = m.end(), parts + 1
     if not parts:
         return None
-    if parts == 1 and body == s and (m["hhmm"] or m["h"] == "h"):
+    if parts == 1 and body == s and bare:
         raise ctx.error(
             f"is ambiguous: say 'in {ctx.raw}' for a delay or 'at {ctx.raw}' for a time of day"
         )
@@ -359,10 +364,12 @@ def _dateparser(ctx: _Context, s: str) -> When | None:
         return None
     wall = found.replace(tzinfo=None)
     understood = f"{wall:%Y-%m-%d} at {_clock((wall.hour, wall.minute, wall.second))}"
+    delta = found.utcoffset()  # never None: RETURN_AS_TIMEZONE_AWARE
     # Read the wall time with our DST rules, unless the text named another zone.
-    if found.utcoffset() in {wall.replace(tzinfo=ctx.tz, fold=f).utcoffset() for f in (0, 1)}:
+    ours = {wall.replace(tzinfo=ctx.tz, fold=f).utcoffset() for f in (0, 1)}
+    if delta is None or delta in ours:
         return ctx.once(wall_to_utc(wall, ctx.tz), f"{understood} {ctx.tz_name}")
-    offset = int(found.utcoffset().total_seconds() // 60)
+    offset = int(delta.total_seconds() // 60)
     return ctx.once(found, f"{understood} {fixed_offset_name(offset)}")
 
 

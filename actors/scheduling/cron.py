@@ -178,7 +178,7 @@ def _job_name(job: Job, spec: JobSpec) -> str:
 
 def _soonest_first(view: dict[str, Any]) -> tuple[bool, str, str]:
     when = view["next_run_at"]
-    return (when is None, when or "", view.get("id") or view.get("job_id"))
+    return (when is None, when or "", view.get("id") or view.get("job_id") or "")
 
 
 def automation_view(job: Job) -> dict[str, Any]:
@@ -271,13 +271,13 @@ def register_cron_tool(
 ) -> None:
     """Register ``cron``, bound to ``scheduler``."""
 
-    async def parse(session: Session, args: CronArgs) -> When:
+    async def parse(session: Session, schedule: str, args: CronArgs) -> When:
         tz, offset = args.timezone, args.timezone_offset
         if tz is None and offset is None:
             found = session.metadata.get("timezone")
             tz = found if isinstance(found, str) else None
         try:
-            return parse_when(args.schedule, now=clock.now(), timezone=tz, timezone_offset=offset)
+            return parse_when(schedule, now=clock.now(), timezone=tz, timezone_offset=offset)
         except InvalidArgument as exc:
             field = "schedule" if exc.field == "when" else exc.field
             raise InvalidArgument(str(exc), field=field) from None
@@ -308,7 +308,7 @@ def register_cron_tool(
             raise InvalidArgument("cron add needs a schedule", field="schedule")
         if not args.prompt or not args.prompt.strip():
             raise InvalidArgument("cron add needs a prompt", field="prompt")
-        when = await parse(session, args)
+        when = await parse(session, args.schedule, args)
         if when.kind != "cron":
             raise InvalidArgument(
                 f"{args.schedule!r} happens once ({when.description}); a cron job must recur: "

@@ -77,8 +77,13 @@ _MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_RANGES = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12))
-_RANGES += (("day of week", 0, 7),)
+_RANGES: tuple[tuple[str, int, int], ...] = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 7),
+)
 _NAMES = {
     "month": {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"},
     "day of week": {"sun", "mon", "tue", "wed", "thu", "fri", "sat"},
@@ -139,9 +144,9 @@ def _normalize(expr: str) -> str:
             raise _bad(expr, f"{name} {field!r} has unexpected characters")
         if field[0] in "HhRr":
             raise _bad(expr, "hashed (H) and random (R) fields are not supported")
-        why = _check_field(field, name, lo, hi)
-        if why:
-            raise _bad(expr, why)
+        wrong = _check_field(field, name, lo, hi)
+        if wrong:
+            raise _bad(expr, wrong)
     return text
 
 
@@ -234,23 +239,24 @@ class CronSchedule:
     def next_fire(self, after: datetime) -> datetime:
         """The first fire strictly after ``after`` (aware; naive is taken as UTC), in UTC."""
         after = utc(after)
-        cur = self._cur
-        if cur is not None:
+        it, prev, cur = self._it, self._prev, self._cur
+        if it is not None and prev is not None and cur is not None:
             if after < cur:
-                if after >= self._prev:
+                if after >= prev:
                     return cur
             else:
-                nxt = self._advance()
+                nxt = self._advance(it, cur)
                 if after < nxt:
                     return nxt
-        # Backwards, or more than one fire ahead: start again from ``after``.
-        self._it = croniter(self.expr, after.astimezone(self.tzinfo))
-        self._cur = after
-        return self._advance()
+        # Backwards, more than one fire ahead, or the first call: start again from ``after``
+        # (forgetting the last fire first, so that a stuck iterator leaves nothing half-set).
+        self._prev = self._cur = None
+        self._it = it = croniter(self.expr, after.astimezone(self.tzinfo))
+        return self._advance(it, after)
 
-    def _advance(self) -> datetime:
-        """Step the iterator to the next fire the DST rules allow, and remember it."""
-        it, cur = self._it, self._cur
+    def _advance(self, it: croniter, cur: datetime) -> datetime:
+        """Step ``it``, whose last fire (or start) is ``cur``, to the next fire the DST rules
+        allow, and remember both."""
         for _ in range(_MAX_SKIPS):
             fire = it.get_next(datetime).astimezone(UTC)
             if fire <= cur:

@@ -15,7 +15,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 __all__ = ["JobUpdate", "RecallUpdate"]
 
 
-class JobUpdate(SessionEvent, tag="job_update", kw_only=True):
+class JobUpdate(SessionEvent, tag="job_update", kw_only=True, frozen=True):
     """A job of the session was scheduled, fired, cancelled, rescheduled, missed or skipped
     outside its active hours.
 
@@ -41,7 +41,7 @@ class JobUpdate(SessionEvent, tag="job_update", kw_only=True):
     run_id: int | UnsetType = UNSET
 
 
-class RecallUpdate(SessionEvent, tag="recall_update", kw_only=True):
+class RecallUpdate(SessionEvent, tag="recall_update", kw_only=True, frozen=True):
     """The session's recall changed: ``recall_view``'s fields, then what happened.
 
     Attributes:

@@ -12,7 +12,7 @@ from typing import Protocol
 import trio
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
-from turnstile.actors.scheduling.spec import JobSpec, Schedule
+from turnstile.actors.scheduling.spec import JobSpec, Schedule, cron_of
 from turnstile.runtime.store import FireRequest, FireResult, Job, Store
 from turnstile.runtime.timerwheel import TimerHandle
 
@@ -79,7 +79,7 @@ class JobEntry:
         """The job's own cron evaluator, built at its first fire: a reload takes the next fire
         time from the store and need not parse 100k expressions up front."""
         if self._cron is None and self.schedule.type == "cron":
-            self._cron = CronSchedule(self.schedule.cron, self.schedule.timezone)
+            self._cron = cron_of(self.schedule)
         return self._cron
 
 

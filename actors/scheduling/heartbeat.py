@@ -306,10 +306,9 @@ def register_heartbeat_tools(
                 check_channel(settings.alert_channel, {})
             except InvalidArgument as exc:
                 raise InvalidArgument(str(exc), field="alert_channel") from None
-        if settings.active_hours_start is not None:
-            window = ActiveHours(
-                start=settings.active_hours_start, end=settings.active_hours_end, timezone=tz
-            )
+        start, end = settings.active_hours_start, settings.active_hours_end
+        if start is not None and end is not None:  # both or neither (checked above)
+            window = ActiveHours(start=start, end=end, timezone=tz)
         for job in await _jobs_of(store, call.session_id, ["active", "paused"]):
             await scheduler.ask(CancelJob(job_id=job.id))
         kept_settings = _settings_of(settings)

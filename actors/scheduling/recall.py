@@ -363,6 +363,7 @@ def register_recall_tools(
                 "repeating recall use call_type 'recurring' with interval_seconds",
                 field="when",
             )
+        assert when.run_at is not None, "a once When has its run_at"
         return when.run_at, when.description
 
     def check(args: ScheduleRecall) -> str:

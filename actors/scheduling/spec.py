@@ -45,14 +45,14 @@ never read the clock (the scheduler passes ``now``), so ``MockClock`` drives the
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule, resolve_timezone
 from turnstile.runtime.clock import utc
-from turnstile.runtime.errors import StoreError
+from turnstile.runtime.errors import InvalidArgument, StoreError
 from turnstile.runtime.store import Job
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "MisfirePolicy",
     "RecallSpec",
     "Schedule",
+    "cron_of",
     "first_occurrence",
     "in_active_hours",
     "job_spec",
@@ -138,10 +139,21 @@ def next_occurrence(
     if schedule.type == "once":
         return None
     if schedule.type == "interval":
-        return after + timedelta(seconds=schedule.interval_seconds)
+        return after + timedelta(
+            seconds=_needed(schedule, "interval_seconds", schedule.interval_seconds)
+        )
     if cron is None:
-        cron = CronSchedule(schedule.cron, schedule.timezone)
+        cron = cron_of(schedule)
     return cron.next_fire(after)
+
+
+def cron_of(schedule: Schedule) -> CronSchedule:
+    """The evaluator of a ``cron`` schedule.
+
+    Raises:
+        InvalidArgument: it has no expression (adding a job checks it has), or a bad one.
+    """
+    return CronSchedule(_needed(schedule, "cron", schedule.cron), schedule.timezone)
 
 
 def first_occurrence(
@@ -149,10 +161,24 @@ def first_occurrence(
 ) -> datetime:
     """When a new job first fires: at ``run_at`` (once), else the first occurrence after now."""
     if schedule.type == "once":
-        return utc(schedule.run_at)
+        return utc(_needed(schedule, "run_at", schedule.run_at))
     found = next_occurrence(schedule, now, cron)
     assert found is not None
     return found
+
+
+_T = TypeVar("_T")
+
+
+def _needed(schedule: Schedule, field: str, value: _T | None) -> _T:
+    """``value``, ``schedule``'s ``field``, which its type needs (adding a job checks it).
+
+    Raises:
+        InvalidArgument: it is missing.
+    """
+    if value is None:
+        raise InvalidArgument(f"a {schedule.type} schedule needs {field}", field=field)
+    return value
 
 
 def in_active_hours(window: ActiveHours, now: datetime) -> bool:

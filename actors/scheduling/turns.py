@@ -184,10 +184,11 @@ class ScheduledTurn(InputTurn):
         self.item = item
         self.action = action
         self.run = run
-        #: A heartbeat with its settings (without them, it runs as an ordinary turn).
-        beat = action if isinstance(action, HeartbeatRun) and action.heartbeat else None
-        self.beat: HeartbeatRun | None = beat
-        self.fresh_history = beat is not None and beat.heartbeat.dedicated
+        #: A heartbeat and its settings (without them, it runs as an ordinary turn).
+        self.beat: tuple[HeartbeatRun, HeartbeatSettings] | None = None
+        if isinstance(action, HeartbeatRun) and action.heartbeat is not None:
+            self.beat = (action, action.heartbeat)
+        self.fresh_history = self.beat is not None and self.beat[1].dedicated
 
     def shape(self, turn: Turn, turn_input: TurnInput) -> TurnInput:
         """A heartbeat's or a recall's system segment. A heartbeat's turn also buffers its
@@ -243,14 +244,14 @@ class ScheduledTurn(InputTurn):
         assert action is not None, "a turn whose payload did not decode is not answered"
         if action.action_type == "tool_call":
             context.input = await _scheduled_tool_call(context, action)
-        notify = self.kind.notify()
-        elsewhere = action.channel != IN_SESSION and notify is not None
-        if elsewhere and action.action_type in ("notification", "tool_call"):
+        # the sender to the job's channel, when its output goes elsewhere and this node sends
+        elsewhere = self.kind.notify() if action.channel != IN_SESSION else None
+        if elsewhere is not None and action.action_type in ("notification", "tool_call"):
             # output bound for another channel: no model turn, straight there
-            return await self._to_channel(notify, host, context.input.content, action)
+            return await self._to_channel(elsewhere, host, context.input.content, action)
         text = await run_agent()
-        if elsewhere and text:
-            await self._to_channel(notify, host, text, action)
+        if elsewhere is not None and text:
+            await self._to_channel(elsewhere, host, text, action)
         return text
 
     async def _to_channel(
@@ -280,7 +281,8 @@ class ScheduledTurn(InputTurn):
     async def settle(self, host: TurnHost, turn: Turn, outcome: TurnOutcome) -> TurnOutcome:
         if self.beat is None:
             return outcome
-        return await self._settle_heartbeat(host, turn, self.beat, outcome)
+        beat, settings = self.beat
+        return await self._settle_heartbeat(host, turn, beat, settings, outcome)
 
     async def closed(self, outcome: TurnOutcome) -> None:
         """Settle the run record: ``turn_completed`` or ``turn_failed``."""
@@ -295,11 +297,14 @@ class ScheduledTurn(InputTurn):
         await self.kind.store.update_run(run.id, "turn_completed" if ok else "turn_failed", detail)
 
     async def _settle_heartbeat(
-        self, host: TurnHost, turn: Turn, beat: HeartbeatRun, outcome: TurnOutcome
+        self,
+        host: TurnHost,
+        turn: Turn,
+        beat: HeartbeatRun,
+        settings: HeartbeatSettings,
+        outcome: TurnOutcome,
     ) -> TurnOutcome:
         """Suppress a short, action-free heartbeat, or forward it; apply ``on_error``."""
-        settings = beat.heartbeat
-        assert settings is not None
         status, text = outcome.status, outcome.text
         detail = dict(outcome.detail or {})
         threshold = settings.suppress_threshold

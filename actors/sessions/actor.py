@@ -165,7 +165,7 @@ class SessionActor(TurnRunner, Actor):
             self.public_id,
             services.encode_event,
             self.subscribers,
-            lambda: self.nursery,
+            lambda: self._tasks,
         )
         self.events.on_fenced = self._lost_lease
 
@@ -302,7 +302,7 @@ class SessionActor(TurnRunner, Actor):
         return Attached(
             last_seq=self.last_seq,
             busy=self.turn is not None,
-            policy=self.session.policy,
+            policy=self._loaded.policy,
             queued=self.queued,
             current_input_id=None if self.turn is None else self.turn.item.id,
         )
@@ -311,7 +311,7 @@ class SessionActor(TurnRunner, Actor):
         return SessionStatus(
             session_id=self.session_id,
             busy=self.runner_active,
-            policy=self.session.policy,
+            policy=self._loaded.policy,
             queued=self.queued,
             current_input_id=None if self.turn is None else self.turn.item.id,
             subscribers=len(self.subscribers),
@@ -340,7 +340,7 @@ class SessionActor(TurnRunner, Actor):
         if busy and from_user and self.services.remote is not None:
             # several nodes: the policy may have been changed through another node
             self.session = await self.services.store.get_session(self.session_id)
-        policy = self.session.policy
+        policy = self._loaded.policy
         if busy and from_user:
             if policy == "reject":
                 return await self._unless_sent_before(

@@ -68,12 +68,16 @@ def event_types() -> dict[str, type[SessionEvent]]:
     todo = list(SessionEvent.__subclasses__())
     while todo:
         cls = todo.pop()
-        found[cls.__struct_config__.tag] = cls
+        tag = cls.__struct_config__.tag
+        # msgspec allows int tags too; an event's tag is its ``type``, a string on the wire
+        if not isinstance(tag, str):
+            raise TypeError(f"{cls.__name__} must be tagged with a str, not {tag!r}")
+        found[tag] = cls
         todo.extend(cls.__subclasses__())
     return found
 
 
-class TurnQueued(SessionEvent, tag="turn_queued", kw_only=True):
+class TurnQueued(SessionEvent, tag="turn_queued", kw_only=True, frozen=True):
     """An input was stored in the session's inbox.
 
     Attributes:
@@ -87,7 +91,7 @@ class TurnQueued(SessionEvent, tag="turn_queued", kw_only=True):
     ahead: int
 
 
-class StreamStart(SessionEvent, tag="stream_start", kw_only=True):
+class StreamStart(SessionEvent, tag="stream_start", kw_only=True, frozen=True):
     """A turn started.
 
     Attributes:
@@ -121,21 +125,21 @@ class StreamStart(SessionEvent, tag="stream_start", kw_only=True):
     rerun: int | UnsetType = UNSET
 
 
-class ThinkingDelta(SessionEvent, tag="thinking_delta", kw_only=True):
+class ThinkingDelta(SessionEvent, tag="thinking_delta", kw_only=True, frozen=True):
     """A piece of the agent's reasoning (emitted per token: keep it small)."""
 
     input_id: int
     text: str
 
 
-class StreamDelta(SessionEvent, tag="stream_delta", kw_only=True):
+class StreamDelta(SessionEvent, tag="stream_delta", kw_only=True, frozen=True):
     """A piece of the agent's answer (emitted per token: keep it small)."""
 
     input_id: int
     text: str
 
 
-class ToolStarted(SessionEvent, tag="tool_started", kw_only=True):
+class ToolStarted(SessionEvent, tag="tool_started", kw_only=True, frozen=True):
     """The agent called a tool.
 
     Attributes:
@@ -151,7 +155,7 @@ class ToolStarted(SessionEvent, tag="tool_started", kw_only=True):
     arguments: dict[str, Any]
 
 
-class ToolCalled(SessionEvent, tag="tool_call", kw_only=True):
+class ToolCalled(SessionEvent, tag="tool_call", kw_only=True, frozen=True):
     """A tool call the agent made finished (``tool_call``).
 
     Attributes:
@@ -170,7 +174,7 @@ class ToolCalled(SessionEvent, tag="tool_call", kw_only=True):
     error: dict[str, Any] | None | UnsetType = UNSET
 
 
-class InjectedMessage(SessionEvent, tag="user_message", kw_only=True):
+class InjectedMessage(SessionEvent, tag="user_message", kw_only=True, frozen=True):
     """An input folded into the running turn (policy ``inject``, a notification, a watcher
     escalation, background results) instead of queued (``user_message``).
 
@@ -234,7 +238,7 @@ class TokenUsage(msgspec.Struct, kw_only=True, frozen=True):
     total_tokens: int
 
 
-class StreamEnd(SessionEvent, tag="stream_end", kw_only=True):
+class StreamEnd(SessionEvent, tag="stream_end", kw_only=True, frozen=True):
     """A turn closed; every turn that starts ends with exactly one.
 
     Attributes:
@@ -252,7 +256,7 @@ class StreamEnd(SessionEvent, tag="stream_end", kw_only=True):
     usage: TokenUsage | UnsetType = UNSET
 
 
-class SessionSync(SessionEvent, tag="session_sync", kw_only=True):
+class SessionSync(SessionEvent, tag="session_sync", kw_only=True, frozen=True):
     """A turn that started with no client attached ended: re-read history and state.
 
     The attach-time ``session_sync`` frame (not stored, no ``input_id``) is the gateway's.
@@ -272,7 +276,7 @@ class SessionSync(SessionEvent, tag="session_sync", kw_only=True):
     status: str
 
 
-class HeartbeatSuppressed(SessionEvent, tag="heartbeat_suppressed", kw_only=True):
+class HeartbeatSuppressed(SessionEvent, tag="heartbeat_suppressed", kw_only=True, frozen=True):
     """A quiet heartbeat ran and was not forwarded.
 
     Attributes:
@@ -284,7 +288,7 @@ class HeartbeatSuppressed(SessionEvent, tag="heartbeat_suppressed", kw_only=True
     chars: int
 
 
-class HeartbeatDisabled(SessionEvent, tag="heartbeat_disabled", kw_only=True):
+class HeartbeatDisabled(SessionEvent, tag="heartbeat_disabled", kw_only=True, frozen=True):
     """A failing heartbeat with ``on_error: disable`` was turned off.
 
     Attributes:

@@ -155,6 +155,9 @@ class EventLog:
         """Store the oldest waiting batch and offer its events. Never raises ``Exception``:
         an error is kept on the batch for whoever waits for it."""
         batch, self._batch = self._batch, None
+        # only ``_wait_stored`` calls this, for a batch neither stored nor being stored: the
+        # waiting one
+        assert batch is not None, "no batch waits to be stored"
         self._storing = batch
         try:
             records = await self._store.append_events(

@@ -91,6 +91,10 @@ class SessionView(msgspec.Struct, kw_only=True):
     last_seq: int
 
 
+#: What a session is doing: ``running`` a turn, ``queued`` inputs waiting, or ``idle``.
+Activity = Literal["running", "queued", "idle"]
+
+
 class ListedSession(SessionView, kw_only=True):
     """A session in ``GET /sessions``: the session, its pending recall and its activity.
 
@@ -103,7 +107,7 @@ class ListedSession(SessionView, kw_only=True):
 
     has_recall: bool
     recall_trigger_at: str | None
-    status: Literal["running", "queued", "idle"]
+    status: Activity
     queued: int
 
 
@@ -208,7 +212,7 @@ def session_json(session) -> SessionView:
     )
 
 
-async def _activity(directory: SessionDirectory, user: str, name: str) -> tuple[str, int]:
+async def _activity(directory: SessionDirectory, user: str, name: str) -> tuple[Activity, int]:
     """What a session is doing, from its inbox (the truth, on any node): its status
     (``running`` a turn, ``queued`` inputs waiting, or ``idle``) and the number of inputs
     waiting."""

@@ -40,12 +40,13 @@ from turnstile.actors.sessions.event_types import (
 )
 from turnstile.actors.sessions.events import EventLog
 from turnstile.actors.sessions.history import input_entry
+from turnstile.actors.sessions.ids import public_id
 from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
 from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
-from turnstile.runtime.errors import Fenced
+from turnstile.runtime.errors import Fenced, NotFound
 from turnstile.runtime.gateway.backend import Subscriber
 from turnstile.runtime.store import InboxItem, Session
 
@@ -88,7 +89,29 @@ class TurnRunner:
     fence: int | None
     fenced: bool
     events: EventLog
-    nursery: trio.Nursery
+    nursery: trio.Nursery | None
+
+    @property
+    def _tasks(self) -> trio.Nursery:
+        """The incarnation's nursery (``uses_nursery``), there while the actor runs."""
+        nursery = self.nursery
+        if nursery is None:
+            raise RuntimeError("the session actor is not running")
+        return nursery
+
+    @property
+    def _loaded(self) -> Session:
+        """The session's row. There whenever a message or a turn is handled: ``receive``
+        answers those of a session that does not exist (or no longer does) on its own, and a
+        delete waits for the runner before it forgets the row.
+
+        Raises:
+            NotFound: the session does not exist (or no longer does).
+        """
+        session = self.session
+        if session is None:
+            raise NotFound(f"no session with id {public_id(self.session_id)!r}")
+        return session
 
     def _lost_lease(self, exc: Fenced) -> None:
         """The session's lease moved to another node (``SessionActor``)."""
@@ -104,11 +127,12 @@ class TurnRunner:
         self.wakeup_pending = True
         if not self.runner_active and not self.deleting:
             self.runner_active = True
-            self.runner_done = trio.Event()
-            self.nursery.start_soon(self._drain, name=f"turns of session {self.session_id}")
+            done = self.runner_done = trio.Event()
+            self._tasks.start_soon(self._drain, done, name=f"turns of session {self.session_id}")
 
-    async def _drain(self) -> None:
-        """Run queued inputs one at a time, oldest first, until none is left."""
+    async def _drain(self, done: trio.Event) -> None:
+        """Run queued inputs one at a time, oldest first, until none is left; then set
+        ``done``."""
         try:
             while not self.deleting and not self.fenced:
                 self.wakeup_pending = False
@@ -152,7 +176,7 @@ class TurnRunner:
                     return
         finally:
             self.runner_active = False
-            self.runner_done.set()
+            done.set()
 
     async def _run_turn(self, item: InboxItem) -> None:
         self.services.running.started()
@@ -257,7 +281,7 @@ class TurnRunner:
                     # Same fields as the attach-time frame, plus which turn just ended.
                     sync = SessionSync(
                         busy=False,
-                        policy=self.session.policy,
+                        policy=self._loaded.policy,
                         queued=self.queued,
                         input_id=item.id,
                         status=outcome.status,
@@ -281,7 +305,7 @@ class TurnRunner:
 
     async def _close_turn(self, turn: Turn, outcome: TurnOutcome) -> None:
         """Close the turn visibly (stream and history) and settle its inbox row."""
-        usage = msgspec.UNSET
+        usage: TokenUsage | msgspec.UnsetType = msgspec.UNSET
         if turn.usage is not None:
             prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
             usage = TokenUsage(
@@ -340,7 +364,7 @@ class TurnRunner:
         shaper = self.services.shaper
         if shaper is None:
             return
-        shaped = shaper.shape(self.session.metadata, context.input, context.history, turn.allowed)
+        shaped = shaper.shape(self._loaded.metadata, context.input, context.history, turn.allowed)
         turn.allowed = shaped.allowed
         context.tools, context.history = shaped.tools, shaped.history
         context.input = msgspec.structs.replace(
@@ -358,7 +382,7 @@ class TurnRunner:
         messages: list[str] = []
         for hook in self.services.turn_context:
             try:
-                message = await hook(self.session.owner, self.session_id)
+                message = await hook(self._loaded.owner, self.session_id)
             except Exception:
                 log.exception("turn context for session %s failed", self.session_id)
                 continue
@@ -399,7 +423,7 @@ class _TurnHost:
         #: Where this turn's history begins (its input's entry is the next one).
         self._mark = len(session.history)
         self.session_id = session.session_id
-        self.owner = session.session.owner
+        self.owner = session._loaded.owner
         self.item = turn.item
 
     async def emit(self, event: SessionEvent, *, durable: bool = True) -> dict[str, Any]:

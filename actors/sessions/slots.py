@@ -68,7 +68,9 @@ class TurnSlots:
 
     def release(self) -> None:
         """Give back the slot this session holds."""
-        self._services.scheduled_turns.release_on_behalf_of(self)
+        slots = self._services.scheduled_turns
+        if slots is not None:
+            slots.release_on_behalf_of(self)
 
     def cancel_wait(self) -> None:
         """End a wait for a slot, if one is under way (the session is being deleted)."""

@@ -12,7 +12,7 @@ from turnstile.actors.sessions.event_types import SessionEvent
 __all__ = ["SourceBinding"]
 
 
-class SourceBinding(SessionEvent, tag="source_binding", kw_only=True):
+class SourceBinding(SessionEvent, tag="source_binding", kw_only=True, frozen=True):
     """The session was bound to a source key, or unbound from one.
 
     Attributes:

@@ -219,7 +219,7 @@ def parse_event(
     owner, repo = parsed.repository.owner.login, parsed.repository.name
     if isinstance(parsed, _CheckRunEvent):
         run = parsed.check_run
-        failing = FAILING
+        failing: tuple[str, ...] = FAILING
         branch = (run.check_suite.head_branch if run.check_suite else None) or run.head_branch
         output = run.output or _Output()
         name, details_url = run.name, run.details_url

@@ -276,50 +276,56 @@ def webhook_routes(
     config: WebhooksConfig = node.config.webhooks
     routes: list[HttpRoute] = []
 
-    async def github(request: ApiRequest) -> Any:
-        body = await request.raw_body(config.max_body_bytes)
-        verify_github(github_secret, body, request.headers)
-        ingress.admit("github")
-        event = request.headers.get("x-github-event", "")
-        delivery = request.headers.get("x-github-delivery", "")
-        if not _EVENT.match(event):
-            raise DecodeError("X-GitHub-Event must name an event", field="X-GitHub-Event")
-        if not _DELIVERY.match(delivery):
-            raise DecodeError(
-                "X-GitHub-Delivery must be 1-100 of A-Z a-z 0-9 . _ : -", field="X-GitHub-Delivery"
+    def github_receiver(secret: bytes) -> RouteHandler:
+        """GitHub's endpoint, checking signatures against ``secret`` (served only with one)."""
+
+        async def github(request: ApiRequest) -> Any:
+            body = await request.raw_body(config.max_body_bytes)
+            verify_github(secret, body, request.headers)
+            ingress.admit("github")
+            event = request.headers.get("x-github-event", "")
+            delivery = request.headers.get("x-github-delivery", "")
+            if not _EVENT.match(event):
+                raise DecodeError("X-GitHub-Event must name an event", field="X-GitHub-Event")
+            if not _DELIVERY.match(delivery):
+                raise DecodeError(
+                    "X-GitHub-Delivery must be 1-100 of A-Z a-z 0-9 . _ : -",
+                    field="X-GitHub-Delivery",
+                )
+            if event == "ping":
+                ingress.count_delivery("pong", "github")
+                return {"ok": True, "event": "ping"}
+            if event not in EVENTS:
+                ingress.count_delivery("ignored", "github")
+                return {"ignored": True, "reason": f"{event} events wake nobody"}
+            failure = parse_event(event, body, workflow_cancelled=config.github.workflow_cancelled)
+            if failure == "ignored":
+                ingress.count_delivery("ignored", "github")
+                return {"ignored": True, "reason": "not a completed failure"}
+            repo = config.github.repo(failure.owner, failure.repo)
+            owner, fallback = None, []
+            if repo is not None and repo.user:
+                owner = repo.user
+                if repo.session:
+                    key = session_key(repo.user, repo.session)
+                    if await ingress.session_exists(key):
+                        fallback = [(key, repo.user)]
+            answer = await ingress.ingest(
+                Delivery(
+                    id=f"github:{delivery}",
+                    hook="github",
+                    event=event,
+                    source_ref=failure.source_ref,
+                    content=failure.content,
+                    payload=failure.payload,
+                    source_keys=failure.source_keys,
+                    fallback=fallback,
+                    owner=owner,
+                )
             )
-        if event == "ping":
-            ingress.count_delivery("pong", "github")
-            return {"ok": True, "event": "ping"}
-        if event not in EVENTS:
-            ingress.count_delivery("ignored", "github")
-            return {"ignored": True, "reason": f"{event} events wake nobody"}
-        failure = parse_event(event, body, workflow_cancelled=config.github.workflow_cancelled)
-        if failure == "ignored":
-            ingress.count_delivery("ignored", "github")
-            return {"ignored": True, "reason": "not a completed failure"}
-        repo = config.github.repo(failure.owner, failure.repo)
-        owner, fallback = None, []
-        if repo is not None and repo.user:
-            owner = repo.user
-            if repo.session:
-                key = session_key(repo.user, repo.session)
-                if await ingress.session_exists(key):
-                    fallback = [(key, repo.user)]
-        answer = await ingress.ingest(
-            Delivery(
-                id=f"github:{delivery}",
-                hook="github",
-                event=event,
-                source_ref=failure.source_ref,
-                content=failure.content,
-                payload=failure.payload,
-                source_keys=failure.source_keys,
-                fallback=fallback,
-                owner=owner,
-            )
-        )
-        return answer if answer.get("duplicate") else _json(answer, 202)
+            return answer if answer.get("duplicate") else _json(answer, 202)
+
+        return github
 
     async def standard(request: ApiRequest) -> Any:
         name = request.path["name"]
@@ -476,7 +482,7 @@ def webhook_routes(
             HttpRoute(
                 "POST",
                 "/webhooks/github",
-                _counted(node, github, lambda _: "github"),
+                _counted(node, github_receiver(github_secret), lambda _: "github"),
                 auth="signature",
                 summary="A GitHub webhook delivery (check_run, workflow_run, ping)",
                 body=dict[str, Any],

@@ -43,11 +43,23 @@ _VISIBLE_ASCII = re.compile(r"[!-~]+")
 
 class CallResult(Protocol):
     """The outcome of a ``call`` frame as the gateway answers it (the tool system's
-    ``ToolResult`` has this shape; the gateway does not import it)."""
+    ``ToolResult`` has this shape; the gateway does not import it). Read-only, so that a
+    frozen Struct such as ``ToolResult`` has it."""
 
-    ok: bool
-    data: Any
-    error: dict[str, Any] | None
+    @property
+    def ok(self) -> bool:
+        """Whether the tool succeeded."""
+        ...
+
+    @property
+    def data(self) -> Any:
+        """The tool's result when ``ok``."""
+        ...
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """``{"code": …, "message": …, "field"?: …}`` when not ``ok``."""
+        ...
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -283,12 +283,12 @@ class OpenAIAgent:
                 if stream.response.headers.get("content-type", "").startswith("application/json"):
                     # A server that ignored ``stream``: one complete message, same handling.
                     await stream.response.aread()
-                    data = _decode(stream.response.content)
-                    await _absorb(turn, data, "message", answer)
+                    completion = _decode(stream.response.content)
+                    await _absorb(turn, completion, "message", answer)
                     answer.finished = True
                 else:
-                    async for data in stream:
-                        await _absorb(turn, data, "delta", answer)
+                    async for chunk in stream:
+                        await _absorb(turn, chunk, "delta", answer)
         except openai.APIStatusError as exc:
             raise AgentError(self._redact(_status_message(exc))) from None
         except openai.APITimeoutError:

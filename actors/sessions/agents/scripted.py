@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import trio
 
@@ -44,7 +45,12 @@ class ScriptedAgent:
     async def aclose(self) -> None:
         """Nothing to release."""
 
-    async def _stream(self, turn: TurnContext, text: str, kind: str = "stream_delta") -> None:
+    async def _stream(
+        self,
+        turn: TurnContext,
+        text: str,
+        kind: Literal["stream_delta", "thinking_delta"] = "stream_delta",
+    ) -> None:
         words = text.split(" ")
         for i, word in enumerate(words):
             if self.token_delay:
