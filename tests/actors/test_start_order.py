@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from tests.support.mock_node import DAY, LIMITS, node, once
+from tests.support.polling import eventually
 from tests.support.watchers import watching
 from turnstile.actors.config import Config
 from turnstile.actors.feature import (
@@ -282,3 +283,44 @@ async def test_a_held_watcher_actor_checks_nothing_until_it_begins(autojump_cloc
         await w.ref.ask(BeginChecks())  # a second changes nothing
         await trio.sleep(16)  # the first check now, then on its grid
         assert w.probe.calls == [5.0, 10.0, 20.0]
+
+
+async def test_actors_restarted_after_a_crash_once_the_node_is_open_begin_at_once(tmp_path):
+    """A held actor's supervisor restarts it from the same factory: once the node is open, the
+    new incarnation fires and checks from its start (no one would tell it to begin)."""
+    agent = ScriptedAgent(token_delay=0)
+    config = Config(store=f"sqlite:///{tmp_path}/node.db")
+    async with open_node(config, agent=agent, serve=False) as node:
+        await node.directory.create_session("ada", session_id="s")
+        scheduler = node.features["scheduling"].scheduler
+        watchers = node.features["watchers"].watchers
+        for actor in (scheduler, watchers):
+            await actor.tell("not a message")  # crashes it: its supervisor starts another
+        in_an_hour = node.context.clock.now() + timedelta(hours=1)
+        await scheduler.ask(
+            AddJob(
+                session_id="ada/s",
+                kind="once",
+                schedule=once(in_an_hour),
+                deliver={"prompt": "now", "action_type": "llm_prompt"},
+                immediate=True,
+            )
+        )
+        started = await node.tools.call(
+            "ada/s", "ada", "watch_start", {"tool": "clock.now", "interval": 3600}
+        )
+        crashed = [report.actor for report in node.context.supervisor.crash_reports]
+        assert sorted(crashed) == ["scheduler", "watchers"]
+
+        async def fired() -> bool:
+            events = await node.store.read_events("ada/s", 0, 1000)
+            return any(e.type == "stream_end" and e.payload.get("status") for e in events)
+
+        async def checked() -> bool:
+            status = await node.tools.call(
+                "ada/s", "ada", "watch_status", {"watcher_id": started.data["watcher_id"]}
+            )
+            return status.data["check_count"] >= 1
+
+        await eventually(fired, seconds=10)
+        await eventually(checked, seconds=10)
