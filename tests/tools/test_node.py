@@ -5,8 +5,8 @@ from __future__ import annotations
 from turnstile.actors.config import Config, ScriptedConfig
 from turnstile.actors.node import make_agent, recover
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
-from turnstile.actors.sessions.kinds import session_kinds
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
+from turnstile.actors.sessions.kinds import session_kinds
 from turnstile.runtime.store import open_store
 
 
