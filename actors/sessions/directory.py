@@ -8,6 +8,10 @@ per-user and per-session limits, turns each request into a message to the sessio
 actor, and makes everything a session owns end with it (derived sessions, jobs and recalls,
 watchers, background tasks, pending approvals, buffered notifications). Reads that need no
 actor (events, history) go straight to the store.
+
+Which sessions exist is cached per node (``owners.OwnerCache``); with several nodes a delete
+is announced to every node, which forgets the key (see ``owners.py`` for the bounds when an
+announcement is lost).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from turnstile.actors.sessions.ids import (
     session_key,
 )
 from turnstile.actors.sessions.messages import HandOver
+from turnstile.actors.sessions.owners import OWNER_CACHE_SECONDS, OwnerCache
 from turnstile.actors.sessions.remote import RemoteSessions
 from turnstile.runtime.errors import (
     ActorStopped,
@@ -62,7 +67,6 @@ __all__ = ["SessionDirectory", "create_derived_session"]
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
-_OWNER_CACHE_MAX = 100_000
 
 
 class SessionDirectory:
@@ -76,6 +80,8 @@ class SessionDirectory:
         metrics: where request counts go.
         hooks: what the other features plug in (what ends with a session, what blocks its
             deletion, pending recalls, approvals).
+        owner_cache_seconds: how long a session's existence is kept here without reading
+            the store again (``owners.OwnerCache``).
     """
 
     def __init__(
@@ -87,13 +93,15 @@ class SessionDirectory:
         max_sessions_per_user: int,
         metrics: Metrics,
         hooks: SessionHooks | None = None,
+        owner_cache_seconds: float = OWNER_CACHE_SECONDS,
     ) -> None:
         self.store = store
         self.registry = registry
         self.tools = tools
         self.max_sessions_per_user = max_sessions_per_user
         self._metrics = metrics
-        self._owners: dict[str, str] = {}
+        #: which sessions exist, as this node last read them
+        self.owners = OwnerCache(owner_cache_seconds)
         self.hooks = hooks or SessionHooks()
         #: With several nodes: sessions another node holds (``remote``); None on one node,
         #: where no session is ever placed elsewhere.
@@ -104,8 +112,13 @@ class SessionDirectory:
 
     # -- ownership --
 
-    async def owned_key(self, user: str, session_id: str) -> str:
+    async def owned_key(self, user: str, session_id: str, *, fresh: bool = False) -> str:
         """The key of ``user``'s session named ``session_id``.
+
+        Args:
+            fresh: read the store even if this node has the session cached: for a request
+                that creates rows under the session, which must not outlive a session deleted
+                through another node a moment ago (and reach a later one of the same name).
 
         Raises:
             NotFound: ``user`` has no session of that name (whoever else may have one).
@@ -113,15 +126,16 @@ class SessionDirectory:
         if not session_id or OWNER_SEPARATOR in session_id:
             raise NotFound(f"no session with id {session_id!r}")
         key = session_key(user, session_id)
-        owner = self._owners.get(key)
+        owner = None if fresh else self.owners.get(key)
         if owner is None:
+            generation = self.owners.generation()
             try:
                 owner = (await self.store.get_session(key)).owner
             except NotFound:
+                if fresh:  # what this node kept is stale
+                    self.owners.forget(key)
                 raise NotFound(f"no session with id {session_id!r}") from None
-            if len(self._owners) >= _OWNER_CACHE_MAX:
-                self._owners.clear()
-            self._owners[key] = owner
+            self.owners.put(key, owner, generation)
         if owner != user:  # a key is in its owner's namespace; this only guards the store
             raise NotFound(f"no session with id {session_id!r}")
         return key
@@ -160,13 +174,14 @@ class SessionDirectory:
                 )
         await _check_session_limit(self.store, user, self.max_sessions_per_user)
         key = session_key(user, session_id or uuid.uuid4().hex)
+        generation = self.owners.generation()
         try:
             session = await self.store.create_session(
                 key, user, metadata=metadata or {}, policy=policy
             )
         except AlreadyExists:
             raise AlreadyExists(f"session {session_id!r} already exists") from None
-        self._owners[key] = user
+        self.owners.put(key, user, generation)
         self._metrics.inc("turnstile_sessions_created_total")
         return _public_session(session)
 
@@ -241,8 +256,8 @@ class SessionDirectory:
             if self.remote is None:
                 raise
             await self._check_automations(await self._with_derived(key), session_id, confirm)
-            await self.remote.delete(key)
-            self._owners.pop(key, None)
+            await self.remote.delete(key)  # the holder announces it (``_end``)
+            self.owners.forget(key)
             return
         keys = await self._with_derived(key)
         await self._check_automations(keys, session_id, confirm)
@@ -252,7 +267,6 @@ class SessionDirectory:
         """Delete the session ``key`` that this node holds, for another node that was asked
         (and has checked the confirmation): with its derived sessions and their jobs."""
         await self._delete_keys(await self._with_derived(key))
-        self._owners.pop(key, None)
 
     async def _with_derived(self, key: str) -> list[str]:
         """``key`` and the keys of its derived sessions that exist."""
@@ -291,10 +305,27 @@ class SessionDirectory:
     async def _end(self, key: str) -> None:
         """Delete one session and end everything it owns, so nothing of it reaches a session
         created later under the same name."""
-        await self._ask(key, DeleteSession())
+        try:
+            await self._ask(key, DeleteSession())
+        finally:  # deleted, or maybe: every node reads it again
+            await self._gone(key)
         for end in self.hooks.on_session_end:  # each feature ends what it keeps for it
             await end(key)
-        self._owners.pop(key, None)
+
+    async def _gone(self, key: str) -> None:
+        """The session ``key`` was (or may have been) deleted through this node: forget it
+        here and, with several nodes, tell the others to (``g <key>``)."""
+        self.owners.forget(key)
+        if self.remote is not None:
+            await self.remote.gone(key)
+
+    def heard_gone(self, key: str | None) -> None:
+        """Another node deleted the session ``key``, or (None) deletes may have gone unheard:
+        forget it (everything) here (``RemoteSessions.on_gone``)."""
+        if key is None:
+            self.owners.forget_all()
+        else:
+            self.owners.forget(key)
 
     # -- turns --
 
@@ -425,7 +456,7 @@ class SessionDirectory:
     async def call_tool(
         self, user: str, session_id: str, tool: str, arguments: dict[str, Any]
     ) -> ToolResult:
-        key = await self.owned_key(user, session_id)
+        key = await self.owned_key(user, session_id, fresh=True)  # a tool may create rows
         self._metrics.inc("turnstile_tool_calls_total")
         return public_result(await self.tools.call(key, user, tool, arguments))
 

@@ -34,6 +34,13 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
 * **Delete.** ``x <key>``: the holder deletes the session (with its derived sessions and jobs;
   the confirmation was checked where it was asked), and the asking node waits until the row
   is gone; if it is not within :data:`DELETE_WAIT_SECONDS`, the client is told to try again.
+* **Gone.** ``g <key>``: whichever node deleted a session (the holder, or the node asked when
+  nobody held it) says so to all, once the row is gone. Every node forgets it in its cache of
+  which sessions exist (``on_gone``: ``owners.OwnerCache``), and a node that follows it for
+  its clients reads it again at once: if it is gone, or is a later session of the same name
+  (another ``created_at``), they are told it was deleted, and none of the later session's
+  events reach them. After a (re)connection, when some may have been missed, every node
+  forgets every session (``on_gone(None)``) and its followers read theirs again.
 
 Everything here is the sessions feature's; the kernel only carries the notifications.
 """
@@ -45,7 +52,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -107,14 +114,18 @@ _INBOX = 10_000
 class _Feed:
     """One session another node holds, followed for this node's clients."""
 
-    __slots__ = ("key", "public_id", "subscribers", "last_seq", "poked")
+    __slots__ = ("key", "public_id", "subscribers", "last_seq", "poked", "created_at", "recheck")
 
-    def __init__(self, key: str, public_id: str, last_seq: int) -> None:
+    def __init__(self, key: str, public_id: str, last_seq: int, created_at: datetime) -> None:
         self.key = key
         self.public_id = public_id
         self.subscribers: set[Subscriber] = set()
         self.last_seq = last_seq
         self.poked = trio.Event()
+        #: the followed session's, to tell it from a later one of the same key
+        self.created_at = created_at
+        #: a delete of the key was announced (or may have been missed): read its row again
+        self.recheck = False
 
 
 class RemoteSessions:
@@ -175,6 +186,10 @@ class RemoteSessions:
         #: an approval was answered through some node (``a <key> <approval id>``): the node
         #: whose call waits for it reads the answer (the execution feature's desk)
         self.on_approval: Callable[[str], None] | None = None
+        #: a session was deleted through some node (``g <key>``), or (None) deletes may have
+        #: gone unheard (the listener (re)connected): forget what is cached of it
+        #: (``SessionDirectory.heard_gone``)
+        self.on_gone: Callable[[str | None], None] | None = None
 
     # -- this node's sessions -------------------------------------------------------------------
 
@@ -221,7 +236,7 @@ class RemoteSessions:
         feed = self._feeds.get(key)
         if feed is None:
             last = session.last_seq if after_seq is None else after_seq
-            feed = self._feeds[key] = _Feed(key, public_id, last)
+            feed = self._feeds[key] = _Feed(key, public_id, last, session.created_at)
             assert self._nursery is not None, "RemoteSessions.run is not running"
             self._nursery.start_soon(self._follow, feed, name=f"follow session {key}")
         feed.subscribers.add(subscriber)
@@ -255,6 +270,9 @@ class RemoteSessions:
                     await feed.poked.wait()
                 feed.poked = trio.Event()
                 try:
+                    if feed.recheck:
+                        feed.recheck = False
+                        await self._same_session(feed)
                     await self._catch_up(feed)
                 except NotFound:  # deleted: nothing more will come
                     for subscriber in list(feed.subscribers):
@@ -265,6 +283,13 @@ class RemoteSessions:
         finally:
             if self._feeds.get(feed.key) is feed:
                 del self._feeds[feed.key]
+
+    async def _same_session(self, feed: _Feed) -> None:
+        """Raise ``NotFound`` unless ``feed``'s session is still the one it followed (not
+        deleted, nor created again under its key since)."""
+        session = await self.store.get_session(feed.key)
+        if session.created_at != feed.created_at:
+            raise NotFound(f"no session with id {feed.public_id!r}")
 
     async def _catch_up(self, feed: _Feed) -> None:
         while feed.subscribers:
@@ -403,6 +428,12 @@ class RemoteSessions:
                 await trio.sleep(0.05)
         raise Busy(f"the node holding session {key!r} did not delete it in time; try again")
 
+    async def gone(self, key: str) -> None:
+        """Tell every node that this node deleted the session ``key`` (``g <key>``): a hint;
+        a node that misses it reads the session again within ``owners.OWNER_CACHE_SECONDS``
+        (or at its listener's next reconnection)."""
+        await self._notify(f"g {key}")
+
     async def stop(self, key: str) -> bool:
         """Stop the turn running in ``key`` (held by another node): recorded in the store for
         the input it runs, announced, and carried out by the holder (see the module
@@ -488,18 +519,32 @@ class RemoteSessions:
         try:
             self._heard_send.send_nowait(payload)
         except trio.WouldBlock:  # too many at once: read everything again
+            self._gone(None)
             self._poke_all()
 
     def _poke_all(self) -> None:
         for feed in self._feeds.values():
             feed.poked.set()
 
+    def _gone(self, key: str | None) -> None:
+        """A delete of ``key`` (None: of any session) was announced, or may have been missed."""
+        if self.on_gone is not None:
+            self.on_gone(key)
+        feeds = self._feeds.values() if key is None else filter(None, [self._feeds.get(key)])
+        for feed in feeds:
+            feed.recheck = True
+            feed.poked.set()
+
     async def _handle(self, payload: str | None) -> None:
         if payload is None:  # (re)connected: something may have been missed
+            self._gone(None)
             self._poke_all()
             return
         kind, _, rest = payload.partition(" ")
         key, _, rest = rest.partition(" ")
+        if kind == "g":  # a session was deleted (by whichever node)
+            self._gone(key)
+            return
         if kind == "e":
             feed = self._feeds.get(key)
             if feed is not None:
