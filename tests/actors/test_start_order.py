@@ -217,6 +217,14 @@ async def test_every_start_then_every_ready_then_recovery_then_every_open(tmp_pa
     features = [late, *default_features(agent), early]
     async with open_node(config, agent=agent, features=features, serve=False) as node:
         assert node.context.started.is_set()
+        # children stop newest first: the features' actors in the reverse of the start order
+        # (the watcher first), every session last
+        assert node.context.supervisor.children == [
+            "sessions",
+            "scheduler",
+            "background",
+            "watchers",
+        ]
     order = [name for phase, name in log if phase == "start"]
     assert order == ["early", "late"]
     assert log == [("start", "early"), ("start", "late")] + [
