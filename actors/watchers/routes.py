@@ -127,7 +127,7 @@ def watcher_routes(node: NodeContext, watchers: ActorRef) -> list[HttpRoute]:
         spec = await request.body(_ANY)
         if not isinstance(spec, dict):
             raise DecodeError("expected a JSON object")
-        key = await node.directory.owned_key(request.user, request.path["id"])
+        key = await node.directory.owned_key(request.user, request.path["id"], fresh=True)
         started = await start_watcher(
             watchers, node.tools, key, request.user, spec, default_channel=node.output_channel
         )

@@ -428,7 +428,7 @@ def webhook_routes(
         return {"bindings": [binding_view(b) for b in await ingress.bindings(key)]}
 
     async def bind(request: ApiRequest) -> Any:
-        key = await node.directory.owned_key(request.user, request.path["id"])
+        key = await node.directory.owned_key(request.user, request.path["id"], fresh=True)
         body = await request.body(_BIND)
         binding, created = await ingress.bind(request.user, key, body.source, "http")
         return _json({**binding_view(binding), "created": created}, 201 if created else 200)

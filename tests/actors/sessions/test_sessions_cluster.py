@@ -99,14 +99,17 @@ async def test_a_session_deleted_through_another_node_is_gone_there_and_its_name
             assert (await http.get("/sessions/s/jobs")).json() == {"jobs": []}
 
 
-async def test_a_lost_announcement_lets_no_tool_create_rows_under_the_deleted_session(
+async def test_a_lost_announcement_lets_nothing_create_rows_under_the_deleted_session(
     store_url,
 ):
     async with two_nodes(store_url) as nodes:
         silence(nodes.b)  # a never hears of the delete
         assert (await nodes.on_b.delete("/sessions/s")).status_code == 204
 
-        # a tool may create rows under the session: the call reads the store, not a's cache
+        # a request that creates rows under the session reads the store, not a's cache: a
+        # route (bindings, watchers) or a tool
+        bound = await nodes.on_a.post("/sessions/s/bindings", json={"source": PR3})
+        assert bound.status_code == 404, bound.text
         with pytest.raises(NotFound, match="no session with id 's'"):
             await nodes.a.directory.call_tool("ada", "s", "bind_source", {"source": PR3})
 
