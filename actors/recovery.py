@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 from turnstile.runtime.store import InboxItem, NodeRef, Store
@@ -90,7 +91,7 @@ async def close_cut_off(
     for item in items:
         reruns = (item.detail or {}).get("reruns", 0)
         again = isinstance(reruns, int) and reruns < max_reruns
-        closure: list[tuple[str, dict]] = []
+        closure: list[tuple[str, dict[str, Any]]] = []
         if not await _turn_started(store, item):
             # A turn's stream_start is stored with the events that follow it, so a crash
             # can take it; without it the transcript would lose the input that began it.

@@ -58,7 +58,6 @@ from typing import Any
 import msgspec
 import trio
 
-from turnstile.actors.scheduling.cronexpr import CronSchedule
 from turnstile.actors.scheduling.events import JobUpdate
 from turnstile.actors.scheduling.firing import (
     FireBatches,
@@ -80,6 +79,7 @@ from turnstile.actors.scheduling.spec import (
     JobSpec,
     JobSpecError,
     Schedule,
+    cron_of,
     first_occurrence,
     in_active_hours,
     job_spec,
@@ -204,7 +204,7 @@ class SchedulerActor(Actor):
                 overdue += 1
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
-        self._batches = FireBatches(self.store, self.nursery)
+        self._batches = FireBatches(self.store, self._tasks)
         if not self.held:
             self._begin()
 
@@ -214,10 +214,9 @@ class SchedulerActor(Actor):
         if self._begun:
             return
         self._begun = True
-        assert self.nursery is not None
-        self.nursery.start_soon(self._run, name="scheduler wheel")
+        self._tasks.start_soon(self._run, name="scheduler wheel")
         if self.share is not None:
-            self.nursery.start_soon(self._take_on, name="scheduler: jobs to take on")
+            self._tasks.start_soon(self._take_on, name="scheduler: jobs to take on")
 
     def _mine(self, job: Job, now: datetime) -> bool:
         """Whether this node fires ``job`` now: always on one node; with several, the jobs its
@@ -276,9 +275,7 @@ class SchedulerActor(Actor):
             )
         now = self.clock.now()
         schedule = spec.schedule
-        entry_cron = (
-            CronSchedule(schedule.cron, schedule.timezone) if schedule.type == "cron" else None
-        )
+        entry_cron = cron_of(schedule) if schedule.type == "cron" else None
         first = now if msg.immediate else first_occurrence(schedule, now, entry_cron)
         if schedule.type == "once" and first <= now and not msg.immediate:
             raise InvalidArgument(
@@ -325,11 +322,17 @@ class SchedulerActor(Actor):
 
     # -- the wheel --
 
+    @property
+    def _tasks(self) -> trio.Nursery:
+        """The actor's nursery, for its own tasks (there once it started)."""
+        if self.nursery is None:
+            raise RuntimeError("the scheduler has not started")
+        return self.nursery
+
     def _due_at(self, entry: JobEntry) -> datetime:
         job = entry.job
-        return job.next_fire_at + timedelta(
-            seconds=occurrence_jitter(job.id, job.next_fire_at, entry.spec.jitter_seconds)
-        )
+        at = _next_fire(job)
+        return at + timedelta(seconds=occurrence_jitter(job.id, at, entry.spec.jitter_seconds))
 
     def _index(self, entry: JobEntry, at: datetime) -> None:
         if entry.handle is not None:
@@ -390,7 +393,7 @@ class SchedulerActor(Actor):
         spec = entry.spec
         schedule = spec.schedule
         now = self.clock.now()
-        expected = job.next_fire_at
+        expected = _next_fire(job)
         grace = timedelta(seconds=spec.misfire_grace_seconds)
         # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
         due = [expected]
@@ -402,7 +405,7 @@ class SchedulerActor(Actor):
         if following is not None and following <= now:  # beyond what we record one by one
             following = next_occurrence(schedule, now, cron)
         misfired = now - expected > grace or len(due) > 1
-        policy = spec.misfire if misfired else "on_time"
+        policy: str = spec.misfire if misfired else "on_time"
         window = spec.active_hours
         if window and not in_active_hours(window, now):
             policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
@@ -439,6 +442,8 @@ class SchedulerActor(Actor):
             result = await self._fire_one(job, spec, expected, following, now, extra, together)
             if result is None:
                 return self._forget_or_reload(job.id)
+        if result is None:  # catch_up with nothing to deliver (never: ``due`` has one at least)
+            return None
         job = result.job
         if job.state == "active" and job.next_fire_at is not None:
             entry.job = job
@@ -497,6 +502,8 @@ class SchedulerActor(Actor):
             self.lateness.append(committed)
             update = _job_update(result.job, "fired", spec.label, run_id=result.run.id)
             events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
+            if job.session_id is None or result.input is None:  # a fire always delivers one
+                raise RuntimeError(f"job {job.id!r} fired without a session input")
             await self._tell(
                 job.session_id,
                 Delivered(
@@ -516,7 +523,7 @@ class SchedulerActor(Actor):
     def _forget_or_reload(self, job_id: str) -> None:
         """The compare-and-set lost: someone else fired or changed the job; re-read it later."""
         self.entries.pop(job_id, None)
-        self.nursery.start_soon(self._reload, job_id, name=f"reload {job_id}")
+        self._tasks.start_soon(self._reload, job_id, name=f"reload {job_id}")
 
     async def _reload(self, job_id: str) -> None:
         try:
@@ -573,3 +580,11 @@ def _label(job: Job, entry: JobEntry | None) -> str:
         return job_spec(job).label
     except JobSpecError:
         return ""
+
+
+def _next_fire(job: Job) -> datetime:
+    """When an indexed job is next due: every active job has a next fire time (the store
+    completes a job whose schedule has none left)."""
+    if job.next_fire_at is None:
+        raise RuntimeError(f"job {job.id!r} is indexed without a next fire time")
+    return job.next_fire_at
