@@ -66,6 +66,7 @@ async def test_a_webhooks_run_id_beyond_int64_is_an_ordinary_turn(autojump_clock
         await ref.ask(Submit(source="webhook", content="[CI FAILED]", payload=_webhook(2**70)))
         await ref.ask(Submit(content="after"))
         await n.seen.until(b'"stream_end"', 2)
+        await trio.testing.wait_all_tasks_blocked()  # the second turn's inbox row settles
         assert [e["status"] for e in n.ends()] == ["completed", "completed"]
         inputs = await n.store.list_inputs("s")
         assert [i.state for i in inputs] == ["done", "done"]
