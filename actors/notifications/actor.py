@@ -49,7 +49,6 @@ from turnstile.actors.notifications.buffer import SessionBufferMixin, notificati
 from turnstile.actors.notifications.channels import (
     DeliveryError,
     ExternalChannelsMixin,
-    WebhookPost,
     _DeliveryFailed,
 )
 from turnstile.actors.notifications.config import (
@@ -67,6 +66,7 @@ from turnstile.actors.notifications.config import (
     NotificationFailed,
     NotifierConfig,
     UnknownChannel,
+    WebhookPost,
     _Notification,
     _one_line,
 )

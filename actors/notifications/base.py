@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from turnstile.actors.notifications.config import NotifierConfig
+from turnstile.actors.notifications.config import NotifierConfig, WebhookPost
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.store import Store
-
-if TYPE_CHECKING:
-    from turnstile.actors.notifications.channels import WebhookPost
 
 __all__ = ["NotifierBase"]
 

@@ -27,7 +27,6 @@ import email.utils
 import json
 import smtplib
 import ssl
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from email.message import EmailMessage
 from typing import Any
@@ -54,11 +53,6 @@ class DeliveryError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retriable = retriable
-
-
-#: ``async (url, headers, body, timeout) -> (status code, reason phrase)``: one webhook POST.
-#: Raises ``DeliveryError``; ``timeout`` bounds the attempt (the notifier also cancels it then).
-WebhookPost = Callable[[str, dict[str, str], bytes, float], Awaitable[tuple[int, str]]]
 
 
 class _DeliveryFailed(Exception):

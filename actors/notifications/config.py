@@ -11,7 +11,7 @@ validation read apart from the delivery code, and so that the delivery modules (
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,13 @@ OUTPUT_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ADDRESS = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\"]+|[^@\s,;<>\"]+@localhost")
+
+
+#: ``async (url, headers, body, timeout) -> (status code, reason phrase)``: one webhook POST.
+#: Raises ``DeliveryError`` (``channels.py``); ``timeout`` bounds the attempt (the notifier
+#: also cancels it then). Here, not in ``channels.py``, so that ``base.py`` declares it without
+#: importing the module that builds on it.
+WebhookPost = Callable[[str, dict[str, str], bytes, float], Awaitable[tuple[int, str]]]
 
 
 class NotificationFailed(TurnstileError):

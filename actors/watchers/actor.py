@@ -39,8 +39,9 @@ from typing import Any
 import trio
 
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.actors.watchers.base import _Outbox
 from turnstile.actors.watchers.cluster import LOCAL, ClusterMixin, WatcherShare
-from turnstile.actors.watchers.escalation import EscalationMixin, _Outbox, notification_text
+from turnstile.actors.watchers.escalation import EscalationMixin, notification_text
 from turnstile.actors.watchers.persistence import INDEX, NAMESPACE, PersistenceMixin, index_key
 from turnstile.actors.watchers.spec import (
     DEFAULT_INTERVAL,

@@ -5,7 +5,9 @@
 ``WatcherBase`` is the base of all of them: it declares that state, which
 ``WatcherActor.__init__`` sets, and the methods one part calls on another, so that each part is
 checked against the same actor rather than as a fragment, and a part whose method no longer fits
-what another part calls fails the type check. It adds nothing at run time.
+what another part calls fails the type check. It adds nothing at run time but ``_Outbox``, a
+record of that state (declared here, not in ``escalation.py`` which fills it, so that this module
+imports none of the parts).
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.state import Watcher
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.store import Store
 
-if TYPE_CHECKING:
-    from turnstile.actors.watchers.escalation import _Outbox
-
 __all__ = ["WatcherBase", "WatcherShare"]
+
+
+class _Outbox:
+    """A session's escalations waiting to be sent together (``escalation.py``)."""
+
+    __slots__ = ("events", "texts", "ids")
+
+    def __init__(self) -> None:
+        self.events: list[WatcherUpdate] = []
+        self.texts: list[str] = []
+        self.ids: list[str] = []
 
 
 class WatcherShare(Protocol):

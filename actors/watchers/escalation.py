@@ -60,7 +60,7 @@ from msgspec import UNSET
 
 from turnstile.actors.sessions.actor import Inject, Publish
 from turnstile.actors.sessions.agents.base import ToolResult
-from turnstile.actors.watchers.base import WatcherBase
+from turnstile.actors.watchers.base import WatcherBase, _Outbox
 from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.spec import DEFAULT_BATCH_SIZE, _num
 from turnstile.actors.watchers.state import Watcher
@@ -122,15 +122,6 @@ def _result_line(data: Any) -> str:
     if len(text) <= NOTIFY_RESULT_CHARS:
         return f"Result: {text}"
     return f"Result (truncated): {text[:NOTIFY_RESULT_CHARS]}... ({len(text)} chars total)"
-
-
-class _Outbox:
-    __slots__ = ("events", "texts", "ids")
-
-    def __init__(self) -> None:
-        self.events: list[WatcherUpdate] = []
-        self.texts: list[str] = []
-        self.ids: list[str] = []
 
 
 class EscalationMixin(WatcherBase):

@@ -7,16 +7,14 @@ frames are built here too, so ``docs/protocol.md`` has one place to be checked a
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any
 
 import msgspec
 
 from turnstile.runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
 from turnstile.runtime.errors import TurnstileError
 from turnstile.runtime.store import EventRecord
-
-if TYPE_CHECKING:
-    from turnstile.runtime.gateway.topics import TopicEvent
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -40,6 +38,7 @@ __all__ = [
     "CLIENT_FRAMES",
     "encode_event",
     "encode_topic_event",
+    "TopicEvent",
     "encode_frame",
     "error_frame",
 ]
@@ -173,6 +172,23 @@ def encode_event(session_id: str, event: EventRecord) -> bytes:
             "ts": event.ts,
         }
     )
+
+
+class TopicEvent(msgspec.Struct, frozen=True):
+    """One event of a user's topic, as its log stores it (``runtime.gateway.topics``, which
+    exports it; defined here, with the frame it becomes, so that frames never imports topics).
+
+    Attributes:
+        seq: its place in the user's log: greater than every earlier one (gaps allowed).
+        type: what happened (``fact_saved``); the frame's ``type``.
+        ts: when it was recorded (UTC).
+        payload: the event's fields; they become the frame's fields.
+    """
+
+    seq: int
+    type: str
+    ts: datetime
+    payload: dict[str, Any]
 
 
 def encode_topic_event(topic: str, event: TopicEvent) -> bytes:

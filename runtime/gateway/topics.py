@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
 from turnstile.runtime.errors import NotFound
-from turnstile.runtime.gateway.frames import TOPIC_PATTERN, encode_topic_event
+from turnstile.runtime.gateway.frames import TOPIC_PATTERN, TopicEvent, encode_topic_event
 
 __all__ = [
     "TOPIC_PATTERN",
@@ -47,22 +46,6 @@ __all__ = [
 ]
 
 _NAME = re.compile(TOPIC_PATTERN)
-
-
-class TopicEvent(msgspec.Struct, frozen=True):
-    """One event of a user's topic, as its log stores it.
-
-    Attributes:
-        seq: its place in the user's log: greater than every earlier one (gaps allowed).
-        type: what happened (``fact_saved``); the frame's ``type``.
-        ts: when it was recorded (UTC).
-        payload: the event's fields; they become the frame's fields.
-    """
-
-    seq: int
-    type: str
-    ts: datetime
-    payload: dict[str, Any]
 
 
 class TopicHead(msgspec.Struct, frozen=True):
