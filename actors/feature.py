@@ -42,12 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from turnstile.actors.sessions.hooks import SessionHooks
 from turnstile.actors.sessions.inputs import IN_SESSION
+from turnstile.actors.settings import SharedConfig
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import PlacedElsewhere, TurnstileError
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -60,9 +61,6 @@ from turnstile.runtime.store import Store
 from turnstile.runtime.supervisor import Supervisor
 from turnstile.tools.registry import ToolRegistry
 
-if TYPE_CHECKING:  # the node's Config composes every feature's section
-    from turnstile.actors.config import Config
-
 __all__ = [
     "Feature",
     "FeatureCycle",
@@ -72,13 +70,16 @@ __all__ = [
     "start_order",
 ]
 
+S = TypeVar("S")
+
 
 @dataclass
 class NodeContext:
     """The node as a feature sees it through its phases (``start``, ``ready``, ``open``).
 
     Attributes:
-        config: the node's whole configuration (a feature reads its own section).
+        config: the node's own settings (limits, users, tool modules, agent, …), what every
+            feature may read; a feature reads its own section with :meth:`section`.
         store: the node's store.
         clock: the node's clock (a ``MockWallClock`` in tests).
         metrics: where counters, gauges and summaries go (``/metrics``).
@@ -111,7 +112,7 @@ class NodeContext:
             correct: work begins in ``open``, after every feature is ready.
     """
 
-    config: Config
+    config: SharedConfig
     store: Store
     clock: Clock
     metrics: Metrics
@@ -129,6 +130,26 @@ class NodeContext:
     membership: Membership | None = None
     topics: UserTopics = field(default_factory=UserTopics)
     started: trio.Event = field(default_factory=trio.Event)
+
+    def section(self, name: str, kind: type[S]) -> S:
+        """A feature's own section of the node's configuration (``[name]`` in its file).
+
+        Args:
+            name: the section's name (``webhooks``; ``heartbeat`` for scheduling's).
+            kind: its type, defined in the feature's package (``WebhooksConfig``).
+
+        Returns:
+            the section as the node was configured.
+
+        Raises:
+            TypeError: the node's configuration has no section ``name`` of type ``kind``.
+        """
+        value = getattr(self.config, name, None)
+        if not isinstance(value, kind):
+            raise TypeError(
+                f"config section {name!r} must be a {kind.__name__}, got {type(value).__name__}"
+            )
+        return value
 
     async def output_channel(self, session_key: str) -> str:
         """Where a job or watcher of the session ``session_key`` delivers when its creator

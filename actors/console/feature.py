@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from turnstile.actors.console.routes import Assets, console_routes, load_assets
+from turnstile.actors.console.settings import ConsoleConfig
 from turnstile.actors.feature import NodeContext
 from turnstile.runtime.gateway.routes import HttpRoute
 
@@ -32,7 +33,7 @@ class ConsoleFeature:
         self.assets: Assets | None = None
 
     async def start(self, node: NodeContext) -> None:
-        if node.config.console.enabled:
+        if node.section("console", ConsoleConfig).enabled:
             self.assets = load_assets()
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:

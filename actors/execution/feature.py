@@ -34,6 +34,7 @@ from turnstile.actors.execution.background_schema import BACKGROUND
 from turnstile.actors.execution.routes import execution_routes
 from turnstile.actors.execution.schema import EXECUTION
 from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
+from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.sessions.actor import ShapedTurn
@@ -164,10 +165,11 @@ class ExecutionFeature:
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""
         register_discovery_tools(node.tools)
+        settings = node.section("execution", ExecutionConfig)
         self.shaper.shaper = shaper = TurnShaper(
-            node.tools, node.clock, node.config.execution, node.hooks.tool_profiles
+            node.tools, node.clock, settings, node.hooks.tool_profiles
         )
-        channel = node.config.execution.default_channel
+        channel = settings.default_channel
         if channel and node.check_channel is not None:
             try:
                 node.check_channel(channel)

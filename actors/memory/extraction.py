@@ -55,6 +55,7 @@ import trio
 
 from turnstile.actors.memory.queries import Fact
 from turnstile.actors.memory.service import SOURCES, Memory
+from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.sessions.actor import load_history
 from turnstile.actors.sessions.agents import Agent, OpenAIAgent
 from turnstile.actors.sessions.agents.base import AgentError, HistoryEntry, TurnInput, Usage
@@ -440,7 +441,7 @@ def start_extraction(node: Any, memory: Memory, model: Agent | None = None) -> E
     Returns:
         the running extractor, or None when extraction is off.
     """
-    config = node.config.memory
+    config = node.section("memory", MemoryConfig)
     if not config.extraction:
         log.info("memory extraction: off ([memory] extraction = false)")
         return None

@@ -23,6 +23,7 @@ from turnstile.actors.memory.injection import SummaryCache
 from turnstile.actors.memory.routes import memory_routes
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
+from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.memory.tools import register_memory_tools
 from turnstile.actors.sessions.agents import Agent
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -53,7 +54,7 @@ class MemoryFeature:
         self.extractor: Extractor | None = None
 
     async def start(self, node: NodeContext) -> None:
-        config = node.config.memory
+        config = node.section("memory", MemoryConfig)
         if not config.enabled:
             return
         chat_url = node.config.openai.get("base_url")  # the reference's fallback address

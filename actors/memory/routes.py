@@ -50,6 +50,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.memory.changes import TOPIC
 from turnstile.actors.memory.extraction import Extractor
 from turnstile.actors.memory.service import Memory
+from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.memory.state_queries import SessionState
 from turnstile.actors.memory.tools import (
     Category,
@@ -316,7 +317,7 @@ def _session_state(
 
 def _extraction_info(node: NodeContext, extractor: Extractor | None) -> dict[str, Any]:
     """Whether extraction runs on this node, and with what timing (or why not)."""
-    config = node.config.memory
+    config = node.section("memory", MemoryConfig)
     info: dict[str, Any] = {
         "enabled": extractor is not None,
         "stale_after_minutes": config.stale_after_minutes,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import msgspec
 import trio
@@ -19,13 +19,11 @@ import trio
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
 from turnstile.actors.notifications.routes import notification_routes
+from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import Store
 from turnstile.tools.netguard import NetPolicy
-
-if TYPE_CHECKING:  # the node's Config composes every feature's section
-    from turnstile.actors.config import Config
 
 __all__ = ["NotificationsFeature", "make_notifier", "purge_expired"]
 
@@ -44,7 +42,7 @@ class NotificationsFeature:
         self.notifier: Notifier | None = None
 
     async def start(self, node: NodeContext) -> None:
-        self.notifier = notifier = make_notifier(node.config, node.store, node.clock, node)
+        self.notifier = notifier = make_notifier(node)
         register_notify_tools(node.tools, notifier)
         node.notify = notifier.notify
         node.check_channel = notifier.check_channel
@@ -61,26 +59,28 @@ class NotificationsFeature:
         return notification_routes(node, self.notifier)
 
 
-def make_notifier(config: Config, store: Store, clock, node: NodeContext) -> Notifier:
-    """The notifier with the config's channels; webhooks go through the SSRF guard."""
+def make_notifier(node: NodeContext) -> Notifier:
+    """The notifier with the node's ``[channels.*]`` and ``[notifications]``; webhooks go
+    through the SSRF guard (``[modules.http]``'s allowed hosts and networks)."""
 
-    def listed(struct) -> dict:
+    def listed(struct: msgspec.Struct) -> dict[str, Any]:
         return {
             k: tuple(v) if isinstance(v, list) else v
             for k, v in msgspec.structs.asdict(struct).items()
         }
 
-    http = config.modules.http
+    channels: dict[str, ChannelSettings] = node.section("channels", dict)
+    settings = node.section("notifications", NotificationsConfig)
+    http = node.config.modules.http
     return Notifier(
-        store,
-        clock,
+        node.store,
+        node.clock,
         node.ask_session,
         NotifierConfig(
             channels=tuple(
-                ChannelConfig(name=name, **listed(channel))
-                for name, channel in config.channels.items()
+                ChannelConfig(name=name, **listed(channel)) for name, channel in channels.items()
             ),
-            **msgspec.structs.asdict(config.notifications),
+            **msgspec.structs.asdict(settings),
         ),
         webhook_post=guarded_webhook_post(
             NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))

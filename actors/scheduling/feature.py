@@ -32,6 +32,7 @@ from turnstile.actors.scheduling.recall import (
     register_recall_tools,
 )
 from turnstile.actors.scheduling.routes import scheduling_routes
+from turnstile.actors.scheduling.settings import HeartbeatDefaults
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.directory import create_derived_session
@@ -55,6 +56,7 @@ class SchedulingFeature:
 
     async def start(self, node: NodeContext) -> None:
         store, clock, tools, limits = node.store, node.clock, node.tools, node.config.limits
+        heartbeat = node.section("heartbeat", HeartbeatDefaults)
         self.scheduler = scheduler = await node.supervisor.spawn(
             lambda: SchedulerActor(
                 store,
@@ -90,11 +92,7 @@ class SchedulingFeature:
             lambda parent, suffix: create_derived_session(
                 store, limits.max_sessions_per_user, parent, suffix
             ),
-            defaults={
-                k: v
-                for k, v in msgspec.structs.asdict(node.config.heartbeat).items()
-                if v is not None
-            },
+            defaults={k: v for k, v in msgspec.structs.asdict(heartbeat).items() if v is not None},
             check_channel=node.check_channel,
         )
         register_check_tools(tools, scheduler, store, clock)

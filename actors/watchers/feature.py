@@ -13,6 +13,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.watchers.actor import BeginChecks, DropSessionWatchers, WatcherActor
 from turnstile.actors.watchers.cluster import settled
 from turnstile.actors.watchers.routes import watcher_routes
+from turnstile.actors.watchers.settings import WatchersConfig
 from turnstile.actors.watchers.tools import WATCH_TOOLS, register_watch_tools, watch_runner
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -36,7 +37,7 @@ class WatchersFeature:
 
     async def start(self, node: NodeContext) -> None:
         tools = node.tools
-        settings = node.config.watchers
+        settings = node.section("watchers", WatchersConfig)
         self.watchers = watchers = await node.supervisor.spawn(
             lambda: WatcherActor(
                 watch_runner(tools),

@@ -24,6 +24,7 @@ from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent
 from turnstile.actors.webhooks.routes import SignedHook, webhook_routes
 from turnstile.actors.webhooks.schema import WEBHOOKS
 from turnstile.actors.webhooks.service import Ingress
+from turnstile.actors.webhooks.settings import WebhooksConfig
 from turnstile.actors.webhooks.template import RouteTemplate
 from turnstile.actors.webhooks.tools import register_binding_tools
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -55,7 +56,7 @@ class WebhooksFeature:
     async def start(self, node: NodeContext) -> None:
         # Its inputs are read as its own even when ingress is off (rows stored earlier).
         node.hooks.input_kinds.register(PlainKind(WEBHOOK_SOURCE, WebhookEvent))
-        config = node.config.webhooks
+        config = node.section("webhooks", WebhooksConfig)
         if not config.enabled:
             return
         self.ingress = ingress = Ingress(

@@ -273,7 +273,7 @@ def webhook_routes(
     hooks: dict[str, SignedHook],
 ) -> list[HttpRoute]:
     """The routes: GitHub's when it has a secret, the declared hooks', unrouted, bindings."""
-    config: WebhooksConfig = node.config.webhooks
+    config = node.section("webhooks", WebhooksConfig)
     routes: list[HttpRoute] = []
 
     def github_receiver(secret: bytes) -> RouteHandler:
