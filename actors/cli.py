@@ -20,6 +20,10 @@ lost its place among the nodes (``docs/cluster.md``). ``--json`` prints the answ
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
 module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
 inside ``serve``, so ``attach`` and the clients start without loading the features.
+
+It is over 400 lines because it is the one command line: one parser and a short handler per command;
+the import contract lets only this module and the composition root know every feature, so the
+commands are not spread over the features.
 """
 
 from __future__ import annotations

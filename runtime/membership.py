@@ -29,6 +29,10 @@ node's lifetime:
   incarnations that have ended (:func:`ended_by`), whoever ended them.
 
 Which id a node takes is :func:`default_node_id`'s choice unless it is configured.
+
+It is over 400 lines because the heartbeat, the sweep and the rules on ended incarnations
+(:func:`ended_by`, :func:`owner_of`) read the same row and lease: together they are the one
+definition of which node is alive.
 """
 
 from __future__ import annotations

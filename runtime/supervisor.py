@@ -17,6 +17,9 @@ its children and raises ``SupervisorEscalation`` to its parent (a parent supervi
 as the crash of a child); with ``escalate=False`` — what a registry of independent virtual
 actors wants — intensity is counted per child, and only the offending child is given up on,
 its pending asks failing with ``ActorCrashed``.
+
+It is over 400 lines because spawning, restarting and giving up read and change the same children
+and restart counts under one nursery; the restart rules can only be checked in one place.
 """
 
 from __future__ import annotations

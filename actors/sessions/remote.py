@@ -43,6 +43,10 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
   forgets every session (``on_gone(None)``) and its followers read theirs again.
 
 Everything here is the sessions feature's; the kernel only carries the notifications.
+
+It is over 400 lines because every remote operation (follow, submit, requests, policy, delete, gone)
+rides one channel and its one handler (``_handle``), and the guarantee that a lost announcement only
+delays comes from the same polls; a split would pass that channel around.
 """
 
 from __future__ import annotations

@@ -48,6 +48,10 @@ twice. A watcher's state written by a node that died is as old as its last flush
 ``persist_interval``): the checks of that window are run again, and an escalation of that
 window may be repeated. The per-session limit is counted in the store when the watcher is
 created: two creations at once through two nodes may pass it by one.
+
+It is over 400 lines because adoption, release and forwarded requests all turn on the same
+``holder`` field and live set, and must be read together to see that a watcher is checked by one
+node at a time.
 """
 
 from __future__ import annotations

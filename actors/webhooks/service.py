@@ -30,6 +30,10 @@ names in the hook's user's namespace, or is recorded unrouted for that user.
 **Bindings** belong to a session and so to its owner: they are made on a session the caller
 owns (the tools act on the calling session, the routes resolve names with ``owned_key``), and
 end with the session. ``[webhooks.github.repos."o/r"] users`` narrows who may bind to a repo.
+
+It is over 400 lines because recording, delivering, the sweep and the bindings share a delivery's
+lifecycle and its target leases (``accepted``, then ``delivered``); the crash cases above are read
+against one class.
 """
 
 from __future__ import annotations

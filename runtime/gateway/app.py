@@ -22,6 +22,10 @@ Slow clients are bounded too: a body must arrive whole within ``body_timeout`` s
 handler starting to read it (else ``408 request_timeout`` and the connection is closed), and a
 body whose ``Content-Length`` is over the limit is refused before any of it is read. (Slow
 request heads are the server's job: ``runtime.server.serve_app``'s ``header_timeout``.)
+
+It is over 400 lines because the routes, the front door (auth, body limits, the error mapping) and
+the WebSocket endpoint are closures over one ``build_app`` call's state (the backend, limits,
+metrics, the connection count).
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Subscribing to a user topic (``subscribe``, ``runtime.gateway.topics``) works th
 the topic's log in place of the session's events: ``subscribed``, the replay when ``after_seq``
 was given (none when the log no longer holds what came after it: ``reset``), ``topic_sync``,
 then live events of this connection's user only, dropped with ``lagged`` when the outbox is full.
+
+It is over 400 lines because the reader, the writer, the calls in flight and the replay-then-live
+handover of attach and subscribe share one outbox and its lag rules: they are one connection's
+state.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ for a connection (``first``). The rows come back as one, column by column (not a
 composites: asyncpg caches a composite's layout per connection, and a column added while a
 node runs would make it raise after the statement had committed).
 
-Over 400 lines: a fire's statements for both backends, the one-statement forms and the
-transaction they fall back to, are long, and each is explained where it stands; they belong
-together because they must give the same answers and errors.
+It is over 400 lines because a fire's statements for both backends, the one-statement forms and the
+transaction they fall back to, are long, and each is explained where it stands; they are kept
+together since they must give the same answers and errors.
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ names but the call did not pass is a ``TypeError`` naming both. A placeholder is
 only: ``$1`` and ``?`` are refused where the statement is written, so PostgreSQL's jsonb
 operators ``?``, ``?|`` and ``?&`` are written as their functions (``jsonb_exists``, …).
 
-Over 400 lines: the whole mechanism in one place (the statement compiler, the operation, one
-short runner per shape and backend, and the factories with their docstrings), which a reader
-of the store learns once.
+It is over 400 lines because it is the whole mechanism in one place (the statement compiler, the
+operation, one short runner per shape and backend, and the factories with their docstrings), which
+a reader of the store learns once.
 """
 
 from __future__ import annotations

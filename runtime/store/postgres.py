@@ -11,9 +11,9 @@ cut off is dropped, not reused.
 Migrations run at start-up in one transaction under ``pg_advisory_xact_lock`` keyed by the
 current schema, so concurrent start-ups apply them once.
 
-Over 400 lines: the pool, the backend and ``listen`` share one lifecycle (opened, drained and
-closed together) and the pool's rules (no reset, fires first) are the backend's; the bridge to
-trio, which knows nothing of PostgreSQL, is a module of its own.
+It is over 400 lines because the pool, the backend and ``listen`` share one lifecycle (opened,
+drained and closed together) and the pool's rules (no reset, fires first) are the backend's; the
+bridge to trio, which knows nothing of PostgreSQL, is a module of its own.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
   often carry secrets (API keys, signed links, ``user:password@``), so importing this module
   installs ``RedactUrls`` on the ``httpx`` logger: those records show ``scheme://host/path``
   only. It covers every httpx client in the process (this module, webhooks, the agent).
+
+It is over 400 lines because the three tools share one exchange through the netguard (limits, header
+rules, the body's rendering) and one config, and their argument checks run before approval.
 """
 
 from __future__ import annotations

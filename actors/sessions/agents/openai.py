@@ -26,6 +26,9 @@ so a node running another agent does not pay its import time.
 
 Failures become ``AgentError`` with one short line (the runtime shows it on the stream); the API
 key is never part of a message or a repr.
+
+It is over 400 lines because the turn's loop and the readers of what servers stream back (chunks
+merged into calls, the variants listed above) are one protocol adapter; the helpers serve only it.
 """
 
 from __future__ import annotations
