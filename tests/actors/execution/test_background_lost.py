@@ -5,7 +5,7 @@ closed as lost and notified").
 * One node on a SQLite file: the node stops while a task runs; at its next start the task
   reads ``lost`` and the session has been told. (A real ``kill -9`` of ``turnstile serve`` is
   tests/e2e/test_background_lost.py.)
-* Two nodes in-process on PostgreSQL (as tests/actors/test_placement.py): a task runs on
+* Two nodes in-process on PostgreSQL (as tests/actors/sessions/test_placement.py): a task runs on
   ``a``; ``a``'s lease is made to run out behind its back (what a node paused or killed looks
   like to the others); ``b``'s sweep declares it dead, closes the task as lost once, and tells
   the session, which ``b`` then holds. Nothing here is an event of the test's own: the nodes
@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import trio
 
-from tests.actors.test_placement import expire_lease
+from tests.actors.sessions.test_placement import expire_lease
 from tests.runtime.store._support import Backend
 from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig

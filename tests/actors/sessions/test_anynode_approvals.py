@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from tests.actors.test_anynode import Cluster, eventually, frames
+from tests.actors.sessions.test_anynode import Cluster, eventually, frames
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
