@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import msgspec
 import numpy as np
@@ -272,6 +272,10 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
+@overload
+def _sqlite_time(value: str) -> datetime: ...
+@overload
+def _sqlite_time(value: None) -> None: ...
 def _sqlite_time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 

@@ -13,7 +13,7 @@ for one owner (``<owner>/<name>``) is by name, with a keyset cursor (``after``, 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -34,7 +34,11 @@ class SessionState(msgspec.Struct, frozen=True):
     extracted_at: datetime | None
 
 
-def _time(value: Any) -> datetime | None:
+@overload
+def _time(value: str | datetime) -> datetime: ...
+@overload
+def _time(value: None) -> None: ...
+def _time(value: str | datetime | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
     return datetime.fromisoformat(value)

@@ -14,7 +14,7 @@ was recorded.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -109,6 +109,10 @@ class Recorded(msgspec.Struct, frozen=True):
     targets: list[Target]
 
 
+@overload
+def _time(value: str | datetime) -> datetime: ...
+@overload
+def _time(value: None) -> None: ...
 def _time(value: str | datetime | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
@@ -153,7 +157,7 @@ def _record_sqlite(
                 lookup,
             )
         ]
-    targets = targets or [tuple(t) for t in fallback]
+    targets = targets or [(t[0], t[1]) for t in fallback]
     cursor = conn.execute(
         _INSERT_DELIVERY.format(", ".join("?" * 10)),
         (
@@ -193,7 +197,7 @@ async def _record_postgres(
             " WHERE source_key = ANY($1::text[]) ORDER BY session_key",
             lookup,
         )
-        targets = [(row[0], row[1]) for row in rows] or [tuple(t) for t in fallback]
+        targets = [(row[0], row[1]) for row in rows] or [(t[0], t[1]) for t in fallback]
         inserted = await conn.fetchval(
             _INSERT_DELIVERY.format(", ".join(f"${i}" for i in range(1, 11))) + " RETURNING id",
             delivery["id"],

@@ -44,7 +44,7 @@ class Backend(Protocol):
         """Run ``op`` with ``args``: a write in one transaction, durable when this returns.
 
         Raises:
-            TypeError: ``op`` has no side for this database.
+            TypeError: ``op`` does not run on this database.
             StoreError: the database reported an error, or the store is closed.
         """
         ...

@@ -143,6 +143,8 @@ class StoreBase:
         """
         if not isinstance(op, ops.Operation):
             raise TypeError(f"expected an Operation, got {type(op).__name__}")
+        if self.backend not in op.backends:
+            raise TypeError(f"operation {op.name!r} does not run on {self.backend}")
         return await self.engine.run(op, **args)
 
     # The names features used before operations said whether they write: an operation runs

@@ -183,24 +183,27 @@ class Operation(Generic[R]):
 
     The backends call ``sqlite(conn, **args)`` or ``await postgres(conn, **args)`` where the
     database is, then ``decode(answer)`` (when not None) on the caller's thread; the caller
-    gets an ``R``.
+    gets an ``R``. One operation's side may call another's inside its own transaction (a
+    feature's write that also logs it).
 
     Attributes:
         name: what the operation is called in errors (``"get_run"``, ``"memory.save"``).
         writes: whether it writes (SQLite runs it in the writer's group commit).
         first: served before the operations waiting for a PostgreSQL connection.
-        sqlite: SQLite's side, or None when it does not run there.
-        postgres: PostgreSQL's side, or None when it does not run there.
+        backends: where it runs: ``{"sqlite", "postgres"}``, or one of them.
+        sqlite: SQLite's side (where it does not run there, one that raises ``TypeError``).
+        postgres: PostgreSQL's side (likewise).
         decode: turns the backend's answer into the caller's, or None to give it as it is.
     """
 
-    __slots__ = ("name", "writes", "first", "sqlite", "postgres", "decode")
+    __slots__ = ("name", "writes", "first", "backends", "sqlite", "postgres", "decode")
 
     name: str
     writes: bool
     first: bool
-    sqlite: SqliteSide | None
-    postgres: PostgresSide | None
+    backends: frozenset[str]
+    sqlite: SqliteSide
+    postgres: PostgresSide
     decode: Callable[[Any], R] | None
 
     def __init__(
@@ -220,23 +223,28 @@ class Operation(Generic[R]):
         self.name = name
         self.writes = bool(writes)
         self.first = bool(first)
-        self.sqlite = sqlite
-        self.postgres = postgres
+        self.backends = frozenset(
+            backend for backend, side in (("sqlite", sqlite), ("postgres", postgres)) if side
+        )
+        self.sqlite = _Elsewhere(name, "sqlite") if sqlite is None else sqlite
+        self.postgres = _Elsewhere(name, "postgres") if postgres is None else postgres
         self.decode = decode
 
     def __repr__(self) -> str:
         return f"<Operation {self.name}>"
 
-    def side(self, backend: str) -> Callable[..., Any]:
-        """The side ``backend`` (``"sqlite"`` or ``"postgres"``) runs.
 
-        Raises:
-            TypeError: the operation does not run on that backend.
-        """
-        fn = self.sqlite if backend == "sqlite" else self.postgres
-        if fn is None:
-            raise TypeError(f"operation {self.name!r} does not run on {backend}")
-        return fn
+class _Elsewhere:
+    """The side of an operation on a backend it does not run on: calling it says so."""
+
+    __slots__ = ("name", "backend")
+
+    def __init__(self, name: str, backend: str) -> None:
+        self.name = name
+        self.backend = backend
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise TypeError(f"operation {self.name!r} does not run on {self.backend}")
 
 
 # -- running a compiled statement (the sides the factories build) -----------------------------

@@ -269,8 +269,6 @@ class PostgresBackend:
         """Run ``op``'s PostgreSQL side on a pooled connection on the asyncio thread (it opens
         a transaction itself where it needs one), then its ``decode`` here."""
         fn = op.postgres
-        if fn is None:
-            raise TypeError(f"operation {op.name!r} does not run on postgres")
         pool, aio = self._pool, self._aio
         if pool is None or aio is None:
             raise StoreError("store is closed")

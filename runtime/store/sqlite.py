@@ -192,8 +192,6 @@ class SQLiteBackend:
         this returns), a read on a reader connection in one read transaction; then its
         ``decode`` here."""
         fn = op.sqlite
-        if fn is None:
-            raise TypeError(f"operation {op.name!r} does not run on sqlite")
         if op.writes:
             answer = await self._write(fn, args)
         else:

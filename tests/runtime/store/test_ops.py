@@ -77,7 +77,10 @@ def test_an_operation_says_what_it_is():
     assert ops.rows("t.all", "SELECT 1", decode=tuple).decode([(1,), (2,)]) == [(1,), (2,)]
     assert ops.count("t.drop", "DELETE FROM t").writes  # count and execute write by default
     assert ops.execute("t.touch", "UPDATE t SET n = 1").writes
-    assert ops.procedure("t.p", sqlite=len, postgres=None, first=True).first
+    one = ops.procedure("t.p", sqlite=len, postgres=None, first=True)
+    assert one.first and one.backends == {"sqlite"}
+    with pytest.raises(TypeError, match="operation 't.p' does not run on postgres"):
+        one.postgres(None)
     with pytest.raises(ValueError, match="operation 't.none' has no SQL"):
         ops.value("t.none")
     with pytest.raises(ValueError, match="operation 't.nowhere' runs on no backend"):
@@ -92,7 +95,7 @@ def test_one_backends_own_sql():
         sqlite="UPDATE t SET at = min(at, :now) WHERE id = :id RETURNING 1",
         postgres="UPDATE t SET at = least(at, now()) WHERE id = :id RETURNING 1",
     )
-    assert op.sqlite is not None and op.postgres is not None
+    assert op.backends == {"sqlite", "postgres"}
     assert op.sqlite.args[1].sqlite == "UPDATE t SET at = min(at, ?1) WHERE id = ?2 RETURNING 1"
     assert op.postgres.args[1].postgres == (
         "UPDATE t SET at = least(at, now()) WHERE id = $1 RETURNING 1"
