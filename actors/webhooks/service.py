@@ -255,7 +255,7 @@ class Ingress:
             "content": delivery.content,
             "payload": delivery.payload,
         }
-        targets = await self.store.run_write(
+        targets = await self.store.run(
             RECORD,
             delivery=record,
             lookup=delivery.source_keys,
@@ -292,7 +292,7 @@ class Ingress:
             holds it).
         """
         now = self.clock.now()
-        claimed: Claimed | None = await self.store.run_write(
+        claimed: Claimed | None = await self.store.run(
             CLAIM,
             delivery_id=delivery_id,
             session_key=key,
@@ -320,7 +320,7 @@ class Ingress:
             return "dropped"
         except TurnstileError as exc:  # a full queue, a busy mailbox: the sweep tries again
             retry_at = self.clock.now() + timedelta(seconds=self.config.redeliver_seconds)
-            await self.store.run_write(
+            await self.store.run(
                 RELEASE,
                 delivery_id=delivery_id,
                 session_key=key,
@@ -340,7 +340,7 @@ class Ingress:
     async def _settle(
         self, claimed: Claimed, state: str, input_id: int | None, error: str | None
     ) -> None:
-        await self.store.run_write(
+        await self.store.run(
             SETTLE,
             delivery_id=claimed.delivery_id,
             session_key=claimed.session_key,
@@ -358,14 +358,14 @@ class Ingress:
         """
         now = self.clock.now()
         before = now - timedelta(days=self.config.retention_days)
-        pruned = await self.store.run_write(PRUNE, before=self.store.db_time(before))
+        pruned = await self.store.run(PRUNE, before=self.store.db_time(before))
         if pruned:
             log.info(
                 "webhooks: pruned %d deliveries older than %g days",
                 pruned,
                 self.config.retention_days,
             )
-        pending = await self.store.run_read(PENDING, now=self.store.db_time(now), limit=SWEEP_BATCH)
+        pending = await self.store.run(PENDING, now=self.store.db_time(now), limit=SWEEP_BATCH)
         delivered = 0
         for delivery_id, key in pending:
             if await self.deliver(delivery_id, key) == "delivered":
@@ -419,7 +419,7 @@ class Ingress:
             LimitExceeded: the session has ``max_bindings_per_session`` already.
         """
         source = self.check_bindable(owner, source)
-        binding, created = await self.store.run_write(
+        binding, created = await self.store.run(
             BIND,
             owner=owner,
             session_key=key,
@@ -439,13 +439,13 @@ class Ingress:
             InvalidArgument: not a source key.
         """
         source = str(parse_source_key(source))
-        removed = await self.store.run_write(UNBIND, session_key=key, source=source)
+        removed = await self.store.run(UNBIND, session_key=key, source=source)
         if removed:
             await self._announce(key, "unbound", source, via)
         return bool(removed)
 
     async def bindings(self, key: str) -> list[Binding]:
-        return await self.store.run_read(BINDINGS, session_key=key)
+        return await self.store.run(BINDINGS, session_key=key)
 
     async def _announce(self, key: str, action: str, source: str, via: str) -> None:
         event = SourceBinding(action=action, source=source, via=via)
@@ -456,18 +456,16 @@ class Ingress:
 
     async def end_session(self, key: str) -> None:
         """``SessionHooks.on_session_end``: the session's bindings go with it."""
-        await self.store.run_write(
-            END_SESSION, session_key=key, now=self.store.db_time(self.clock.now())
-        )
+        await self.store.run(END_SESSION, session_key=key, now=self.store.db_time(self.clock.now()))
 
     async def unrouted(self, owner: str | None, limit: int) -> list[Unrouted]:
-        return await self.store.run_read(UNROUTED, owner=owner, limit=limit)
+        return await self.store.run(UNROUTED, owner=owner, limit=limit)
 
     async def deliveries(self, owner: str | None, limit: int) -> list[Recorded]:
         """The latest recorded deliveries, newest first, with where each went: ``owner``'s
         (sent on their behalf or to one of their sessions, and only their sessions of it), or
         everyone's for None."""
-        return await self.store.run_read(DELIVERIES, owner=owner, limit=limit)
+        return await self.store.run(DELIVERIES, owner=owner, limit=limit)
 
     def counts(self) -> dict[str, dict[str, Any]]:
         """Every webhook request this node answered since it started, by hook: each outcome

@@ -55,7 +55,6 @@ from turnstile.runtime.store.records import (
     SessionLease,
     TakeOver,
 )
-from turnstile.runtime.store.tables import TableQuery
 
 __all__ = [
     "Store",
@@ -66,7 +65,6 @@ __all__ = [
     "Operation",
     "Statement",
     "ops",
-    "TableQuery",
     "UNSET",
     "UnsetType",
     "SCHEMA_VERSION",

@@ -38,7 +38,6 @@ from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.backend import Backend
 from turnstile.runtime.store.records import MigrationRecord, NodeRef
-from turnstile.runtime.store.tables import TableQuery
 
 __all__ = ["UNSET", "StoreBase", "UnsetType", "ts", "optional_ts"]
 
@@ -146,18 +145,6 @@ class StoreBase:
         if self.backend not in op.backends:
             raise TypeError(f"operation {op.name!r} does not run on {self.backend}")
         return await self.engine.run(op, **args)
-
-    # The names features used before operations said whether they write: an operation runs
-    # as it says; a ``TableQuery`` (runtime.store.tables) as the name says. Kept until every
-    # caller uses ``run`` and defines operations.
-
-    async def run_read(self, op: ops.Operation[Any] | TableQuery, /, **args: Any) -> Any:
-        """Older name of :meth:`run`; runs a ``TableQuery`` as a read."""
-        return await self.run(op.read if isinstance(op, TableQuery) else op, **args)
-
-    async def run_write(self, op: ops.Operation[Any] | TableQuery, /, **args: Any) -> Any:
-        """Older name of :meth:`run`; runs a ``TableQuery`` as a write."""
-        return await self.run(op.write if isinstance(op, TableQuery) else op, **args)
 
     # ---- schema ----
 

@@ -15,7 +15,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.node import default_features, open_node
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.runtime.gateway import HttpRoute
-from turnstile.runtime.store import Migration, MigrationSet, TableQuery
+from turnstile.runtime.store import Migration, MigrationSet, ops
 from turnstile.tools.registry import ToolCall
 
 ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
@@ -66,9 +66,13 @@ async def _forget_postgres(conn, key):
     await conn.execute("DELETE FROM greetings WHERE session_id = $1", key)
 
 
-HELLO = TableQuery("greetings.hello", sqlite=_hello_sqlite, postgres=_hello_postgres)
-COUNT = TableQuery("greetings.count", sqlite=_count_sqlite, postgres=_count_postgres)
-FORGET = TableQuery("greetings.forget", sqlite=_forget_sqlite, postgres=_forget_postgres)
+HELLO = ops.procedure(
+    "greetings.hello", sqlite=_hello_sqlite, postgres=_hello_postgres, writes=True
+)
+COUNT = ops.procedure("greetings.count", sqlite=_count_sqlite, postgres=_count_postgres)
+FORGET = ops.procedure(
+    "greetings.forget", sqlite=_forget_sqlite, postgres=_forget_postgres, writes=True
+)
 
 
 class Greetings:
@@ -87,19 +91,19 @@ class Greetings:
         self.store = store = node.store
 
         async def hello(call: ToolCall, params: NoParams) -> dict[str, int]:
-            return {"count": await store.run_write(HELLO, key=call.session_id)}
+            return {"count": await store.run(HELLO, key=call.session_id)}
 
         node.tools.register("greet.hello", NoParams, hello, "Say hello; count the hellos.")
         node.hooks.on_session_end.append(self.end)
 
     async def end(self, key: str) -> None:
         self.ended.append(key)
-        await self.store.run_write(FORGET, key=key)
+        await self.store.run(FORGET, key=key)
 
     def routes(self, node: NodeContext) -> list[HttpRoute]:
         async def count(request) -> dict[str, int]:
             key = await node.directory.owned_key(request.user, request.path["id"])
-            return {"count": await node.store.run_read(COUNT, key=key)}
+            return {"count": await node.store.run(COUNT, key=key)}
 
         return [HttpRoute("GET", "/sessions/{id}/greetings", count)]
 
@@ -144,7 +148,7 @@ async def test_a_feature_of_ones_own_gets_tables_tools_routes_and_hooks(tmp_path
         assert ("greetings", 1) in applied
         assert (await http.delete("/sessions/s1", headers=auth(ADA))).status_code == 204
         assert greetings.ended == ["ada/s1"]
-        assert await node.store.run_read(COUNT, key="ada/s1") == 0
+        assert await node.store.run(COUNT, key="ada/s1") == 0
 
 
 async def test_a_features_rows_outlive_the_node_and_a_new_step_runs_alone(tmp_path):

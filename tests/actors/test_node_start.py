@@ -193,7 +193,7 @@ async def check(node, key: str, hang: Hang) -> Due:
 async def webhook(node, key: str, hang: Hang) -> Due:
     """A delivery recorded (acknowledged to GitHub) whose inbox row the crash took."""
     await call(node, key, "bind_source", source=PR3)
-    targets = await node.store.run_write(
+    targets = await node.store.run(
         RECORD,
         delivery={
             "id": "github:recorded",

@@ -10,7 +10,7 @@ import pytest
 
 from tests.runtime.store._support import T0, ManualClock
 from turnstile.runtime.errors import StoreError
-from turnstile.runtime.store import Migration, MigrationSet, TableQuery, open_store, ops
+from turnstile.runtime.store import Migration, MigrationSet, open_store, ops
 
 NOTES = MigrationSet(
     "notes",
@@ -119,15 +119,3 @@ async def test_only_operations_run_and_arguments_are_checked(backend):
             TypeError, match=f"operation 'notes.one' does not run on {backend.kind}"
         ):
             await store.run(one, notes=[], at=None)
-
-
-async def test_a_table_query_still_runs_as_its_caller_says(backend):
-    # the way features wrote queries before operations, until the last of them moves
-    query = TableQuery("notes.put", sqlite=_put_sqlite, postgres=_put_postgres)
-    async with open_store(backend.url, migrations=[NOTES]) as store:
-        at = store.db_time(T0)
-        assert await store.run_write(query, notes=[("a", "one")], at=at) == 1
-        if backend.kind == "sqlite":  # a read runs on a read-only connection
-            with pytest.raises(StoreError, match="readonly"):
-                await store.run_read(query, notes=[("b", "two")], at=at)
-        assert await store.run_read(ALL) == [Note("a", "one", [])]
