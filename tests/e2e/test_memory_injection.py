@@ -10,6 +10,7 @@ import pytest
 from tests.support.agents import ENV_VARS
 from tests.support.fake_openai import start_standin, text_stream
 from tests.support.node import connect, new_session, running_node
+from turnstile.actors.memory.injection import memory_message
 from turnstile.actors.sessions.agents import OpenAIAgent
 
 
@@ -57,7 +58,7 @@ async def test_the_request_carries_the_memory_after_the_system_prompt_before_his
     assert messages[0]["content"].endswith("Be brief.")  # the runtime's prompt, then the agent's
     assert messages[1] == {
         "role": "system",
-        "content": "## What I remember about the user\n\nLikes dark roast.",
+        "content": memory_message("Likes dark roast."),
     }
     assert messages[2:] == [
         {"role": "user", "content": "hi"},

@@ -25,6 +25,7 @@ from turnstile.actors.memory.extraction import (
     render_summary,
     render_transcript,
 )
+from turnstile.actors.memory.injection import memory_message
 from turnstile.actors.memory.queries import Fact
 from turnstile.actors.node import default_features, open_node
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
@@ -106,7 +107,10 @@ async def test_an_idle_session_is_extracted_once_per_activity(autojump_clock):
         assert messages[0] == {"role": "system", "content": EXTRACTION_PROMPT}
         transcript = messages[1]["content"]
         assert transcript.startswith("User: I drink dark roast, no sugar\nAssistant: You said:")
-        assert "[Tool call] clock.now({})\n[Tool result] clock.now: {" in transcript
+        assert (
+            "[Tool call] clock.now({})\n[Tool result] clock.now (untrusted tool output):\n```\n{"
+            in (transcript)
+        )
         assert "tools" not in seen.body and len(messages) == 2
         facts, total = await memory.list_facts("ada", sort_by="key")
         assert total == 3
@@ -122,9 +126,7 @@ async def test_an_idle_session_is_extracted_once_per_activity(autojump_clock):
             "Setup:\n- timezone: UTC"
         )
         # the next turn of ada gets it injected (the write dropped the cached "none")
-        assert await feature.summaries.message("ada") == (
-            f"## What I remember about the user\n\n{summary}"
-        )
+        assert await feature.summaries.message("ada") == memory_message(summary)
         # s2 never had a turn: nothing to extract, but it is marked, and asks no model
         assert await memory.extracted_at("ada/s2") is not None
         # no new activity: never again, however many sweeps
@@ -240,8 +242,8 @@ async def test_the_sweep_queries_on_both_backends(store_url):
         assert await extractor.sweep() == 2  # s1 and s2 (s2 without a model call)
         assert len(standin.requests) == 1
         # the summary extraction wrote reached the cache through memory's notice
-        assert await cache.message("ada") == (
-            "## What I remember about the user\n\nPreferences:\n- coffee: dark roast, no sugar"
+        assert await cache.message("ada") == memory_message(
+            "Preferences:\n- coffee: dark roast, no sugar"
         )
         assert cache.statistics().loads == loads + 1
         assert await extractor.sweep() == 0  # nothing happened since
@@ -271,8 +273,9 @@ def test_the_transcript_cuts_tool_output_at_500():
         HistoryEntry(role="user", content="ping", source="cron"),
     ]
     assert render_transcript(entries) == (
-        f'User: hi\n[Tool call] fs.read({{"path": "a"}})\n[Tool result] fs.read: {"x" * 500}…\n'
-        "Assistant: done\nUser (cron): ping"
+        'User: hi\n[Tool call] fs.read({"path": "a"})\n'
+        f"[Tool result] fs.read (untrusted tool output):\n```\n{'x' * 500}…\n```\nAssistant: done\n"
+        "[Input from cron] (untrusted: not the user's words):\n```\nping\n```"
     )
 
 

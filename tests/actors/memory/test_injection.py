@@ -14,7 +14,7 @@ import trio.testing
 from tests.actors.memory._support import T0, RecordingAgent, SetClock
 from tests.support.agents import FakeTurn
 from turnstile.actors.config import Config, MemoryConfig
-from turnstile.actors.memory.injection import HEADING, SummaryCache, memory_message
+from turnstile.actors.memory.injection import SummaryCache, memory_message
 from turnstile.actors.memory.notices import AllChanged, Notices, UserChanged
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
@@ -83,7 +83,7 @@ async def test_every_turn_of_the_users_sessions_gets_the_summary_cached(store_ur
         assert put.status_code == 200
         await say(http, ADA, "s2", "in another session")
         second = (await agent.turns(2))[1]
-        message = "## What I remember about the user\n\nAda likes dark roast."
+        message = memory_message("Ada likes dark roast.")
         assert second.system_messages == (message,)
         assert reads.summary_reads == 2  # the write invalidated the cached "none"
         # the next turns of ada, in any session, pay no query
@@ -113,7 +113,7 @@ async def test_an_emptied_summary_injects_nothing(store_url):
     async with node_with(store_url, agent) as (node, http):
         await http.put("/memory/summary", json={"content": "x"}, headers=auth(ADA))
         await say(http, ADA, "s1", "one")
-        assert (await agent.turns(1))[0].system_messages == (f"{HEADING}\n\nx",)
+        assert (await agent.turns(1))[0].system_messages == (memory_message("x"),)
         await http.put("/memory/summary", json={"content": "  "}, headers=auth(ADA))
         await say(http, ADA, "s1", "two")
         assert (await agent.turns(2))[1].system_messages == ()
@@ -130,7 +130,7 @@ async def test_a_failing_context_hook_costs_the_message_not_the_turn(store_url):
         await http.put("/memory/summary", json={"content": "still here"}, headers=auth(ADA))
         await say(http, ADA, "s1", "hello")
         (seen,) = await agent.turns(1)
-        assert seen.system_messages == (f"{HEADING}\n\nstill here",)
+        assert seen.system_messages == (memory_message("still here"),)
 
 
 class SlowMemory:

@@ -14,7 +14,7 @@ import trio
 
 from tests.actors.memory._support import ADA, RecordingAgent, auth
 from turnstile.actors.config import Config, MemoryConfig, NodeConfig
-from turnstile.actors.memory.injection import HEADING
+from turnstile.actors.memory.injection import memory_message
 from turnstile.actors.memory.notices import MemoryNotice, UserChanged
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.node import Node, open_node
@@ -80,7 +80,7 @@ async def test_a_summary_deleted_through_another_node_is_no_longer_injected(stor
         assert (await on_b.put("/memory/summary", json=summary, headers=auth(ADA))).is_success
         await a.directory.submit("ada", "s", "one")
         (first,) = await agent.turns(1)
-        assert first.system_messages == (f"{HEADING}\n\nAda likes tea.",)  # a keeps it
+        assert first.system_messages == (memory_message("Ada likes tea."),)  # a keeps it
         cache = a.features["memory"].summaries
         assert cache.statistics().cached == 1
         on_a = Heard(memory_of(a))
@@ -98,7 +98,7 @@ async def test_a_summary_set_through_another_node_is_injected_at_the_next_turn(s
         cache = a.features["memory"].summaries
         await memory_of(a).set_summary("ada", "Ada likes tea.")  # through a: told at once
         await a.directory.submit("ada", "s", "one")
-        assert (await agent.turns(1))[0].system_messages == (f"{HEADING}\n\nAda likes tea.",)
+        assert (await agent.turns(1))[0].system_messages == (memory_message("Ada likes tea."),)
         on_a = Heard(memory_of(a))
         before = cache.statistics()
 
@@ -107,7 +107,9 @@ async def test_a_summary_set_through_another_node_is_injected_at_the_next_turn(s
         origin = memory_of(b).notices.origin
         await on_a.until(UserChanged(owner="ada", what="summary", origin=origin))
         await a.directory.submit("ada", "s", "two")
-        assert (await agent.turns(2))[1].system_messages == (f"{HEADING}\n\nAda likes coffee now.",)
+        assert (await agent.turns(2))[1].system_messages == (
+            memory_message("Ada likes coffee now."),
+        )
         # a's own announcement came back before b's (one channel, in commit order) and was
         # not told twice: b's is the one invalidation since
         assert on_a.notices == [UserChanged(owner="ada", what="summary", origin=origin)]
