@@ -21,7 +21,7 @@ read together.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -43,7 +43,8 @@ from turnstile.actors.sessions.inputs import IN_SESSION, TurnPayload
 from turnstile.actors.sessions.kinds import InputKinds, InputTurn, TurnOutcome
 from turnstile.actors.sessions.turn import Turn, TurnContext, TurnHost, tool_call_key
 from turnstile.runtime.errors import NotFound
-from turnstile.runtime.store import InboxItem, JobRun, Store
+from turnstile.runtime.store import InboxItem, JobRun, Step, Store
+from turnstile.runtime.store.jobs import UPDATE_RUN
 
 __all__ = [
     "HEARTBEAT_PROMPT",
@@ -288,17 +289,25 @@ class ScheduledTurn(InputTurn):
         beat, settings = self.beat
         return await self._settle_heartbeat(host, turn, beat, settings, outcome)
 
-    async def closed(self, outcome: TurnOutcome) -> None:
-        """Settle the run record: ``turn_completed`` or ``turn_failed``."""
+    def closing(self, outcome: TurnOutcome) -> Sequence[Step]:
+        """Settle the run record with the turn, in its closing transaction:
+        ``turn_completed`` or ``turn_failed``."""
         run = self.run
         if run is None:
-            return
+            return ()
         ok = outcome.status in ("completed", "empty")
         note = {**(run.detail or {}), "status": outcome.status}
         if outcome.error is not None:
             note["error"] = outcome.error
         detail = {**note, **(outcome.detail or {})}
-        await self.kind.store.update_run(run.id, "turn_completed" if ok else "turn_failed", detail)
+        store = self.kind.store
+        args = {
+            "run_id": run.id,
+            "state": "turn_completed" if ok else "turn_failed",
+            "detail": store.db_json(detail),
+            "now": store.db_time(store.clock.now()),
+        }
+        return ((UPDATE_RUN, args),)
 
     async def _settle_heartbeat(
         self,

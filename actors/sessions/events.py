@@ -12,13 +12,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 
 from turnstile.runtime.errors import Fenced
 from turnstile.runtime.gateway.backend import Subscriber
-from turnstile.runtime.store import EventRecord, Store
+from turnstile.runtime.store import EventRecord, InboxItem, Step, Store
 
-__all__ = ["EventLog", "MAX_UNSTORED_EVENTS"]
+__all__ = ["Closure", "EventLog", "MAX_UNSTORED_EVENTS"]
 
 log = logging.getLogger("turnstile.session")
 
@@ -26,15 +27,36 @@ log = logging.getLogger("turnstile.session")
 MAX_UNSTORED_EVENTS = 256
 
 
-class _EventBatch:
-    """Events stored together; ``done`` is set once they are stored and offered, or failed."""
+class Closure(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn's input closed in the same transaction as the batch its closing events are in
+    (``Store.close_input``).
 
-    __slots__ = ("events", "done", "error")
+    Attributes:
+        input_id: the turn's input, ``running``.
+        state: ``done``, ``failed`` or ``interrupted``.
+        detail: the input's detail.
+        steps: further writes of that transaction (the input's kind settles what it keeps).
+    """
+
+    input_id: int
+    state: str
+    detail: dict[str, Any] | None = None
+    steps: tuple[Step, ...] = ()
+
+
+class _EventBatch:
+    """Events stored together; ``done`` is set once they are stored and offered, or failed.
+    With ``closure``, the batch also closes a turn's input, in the same transaction."""
+
+    __slots__ = ("events", "done", "error", "closure", "closed")
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.done = trio.Event()
         self.error: BaseException | None = None
+        self.closure: Closure | None = None
+        #: the closed input, as stored
+        self.closed: InboxItem | None = None
 
 
 class EventLog:
@@ -123,6 +145,28 @@ class EventLog:
             self._flushing = True
             self._nursery().start_soon(self._flush, name=f"events of session {self._session_id}")
 
+    async def close(self, events: list[tuple[str, dict[str, Any]]], closure: Closure) -> InboxItem:
+        """Append a turn's closing ``events`` (``stream_end``…; may be none) and close its
+        input (``closure``) in one transaction, after every event emitted before them; once
+        stored, offer the events. Either all of it is stored or none of it is: a crash between
+        the two can no longer leave a turn that ended with its input ``running``.
+
+        Returns:
+            the closed input, as stored.
+
+        Raises:
+            whatever storing raised (``Fenced``, ``ConflictError``, ``StoreError``…).
+        """
+        batch = self._batch
+        if batch is None or batch.closure is not None:
+            await self.all_stored()
+            batch = self._batch = _EventBatch()
+        batch.events.extend(events)
+        batch.closure = closure
+        await self._until_stored(batch)
+        assert batch.closed is not None, "a stored closure has its input"
+        return batch.closed
+
     async def all_stored(self) -> None:
         """Wait until every event emitted so far is stored (or failed to be)."""
         batch = self._batch or self._storing
@@ -160,10 +204,23 @@ class EventLog:
         assert batch is not None, "no batch waits to be stored"
         self._storing = batch
         try:
-            records = await self._store.append_events(
-                self._session_id, batch.events, fence=self.fence
-            )
-            self._offer(records)
+            closure = batch.closure
+            if closure is None:
+                records = await self._store.append_events(
+                    self._session_id, batch.events, fence=self.fence
+                )
+            else:
+                records, batch.closed = await self._store.close_input(
+                    self._session_id,
+                    batch.events,
+                    closure.input_id,
+                    closure.state,
+                    closure.detail,
+                    fence=self.fence,
+                    steps=closure.steps,
+                )
+            if records:
+                self._offer(records)
             if self.on_stored is not None and records:
                 self.on_stored(self._session_id, records[-1].seq)
         except Fenced as exc:  # the session moved to another node: nothing was stored

@@ -30,7 +30,7 @@ ids), never through the session actor itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -44,7 +44,7 @@ from turnstile.actors.sessions.inputs import (
     UserMessage,
 )
 from turnstile.actors.sessions.turn import Turn, TurnContext, TurnHost
-from turnstile.runtime.store import InboxItem
+from turnstile.runtime.store import InboxItem, Step
 
 __all__ = [
     "InputKind",
@@ -104,9 +104,12 @@ class InputTurn:
         retry it or disable its job). Runs shielded, with the session's closure bound."""
         return outcome
 
-    async def closed(self, outcome: TurnOutcome) -> None:
-        """After the turn closed (its ``stream_end`` and inbox state stored): settle what the
-        kind keeps beside the session (a job's run record)."""
+    def closing(self, outcome: TurnOutcome) -> Sequence[Step]:
+        """What the kind keeps beside the session and settles with the turn (a job's run
+        record): writes of the turn's closing transaction, which also stores its
+        ``stream_end`` and its input's final state (``Store.close_input``), so that a crash
+        leaves all of them or none. None by default."""
+        return ()
 
 
 #: The ordinary turn (stateless, shared).

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -38,7 +39,7 @@ from turnstile.actors.sessions.event_types import (
     StreamStart,
     TokenUsage,
 )
-from turnstile.actors.sessions.events import EventLog
+from turnstile.actors.sessions.events import Closure, EventLog
 from turnstile.actors.sessions.history import input_entry
 from turnstile.actors.sessions.ids import public_id
 from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
@@ -48,7 +49,7 @@ from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
 from turnstile.runtime.errors import Fenced, NotFound
 from turnstile.runtime.gateway.backend import Subscriber
-from turnstile.runtime.store import InboxItem, Session
+from turnstile.runtime.store import InboxItem, Session, Step
 
 __all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "TurnRunner"]
 
@@ -267,14 +268,14 @@ class TurnRunner:
             with trio.move_on_after(bound, shield=True) as closing:
                 closed = False
                 try:
+                    steps: Sequence[Step] = ()
                     if kind_turn is not None:
                         outcome = await kind_turn.settle(host, turn, outcome)
-                    await self._close_turn(turn, outcome)
+                        steps = kind_turn.closing(outcome)
+                    await self._close_turn(turn, outcome, steps)
                     closed = True
                 except Fenced as exc:  # the new holder's recovery closes this turn
                     self._lost_lease(exc)
-                if closed and kind_turn is not None:
-                    await kind_turn.closed(outcome)
                 if closed and headless:
                     # recall.md's finally: a run nobody started watching ends with a
                     # session_sync, so late observers re-read history and state at once.
@@ -303,8 +304,9 @@ class TurnRunner:
         await self._add_context(context)
         return await self.services.agent.run_turn(context)
 
-    async def _close_turn(self, turn: Turn, outcome: TurnOutcome) -> None:
-        """Close the turn visibly (stream and history) and settle its inbox row."""
+    async def _close_turn(self, turn: Turn, outcome: TurnOutcome, steps: Sequence[Step]) -> None:
+        """Close the turn visibly (stream and history) and settle its inbox row and what its
+        input's kind keeps (``steps``), all in one transaction (``EventLog.close``)."""
         usage: TokenUsage | msgspec.UnsetType = msgspec.UNSET
         if turn.usage is not None:
             prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
@@ -314,6 +316,7 @@ class TurnRunner:
                 total_tokens=prompt + completion,
             )
         status, text, error = outcome.status, outcome.text, outcome.error
+        events: list[tuple[str, dict[str, Any]]] = []
         if not outcome.suppressed:
             end = StreamEnd(
                 input_id=turn.item.id,
@@ -322,18 +325,28 @@ class TurnRunner:
                 error=msgspec.UNSET if error is None else error,
                 usage=usage,
             )
-            await self._turn_emit(turn, end)
+            if turn.buffer is not None:  # still held back: it goes with the buffer
+                turn.buffer.append(end.stored())
+            else:
+                events.append(end.stored())
+        state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
+            status, "interrupted"
+        )
+        closure = Closure(
+            input_id=turn.item.id,
+            state=state,
+            detail={"status": status, **(outcome.detail or {})},
+            steps=tuple(steps),
+        )
+        # The stream_end, the input's state and the kind's settlement commit together: a
+        # crash leaves all of them or none, so recovery never closes an ended turn again.
+        await self.events.close(events, closure)
+        if not outcome.suppressed:
             self._remember(
                 HistoryEntry(
                     role="assistant", content=text if text else (error or ""), status=status
                 )
             )
-        state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
-            status, "interrupted"
-        )
-        await self.services.store.finish_input(
-            turn.item.id, state, {"status": status, **(outcome.detail or {})}, fence=self.fence
-        )
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl
 from turnstile.runtime.clock import Clock, SystemClock
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.base import UNSET, UnsetType
+from turnstile.runtime.store.closing import Step
 from turnstile.runtime.store.front import Store, StoreFront
 from turnstile.runtime.store.kernel import KERNEL, SCHEMA_VERSION
 from turnstile.runtime.store.migrations import Migration, MigrationSet, ordered_sets
@@ -64,6 +65,7 @@ __all__ = [
     "MigrationSet",
     "Operation",
     "Statement",
+    "Step",
     "ops",
     "UNSET",
     "UnsetType",

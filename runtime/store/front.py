@@ -13,6 +13,7 @@ a new kind of record. The backends under it only run operations
 from __future__ import annotations
 
 from turnstile.runtime.store.claims import ClaimMethods
+from turnstile.runtime.store.closing import CloseMethods
 from turnstile.runtime.store.events import MAX_EVENT_TYPES, EventMethods
 from turnstile.runtime.store.fire import FireMethods
 from turnstile.runtime.store.inbox import InboxMethods
@@ -29,6 +30,7 @@ class Store(
     SessionMethods,
     InboxMethods,
     ClaimMethods,
+    CloseMethods,
     EventMethods,
     NodeMethods,
     LeaseMethods,
