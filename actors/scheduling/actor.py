@@ -6,7 +6,7 @@ features' ``start``), it fires nothing until told :class:`Begin` (in their ``ope
 sessions can run what it fires). One task sleeps until the wheel's next deadline — no polling
 ticker, so firing is as precise as trio's clock — and fires what is due.
 
-Firing an occurrence is one store transaction (``Store.fire_job``): compare-and-set the job's
+Firing an occurrence is one store transaction (``JobStore.fire_job``): compare-and-set the job's
 expected ``next_fire_at``, advance it (or complete the job), write the run record and insert
 the turn input into the session's inbox. So an occurrence is enqueued exactly once — after a
 crash, and with several schedulers on one PostgreSQL. The run record then follows the real
@@ -14,7 +14,7 @@ turn: the session marks it ``turn_completed`` or ``turn_failed``.
 
 The occurrences the wheel finds due at the same moment (a burst, or a node so busy that its
 loop wakes late) that deliver on time (or coalesced without a run of their own for what they
-missed) are fired in batches (``Store.fire_jobs``: one statement on PostgreSQL for up to
+missed) are fired in batches (``JobStore.fire_jobs``: one statement on PostgreSQL for up to
 ``MAX_BATCH`` of them): a burst of hundreds due in the same second costs a few statements, not
 hundreds. One found due alone is fired on its own, without the batch's hand-offs. Each
 compare-and-set is still the job's own; one the batch did not fire (lost, gone, no session) is
@@ -75,6 +75,7 @@ from turnstile.actors.scheduling.messages import (
     SchedulerLimits,
     validate_spec,
 )
+from turnstile.actors.scheduling.records import FireRequest, FireResult, Job, JobRun
 from turnstile.actors.scheduling.spec import (
     JobSpec,
     JobSpecError,
@@ -85,13 +86,14 @@ from turnstile.actors.scheduling.spec import (
     job_spec,
     next_occurrence,
 )
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
-from turnstile.runtime.store import FireRequest, FireResult, Job, JobRun, Store
+from turnstile.runtime.store import Store
 from turnstile.runtime.timerwheel import TimerWheel
 
 __all__ = [
@@ -116,7 +118,7 @@ MAX_CATCH_UP = 10
 MAX_RECORDED_MISSES = 100
 #: How many fires may be in flight at once (so group commit and batches gather them).
 MAX_CONCURRENT_FIRES = 1024
-#: How many of them may be fires of their own (``Store.fire_job``: extra runs, skips, what a
+#: How many of them may be fires of their own (``JobStore.fire_job``: extra runs, skips, what a
 #: batch did not fire) at once: each is a statement or a transaction of its own.
 MAX_SOLO_FIRES = 64
 #: jobs read per look for jobs to take on (several nodes): every node reads the due ones of
@@ -142,6 +144,8 @@ class SchedulerActor(Actor):
             it so in its features' ``start`` and begins it in their ``open``, once the sessions
             can run what it fires); False: fire from the start (a restarted incarnation of a
             scheduler that had begun; tests).
+        jobs: the jobs' and runs' operations (:class:`~actors.scheduling.store.JobStore`);
+            None: over ``store`` (a test passes its own to count or refuse fires).
     """
 
     uses_nursery = True
@@ -157,11 +161,13 @@ class SchedulerActor(Actor):
         fired_events: Callable[[Job, JobRun], list[SessionEvent]] | None = None,
         share: JobShare | None = None,
         held: bool = False,
+        jobs: JobStore | None = None,
     ) -> None:
         self.share = share
         self.held = held
         self._begun = False
         self.store = store
+        self.jobs = jobs if jobs is not None else JobStore(store)
         self.fired_events = fired_events
         self.clock = clock
         self.publish = publish
@@ -187,7 +193,7 @@ class SchedulerActor(Actor):
     # -- lifecycle --
 
     async def on_start(self) -> None:
-        jobs = await self.store.list_jobs(states=["active"])
+        jobs = await self.jobs.list_jobs(states=["active"])
         now = self.clock.now()
         overdue = 0
         for job in jobs:
@@ -204,7 +210,7 @@ class SchedulerActor(Actor):
                 overdue += 1
             self._index(entry, at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
-        self._batches = FireBatches(self.store, self._tasks)
+        self._batches = FireBatches(self.jobs, self._tasks)
         if not self.held:
             self._begin()
 
@@ -238,7 +244,7 @@ class SchedulerActor(Actor):
             now = self.clock.now()
             horizon = now + timedelta(seconds=2 * share.interval)
             try:
-                due = await self.store.due_jobs(horizon, limit=_TAKE_ON_PAGE)
+                due = await self.jobs.due_jobs(horizon, limit=_TAKE_ON_PAGE)
             except StoreError as exc:
                 log.warning("looking for jobs to take on failed: %s", exc)
                 continue
@@ -267,7 +273,7 @@ class SchedulerActor(Actor):
     async def _add(self, msg: AddJob) -> Job:
         spec = msg.spec()
         validate_spec(spec, self.limits, self.clock.now())
-        active = await self.store.list_jobs(session_id=msg.session_id, states=["active", "paused"])
+        active = await self.jobs.list_jobs(session_id=msg.session_id, states=["active", "paused"])
         if len(active) >= self.limits.max_jobs_per_session:
             raise LimitExceeded(
                 f"session already has {len(active)} scheduled jobs "
@@ -281,7 +287,7 @@ class SchedulerActor(Actor):
             raise InvalidArgument(
                 f"{first.isoformat()} is in the past (now is {now.isoformat()})", field="when"
             )
-        job = await self.store.create_job(
+        job = await self.jobs.create_job(
             msg.job_id or uuid.uuid4().hex[:12],
             kind=msg.kind,
             spec=msgspec.to_builtins(spec),
@@ -295,11 +301,11 @@ class SchedulerActor(Actor):
         return job
 
     async def _cancel(self, msg: CancelJob) -> Job:
-        job = await self.store.get_job(msg.job_id)
+        job = await self.jobs.get_job(msg.job_id)
         if msg.session_id is not None and job.session_id != msg.session_id:
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state in ("active", "paused"):
-            job = await self.store.update_job(job.id, state="cancelled", next_fire_at=None)
+            job = await self.jobs.update_job(job.id, state="cancelled", next_fire_at=None)
             await self._job_update(job, "cancelled", _label(job, self.entries.get(job.id)))
         entry = self.entries.pop(job.id, None)
         if entry is not None and entry.handle is not None:
@@ -307,13 +313,13 @@ class SchedulerActor(Actor):
         return job
 
     async def _reschedule(self, msg: RescheduleJob) -> Job:
-        job = await self.store.get_job(msg.job_id)
+        job = await self.jobs.get_job(msg.job_id)
         if msg.session_id is not None and job.session_id != msg.session_id:
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state != "active":
             raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
         entry = self.entries.get(job.id) or JobEntry(job, job_spec(job))  # JobSpecError
-        job = await self.store.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
+        job = await self.jobs.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
         entry.job = job
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
@@ -516,9 +522,9 @@ class SchedulerActor(Actor):
         return result
 
     async def _fire_alone(self, *args: Any, **kwargs: Any) -> FireResult | None:
-        """``Store.fire_job``, at most ``MAX_SOLO_FIRES`` at once."""
+        """``JobStore.fire_job``, at most ``MAX_SOLO_FIRES`` at once."""
         async with self._solo_fires:
-            return await self.store.fire_job(*args, **kwargs)
+            return await self.jobs.fire_job(*args, **kwargs)
 
     def _forget_or_reload(self, job_id: str) -> None:
         """The compare-and-set lost: someone else fired or changed the job; re-read it later."""
@@ -527,7 +533,7 @@ class SchedulerActor(Actor):
 
     async def _reload(self, job_id: str) -> None:
         try:
-            job = await self.store.get_job(job_id)
+            job = await self.jobs.get_job(job_id)
         except NotFound:
             return
         if job.state == "active" and job.next_fire_at is not None and job_id not in self.entries:

@@ -43,11 +43,13 @@ from msgspec import UNSET
 
 from turnstile.actors.scheduling.actor import AddJob, CancelJob
 from turnstile.actors.scheduling.cron import PENDING_STATES, require_session
+from turnstile.actors.scheduling.records import Job
 from turnstile.actors.scheduling.spec import Schedule, job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound
-from turnstile.runtime.store import Job, Store
+from turnstile.runtime.store import Store
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
@@ -164,7 +166,7 @@ def register_check_tools(
         """A job of one of the caller's owner's sessions, else "not found"."""
         owner = None
         try:
-            job = await store.get_job(scheduled_id)
+            job = await JobStore(store).get_job(scheduled_id)
             if job.session_id is not None:
                 owner = (await store.get_session(job.session_id)).owner
         except NotFound:
@@ -236,7 +238,9 @@ def register_check_tools(
                 after = page[-1].id
         jobs: list[Job] = []
         for session_id in session_ids:
-            jobs.extend(await store.list_jobs(session_id=session_id, states=list(PENDING_STATES)))
+            jobs.extend(
+                await JobStore(store).list_jobs(session_id=session_id, states=list(PENDING_STATES))
+            )
         far = datetime.max.replace(tzinfo=UTC)
         jobs.sort(key=lambda j: (j.next_fire_at or far, j.id))
         out: dict[str, Any] = {

@@ -64,12 +64,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from turnstile.actors.scheduling.actor import AddJob, CancelJob
+from turnstile.actors.scheduling.records import Job
 from turnstile.actors.scheduling.spec import JobSpec, Schedule, job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.timeexpr import When, parse_when
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import AlreadyExists, InvalidArgument, NotFound
-from turnstile.runtime.store import Job, Session, Store
+from turnstile.runtime.store import Session, Store
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
@@ -219,7 +221,7 @@ async def bound_automations(store: Store, session_id: str) -> list[dict[str, Any
     caller confirms; recalls and heartbeats (``UNBLOCKING_KINDS``) do not block, and are
     cancelled with the session all the same (:func:`cancel_bound_automations`).
     """
-    jobs = await store.list_jobs(session_id=session_id, states=list(PENDING_STATES))
+    jobs = await JobStore(store).list_jobs(session_id=session_id, states=list(PENDING_STATES))
     views = [automation_view(job) for job in jobs if job.kind not in UNBLOCKING_KINDS]
     views.sort(key=_soonest_first)
     return views
@@ -234,7 +236,7 @@ async def cancel_bound_automations(
     Call this before deleting a session: cancelling through the scheduler drops the jobs'
     timers, which deleting their rows alone would leave behind.
     """
-    jobs = await store.list_jobs(session_id=session_id, states=list(PENDING_STATES))
+    jobs = await JobStore(store).list_jobs(session_id=session_id, states=list(PENDING_STATES))
     cancelled = []
     for view in sorted((automation_view(job) for job in jobs), key=_soonest_first):
         done = await scheduler.ask(CancelJob(job_id=view["id"], session_id=session_id))
@@ -289,7 +291,7 @@ def register_cron_tool(
     async def version_for(session_id: str, name: str, sha: str) -> int:
         """The prompt version of ``name`` with this text; refuses a live job with that name."""
         latest: JobSpec | None = None
-        for job in await store.list_jobs(session_id=session_id):
+        for job in await JobStore(store).list_jobs(session_id=session_id):
             if job.kind != "cron":
                 continue
             spec = job_spec(job)
@@ -360,14 +362,16 @@ def register_cron_tool(
     async def owned_cron_job(session: Session, args: CronArgs) -> Job:
         if args.job_id is not None:
             try:
-                job = await store.get_job(args.job_id)
+                job = await JobStore(store).get_job(args.job_id)
             except NotFound:
                 job = None
             if job is None or job.kind != "cron" or job.session_id != session.id:
                 raise NotFound(f"no cron job with id {args.job_id!r} in this session")
             return job
         if args.name is not None:
-            jobs = await store.list_jobs(session_id=session.id, states=list(PENDING_STATES))
+            jobs = await JobStore(store).list_jobs(
+                session_id=session.id, states=list(PENDING_STATES)
+            )
             for job in jobs:
                 if job.kind == "cron" and _job_name(job, job_spec(job)) == args.name:
                     return job
@@ -382,13 +386,13 @@ def register_cron_tool(
         return {"job_id": job.id, "name": _job_name(job, job_spec(job)), "status": job.state}
 
     async def list_(session: Session) -> dict[str, Any]:
-        jobs = await store.list_jobs(session_id=session.id, states=list(PENDING_STATES))
+        jobs = await JobStore(store).list_jobs(session_id=session.id, states=list(PENDING_STATES))
         views = []
         for job in jobs:
             if job.kind != "cron":
                 continue
             view = _cron_view(job)
-            runs = await store.list_runs(job.id, limit=1)
+            runs = await JobStore(store).list_runs(job.id, limit=1)
             if runs:
                 run = runs[0]
                 view["last_run"] = {

@@ -32,6 +32,7 @@ from turnstile.actors.scheduling.recall import (
     register_recall_tools,
 )
 from turnstile.actors.scheduling.routes import scheduling_routes
+from turnstile.actors.scheduling.schema import SCHEDULING
 from turnstile.actors.scheduling.settings import HeartbeatDefaults
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
@@ -49,6 +50,8 @@ class SchedulingFeature:
     name = "scheduling"
     needs: tuple[str, ...] = ("sessions",)
     after: tuple[str, ...] = ("notifications",)
+    #: its jobs and runs (taken over from the kernel's tables, ``schema``)
+    migrations = [SCHEDULING]
 
     def __init__(self) -> None:
         self.scheduler: ActorRef | None = None

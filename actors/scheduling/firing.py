@@ -12,8 +12,9 @@ from typing import Protocol
 import trio
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.scheduling.records import FireRequest, FireResult, Job
 from turnstile.actors.scheduling.spec import JobSpec, Schedule, cron_of
-from turnstile.runtime.store import FireRequest, FireResult, Job, Store
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.runtime.timerwheel import TimerHandle
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
 
 log = logging.getLogger("turnstile.scheduler")
 
-#: At most this many occurrences are fired in one ``Store.fire_jobs`` (PostgreSQL, sequential
+#: At most this many occurrences are fired in one ``JobStore.fire_jobs`` (PostgreSQL, sequential
 #: statements: 1 occurrence 0.8 ms, 50 in 6 ms, 200 in 29 ms, which is more per occurrence).
 MAX_BATCH = 100
 #: At most this many batches are in flight at once; the fires that come meanwhile wait and
@@ -95,7 +96,7 @@ class _Waiting:
 
 
 class FireBatches:
-    """Fires the occurrences that come together with one ``Store.fire_jobs`` per batch.
+    """Fires the occurrences that come together with one ``JobStore.fire_jobs`` per batch.
 
     The first occurrence to come starts a sender task, which takes what has come by the time it
     runs: every fire started in the same pass of trio's run loop as that first one (the wheel
@@ -106,7 +107,7 @@ class FireBatches:
     for each of its occurrences, like one that did not fire them: they are then fired alone.
     """
 
-    def __init__(self, store: Store, nursery: trio.Nursery) -> None:
+    def __init__(self, store: JobStore, nursery: trio.Nursery) -> None:
         self._store = store
         self._nursery = nursery
         self._queue: list[_Waiting] = []

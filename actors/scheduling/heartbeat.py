@@ -45,6 +45,7 @@ import msgspec
 from turnstile.actors.scheduling.actor import AddJob, CancelJob
 from turnstile.actors.scheduling.cronexpr import resolve_timezone
 from turnstile.actors.scheduling.spec import HHMM, ActiveHours, Schedule, job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.ids import derived_key, is_derived, public_id
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
@@ -207,7 +208,7 @@ async def _jobs_of(store: Store, session_key: str, states: list[str] | None) -> 
     except ValueError:
         pass  # too long a name for a dedicated session: only the main one can hold it
     for target in targets:
-        for job in await store.list_jobs(session_id=target, states=states):
+        for job in await JobStore(store).list_jobs(session_id=target, states=states):
             if job.kind == "heartbeat" and job_spec(job).heartbeat_of == session_key:
                 found.append(job)
     return found
@@ -218,7 +219,7 @@ async def disable_heartbeat(store: Store, scheduler: ActorRef, job_id: str) -> s
     disable``); returns the key of the session whose heartbeat it was, if known."""
     await scheduler.ask(CancelJob(job_id=job_id))
     try:
-        job = await store.get_job(job_id)
+        job = await JobStore(store).get_job(job_id)
     except NotFound:
         return None
     owner_key = job_spec(job).heartbeat_of
@@ -245,7 +246,7 @@ async def heartbeat_view(store: Store, session_key: str, runs: int = 50) -> dict
             heartbeat["next_run_at"] = _iso(active[0].next_fire_at)
     records = []
     for job in jobs:
-        records.extend(await store.list_runs(job.id, limit=runs))
+        records.extend(await JobStore(store).list_runs(job.id, limit=runs))
     records.sort(key=lambda r: (r.scheduled_for, r.id), reverse=True)
     return {
         "heartbeat": heartbeat,

@@ -81,7 +81,9 @@ import msgspec
 
 from turnstile.actors.scheduling.actor import AddJob, CancelJob, RescheduleJob, SchedulerLimits
 from turnstile.actors.scheduling.events import RecallUpdate
+from turnstile.actors.scheduling.records import Job, JobRun
 from turnstile.actors.scheduling.spec import RecallSpec, Schedule, job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.timeexpr import parse_when
 from turnstile.actors.sessions.actor import Publish
 from turnstile.actors.sessions.event_types import SessionEvent
@@ -89,7 +91,7 @@ from turnstile.actors.sessions.ids import public_id
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
-from turnstile.runtime.store import Job, JobRun, Store
+from turnstile.runtime.store import Store
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = [
@@ -241,7 +243,7 @@ def recall_fired_events(job: Job, run: JobRun) -> list[SessionEvent]:
 
 
 async def _pending_job(store: Store, session_id: str) -> Job | None:
-    for job in await store.list_jobs(session_id=session_id, states=_PENDING_STATES):
+    for job in await JobStore(store).list_jobs(session_id=session_id, states=_PENDING_STATES):
         if job.kind == RECALL_KIND:
             return job
     return None
@@ -283,7 +285,7 @@ async def get_recall(store: Store, session_id: str) -> dict[str, Any] | None:
 
 async def list_recalls(store: Store, session_id: str) -> list[dict[str, Any]]:
     """Every recall of the session (pending, fired, cancelled), oldest first."""
-    jobs = await store.list_jobs(session_id=session_id)
+    jobs = await JobStore(store).list_jobs(session_id=session_id)
     return [recall_view(job) for job in jobs if job.kind == RECALL_KIND]
 
 

@@ -18,12 +18,13 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.scheduling.actor import CancelJob
 from turnstile.actors.scheduling.heartbeat import heartbeat_view
 from turnstile.actors.scheduling.recall import cancel_recall, get_recall, skip_recall
+from turnstile.actors.scheduling.records import Job, JobRun
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.ids import public_id, public_view, session_key
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import NotFound
 from turnstile.runtime.gateway.frames import SessionId
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, decode_query
-from turnstile.runtime.store import Job, JobRun
 
 __all__ = ["scheduling_routes"]
 
@@ -131,13 +132,14 @@ def _public_job(job: Job) -> Job:
 def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]:
     """The endpoints, over the node's directory (ownership) and store."""
     store, clock = node.store, node.clock
+    job_store = JobStore(store)
 
     async def owned(request: ApiRequest) -> str:
         return await node.directory.owned_key(request.user, request.path["id"])
 
     async def session_jobs(request: ApiRequest) -> Any:
         key = await owned(request)
-        return JobList(jobs=[_public_job(job) for job in await store.list_jobs(session_id=key)])
+        return JobList(jobs=[_public_job(job) for job in await job_store.list_jobs(session_id=key)])
 
     async def all_jobs(request: ApiRequest) -> Any:
         query = decode_query(request.query, JobsQuery)
@@ -154,14 +156,14 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
                 after = page[-1].id
         jobs = []
         for key in keys:
-            jobs += await store.list_jobs(session_id=key, states=states)
+            jobs += await job_store.list_jobs(session_id=key, states=states)
         return JobList(jobs=[_public_job(job) for job in jobs])
 
     async def owned_job(request: ApiRequest) -> Job:
         """The caller's job named in the path; another user's is not found, like none."""
         job_id, user = request.path["id"], request.user
         try:
-            job = await store.get_job(job_id)
+            job = await job_store.get_job(job_id)
             if job.session_id is None or job.session_id != session_key(
                 user, public_id(job.session_id)
             ):
@@ -173,7 +175,7 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
 
     async def get_job(request: ApiRequest) -> Any:
         job = await owned_job(request)
-        runs = await store.list_runs(job.id, limit=100)
+        runs = await job_store.list_runs(job.id, limit=100)
         return JobDetail(job=_public_job(job), runs=runs)
 
     async def cancel_job(request: ApiRequest) -> Any:

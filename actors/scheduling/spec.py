@@ -51,9 +51,9 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule, resolve_timezone
+from turnstile.actors.scheduling.records import Job
 from turnstile.runtime.clock import utc
 from turnstile.runtime.errors import InvalidArgument, StoreError
-from turnstile.runtime.store import Job
 
 __all__ = [
     "ActiveHours",

@@ -31,13 +31,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from turnstile.actors.scheduling.actor import AddJob, CancelJob
+from turnstile.actors.scheduling.records import Job
 from turnstile.actors.scheduling.spec import JobSpec, MisfirePolicy, Schedule, job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.timeexpr import When, parse_when
 from turnstile.actors.sessions.inputs import IN_SESSION
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, NotFound
-from turnstile.runtime.store import Job, Store
+from turnstile.runtime.store import Store
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
 __all__ = ["register_scheduling_tools", "OUTPUT_CHANNELS"]
@@ -185,7 +187,7 @@ def register_scheduling_tools(
 
     async def owned_job(call: ToolCall, job_id: str) -> Job:
         try:
-            job = await store.get_job(job_id)
+            job = await JobStore(store).get_job(job_id)
         except NotFound:
             job = None
         if job is None or job.session_id != call.session_id:
@@ -243,14 +245,14 @@ def register_scheduling_tools(
         return {"job_id": job.id, "status": job.state}
 
     async def schedule_list(call: ToolCall, args: ListJobs) -> dict[str, Any]:
-        jobs = await store.list_jobs(session_id=call.session_id)
+        jobs = await JobStore(store).list_jobs(session_id=call.session_id)
         views = []
         for job in jobs:
             if args.status is not None and job.state != args.status:
                 continue
             view = _job_view(job)
             if job.run_count:  # when it last fired (its latest run record)
-                last = await store.list_runs(job.id, limit=1)
+                last = await JobStore(store).list_runs(job.id, limit=1)
                 view["last_run_at"] = _iso(last[0].scheduled_for) if last else None
             views.append(view)
         counts: dict[str, int] = {}
@@ -260,7 +262,7 @@ def register_scheduling_tools(
 
     async def schedule_status(call: ToolCall, args: JobRef) -> dict[str, Any]:
         job = await owned_job(call, args.job_id)
-        runs = await store.list_runs(job.id, limit=20)
+        runs = await JobStore(store).list_runs(job.id, limit=20)
         spec = job_spec(job)
         view = _job_view(job, spec)
         view["max_runs"] = spec.max_runs

@@ -36,6 +36,9 @@ from turnstile.actors.scheduling.inputs import (
     ScheduledAction,
     ScheduledCheck,
 )
+from turnstile.actors.scheduling.queries import UPDATE_RUN
+from turnstile.actors.scheduling.records import JobRun
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.agents.base import TurnInput
 from turnstile.actors.sessions.event_types import HeartbeatDisabled, HeartbeatSuppressed
 from turnstile.actors.sessions.history import tool_result_text
@@ -43,8 +46,7 @@ from turnstile.actors.sessions.inputs import IN_SESSION, TurnPayload
 from turnstile.actors.sessions.kinds import InputKinds, InputTurn, TurnOutcome
 from turnstile.actors.sessions.turn import Turn, TurnContext, TurnHost, tool_call_key
 from turnstile.runtime.errors import NotFound
-from turnstile.runtime.store import InboxItem, JobRun, Step, Store
-from turnstile.runtime.store.jobs import UPDATE_RUN
+from turnstile.runtime.store import InboxItem, Step, Store
 
 __all__ = [
     "HEARTBEAT_PROMPT",
@@ -108,12 +110,12 @@ async def job_run(store: Store, item: InboxItem) -> JobRun | None:
         return None
     try:
         if ref.run_id is not None:
-            run = await store.get_run(ref.run_id)
+            run = await JobStore(store).get_run(ref.run_id)
             # The run of this input and no other: a payload can name any id.
             return run if run.input_id == item.id else None
         if ref.job_id is None:
             return None
-        runs = await store.list_runs(ref.job_id, limit=_LEGACY_RUN_SCAN)
+        runs = await JobStore(store).list_runs(ref.job_id, limit=_LEGACY_RUN_SCAN)
     except NotFound:
         return None
     return next((r for r in runs if r.input_id == item.id), None)
@@ -161,7 +163,7 @@ class ScheduledKind:
         run = await job_run(self.store, item)
         if run is not None:  # its run record says what happened
             note = {**(run.detail or {}), "status": "interrupted"}
-            await self.store.update_run(run.id, "turn_interrupted", note)
+            await JobStore(self.store).update_run(run.id, "turn_interrupted", note)
 
     def __repr__(self) -> str:
         return f"ScheduledKind({self.source!r}, {self.payload.__name__})"

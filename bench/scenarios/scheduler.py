@@ -56,6 +56,8 @@ from turnstile.actors.scheduling.actor import (
     first_occurrence,
 )
 from turnstile.actors.scheduling.cronexpr import CronSchedule
+from turnstile.actors.scheduling.schema import SCHEDULING
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import Attach, SessionActor, SessionLimits, SessionServices
 from turnstile.actors.sessions.agents import ScriptedAgent
@@ -134,10 +136,11 @@ def _spec(schedule: Schedule) -> dict[str, Any]:
 async def _bulk_create(store, items, concurrency: int) -> float:
     """``create_job`` for every ``(id, session_id, schedule, next_fire_at)``; seconds taken."""
     it = iter(items)
+    jobs = JobStore(store)
 
     async def worker() -> None:
         for job_id, session_id, schedule, nfa in it:
-            await store.create_job(
+            await jobs.create_job(
                 job_id,
                 kind=schedule.type,
                 spec=_spec(schedule),
@@ -262,7 +265,7 @@ async def _backend(url: str, sizes: Sizes, bulk_concurrency: int) -> _Backend:
     clock = SystemClock()
     tools = _NoTools()
     with trio.fail_after(600):
-        async with open_store(url, clock=clock) as store:
+        async with open_store(url, clock=clock, migrations=[SCHEDULING]) as store:
             sem = trio.Semaphore(bulk_concurrency)
 
             async def make_session(session_id: str) -> None:
@@ -726,7 +729,7 @@ def run(quick: bool = False) -> ScenarioResult:
         "schedule decode, wheel index).",
         f"Window A: {int(RATE * sizes.window_a):,} once-jobs due at {RATE:,}/s over "
         f"{sizes.window_a:g} s, next to the {sizes.jobs:,} pending ones; publish only counts. "
-        "Lateness is the scheduler's own sample: due time -> Store.fire_jobs (or fire_job) "
+        "Lateness is the scheduler's own sample: due time -> JobStore.fire_jobs (or fire_job) "
         "committed (run record + inbox input), measured with the real clock; SQLite is "
         "synchronous=FULL (the default), so every group commit is an fsync.",
         f"Window B: {int(RATE * sizes.window_b):,} once-jobs due at {RATE:,}/s over "

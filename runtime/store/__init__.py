@@ -1,4 +1,4 @@
-"""The durable store: sessions, inboxes, event logs, jobs and runs.
+"""The durable store: sessions, inboxes, event logs, nodes, small key-value state.
 
 The store is the truth; memory is a cache. One protocol (:class:`Store`), two backends:
 
@@ -28,27 +28,33 @@ from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
 
 from turnstile.runtime.clock import Clock, SystemClock
-from turnstile.runtime.store import ops
-from turnstile.runtime.store.base import UNSET, UnsetType
+from turnstile.runtime.store import ops, pgerrors
+from turnstile.runtime.store._util import (
+    check_int,
+    check_limit,
+    check_text,
+    check_time,
+    decode_json,
+    decode_optional_json,
+    encode_json,
+    encode_optional_json,
+    no_session,
+)
+from turnstile.runtime.store.base import UNSET, UnsetType, optional_ts, ts
 from turnstile.runtime.store.closing import Step
 from turnstile.runtime.store.front import Store, StoreFront
+from turnstile.runtime.store.inbox import INPUT_COLUMNS, INSERT_INPUT, input_record
 from turnstile.runtime.store.kernel import KERNEL, SCHEMA_VERSION
 from turnstile.runtime.store.migrations import Migration, MigrationSet, ordered_sets
 from turnstile.runtime.store.ops import Operation, Statement
 from turnstile.runtime.store.records import (
     FINAL_INPUT_STATES,
     INPUT_STATES,
-    JOB_STATES,
     NODE_STATES,
-    RUN_STATES,
     ClusterView,
     Enqueued,
     EventRecord,
-    FireRequest,
-    FireResult,
     InboxItem,
-    Job,
-    JobRun,
     MigrationRecord,
     NodeRecord,
     NodeRef,
@@ -56,6 +62,7 @@ from turnstile.runtime.store.records import (
     SessionLease,
     TakeOver,
 )
+from turnstile.runtime.store.sessions import require_session_postgres, require_session_sqlite
 
 __all__ = [
     "Store",
@@ -67,6 +74,7 @@ __all__ = [
     "Statement",
     "Step",
     "ops",
+    "pgerrors",
     "UNSET",
     "UnsetType",
     "SCHEMA_VERSION",
@@ -74,10 +82,6 @@ __all__ = [
     "InboxItem",
     "Enqueued",
     "EventRecord",
-    "Job",
-    "JobRun",
-    "FireRequest",
-    "FireResult",
     "MigrationRecord",
     "NodeRef",
     "NodeRecord",
@@ -87,8 +91,24 @@ __all__ = [
     "NODE_STATES",
     "INPUT_STATES",
     "FINAL_INPUT_STATES",
-    "JOB_STATES",
-    "RUN_STATES",
+    # for a feature's operations that write a kernel row with their own, or check and encode
+    # their arguments as the kernel's do (so both backends raise the same errors)
+    "INPUT_COLUMNS",
+    "INSERT_INPUT",
+    "input_record",
+    "require_session_sqlite",
+    "require_session_postgres",
+    "ts",
+    "optional_ts",
+    "check_int",
+    "check_limit",
+    "check_text",
+    "check_time",
+    "decode_json",
+    "decode_optional_json",
+    "encode_json",
+    "encode_optional_json",
+    "no_session",
 ]
 
 _SQLITE_OPTIONS = {"synchronous"}

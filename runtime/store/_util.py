@@ -11,7 +11,7 @@ import msgspec
 
 from turnstile.runtime.clock import utc
 from turnstile.runtime.errors import ConflictError, Fenced, InvalidArgument, NotFound
-from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES, JOB_STATES
+from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES
 
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
@@ -118,20 +118,6 @@ def check_input_states(states: Sequence[str] | None) -> list[str] | None:
     return list(states)
 
 
-def check_job_state(state: object) -> str:
-    if state not in JOB_STATES:
-        raise ValueError(f"unknown job state {state!r}")
-    return state
-
-
-def check_job_states(states: Sequence[str] | None) -> list[str] | None:
-    if states is None:
-        return None
-    if isinstance(states, str):
-        raise TypeError("states must be a sequence of str, not a str")
-    return [check_job_state(s) for s in states]
-
-
 def check_input_state(state: object) -> str:
     """``state`` must name an input state (whether the move is legal is checked later)."""
     if state not in INPUT_STATES:
@@ -197,24 +183,6 @@ def fenced(session_id: str, fence: int, current: int) -> Fenced:
 
 def no_input(input_id: int) -> NotFound:
     return NotFound(f"no input with id {input_id}")
-
-
-def no_job(job_id: str) -> NotFound:
-    return NotFound(f"no job with id {job_id!r}")
-
-
-def no_run(run_id: int) -> NotFound:
-    return NotFound(f"no run with id {run_id}")
-
-
-def check_fire_input(value: object) -> tuple[str, str] | None:
-    """``(source, payload)`` -> ``(source, payload as JSON)``."""
-    if value is None:
-        return None
-    if not isinstance(value, tuple | list) or len(value) != 2:
-        raise TypeError("input must be a (source, payload) pair")
-    source, payload = value
-    return check_text(source, "source"), encode_json(payload)
 
 
 def check_events(events: object) -> list[tuple[str, str]]:

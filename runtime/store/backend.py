@@ -10,8 +10,7 @@ is no list of operations here: an operation is the object passed in.
 Errors a backend raises itself: ``StoreError`` for whatever the database reported, and, where
 the answer is only known inside its transaction (so that nothing is written), the shared
 ``NotFound``/``ConflictError`` of :mod:`runtime.store._util` that an operation's side raised
-(a parent session or job that does not exist, a fired input for a job without a session, a
-unique rule other than the id).
+(a parent row that does not exist, a unique rule other than the id).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ coroutine; every write is durable (committed) when the call returns. One class i
 :class:`runtime.store.front.Store`, assembled from one part per area, each of which holds that
 area's operations (:mod:`runtime.store.ops`) next to the methods that check arguments, run
 them and build records: :mod:`~runtime.store.sessions`, :mod:`~runtime.store.inbox`,
-:mod:`~runtime.store.nodes`, :mod:`~runtime.store.events`, :mod:`~runtime.store.jobs`,
-:mod:`~runtime.store.fire` and :mod:`~runtime.store.kv`. Under it one of two backends runs the
+:mod:`~runtime.store.nodes`, :mod:`~runtime.store.events`, :mod:`~runtime.store.leases` and
+:mod:`~runtime.store.kv`. Under it one of two backends runs the
 operations: :mod:`runtime.store.sqlite` (embedded default) and :mod:`runtime.store.postgres`.
 
 Errors (all from :mod:`runtime.errors`):

@@ -1,7 +1,7 @@
 """The store: one class, assembled from one part per area.
 
 Each part (``runtime/store/sessions.py``, ``inbox.py``, ``claims.py``, ``events.py``,
-``nodes.py``, ``leases.py``, ``jobs.py``, ``fire.py``, ``kv.py``) holds that area's operations
+``nodes.py``, ``leases.py``, ``kv.py``) holds that area's operations
 (:mod:`runtime.store.ops`: the SQL for both backends, written once where it is the same, and
 how rows become records) next to the methods that check their arguments once, with the same
 typed errors for both backends (:mod:`runtime.store._util`), encode JSON and times, and run
@@ -15,9 +15,7 @@ from __future__ import annotations
 from turnstile.runtime.store.claims import ClaimMethods
 from turnstile.runtime.store.closing import CloseMethods
 from turnstile.runtime.store.events import MAX_EVENT_TYPES, EventMethods
-from turnstile.runtime.store.fire import FireMethods
 from turnstile.runtime.store.inbox import InboxMethods
-from turnstile.runtime.store.jobs import JobMethods
 from turnstile.runtime.store.kv import KVMethods
 from turnstile.runtime.store.leases import LeaseMethods
 from turnstile.runtime.store.nodes import NodeMethods
@@ -34,13 +32,10 @@ class Store(
     EventMethods,
     NodeMethods,
     LeaseMethods,
-    JobMethods,
-    FireMethods,
     KVMethods,
 ):
-    """The durable store: sessions, their inboxes and event logs, the nodes sharing it, the
-    scheduler's jobs and runs, small key-value state, and any feature's own tables
-    (:meth:`run`).
+    """The durable store: sessions, their inboxes and event logs, the nodes sharing it, small
+    key-value state, and any feature's own tables (:meth:`run`).
 
     Args:
         engine: the backend (:class:`~runtime.store.backend.Backend`) that runs operations.

@@ -22,7 +22,7 @@ from turnstile.runtime.store.sessions import (
     require_session_sqlite,
 )
 
-__all__ = ["INSERT_INPUT", "InboxMethods", "input_record"]
+__all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record"]
 
 
 def input_record(row: Any) -> InboxItem:
@@ -43,7 +43,15 @@ def input_record(row: Any) -> InboxItem:
     )
 
 
-#: A new queued input (also what a fired job occurrence enqueues, ``runtime.store.fire``).
+#: The inbox's columns, in the order of the table (a feature's statement that returns an inbox
+#: row among its own columns names them, and splits the row with them).
+INPUT_COLUMNS = (
+    "id", "session_id", "source", "payload", "state", "created_at", "updated_at", "detail",
+    "idempotency_key", "claimed_by", "claimed_epoch",
+)  # fmt: skip
+
+#: A new queued input; a feature's operation that enqueues a turn input with its own rows, in
+#: one transaction, runs this statement for the inbox's row.
 INSERT_INPUT = ops.Statement(
     "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at)"
     " VALUES (:session_id, :source, :payload::jsonb, 'queued', :now, :now) RETURNING *"

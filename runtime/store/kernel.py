@@ -1,8 +1,12 @@
 """The kernel's migration set: the store's own tables, as they stand today.
 
-Sessions, inbox, events, jobs and runs (v1), the one-pending-recall index (v2), the
-key-value table (v3), the inbox's idempotency keys (v4), and the nodes that share the store with
-the claimer of each running input (v5). Each backend has its own DDL where the types differ:
+Sessions, inbox and events (v1), the key-value table (v3), the inbox's idempotency keys (v4),
+the nodes that share the store with the claimer of each running input (v5), and the sessions'
+leases (v6). Steps 1 and 2 once also made tables and an index that a feature owns now; they
+keep their recorded names (the runner compares a recorded step's name, not its statements), so
+a store migrated by an earlier release opens unchanged, the feature's own set finding its
+tables there. Step 2 makes nothing any more. Each backend has its own DDL where the types
+differ:
 
 * SQLite: STRICT tables; times are fixed-width ISO-8601 UTC text (text order == time order);
   JSON is text. AUTOINCREMENT keeps inbox/run ids monotonic (never reused after a delete).
@@ -17,15 +21,6 @@ from turnstile.runtime.store.migrations import KERNEL_SET, Migration, MigrationS
 __all__ = ["KERNEL", "SCHEMA_VERSION"]
 
 _INPUT_STATES_SQL = "('queued', 'running', 'done', 'failed', 'interrupted')"
-_JOB_STATES_SQL = "('active', 'paused', 'completed', 'cancelled')"
-
-# v2: at most one pending (active or paused) recall per session, enforced by the database
-# itself, so that two concurrent ``schedule_recall`` calls (even on two nodes sharing one
-# PostgreSQL) cannot both succeed. Same statement on both backends: both have partial indexes.
-_ONE_PENDING_RECALL_SQL = """
-CREATE UNIQUE INDEX jobs_one_pending_recall_idx ON jobs (session_id)
-    WHERE kind = 'recall' AND state IN ('active', 'paused')
-"""
 
 _SQLITE_INITIAL = (
     """
@@ -64,35 +59,6 @@ _SQLITE_INITIAL = (
         PRIMARY KEY (session_id, seq)
     ) STRICT, WITHOUT ROWID
     """,
-    f"""
-    CREATE TABLE jobs (
-        id TEXT PRIMARY KEY,
-        session_id TEXT REFERENCES sessions (id) ON DELETE CASCADE,
-        kind TEXT NOT NULL,
-        spec TEXT NOT NULL,
-        state TEXT NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
-        next_fire_at TEXT,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL,
-        run_count INTEGER NOT NULL DEFAULT 0
-    ) STRICT
-    """,
-    "CREATE INDEX jobs_due_idx ON jobs (state, next_fire_at)",
-    "CREATE INDEX jobs_session_idx ON jobs (session_id)",
-    """
-    CREATE TABLE job_runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-        scheduled_for TEXT NOT NULL,
-        state TEXT NOT NULL,
-        input_id INTEGER REFERENCES inbox (id) ON DELETE SET NULL,
-        detail TEXT,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL
-    ) STRICT
-    """,
-    "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
-    "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
 )
 
 _SQLITE_KV = (
@@ -148,35 +114,6 @@ _POSTGRES_INITIAL = (
         PRIMARY KEY (session_id, seq)
     )
     """,
-    f"""
-    CREATE TABLE jobs (
-        id text COLLATE "C" PRIMARY KEY,
-        session_id text COLLATE "C" REFERENCES sessions (id) ON DELETE CASCADE,
-        kind text NOT NULL,
-        spec jsonb NOT NULL,
-        state text NOT NULL CHECK (state IN {_JOB_STATES_SQL}),
-        next_fire_at timestamptz,
-        created_at timestamptz NOT NULL,
-        updated_at timestamptz NOT NULL,
-        run_count bigint NOT NULL DEFAULT 0
-    )
-    """,
-    "CREATE INDEX jobs_due_idx ON jobs (next_fire_at) WHERE state = 'active'",
-    "CREATE INDEX jobs_session_idx ON jobs (session_id)",
-    """
-    CREATE TABLE job_runs (
-        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        job_id text COLLATE "C" NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-        scheduled_for timestamptz NOT NULL,
-        state text NOT NULL,
-        input_id bigint REFERENCES inbox (id) ON DELETE SET NULL,
-        detail jsonb,
-        created_at timestamptz NOT NULL,
-        updated_at timestamptz NOT NULL
-    )
-    """,
-    "CREATE INDEX job_runs_job_idx ON job_runs (job_id, id)",
-    "CREATE INDEX job_runs_input_idx ON job_runs (input_id)",
 )
 
 _POSTGRES_KV = (
@@ -266,7 +203,7 @@ KERNEL = MigrationSet(
     KERNEL_SET,
     (
         Migration(1, "initial", sqlite=_SQLITE_INITIAL, postgres=_POSTGRES_INITIAL),
-        Migration(2, "one_pending_recall", (_ONE_PENDING_RECALL_SQL,)),
+        Migration(2, "one_pending_recall", ()),
         Migration(3, "kv", sqlite=_SQLITE_KV, postgres=_POSTGRES_KV),
         Migration(
             4, "inbox_idempotency_key", sqlite=_SQLITE_INBOX_KEYS, postgres=_POSTGRES_INBOX_KEYS

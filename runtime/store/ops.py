@@ -6,10 +6,10 @@ own operations (``runtime/store/sessions.py``, ``inbox.py``, ...) and every feat
 on its own tables (``actors/<feature>/queries.py``) are the same kind of object, run the same
 way, with no name looked up anywhere::
 
-    GET_RUN = ops.row("get_run", "SELECT * FROM job_runs WHERE id = :run_id", decode=run_record)
-    run = await engine.run(GET_RUN, run_id=5)  # JobRun | None
+    GET_ITEM = ops.row("get_item", "SELECT * FROM items WHERE id = :item_id", decode=item_record)
+    item = await engine.run(GET_ITEM, item_id=5)  # Item | None
 
-**SQL written once.** A statement is written with named placeholders (``:run_id``) and compiled
+**SQL written once.** A statement is written with named placeholders (``:item_id``) and compiled
 when it is defined (:class:`Statement`): PostgreSQL gets ``$1``, ``$2``, …, SQLite ``?1``,
 ``?2``, … with the same numbers, so both take the same positional values. A cast written right
 after a placeholder (``:spec::jsonb``, ``:states::text[]``) is PostgreSQL's type for the
@@ -45,7 +45,7 @@ arguments as given.
 **Reads and writes.** ``writes=True`` sends the operation through SQLite's writer (group commit,
 a savepoint of its own, durable when the call returns); a read runs on a reader connection in
 one read transaction (one snapshot). ``first=True`` serves it on PostgreSQL before the
-operations already waiting for a connection (the scheduler's fires).
+operations already waiting for a connection (a short write whose lateness is measured).
 
 Errors: a database error reaches the caller as ``StoreError``; an argument an operation's SQL
 names but the call did not pass is a ``TypeError`` naming both. A placeholder is ``:name``
@@ -187,7 +187,7 @@ class Operation(Generic[R]):
     feature's write that also logs it).
 
     Attributes:
-        name: what the operation is called in errors (``"get_run"``, ``"memory.save"``).
+        name: what the operation is called in errors (``"get_session"``, ``"memory.save"``).
         writes: whether it writes (SQLite runs it in the writer's group commit).
         first: served before the operations waiting for a PostgreSQL connection.
         backends: where it runs: ``{"sqlite", "postgres"}``, or one of them.

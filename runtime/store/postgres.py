@@ -12,8 +12,8 @@ Migrations run at start-up in one transaction under ``pg_advisory_xact_lock`` ke
 current schema, so concurrent start-ups apply them once.
 
 It is over 400 lines because the pool, the backend and ``listen`` share one lifecycle (opened,
-drained and closed together) and the pool's rules (no reset, fires first) are the backend's; the
-bridge to trio, which knows nothing of PostgreSQL, is a module of its own.
+drained and closed together) and the pool's rules (no reset, some operations first) are the
+backend's; the bridge to trio, which knows nothing of PostgreSQL, is a module of its own.
 """
 
 from __future__ import annotations
@@ -111,10 +111,9 @@ class _Pool:
         self._size = 0  # connections open or being opened
         self._in_use = 0
         # operations waiting for a connection: first those served first (``Operation.first``:
-        # firing a job occurrence is the scheduler's promise to be on time, and it is one short
-        # statement among the many a busy node's sessions queue; behind a thousand of them a
-        # fire waited hundreds of milliseconds), each queue in the order they came (the
-        # oldest fire is the latest)
+        # a short write whose caller promised to be on time, among the many a busy node's
+        # sessions queue; behind a thousand of them one waited hundreds of milliseconds), each
+        # queue in the order they came (the oldest waiting is the latest)
         self._first_waiters: deque[asyncio.Future[None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False  # no new operations

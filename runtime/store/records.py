@@ -13,16 +13,10 @@ import msgspec
 __all__ = [
     "INPUT_STATES",
     "FINAL_INPUT_STATES",
-    "JOB_STATES",
-    "RUN_STATES",
     "Session",
     "InboxItem",
     "Enqueued",
     "EventRecord",
-    "Job",
-    "JobRun",
-    "FireRequest",
-    "FireResult",
     "MigrationRecord",
     "NODE_STATES",
     "NodeRef",
@@ -37,13 +31,9 @@ __all__ = [
 INPUT_STATES = ("queued", "running", "done", "failed", "interrupted")
 #: The states ``finish_input`` may move a running input to.
 FINAL_INPUT_STATES = ("done", "failed", "interrupted")
-#: Every state a job can be in.
-JOB_STATES = ("active", "paused", "completed", "cancelled")
 #: Every state a node's row can be in (``draining`` is reserved for the graceful drain, which
 #: nothing sets yet).
 NODE_STATES = ("running", "draining", "stopped")
-#: The run states the scheduler uses today; the store accepts any non-empty string.
-RUN_STATES = ("queued", "turn_completed", "turn_failed", "missed", "coalesced")
 
 
 class NodeRef(msgspec.Struct, frozen=True):
@@ -125,86 +115,6 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     type: str
     payload: dict[str, Any]
     ts: datetime
-
-
-class Job(msgspec.Struct, frozen=True, kw_only=True):
-    """A scheduled job.
-
-    Attributes:
-        id: caller-supplied id.
-        session_id: the session its turns go to, or None for a session-less job.
-        kind: what sort of schedule (``"cron"``, ``"once"``, ...); the store does not interpret it.
-        spec: the schedule and the input to deliver, as the scheduler wrote it.
-        state: one of :data:`JOB_STATES`.
-        next_fire_at: the next occurrence, or None when there is none.
-        created_at: when the job was created.
-        updated_at: when the row last changed.
-        run_count: how many times ``fire_job`` succeeded for it.
-    """
-
-    id: str
-    session_id: str | None
-    kind: str
-    spec: dict[str, Any]
-    state: str
-    next_fire_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    run_count: int
-
-
-class JobRun(msgspec.Struct, frozen=True, kw_only=True):
-    """One occurrence of a job.
-
-    Attributes:
-        id: integer assigned by the store.
-        job_id: the job it belongs to.
-        scheduled_for: the occurrence it stands for.
-        state: e.g. one of :data:`RUN_STATES`.
-        input_id: the inbox item it enqueued, or None.
-        detail: free-form JSON object, or None.
-        created_at: when it was recorded.
-        updated_at: when its state last changed.
-    """
-
-    id: int
-    job_id: str
-    scheduled_for: datetime
-    state: str
-    input_id: int | None
-    detail: dict[str, Any] | None
-    created_at: datetime
-    updated_at: datetime
-
-
-class FireRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One occurrence for ``fire_jobs`` to fire: the arguments of a ``fire_job`` that delivers
-    a turn on time (an input, counted, no extra runs).
-
-    Attributes:
-        job_id: the job.
-        expected_next_fire_at: the occurrence being fired, as read from the job.
-        new_next_fire_at: the following occurrence, or None when there is none (the job
-            completes).
-        input: ``(source, payload)`` of the turn input to enqueue in the job's session inbox.
-        detail: the run's detail, or None.
-        run_state: the state of the new run.
-    """
-
-    job_id: str
-    expected_next_fire_at: datetime
-    new_next_fire_at: datetime | None
-    input: tuple[str, dict[str, Any]]
-    detail: dict[str, Any] | None = None
-    run_state: str = "queued"
-
-
-class FireResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What a successful ``fire_job`` wrote: the advanced job, the run, and the input if any."""
-
-    job: Job
-    run: JobRun
-    input: InboxItem | None
 
 
 class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):

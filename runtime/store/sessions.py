@@ -1,6 +1,7 @@
 """The store's sessions: their rows, and the methods that create, read, change and delete them.
 
-Deleting a session removes its inbox, events, jobs and runs (``ON DELETE CASCADE``).
+Deleting a session removes its inbox and events, and whatever rows of a feature's tables name
+it with ``ON DELETE CASCADE``, in the same statement.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ class SessionMethods(StoreBase):
         return session
 
     async def delete_session(self, id: str) -> None:
-        """Delete a session with its inbox, events, jobs and their runs.
+        """Delete a session with its inbox and events, and the rows of features' tables that
+        reference it ``ON DELETE CASCADE`` (one statement).
 
         Raises:
             NotFound: ``no session with id 'x'``.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from turnstile.actors.config import Config, ScriptedConfig
 from turnstile.actors.node import make_agent, recover
+from turnstile.actors.scheduling.schema import SCHEDULING
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.agents import OpenAIAgent, ScriptedAgent
 from turnstile.actors.sessions.kinds import session_kinds
@@ -124,11 +126,11 @@ async def test_recovery_settles_the_run_of_a_cut_off_turn_after_a_long_outage():
     from datetime import UTC, datetime, timedelta
 
     t0 = datetime(2026, 11, 21, 12, 30, tzinfo=UTC)
-    async with open_store("sqlite:///:memory:") as store:
+    async with open_store("sqlite:///:memory:", migrations=[SCHEDULING]) as store:
         await store.create_session("s", "ada")
-        await store.create_job("j", kind="cron", spec={}, session_id="s", next_fire_at=t0)
+        await JobStore(store).create_job("j", kind="cron", spec={}, session_id="s", next_fire_at=t0)
         missed = [(t0 + timedelta(hours=k), "coalesced", None) for k in range(1, 60)]
-        fired = await store.fire_job(
+        fired = await JobStore(store).fire_job(
             "j",
             t0,
             t0 + timedelta(hours=60),
@@ -141,5 +143,5 @@ async def test_recovery_settles_the_run_of_a_cut_off_turn_after_a_long_outage():
             kinds, store, tool_profiles=dict, notify=lambda: None, disable_job=None
         )
         await recover(store, kinds=kinds)
-        runs = await store.list_runs("j", limit=100)
+        runs = await JobStore(store).list_runs("j", limit=100)
         assert [r.state for r in runs if r.id == fired.run.id] == ["turn_interrupted"]

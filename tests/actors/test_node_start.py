@@ -40,6 +40,7 @@ from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.node import default_features, open_node
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.webhooks.queries import RECORD
 from turnstile.actors.webhooks.settings import GitHubConfig, WebhooksConfig
@@ -154,7 +155,7 @@ async def recall(node, key: str, hang: Hang) -> Due:
         additional_context_message="Read the build log and report errors.",
         internal_comment="check the build",
     )
-    (job,) = await node.store.list_jobs(session_id=key, states=["active"])
+    (job,) = await JobStore(node.store).list_jobs(session_id=key, states=["active"])
     assert made  # the recall's own view; its job is the session's one job
     return Due(turns=1, job_id=job.id, runs={"turn_completed": 1})
 
@@ -178,14 +179,16 @@ async def late_heartbeat(node, key: str, hang: Hang) -> Due:
     """A heartbeat of every 15 minutes is due twice by the restart if it was set 15 minutes
     earlier: ``misfire = "skip"``, a late heartbeat is simply the next one; none runs."""
     made = await call(node, key, "set_heartbeat", enabled=True, interval_minutes=15, session="main")
-    job = await node.store.get_job(made["heartbeat_id"])
-    await node.store.update_job(job.id, next_fire_at=job.next_fire_at - timedelta(minutes=15))
+    job = await JobStore(node.store).get_job(made["heartbeat_id"])
+    await JobStore(node.store).update_job(
+        job.id, next_fire_at=job.next_fire_at - timedelta(minutes=15)
+    )
     return Due(turns=0, job_id=job.id, runs={"missed": 2})
 
 
 async def check(node, key: str, hang: Hang) -> Due:
     made = await call(node, key, "schedule_check", delay_minutes=5, instructions="Check CI.")
-    (job,) = await node.store.list_jobs(session_id=key, states=["active"])
+    (job,) = await JobStore(node.store).list_jobs(session_id=key, states=["active"])
     assert made
     return Due(turns=1, job_id=job.id, runs={"turn_completed": 1})
 
@@ -260,7 +263,7 @@ async def owed(node, key: str, due: Due) -> bool:
     if len(items) < due.turns or any(i.state in ("queued", "running") for i in items):
         return False
     if due.job_id is not None:
-        runs = await node.store.list_runs(due.job_id)
+        runs = await JobStore(node.store).list_runs(due.job_id)
         if sum(due.runs.values()) > len(runs) or any(r.state == "queued" for r in runs):
             return False
     events = await node.store.read_events(key, 0, 1000)
@@ -277,7 +280,7 @@ async def assert_ran_once(node, key: str, due: Due) -> None:
         per_input = Counter(e.payload["input_id"] for e in events if e.type == kind)
         assert per_input == {i.id: 1 for i in items}, (kind, per_input)
     if due.job_id is not None:
-        runs = await node.store.list_runs(due.job_id)
+        runs = await JobStore(node.store).list_runs(due.job_id)
         assert Counter(r.state for r in runs) == due.runs
         delivered = sorted(r.input_id for r in runs if r.state == "turn_completed")
         assert delivered == sorted(i.id for i in items)

@@ -26,6 +26,7 @@ from turnstile.actors.feature import (
 )
 from turnstile.actors.node import default_features, open_node
 from turnstile.actors.scheduling.actor import AddJob, Begin, SchedulerActor
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.watchers.actor import BeginChecks
 from turnstile.runtime.store import open_store
@@ -250,7 +251,7 @@ async def test_a_held_scheduler_fires_nothing_until_it_begins(autojump_clock):
         spec = AddJob(
             session_id="s", kind="once", schedule=once(an_hour_ago), deliver={"prompt": "late"}
         ).spec()
-        overdue = await n.store.create_job(
+        overdue = await JobStore(n.store).create_job(
             "overdue",
             kind="once",
             spec=msgspec.to_builtins(spec),
@@ -270,13 +271,13 @@ async def test_a_held_scheduler_fires_nothing_until_it_begins(autojump_clock):
             )
         )
         await trio.sleep(3600)  # both due meanwhile: held, nothing fires
-        assert await n.store.list_runs(overdue.id) == []
-        assert await n.store.list_runs(soon.id) == []
+        assert await JobStore(n.store).list_runs(overdue.id) == []
+        assert await JobStore(n.store).list_runs(soon.id) == []
         assert await n.store.list_inputs("s") == []
         assert await scheduler.ask(Begin()) is None
         await scheduler.ask(Begin())  # a second changes nothing
         await trio.sleep(60)
-        assert [len(await n.store.list_runs(j)) for j in (overdue.id, soon.id)] == [1, 1]
+        assert [len(await JobStore(n.store).list_runs(j)) for j in (overdue.id, soon.id)] == [1, 1]
         await trio.testing.wait_all_tasks_blocked()
         assert len(n.ends()) == 2  # each ran its turn once
 

@@ -18,6 +18,7 @@ from turnstile.actors.scheduling.actor import (
     SchedulerLimits,
 )
 from turnstile.actors.scheduling.recall import recall_fired_events
+from turnstile.actors.scheduling.schema import SCHEDULING
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import (
     Attach,
@@ -99,7 +100,7 @@ async def node(
     (by default the job is cancelled)."""
     clock = MockWallClock(T0)
     agent = agent or GatedAgent()
-    async with open_store("sqlite:///:memory:", clock=clock) as store:
+    async with open_store("sqlite:///:memory:", clock=clock, migrations=[SCHEDULING]) as store:
         await store.create_session("s", "ada")
         services = SessionServices(
             store=store,

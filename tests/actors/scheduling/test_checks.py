@@ -11,6 +11,7 @@ import trio.testing
 from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.actor import Schedule
 from turnstile.actors.scheduling.checks import register_check_tools
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import SetPolicy, Submit
 from turnstile.tools.registry import ToolRegistry
 
@@ -67,9 +68,9 @@ async def test_schedule_check_answers_and_fires_on_the_instant_as_a_check_turn(a
             "requested_at": "2026-11-21T12:00:00Z",
             "kind": "check",
         }
-        (run,) = await n.store.list_runs(check_id)
+        (run,) = await JobStore(n.store).list_runs(check_id)
         assert (run.state, run.detail["prompt"]) == ("turn_completed", content)
-        job = await n.store.get_job(check_id)
+        job = await JobStore(n.store).get_job(check_id)
         assert (job.kind, job.state) == ("check", "completed")
 
 
@@ -115,7 +116,7 @@ async def test_a_check_due_during_a_turn_waits_for_it_even_with_policy_inject(au
             ("check", content),
         ]
         assert [e["text"] for e in n.ends()] == ["reply:wait:long", f"reply:{content}"]
-        (run,) = await n.store.list_runs(made["scheduled_id"])
+        (run,) = await JobStore(n.store).list_runs(made["scheduled_id"])
         assert run.scheduled_for == T0 + timedelta(minutes=10)  # due then, delivered after
 
 
@@ -209,8 +210,10 @@ async def test_cancel_scheduled_own_items_only(autojump_clock):
                 "message": f"no scheduled item with id {ghost!r}",
             }
         await trio.sleep(3600)
-        assert (await n.store.get_job(bobs["scheduled_id"])).state == "completed"  # still fired
-        assert await n.store.list_runs(other["scheduled_id"]) == []
+        assert (
+            await JobStore(n.store).get_job(bobs["scheduled_id"])
+        ).state == "completed"  # still fired
+        assert await JobStore(n.store).list_runs(other["scheduled_id"]) == []
         fired = await call("cancel_scheduled", scheduled_id=mine["scheduled_id"])
         assert fired.error["message"] == (
             f"scheduled item {mine['scheduled_id']!r} is fired, not pending"
@@ -244,7 +247,7 @@ async def test_bad_schedule_check_calls_are_typed_errors(autojump_clock, argumen
         result = await tools_for(n)("schedule_check", **arguments)
         assert not result.ok
         assert (result.error["code"], result.error["message"]) == (code, message)
-        assert await n.store.list_jobs() == []
+        assert await JobStore(n.store).list_jobs() == []
 
 
 async def test_a_call_without_a_usable_session_is_refused(autojump_clock):
@@ -265,7 +268,7 @@ async def test_a_call_without_a_usable_session_is_refused(autojump_clock):
                 "code": "not_found",
                 "message": f"no session with id {session!r}: a scheduled check needs its session",
             }
-        assert await n.store.list_jobs() == []
+        assert await JobStore(n.store).list_jobs() == []
 
 
 async def test_the_scheduler_limit_is_a_typed_error(autojump_clock):

@@ -18,6 +18,7 @@ from tests.support.polling import eventually
 from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.scheduling.actor import AddJob
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.runtime.membership import owner_of
 
 TOKEN = "cluster-sched-token-0123456789"
@@ -28,7 +29,7 @@ def config(url: str, node_id: str) -> Config:
 
 
 async def fired(node, job_ids) -> dict[str, int]:
-    return {job_id: len(await node.store.list_runs(job_id)) for job_id in job_ids}
+    return {job_id: len(await JobStore(node.store).list_runs(job_id)) for job_id in job_ids}
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)

@@ -19,6 +19,7 @@ from turnstile.actors.scheduling.cron import (
     register_cron_tool,
 )
 from turnstile.actors.scheduling.spec import job_spec
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import SetPolicy, Submit, history_from_events
 from turnstile.tools.registry import ToolRegistry
 
@@ -78,7 +79,7 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
         )
         assert n.ends()[0]["text"] == f"reply:{trigger}"
         await trio.testing.wait_all_tasks_blocked()
-        (run,) = await n.store.list_runs(job_id)
+        (run,) = await JobStore(n.store).list_runs(job_id)
         assert (start["job_id"], start["run_id"]) == (job_id, run.id)
         assert run.state == "turn_completed"
         assert run.detail["prompt"] == trigger  # the full rendered prompt, in the run record
@@ -100,7 +101,7 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
         await trio.sleep(DAY - 1)
         await n.seen.until(b'"stream_end"', 2)
         assert n.clock.now() == T0 + timedelta(days=1, hours=1)
-        runs = await n.store.list_runs(job_id)
+        runs = await JobStore(n.store).list_runs(job_id)
         assert sorted(r.scheduled_for for r in runs) == [
             T0 + timedelta(hours=1),
             T0 + timedelta(days=1, hours=1),
@@ -165,7 +166,7 @@ async def test_the_prompt_version_names_one_exact_text(autojump_clock):
         await call("cron", action="remove", job_id=same["job_id"])
         changed = (await add("report B")).data  # a new text is a new version
         assert (changed["prompt_ref"], changed["prompt_sha256"]) == ("r@v2", sha("report B"))
-        job = await n.store.get_job(changed["job_id"])
+        job = await JobStore(n.store).get_job(changed["job_id"])
         spec = job_spec(job)
         assert spec.prompt == f"[CRON] job={job.id} prompt=r@v2\nreport B"
         assert (spec.prompt_version, spec.prompt_text) == (2, "report B")
@@ -188,7 +189,7 @@ async def test_cron_list_shows_this_sessions_cron_jobs_with_their_last_run(autoj
         listed = (await call("cron", action="list")).data
         assert (listed["session_id"], listed["total"]) == ("s", 2)
         tick, long = listed["jobs"]
-        (run,) = await n.store.list_runs(hourly["job_id"])
+        (run,) = await JobStore(n.store).list_runs(hourly["job_id"])
         assert tick["last_run"] == {
             "run_id": run.id,
             "scheduled_for": "2026-11-21T12:30:00Z",
@@ -238,7 +239,7 @@ async def test_a_cron_occurrence_during_a_turn_waits_and_is_never_injected(autoj
         assert [s["content"] for s in n.starts()] == ["wait:long"]
         assert n.seen.count(b'"user_message"') == 0
         assert n.agent.running == ["wait:long"]
-        (run,) = await n.store.list_runs(made["job_id"])
+        (run,) = await JobStore(n.store).list_runs(made["job_id"])
         assert run.state == "queued"  # enqueued, not completed by being enqueued
         n.agent.gate("wait:long").set()
         await n.seen.until(b'"stream_end"', 2)
@@ -249,7 +250,7 @@ async def test_a_cron_occurrence_during_a_turn_waits_and_is_never_injected(autoj
         ]
         assert [e["text"] for e in n.ends()] == ["reply:wait:long", f"reply:{trigger}"]
         await trio.testing.wait_all_tasks_blocked()
-        (run,) = await n.store.list_runs(made["job_id"])
+        (run,) = await JobStore(n.store).list_runs(made["job_id"])
         assert run.state == "turn_completed"
         assert run.detail["late_seconds"] == 0  # fired on time, waited in the inbox
 
@@ -288,7 +289,7 @@ async def test_bad_cron_adds_are_typed_errors(autojump_clock, arguments, code, m
         result = await tools_for(n)("cron", **arguments)
         assert not result.ok
         assert result.error == {"code": code, "message": message, "field": field}
-        assert await n.store.list_jobs() == []
+        assert await JobStore(n.store).list_jobs() == []
 
 
 async def test_cron_needs_the_callers_session(autojump_clock):
@@ -309,7 +310,7 @@ async def test_cron_needs_the_callers_session(autojump_clock):
                 "code": "not_found",
                 "message": f"no session with id {session!r}: a cron job needs its session",
             }
-        assert await n.store.list_jobs() == []
+        assert await JobStore(n.store).list_jobs() == []
 
 
 async def test_the_jobs_per_session_limit_is_a_typed_error(autojump_clock):

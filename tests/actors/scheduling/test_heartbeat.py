@@ -17,6 +17,7 @@ from turnstile.actors.scheduling.heartbeat import (
     heartbeat_view,
     register_heartbeat_tools,
 )
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Attach
 from turnstile.actors.sessions.agents.base import AgentError
 from turnstile.actors.sessions.directory import create_derived_session
@@ -127,7 +128,7 @@ async def test_a_quiet_dedicated_heartbeat_runs_on_interval_and_is_suppressed(au
         assert first.input.max_tokens == 4096
         assert "stream_start" not in kinds(watcher)  # suppressed: not forwarded
         assert kinds(watcher).count("heartbeat_suppressed") == 4
-        runs = await n.store.list_runs(made["heartbeat_id"])
+        runs = await JobStore(n.store).list_runs(made["heartbeat_id"])
         assert all(r.state == "turn_completed" and r.detail["suppressed"] for r in runs)
         assert runs[0].detail["response"] == "All clear."  # logged
         assert [len(t.history) for t in agent.turns] == [0, 0, 0, 0]
@@ -159,7 +160,7 @@ async def test_outside_active_hours_no_turn_runs(autojump_clock):
         )
         assert made["understood"] == "every 60 minutes, 09:00–12:00 Europe/Paris"
         await trio.sleep(DAY - 60)  # 23 occurrences: 13:00Z … 11:00Z the next day
-        runs = await n.store.list_runs(made["heartbeat_id"], limit=100)
+        runs = await JobStore(n.store).list_runs(made["heartbeat_id"], limit=100)
         ran = sorted(r.scheduled_for for r in runs if r.state == "turn_completed")
         assert ran == [T0 + timedelta(hours=h) for h in (20, 21, 22)]  # 08:00, 09:00, 10:00Z
         assert sum(r.state == "outside_active_hours" for r in runs) == 20
@@ -195,7 +196,7 @@ async def test_on_error_policies(autojump_clock, policy, turns, state):
         watcher = await hb.watch("s.heartbeat")
         await trio.sleep(30 * 60 + 1)
         assert len(agent.turns) == turns
-        assert (await n.store.get_job(made["heartbeat_id"])).state == state
+        assert (await JobStore(n.store).get_job(made["heartbeat_id"])).state == state
         if policy == "disable":
             assert "heartbeat_disabled" in kinds(watcher)
             # The owner is alerted in the parent session, and the settings are kept, disabled.
@@ -266,7 +267,7 @@ async def test_disabling_keeps_the_settings_and_enabling_resumes_them(autojump_c
         )
         off = await hb.set(enabled=False)
         assert off["kept"]["checklist"] == "Is the deploy green?"
-        assert (await n.store.get_job(first["heartbeat_id"])).state == "cancelled"
+        assert (await JobStore(n.store).get_job(first["heartbeat_id"])).state == "cancelled"
         await trio.sleep(3600)
         assert agent.turns == []  # disabled: nothing runs
         view = await heartbeat_view(n.store, "s")

@@ -23,6 +23,7 @@ from turnstile.actors.scheduling.spec import (
     Schedule,
     job_spec,
 )
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.tools.registry import ToolRegistry
 
@@ -242,8 +243,8 @@ async def test_every_writer_stores_the_spec_it_stored_before(autojump_clock):
             name: data if name == "raw" else next(v for k, v in data.items() if k.endswith("id"))
             for name, data in made.items()
         }
-        jobs = await n.store.list_jobs(session_id="s")
-        jobs += await n.store.list_jobs(session_id="s.heartbeat")
+        jobs = await JobStore(n.store).list_jobs(session_id="s")
+        jobs += await JobStore(n.store).list_jobs(session_id="s.heartbeat")
         assert {job.id: stored(job) for job in jobs} == {
             ids[name]: msgspec.json.encode(spec).replace(b"<ID>", ids[name].encode())
             for name, spec in EXPECTED.items()
@@ -320,7 +321,7 @@ def test_add_job_carries_every_spec_field():
 )
 async def test_a_spec_that_does_not_decode_is_a_typed_error(spec, why):
     async with node(start_scheduler=False) as n:
-        job = await n.store.create_job("bad", kind="once", spec=spec, session_id="s")
+        job = await JobStore(n.store).create_job("bad", kind="once", spec=spec, session_id="s")
         with pytest.raises(JobSpecError) as caught:
             job_spec(job)
         assert str(caught.value) == f"job 'bad' has an unreadable spec: {why}"
@@ -332,16 +333,18 @@ async def test_the_scheduler_skips_a_job_whose_spec_does_not_decode(autojump_clo
     async with node(start_scheduler=False) as n:
         good = JobSpec(schedule=once(T0 + timedelta(hours=1)), deliver={"prompt": "good"})
         at = T0 + timedelta(hours=1)
-        await n.store.create_job(
+        await JobStore(n.store).create_job(
             "good", kind="once", spec=msgspec.to_builtins(good), session_id="s", next_fire_at=at
         )
         bad = {**msgspec.to_builtins(good), "max_runs": "twice"}
-        await n.store.create_job("bad", kind="once", spec=bad, session_id="s", next_fire_at=at)
+        await JobStore(n.store).create_job(
+            "bad", kind="once", spec=bad, session_id="s", next_fire_at=at
+        )
         await n.start_scheduler()  # does not fail for one bad row
         await trio.sleep(2 * 3600)
         assert [s["content"] for s in n.starts()] == ["good"]
-        assert (await n.store.get_job("bad")).state == "active"  # left alone, not fired
+        assert (await JobStore(n.store).get_job("bad")).state == "active"  # left alone, not fired
         with pytest.raises(JobSpecError):
-            automation_view(await n.store.get_job("bad"))
+            automation_view(await JobStore(n.store).get_job("bad"))
         cancelled = await n.scheduler.ask(CancelJob(job_id="bad"))  # but it can be cancelled
         assert cancelled.state == "cancelled"

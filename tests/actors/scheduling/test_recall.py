@@ -20,6 +20,7 @@ from turnstile.actors.scheduling.recall import (
     register_recall_tools,
     skip_recall,
 )
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Submit, history_from_events
 from turnstile.runtime.errors import InvalidArgument, NotFound
 from turnstile.tools.registry import ToolRegistry
@@ -99,7 +100,7 @@ async def test_a_once_recall_fires_on_time_with_its_instruction_then_frees_the_s
         assert seen.content == start["content"] and TODO not in seen.content
         assert seen.system_segment.endswith(f"Your self-instruction:\n{TODO}")
         await settle(n)
-        (run,) = await n.store.list_runs(rid)
+        (run,) = await JobStore(n.store).list_runs(rid)
         assert run.detail["instruction"] == TODO
         fired = recall_updates(n)[-1]
         assert (fired["action"], fired["status"], fired["trigger_at"]) == ("fired", "fired", None)
@@ -142,7 +143,7 @@ async def test_a_recurring_recall_fires_every_interval_from_its_first_trigger(au
             contents
             == [f"[RECALL] recall_id={made['recall_id']} call_type=recurring every=600s"] * 3
         )  # 13:00, 13:10, 13:20
-        (run3, run2, run1) = await n.store.list_runs(made["recall_id"])
+        (run3, run2, run1) = await JobStore(n.store).list_runs(made["recall_id"])
         assert [r.scheduled_for for r in (run1, run2, run3)] == [
             T0 + timedelta(minutes=m) for m in (60, 70, 80)
         ]
@@ -203,14 +204,14 @@ async def test_a_recall_due_during_a_turn_waits_for_it_to_end_then_runs_first(au
         await trio.sleep(3600)  # due at 12:05 while the turn still runs
         await session.ask(Submit(content="later from the user"))
         assert [s["content"] for s in n.starts()] == ["wait:long"]
-        (run,) = await n.store.list_runs(made["recall_id"])
+        (run,) = await JobStore(n.store).list_runs(made["recall_id"])
         assert (run.state, run.detail["late_seconds"]) == ("queued", 0)  # in the inbox on time
         n.agent.gate("wait:long").set()
         await n.seen.until(b'"stream_end"', 3)
         assert [s["source"] for s in n.starts()] == ["user", "recall", "user"]  # inbox order
         assert n.clock.now() == T0 + timedelta(hours=1)  # at once, not at a re-poll
         await settle(n)
-        (run,) = await n.store.list_runs(made["recall_id"])
+        (run,) = await JobStore(n.store).list_runs(made["recall_id"])
         assert run.state == "turn_completed"
 
 
@@ -259,7 +260,7 @@ async def test_the_database_allows_one_pending_recall_per_session(autojump_clock
             when="in 2h",
             additional_context_message="e",
         )
-        jobs = await n.store.list_jobs(states=["active"])
+        jobs = await JobStore(n.store).list_jobs(states=["active"])
         assert sorted(j.session_id for j in jobs if j.kind == "recall") == ["other", "s"]
 
 
@@ -336,7 +337,9 @@ async def test_skip_of_an_overdue_trigger_counts_from_now(autojump_clock):
         )
         await trio.sleep(120)
         # As after a downtime: the stored trigger (12:01) is already behind now (12:02).
-        await n.store.update_job(made["recall_id"], next_fire_at=T0 + timedelta(minutes=1))
+        await JobStore(n.store).update_job(
+            made["recall_id"], next_fire_at=T0 + timedelta(minutes=1)
+        )
         skipped = await skip_recall(n.scheduler, n.store, n.clock, "s", n.publish)
         assert skipped["skipped_trigger_at"] == "2026-11-21T12:01:00Z"
         assert skipped["trigger_at"] == "2026-11-21T12:12:00Z"  # now + 600 s, not 12:11
@@ -490,4 +493,4 @@ async def test_bad_schedule_recall_calls_are_typed_errors(autojump_clock, argume
         assert not result.ok
         assert result.error["code"] == code, result.error
         assert message in result.error["message"], result.error
-        assert await n.store.list_jobs() == []
+        assert await JobStore(n.store).list_jobs() == []

@@ -16,6 +16,7 @@ from turnstile.actors.scheduling.actor import (
     SchedulerActor,
     SchedulerLimits,
 )
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import (
     Attach,
     Delivered,
@@ -41,10 +42,10 @@ async def test_a_once_job_fires_exactly_on_time_and_its_run_follows_the_turn(aut
         )
         assert n.ends()[0]["text"] == "reply:do the thing"
         await trio.testing.wait_all_tasks_blocked()  # the run record is settled after the close
-        (run,) = await n.store.list_runs(job.id)
+        (run,) = await JobStore(n.store).list_runs(job.id)
         assert run.state == "turn_completed"
         assert run.detail["prompt"] == "do the thing" and run.detail["late_seconds"] == 0
-        assert (await n.store.get_job(job.id)).state == "completed"
+        assert (await JobStore(n.store).get_job(job.id)).state == "completed"
         assert start["job_id"] == job.id and start["run_id"] == run.id
 
 
@@ -58,11 +59,11 @@ async def test_an_interval_job_stops_after_max_runs(autojump_clock):
         )
         await trio.sleep(DAY)
         assert len(n.starts()) == 3
-        runs = await n.store.list_runs(job.id)
+        runs = await JobStore(n.store).list_runs(job.id)
         assert sorted(r.scheduled_for for r in runs) == [
             T0 + timedelta(minutes=10 * k) for k in (1, 2, 3)
         ]
-        done = await n.store.get_job(job.id)
+        done = await JobStore(n.store).get_job(job.id)
         assert (done.state, done.run_count) == ("completed", 3)
 
 
@@ -96,7 +97,7 @@ async def test_a_cancelled_job_never_fires(autojump_clock):
         cancelled = await n.scheduler.ask(CancelJob(job_id=job.id, session_id="s"))
         assert cancelled.state == "cancelled"
         await trio.sleep(3600)
-        assert n.starts() == [] and await n.store.list_runs(job.id) == []
+        assert n.starts() == [] and await JobStore(n.store).list_runs(job.id) == []
 
 
 async def downtime(n: Node, policy: str, hours: int):
@@ -128,7 +129,7 @@ async def test_misfire_policies_after_downtime(autojump_clock, policy, delivered
         job = await downtime(n, policy, hours=3)
         await trio.testing.wait_all_tasks_blocked()
         assert len(n.starts()) == delivered
-        runs = await n.store.list_runs(job.id)
+        runs = await JobStore(n.store).list_runs(job.id)
         counted: dict[str, int] = {}
         for run in runs:
             counted[run.state] = counted.get(run.state, 0) + 1
@@ -136,7 +137,7 @@ async def test_misfire_policies_after_downtime(autojump_clock, policy, delivered
         assert sorted(r.scheduled_for for r in runs) == [
             T0 + timedelta(minutes=30 + 60 * k) for k in range(3)
         ]
-        after = await n.store.get_job(job.id)
+        after = await JobStore(n.store).get_job(job.id)
         assert after.next_fire_at == T0 + timedelta(hours=3, minutes=30)  # back on schedule
 
 
@@ -147,7 +148,7 @@ async def test_two_schedulers_on_one_store_deliver_an_occurrence_once(autojump_c
         await n.start_scheduler("second")  # loads the same job from the store
         await trio.sleep(600)
         assert len(n.starts()) == 1
-        assert len(await n.store.list_runs(job.id)) == 1
+        assert len(await JobStore(n.store).list_runs(job.id)) == 1
         assert len(await n.store.list_inputs("s")) == 1
 
 
@@ -166,7 +167,7 @@ async def test_overdue_jobs_at_restart_are_spread_not_stampeded(autojump_clock):
         await trio.sleep(10)
         fired = []
         for job in jobs:
-            (run,) = await n.store.list_runs(job.id)
+            (run,) = await JobStore(n.store).list_runs(job.id)
             fired.append(run.created_at)
         spread = (max(fired) - min(fired)).total_seconds()
         assert spread == pytest.approx(1.9, abs=0.01)  # 20 jobs at 10 per second
@@ -220,7 +221,7 @@ async def test_the_delivered_run_is_settled_after_sixty_hours_of_downtime(autoju
         job = await downtime(n, "coalesce", hours=60)
         await trio.testing.wait_all_tasks_blocked()
         (start,) = n.starts()
-        runs = await n.store.list_runs(job.id, limit=1000)
+        runs = await JobStore(n.store).list_runs(job.id, limit=1000)
         assert len(runs) == 60
         (delivered,) = [r for r in runs if r.input_id is not None]
         assert delivered.state == "turn_completed"
@@ -329,24 +330,21 @@ async def test_a_turn_nobody_watched_start_ends_with_a_session_sync(autojump_clo
         assert "session_sync" not in [e.type for e in await n.store.read_events("s")]
 
 
-class CountingStore:
-    """The node's store, counting the fires asked of it (``fire_jobs`` batches by size)."""
+class CountingJobs(JobStore):
+    """The node's job store, counting the fires asked of it (``fire_jobs`` batches by size)."""
 
     def __init__(self, store) -> None:
-        self._store = store
+        super().__init__(store)
         self.batches: list[int] = []
         self.alone = 0
 
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
     async def fire_jobs(self, fires):
         self.batches.append(len(fires))
-        return await self._store.fire_jobs(fires)
+        return await super().fire_jobs(fires)
 
     async def fire_job(self, *args, **kwargs):
         self.alone += 1
-        return await self._store.fire_job(*args, **kwargs)
+        return await super().fire_job(*args, **kwargs)
 
 
 @pytest.mark.guard(2 * DAY)
@@ -355,7 +353,7 @@ async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock
     most 100 (one statement each on PostgreSQL), each occurrence delivered once, with its own
     input and run; the cancelled one does not fire."""
     async with node(start_scheduler=False) as n:
-        store = CountingStore(n.store)
+        store = CountingJobs(n.store)
         delivered = []
 
         async def publish(session_id, message) -> None:
@@ -363,7 +361,7 @@ async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock
                 delivered.append((session_id, message.input_id, message.job_update.job_id))
 
         scheduler = await n.sup.spawn(
-            lambda: SchedulerActor(store, n.clock, publish=publish, limits=LIMITS)
+            lambda: SchedulerActor(n.store, n.clock, publish=publish, limits=LIMITS, jobs=store)
         )
         due = T0 + timedelta(minutes=5)
         jobs = []
@@ -382,9 +380,9 @@ async def test_occurrences_due_together_fire_in_batches_each_once(autojump_clock
         assert len(delivered) == len(fired) == 449 and jobs[7].id not in fired
         assert len({input_id for _, input_id, _ in delivered}) == 449
         for job in jobs[::50]:
-            (run,) = await n.store.list_runs(job.id)
+            (run,) = await JobStore(n.store).list_runs(job.id)
             assert run.scheduled_for == due and run.created_at == due  # on the dot (mock time)
-        assert await n.store.list_runs(jobs[7].id) == []
+        assert await JobStore(n.store).list_runs(jobs[7].id) == []
         inputs = [i for k in range(5) for i in await n.store.list_inputs(f"s{k}")]
         assert len(inputs) == 449
 
@@ -394,7 +392,7 @@ async def test_a_batch_that_fails_is_fired_one_by_one(autojump_clock):
     """The store refuses the batch (a lost connection, a deadlock): each of its occurrences is
     fired on its own, once."""
     async with node(start_scheduler=False) as n:
-        store = CountingStore(n.store)
+        store = CountingJobs(n.store)
 
         async def refuse(fires):
             store.batches.append(len(fires))
@@ -402,7 +400,7 @@ async def test_a_batch_that_fails_is_fired_one_by_one(autojump_clock):
 
         store.fire_jobs = refuse
         scheduler = await n.sup.spawn(
-            lambda: SchedulerActor(store, n.clock, publish=n.publish, limits=LIMITS)
+            lambda: SchedulerActor(n.store, n.clock, publish=n.publish, limits=LIMITS, jobs=store)
         )
         due = T0 + timedelta(minutes=5)
         jobs = [
@@ -414,7 +412,7 @@ async def test_a_batch_that_fails_is_fired_one_by_one(autojump_clock):
         await trio.sleep(600)
         assert store.batches == [3] and store.alone == 3
         for job in jobs:
-            assert len(await n.store.list_runs(job.id)) == 1
+            assert len(await JobStore(n.store).list_runs(job.id)) == 1
         assert len(await n.store.list_inputs("s")) == 3
 
 
@@ -423,9 +421,9 @@ async def test_an_occurrence_due_alone_is_fired_on_its_own(autojump_clock):
     """Jobs due at different moments (a steady stream) each go as a statement of their own:
     a batch would only add its hand-offs."""
     async with node(start_scheduler=False) as n:
-        store = CountingStore(n.store)
+        store = CountingJobs(n.store)
         scheduler = await n.sup.spawn(
-            lambda: SchedulerActor(store, n.clock, publish=n.publish, limits=LIMITS)
+            lambda: SchedulerActor(n.store, n.clock, publish=n.publish, limits=LIMITS, jobs=store)
         )
         for k in range(3):
             at = T0 + timedelta(minutes=5, seconds=k)

@@ -13,6 +13,7 @@ import pytest
 import trio.testing
 
 from tests.support.mock_node import DAY, T0, node, once
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Submit
 from turnstile.actors.sessions.inputs import OtherInput
 from turnstile.actors.sessions.kinds import PlainKind, session_kinds
@@ -45,7 +46,7 @@ async def test_a_webhooks_run_id_never_settles_another_users_job_run(autojump_cl
         job = await n.add(session_id="bob/s", schedule=once(T0.replace(minute=1)))
         await trio.sleep(120)  # on the mock clock: bob's job fires at 12:01 and its turn runs
         await trio.testing.wait_all_tasks_blocked()
-        (bobs,) = await n.store.list_runs(job.id)
+        (bobs,) = await JobStore(n.store).list_runs(job.id)
         assert bobs.state == "turn_completed"
 
         ref = n.registry.ref("session:s")
@@ -56,7 +57,7 @@ async def test_a_webhooks_run_id_never_settles_another_users_job_run(autojump_cl
         assert "job_id" not in start and "run_id" not in start
         (end,) = n.ends()
         assert end["status"] == "completed"
-        assert await n.store.list_runs(job.id) == [bobs]  # untouched, updated_at included
+        assert await JobStore(n.store).list_runs(job.id) == [bobs]  # untouched, updated_at included
 
 
 async def test_a_webhooks_run_id_beyond_int64_is_an_ordinary_turn(autojump_clock):
@@ -81,14 +82,14 @@ async def test_a_scheduled_input_settles_only_its_own_run(autojump_clock):
         job = await n.add(session_id="bob/s", schedule=once(T0.replace(minute=1)))
         await trio.sleep(120)
         await trio.testing.wait_all_tasks_blocked()
-        (bobs,) = await n.store.list_runs(job.id)
+        (bobs,) = await JobStore(n.store).list_runs(job.id)
         ref = n.registry.ref("session:s")
         forged = {"job_id": job.id, "run_id": bobs.id}
         await ref.ask(Submit(source="once", content="forged", payload=forged))
         await n.seen.until(b'"stream_end"')
         (start,) = n.starts()
         assert "job_id" not in start and "run_id" not in start
-        assert await n.store.list_runs(job.id) == [bobs]
+        assert await JobStore(n.store).list_runs(job.id) == [bobs]
 
 
 def test_each_source_has_one_owner():

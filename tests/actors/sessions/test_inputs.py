@@ -42,6 +42,7 @@ from turnstile.actors.scheduling.inputs import (
     ScheduledJob,
 )
 from turnstile.actors.scheduling.recall import register_recall_tools
+from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.actors.scheduling.turns import register_scheduled_kinds
 from turnstile.actors.sessions.actor import (
@@ -262,7 +263,7 @@ async def test_every_scheduling_writer_decodes_by_its_source(case: Case, autojum
         assert got.content == item.payload["content"]
         assert got.content.startswith(case.content_starts)
         # The typed fields agree with the run record the fire wrote.
-        run = await s.n.store.get_run(got.run_id)
+        run = await JobStore(s.n.store).get_run(got.run_id)
         assert (run.job_id, run.input_id) == (got.job_id, item.id)
         assert json.dumps(item.payload) == stored  # decoding left the stored payload alone
         # Inputs fired before the store put ``run_id`` in the payload still read.
@@ -528,7 +529,7 @@ async def test_an_unreadable_payload_fails_its_turn_visibly_and_the_next_input_r
             "Expected `str`, got `int` - at `$.instruction`"
         )
         assert (bad.state, bad.detail) == ("failed", {"status": "failed", "payload_error": why})
-        (run,) = await n.store.list_runs(job.id)
+        (run,) = await JobStore(n.store).list_runs(job.id)
         assert run.state == "turn_failed"
         assert (run.detail["error"], run.detail["payload_error"]) == (UNREADABLE_INPUT, why)
         (start, _) = n.starts()

@@ -1,5 +1,9 @@
 """Firing a job occurrence: exactly once, in one transaction, with its input and its run.
 
+The operations are scheduling's; the inbox's row is the kernel's, inserted with the kernel's
+own statement (``INSERT_INPUT``) in the fire's transaction, or, in the one-statement forms
+below, by an ``INSERT`` whose answer is split by the kernel's ``INPUT_COLUMNS``.
+
 A fire is a compare-and-set on the job (``active`` and ``next_fire_at`` as read), which
 advances it (or completes it), counts the run, records the run and enqueues the turn input in
 the session's inbox, all or nothing; the input's payload carries its run's id, and the run
@@ -23,24 +27,20 @@ together since they must give the same answers and errors.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from turnstile.runtime.errors import ConflictError
-from turnstile.runtime.store import _util as u
-from turnstile.runtime.store import ops
-from turnstile.runtime.store.base import StoreBase
-from turnstile.runtime.store.inbox import INSERT_INPUT, input_record
-from turnstile.runtime.store.jobs import (
+from turnstile.actors.scheduling.queries import (
     job_record,
     require_job_postgres,
     require_job_sqlite,
     run_record,
 )
-from turnstile.runtime.store.records import FireRequest, FireResult
+from turnstile.actors.scheduling.records import FireResult
+from turnstile.runtime.errors import ConflictError
+from turnstile.runtime.store import INPUT_COLUMNS, INSERT_INPUT, input_record, ops
 
-__all__ = ["FireMethods"]
+__all__ = ["FIRE_JOB", "FIRE_JOBS"]
 
 # -- the statements both backends run -----------------------------------------------------------
 
@@ -167,10 +167,7 @@ _JOB_COLUMNS = (
 _RUN_COLUMNS = (
     "id", "job_id", "scheduled_for", "state", "input_id", "detail", "created_at", "updated_at",
 )  # fmt: skip
-_INPUT_COLUMNS = (
-    "id", "session_id", "source", "payload", "state", "created_at", "updated_at", "detail",
-    "idempotency_key", "claimed_by", "claimed_epoch",
-)  # fmt: skip
+_INPUT_COLUMNS = INPUT_COLUMNS
 
 
 def _select(*tables: tuple[str, tuple[str, ...]]) -> str:
@@ -422,115 +419,3 @@ FIRE_JOBS = ops.procedure(
     writes=True,
     first=True,
 )
-
-
-class FireMethods(StoreBase):
-    """The store's methods that fire job occurrences (see :class:`runtime.store.front.Store`)."""
-
-    async def fire_job(
-        self,
-        job_id: str,
-        expected_next_fire_at: datetime,
-        new_next_fire_at: datetime | None,
-        run_state: str = "queued",
-        input: tuple[str, dict[str, Any]] | None = None,
-        detail: dict[str, Any] | None = None,
-        counts: bool = True,
-        extra_runs: Sequence[tuple[datetime, str, dict[str, Any] | None]] = (),
-    ) -> FireResult | None:
-        """Consume one occurrence of a job, exactly once, in one transaction.
-
-        Compare-and-set: only when the job is ``active`` and its ``next_fire_at`` equals
-        ``expected_next_fire_at``, the store advances ``next_fire_at`` to ``new_next_fire_at``
-        (None also moves the job to ``completed``), increments ``run_count``, records a run for
-        the occurrence (``scheduled_for = expected_next_fire_at``) and, when ``input`` is
-        given, enqueues it in the job's session inbox and links it to the run. The input's
-        payload gets the run's id as ``run_id``: its turn settles that run by id, however many
-        runs (coalesced or missed occurrences) the same fire recorded after it.
-
-        Args:
-            job_id: the job.
-            expected_next_fire_at: the occurrence being fired, as read from the job.
-            new_next_fire_at: the following occurrence, or None when there is none.
-            run_state: the state of the new run.
-            input: ``(source, payload)`` of the turn input to enqueue, or None.
-            detail: the new run's detail, or None.
-            counts: whether the occurrence counts towards ``run_count`` (a skipped, missed
-                occurrence does not).
-            extra_runs: more run records to write in the same transaction, as
-                ``(scheduled_for, state, detail)`` — the occurrences a misfire policy
-                coalesced or skipped.
-
-        Returns:
-            What was written, or None when the compare-and-set lost (the job was fired,
-            changed, paused or completed by someone else).
-
-        Raises:
-            NotFound: ``no job with id 'x'``.
-            ConflictError: ``input`` was given but the job has no session.
-        """
-        expected = self._time(expected_next_fire_at, "expected_next_fire_at")
-        new = self._optional_time(new_next_fire_at, "new_next_fire_at")
-        u.check_text(run_state, "run_state")
-        inp = u.check_fire_input(input)
-        data = u.encode_optional_json(detail)
-        extra = [
-            (self._time(when, "extra_runs"), state, u.encode_optional_json(more))
-            for when, state, more in extra_runs
-        ]
-        return await self.engine.run(
-            FIRE_JOB,
-            job_id=job_id,
-            expected=expected,
-            new=new,
-            run_state=run_state,
-            input=inp,
-            detail=data,
-            now=self._now(),
-            counts=counts,
-            extra_runs=extra,
-        )
-
-    async def fire_jobs(self, fires: Sequence[FireRequest]) -> list[FireResult | None]:
-        """Fire many on-time occurrences at once, each exactly once, as :meth:`fire_job` fires
-        one that delivers a turn (with an input, counted, no extra runs).
-
-        Each occurrence is its own compare-and-set: one that loses writes nothing and does not
-        stop the others. On PostgreSQL the batch is one statement (one round trip); a batch
-        racing another node's over the same jobs fires each occurrence once in total (the row
-        lock makes the second writer re-check the condition, as for ``fire_job``).
-
-        Args:
-            fires: the occurrences, at most one per job.
-
-        Returns:
-            One answer per request, in order: what ``fire_job`` would return, or None when this
-            call did not fire it: the compare-and-set lost (fired, changed, paused, cancelled
-            or completed by someone else), or the job does not exist or has no session.
-            ``fire_job`` with the same arguments tells those apart (None, ``NotFound``,
-            ``ConflictError``).
-
-        Raises:
-            ValueError: the same job twice.
-        """
-        requests, seen = [], set()
-        for fire in fires:
-            if not isinstance(fire, FireRequest):
-                raise TypeError(f"fires must be FireRequests, not {type(fire).__name__}")
-            u.check_text(fire.job_id, "job_id")
-            if fire.job_id in seen:
-                raise ValueError(f"job {fire.job_id!r} is in fires twice")
-            seen.add(fire.job_id)
-            requests.append(
-                (
-                    fire.job_id,
-                    self._time(fire.expected_next_fire_at, "expected_next_fire_at"),
-                    self._optional_time(fire.new_next_fire_at, "new_next_fire_at"),
-                    u.check_text(fire.run_state, "run_state"),
-                    u.check_fire_input(fire.input or ()),
-                    u.encode_optional_json(fire.detail),
-                )
-            )
-        if not requests:
-            return []
-        return await self.engine.run(FIRE_JOBS, fires=requests, now=self._now())
