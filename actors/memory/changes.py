@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 import trio
 
+from turnstile.actors.memory.account_queries import DELETE_USER, SET_SUMMARY
 from turnstile.actors.memory.events import (
     EVERYTHING,
     FactForgotten,
@@ -54,7 +55,7 @@ from turnstile.actors.memory.events import (
     SummaryChanged,
 )
 from turnstile.actors.memory.notices import CHANNEL
-from turnstile.actors.memory.queries import DELETE_USER, FORGET, SAVE, SET_SUMMARY
+from turnstile.actors.memory.queries import FORGET, SAVE
 from turnstile.runtime.errors import StoreError
 from turnstile.runtime.gateway.topics import TopicEvent, TopicHead
 from turnstile.runtime.store import Migration, MigrationSet, Store, ops

@@ -22,7 +22,7 @@ write of category, key or value also writes the tokens (``queries.search_columns
   :data:`RECENT_INDEX`, serves the newest-first stages; migration 3's trigram index on the
   whole text (:data:`TEXT_INDEX`) is dropped. pg_trgm stays optional: with it, the
   per-column trigram indexes of migration 1 serve the list's substring search
-  (``queries.LIST``) and ``word_similarity`` the search's similar-words stage. The reference
+  (``account_queries.LIST``) and ``word_similarity`` the search's similar-words stage. The reference
   says pg_trgm "may require superuser privileges", so nothing may fail without it:
   :data:`ENSURE_TRIGRAM` is one ``DO`` block that creates the extension only if the server
   offers it, inside a sub-block whose ``EXCEPTION`` clause turns "not allowed" into a notice
@@ -38,14 +38,14 @@ unindexed facts, and the feature's start-up writes their tokens in batches
 Embeddings (migration 2, ``docs/memory.md``):
 
 * **SQLite**: an ``embedding`` BLOB column (float32, little-endian, L2-normalised); the vector
-  stage compares in numpy (``queries.VECTOR_SEARCH``), over a per-user matrix kept in memory
+  stage compares in numpy (``vector_queries.VECTOR_SEARCH``), over a per-user matrix kept in memory
   (``vector_cache``): migration 4's ``memory_vector_version`` and its triggers tell it when a
   kept matrix is out of date.
 * **PostgreSQL**: :data:`ENSURE_VECTOR` creates the ``vector`` extension if the server offers it
   and this role may, as ``ENSURE_TRIGRAM`` does for pg_trgm (never failing without it). The
   ``embedding vector(N)`` column and its HNSW cosine index are not created here: ``N`` is the
-  embedder's dimension, known only at start-up, so ``queries.VECTOR_SETUP`` adds them then (and
-  replaces the column when the dimension changed).
+  embedder's dimension, known only at start-up, so ``vector_queries.VECTOR_SETUP`` adds them
+  then (and replaces the column when the dimension changed).
 
 Facts have no foreign key to a users table: users live in the config file. Deleting a user's
 data is ``queries.DELETE_USER``.

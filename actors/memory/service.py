@@ -46,6 +46,15 @@ from typing import Any
 
 import trio
 
+from turnstile.actors.memory.account_queries import (
+    DELETE_USER,
+    END_SESSION,
+    EXTRACTED_AT,
+    GET_SUMMARY,
+    LIST,
+    MARK_EXTRACTED,
+    SET_SUMMARY,
+)
 from turnstile.actors.memory.changes import (
     DELETE_USER_LOGGED,
     FORGET_LOGGED,
@@ -56,29 +65,18 @@ from turnstile.actors.memory.changes import (
 from turnstile.actors.memory.embeddings import Embedder, EmbeddingError, fact_text
 from turnstile.actors.memory.notices import CHANNEL, Notices, Subscriber, announcement
 from turnstile.actors.memory.queries import (
-    DELETE_USER,
     DETECT,
-    END_SESSION,
-    EXTRACTED_AT,
     FORGET,
-    GET_SUMMARY,
     INDEX_UNINDEXED,
-    LIST,
-    MARK_EXTRACTED,
-    MISSING_EMBEDDINGS,
     SAVE,
-    SEARCH,
-    SET_EMBEDDINGS,
-    SET_SUMMARY,
     SORT_KEYS,
     UNINDEXED,
-    VECTOR_SEARCH,
-    VECTOR_SETUP,
     Fact,
     SearchPath,
     Summary,
     VectorPath,
 )
+from turnstile.actors.memory.search_queries import SEARCH
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.memory.stages import both, merge
 from turnstile.actors.memory.state_queries import (
@@ -86,6 +84,12 @@ from turnstile.actors.memory.state_queries import (
     SessionState,
 )
 from turnstile.actors.memory.vector_cache import VectorCache
+from turnstile.actors.memory.vector_queries import (
+    MISSING_EMBEDDINGS,
+    SET_EMBEDDINGS,
+    VECTOR_SEARCH,
+    VECTOR_SETUP,
+)
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.runtime.store import Store

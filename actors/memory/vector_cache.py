@@ -1,9 +1,10 @@
 """The SQLite vector stage's per-user matrices, held in the node's memory.
 
 SQLite has no vector index, so the vector stage compares the query with every embedding of
-the user (``queries.VECTOR_SEARCH``). Reading those embeddings is what costs: at 100,000 facts
-it is 150 MB of blobs per search, far over the 20 ms a search may take, while the comparison
-itself (one matrix product) takes a few milliseconds. So the matrix is read once and kept:
+the user (``vector_queries.VECTOR_SEARCH``). Reading those embeddings is what costs: at
+100,000 facts it is 150 MB of blobs per search, far over the 20 ms a search may take, while the
+comparison itself (one matrix product) takes a few milliseconds. So the matrix is read once and
+kept:
 
 * ``memory_vector_version`` (migration 3, SQLite) holds a number per user that triggers on
   ``memory_facts`` raise in the same transaction as every insert, delete and change of an

@@ -60,10 +60,11 @@ from bench.pgschema import PostgresUnavailable, temporary_schema
 from turnstile.actors.memory.changes import CHANGES, ChangeLog
 from turnstile.actors.memory.embeddings import Embedder, fact_text
 from turnstile.actors.memory.injection import SummaryCache
-from turnstile.actors.memory.queries import VECTOR_SEARCH, search_columns, search_lexemes
+from turnstile.actors.memory.queries import search_columns, search_lexemes
 from turnstile.actors.memory.schema import MEMORY, VECTOR_INDEX
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.settings import EmbeddingsConfig, MemoryConfig
+from turnstile.actors.memory.vector_queries import VECTOR_SEARCH
 from turnstile.runtime.clock import SystemClock
 from turnstile.runtime.store import open_store, ops
 

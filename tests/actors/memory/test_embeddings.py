@@ -29,10 +29,10 @@ from turnstile.actors.memory.embeddings import (
     fact_text,
     resolve_embedder,
 )
-from turnstile.actors.memory.queries import MISSING_EMBEDDINGS, VECTOR_SEARCH, VECTOR_SETUP
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.settings import EmbeddingsConfig, MemoryConfig
+from turnstile.actors.memory.vector_queries import MISSING_EMBEDDINGS, VECTOR_SEARCH, VECTOR_SETUP
 from turnstile.runtime.clock import Clock, SystemClock
 from turnstile.runtime.store import open_store
 

@@ -120,7 +120,8 @@ async def test_postgres_trigram_similarity_forgives_a_typo(memory, backend):
     # FTS5 matches words and prefixes only; pg_trgm's word similarity also finds near misses
     assert typo == ([] if backend.kind == "sqlite" else ["coffee"])
     assert [f.key for f in await memory.search("ada", "cofee roast")] == ["coffee"]
-    # the similar-words stage takes queries of at most three words (queries.SIMILAR_MAX_WORDS)
+    # the similar-words stage takes queries of at most three words
+    # (search_queries.SIMILAR_MAX_WORDS)
     assert await memory.search("ada", "cofee in the morning") == []
 
 

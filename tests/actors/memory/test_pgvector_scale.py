@@ -1,5 +1,5 @@
 """pgvector with many users: one user's facts are a small share of the table, and a vector search
-for that user still returns its ``limit`` nearest (``queries.VECTOR_SEARCH`` on PostgreSQL).
+for that user still returns its ``limit`` nearest (``vector_queries.VECTOR_SEARCH`` on PostgreSQL).
 
 pgvector before 0.8 (pgserver bundles 0.6.2) filters the owner after the HNSW scan, and a scan
 yields at most ``hnsw.ef_search`` rows (40 by default) of all users: with 5% of the facts, a
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests.support.pgvector import pgvector_server
-from turnstile.actors.memory.queries import VECTOR_INDEX, VECTOR_SEARCH, VECTOR_SETUP
-from turnstile.actors.memory.schema import MEMORY
+from turnstile.actors.memory.schema import MEMORY, VECTOR_INDEX
+from turnstile.actors.memory.vector_queries import VECTOR_SEARCH, VECTOR_SETUP
 from turnstile.runtime.clock import SystemClock
 from turnstile.runtime.store import open_store, ops
 

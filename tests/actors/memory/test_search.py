@@ -148,7 +148,7 @@ async def test_a_word_only_in_older_facts_is_found_past_the_newest(store_url, mo
     """Both backends read a bounded number of the user's newest facts first (PostgreSQL's
     ``RECENT_WINDOW`` of its recency index, SQLite's ``RANK_WINDOW`` of a word's matches for
     bm25); a word those do not hold is still found, through the index."""
-    from turnstile.actors.memory import queries
+    from turnstile.actors.memory import search_queries as queries
 
     monkeypatch.setattr(queries, "RECENT_WINDOW", 4)
     monkeypatch.setattr(queries, "RANK_WINDOW", 4)

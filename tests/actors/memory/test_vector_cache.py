@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from turnstile.actors.memory.embeddings import fact_text
-from turnstile.actors.memory.queries import VECTOR_SEARCH
 from turnstile.actors.memory.schema import MEMORY
 from turnstile.actors.memory.service import Memory
 from turnstile.actors.memory.settings import EmbeddingsConfig, MemoryConfig
+from turnstile.actors.memory.vector_queries import VECTOR_SEARCH
 from turnstile.runtime.clock import Clock, MockWallClock
 from turnstile.runtime.store import open_store
 
