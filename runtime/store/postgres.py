@@ -31,7 +31,7 @@ import asyncpg
 import trio
 
 from turnstile.runtime.errors import MigrationError, StoreError
-from turnstile.runtime.store import ops
+from turnstile.runtime.store import faults, ops
 from turnstile.runtime.store.migrations import (
     POSTGRES_SCHEMA_TABLE,
     POSTGRES_SCHEMA_TABLE_UPGRADE,
@@ -39,6 +39,7 @@ from turnstile.runtime.store.migrations import (
     plan,
 )
 from turnstile.runtime.store.ops import Operation
+from turnstile.runtime.store.postgres_faults import faulty
 from turnstile.runtime.store.postgres_thread import AsyncioThread, open_asyncio_thread
 
 __all__ = ["AsyncioThread", "PostgresBackend", "open_asyncio_thread", "open_postgres_backend"]
@@ -221,6 +222,7 @@ class PostgresBackend:
         self._aio: AsyncioThread | None = None
         self._pool: _Pool | None = None
         self._closed = False
+        self._fault: faults.StoreFault | None = None  # tests only (runtime.store.faults)
 
     def __repr__(self) -> str:
         return f"<PostgresBackend {self.dsn!r}>"
@@ -233,6 +235,7 @@ class PostgresBackend:
 
     async def open(self, aio: AsyncioThread, sets: Sequence[MigrationSet], now: datetime) -> None:
         """Create the pool on ``aio``'s loop and apply ``sets``' pending migrations."""
+        self._fault = faults.from_environment()
         self._aio = aio
         try:
             pool = _Pool(self.dsn, self._min_size, self._max_size)
@@ -271,6 +274,8 @@ class PostgresBackend:
         pool, aio = self._pool, self._aio
         if pool is None or aio is None:
             raise StoreError("store is closed")
+        if self._fault is not None and op.writes:  # tests only: count, maybe strike, the write
+            fn = faulty(self._fault, op.name, fn)
         answer = await aio.call(_with_conn, pool, fn, args, op.first)
         decode = op.decode
         return answer if decode is None else decode(answer)

@@ -30,6 +30,7 @@ import trio
 
 from turnstile.runtime.errors import MigrationError, StoreError
 from turnstile.runtime.store import _util as u
+from turnstile.runtime.store import faults
 from turnstile.runtime.store.migrations import (
     SQLITE_SCHEMA_TABLE,
     SQLITE_SCHEMA_TABLE_UPGRADE,
@@ -77,6 +78,7 @@ class SQLiteBackend:
         self._readers: list[sqlite3.Connection] = []
         self._reader_slots = trio.Semaphore(max(1, self._n_readers))
         self._closed = False
+        self._fault: faults.StoreFault | None = None  # tests only (runtime.store.faults)
 
     def __repr__(self) -> str:
         return f"<SQLiteBackend {self.path!r}>"
@@ -147,6 +149,7 @@ class SQLiteBackend:
 
     async def open(self, sets: Sequence[MigrationSet], now: datetime) -> None:
         """Connect, apply ``sets``' pending migrations and start the writer thread."""
+        self._fault = faults.from_environment()
         args = (sets, self.db_time(now))
         try:
             if self._memory:
@@ -157,7 +160,7 @@ class SQLiteBackend:
             raise StoreError(f"sqlite: cannot open {self.path!r}: {exc}") from exc
         assert self._write_conn is not None
         writer = InlineWriter if self._memory else Writer
-        self._writer = writer(self._write_conn, self._max_batch)
+        self._writer = writer(self._write_conn, self._max_batch, self._fault)
         self._writer.start()
 
     async def aclose(self) -> None:
@@ -193,6 +196,8 @@ class SQLiteBackend:
         ``decode`` here."""
         fn = op.sqlite
         if op.writes:
+            if self._fault is not None:  # tests only: count the write where the writer runs it
+                fn = faults.counted(self._fault, op.name, fn)
             answer = await self._write(fn, args)
         else:
             answer = await self._read(fn, args)

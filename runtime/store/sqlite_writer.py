@@ -13,6 +13,9 @@
   outcome, and gets it, so a write that committed is never reported as cancelled; the
   cancellation is delivered at the caller's next checkpoint.
 * ``:memory:`` databases use :class:`InlineWriter`: the same transaction, on the trio thread.
+* **Faults** (tests only, :mod:`runtime.store.faults`): with a ``fault``, the commit of the
+  batch holding the N-th write request is crashed before or after, failed or delayed; without
+  one (always outside tests) a batch pays one ``is not None`` check.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, TypeVar, cast
 import trio
 
 from turnstile.runtime.errors import StoreError
+from turnstile.runtime.store.faults import StoreFault
 
 __all__ = ["Writer", "InlineWriter", "wrap_error"]
 
@@ -63,9 +67,12 @@ def wrap_error(exc: BaseException) -> BaseException:
 class Writer:
     """The single writer thread, with group commit (see the module docstring)."""
 
-    def __init__(self, conn: sqlite3.Connection, max_batch: int) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, max_batch: int, fault: StoreFault | None = None
+    ) -> None:
         self._conn = conn
         self._max_batch = max_batch
+        self._fault = fault
         self._token = trio.lowlevel.current_trio_token()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _Request.state between the threads
@@ -202,9 +209,14 @@ class Writer:
                 conn.execute("RELEASE request")
                 uncommitted.append(req)
         if conn.in_transaction:
+            fault = self._fault
+            if fault is not None:  # tests only: crash, fail or delay this commit
+                fault.before_commit(sqlite3.OperationalError)
             conn.execute("COMMIT")
             self.commits += 1
             self.committed_requests += len(uncommitted)
+            if fault is not None:
+                fault.after_commit()
         else:
             self._fail(uncommitted, "transaction rolled back")
 
