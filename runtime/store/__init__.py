@@ -42,6 +42,7 @@ from turnstile.runtime.store._util import (
 )
 from turnstile.runtime.store.base import UNSET, UnsetType, optional_ts, ts
 from turnstile.runtime.store.closing import Step
+from turnstile.runtime.store.escaping import escape_json, unescape_json
 from turnstile.runtime.store.front import Store, StoreFront
 from turnstile.runtime.store.inbox import INPUT_COLUMNS, INSERT_INPUT, input_record
 from turnstile.runtime.store.kernel import KERNEL, SCHEMA_VERSION
@@ -108,6 +109,9 @@ __all__ = [
     "decode_optional_json",
     "encode_json",
     "encode_optional_json",
+    # JSON a feature encodes itself (not a dict, its own encoder), as the store writes it
+    "escape_json",
+    "unescape_json",
     "no_session",
 ]
 

@@ -11,6 +11,7 @@ import msgspec
 
 from turnstile.runtime.clock import utc
 from turnstile.runtime.errors import ConflictError, Fenced, InvalidArgument, NotFound
+from turnstile.runtime.store.escaping import escape_json, not_text, unescape_json
 from turnstile.runtime.store.records import FINAL_INPUT_STATES, INPUT_STATES
 
 _json_encoder = msgspec.json.Encoder()
@@ -137,11 +138,15 @@ def finish_allowed(current: str, target: str) -> bool:
 
 
 def encode_json(value: dict[str, Any], what: str = "payload") -> str:
-    """A dict as JSON text; anything else (or anything unencodable) is a TypeError."""
+    """A dict as the JSON text the store writes (U+0000 escaped, ``runtime/store/escaping.py``);
+    anything else (or anything unencodable) is a TypeError, a string holding a lone surrogate
+    an ``InvalidArgument`` naming ``what``."""
     if not isinstance(value, dict):
         raise TypeError(f"{what} must be a dict, not {type(value).__name__}")
     try:
-        return _json_encoder.encode(value).decode()
+        return escape_json(_json_encoder.encode(value))
+    except UnicodeEncodeError as exc:
+        raise not_text(what, exc) from None
     except (TypeError, msgspec.EncodeError) as exc:
         raise TypeError(f"{what} is not JSON-encodable: {exc}") from None
 
@@ -151,11 +156,12 @@ def encode_optional_json(value: dict[str, Any] | None, what: str = "detail") -> 
 
 
 def decode_json(text: str | bytes) -> Any:
-    return _json_decoder.decode(text)
+    """JSON text as :func:`encode_json` wrote it -> the value."""
+    return _json_decoder.decode(unescape_json(text))
 
 
 def decode_optional_json(text: str | bytes | None) -> Any:
-    return None if text is None else _json_decoder.decode(text)
+    return None if text is None else _json_decoder.decode(unescape_json(text))
 
 
 # -- timestamps (SQLite stores fixed-width ISO-8601 text, so text order is time order) ----------
