@@ -176,12 +176,15 @@ class SessionDirectory:
                     "the runtime derives from a session",
                     field="id",
                 )
-        await _check_session_limit(self.store, user, self.max_sessions_per_user)
         key = session_key(user, session_id or uuid.uuid4().hex)
         generation = self.owners.generation()
-        try:
+        try:  # the limit is counted and taken in the insert's transaction
             session = await self.store.create_session(
-                key, user, metadata=metadata or {}, policy=policy
+                key,
+                user,
+                metadata=metadata or {},
+                policy=policy,
+                max_per_owner=self.max_sessions_per_user,
             )
         except AlreadyExists:
             raise AlreadyExists(f"session {session_id!r} already exists") from None
@@ -477,13 +480,6 @@ def _public_session(session: Session) -> Session:
     return msgspec.structs.replace(session, id=public_id(session.id))
 
 
-async def _check_session_limit(store: Store, owner: str, limit: int) -> None:
-    """Raise ``LimitExceeded`` when ``owner`` has ``limit`` sessions (derived ones count)."""
-    mine = await store.list_sessions(owner=owner, limit=limit)
-    if len(mine) >= limit:
-        raise LimitExceeded(f"user {owner!r} already has {len(mine)} sessions (limit {limit})")
-
-
 async def create_derived_session(
     store: Store, max_sessions_per_user: int, parent_key: str, suffix: str
 ) -> str:
@@ -506,11 +502,19 @@ async def create_derived_session(
         return key
     except NotFound:
         pass
-    await _check_session_limit(store, parent.owner, max_sessions_per_user)
-    try:
+    try:  # the limit is counted and taken in the insert's transaction
         await store.create_session(
-            key, parent.owner, metadata={"derived_from": public_id(parent.id)}
+            key,
+            parent.owner,
+            metadata={"derived_from": public_id(parent.id)},
+            max_per_owner=max_sessions_per_user,
         )
     except AlreadyExists:
         pass  # created meanwhile by a concurrent call: same key, same owner
+    except LimitExceeded as refused:
+        # a concurrent call that created this very session may be what took the last place
+        try:
+            await store.get_session(key)
+        except NotFound:
+            raise refused from None
     return key

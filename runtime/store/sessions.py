@@ -11,7 +11,7 @@ from typing import Any
 
 from msgspec import UNSET, UnsetType
 
-from turnstile.runtime.errors import AlreadyExists
+from turnstile.runtime.errors import AlreadyExists, LimitExceeded
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.base import StoreBase, ts
@@ -94,6 +94,73 @@ CREATE_SESSION = ops.row(
     decode=session_record,
     writes=True,
 )
+
+
+_INSERT_SESSION = ops.Statement(
+    "INSERT INTO sessions (id, owner, metadata, policy, created_at, updated_at)"
+    " VALUES (:id, :owner, :metadata::jsonb, :policy, :now, :now)"
+    " ON CONFLICT (id) DO NOTHING RETURNING *",
+    params=("id", "owner", "metadata", "policy", "now"),
+)
+#: How many sessions ``owner`` has, counted up to ``limit`` (the limit's message never says
+#: more than the limit, as when the directory listed a page of ``limit`` sessions).
+_OWNED = ops.Statement(
+    "SELECT count(*) FROM (SELECT 1 FROM sessions WHERE owner = :owner LIMIT :limit) AS mine",
+    params=("owner", "limit"),
+)
+#: Serialises the session creations of one owner across connections (and nodes): the owner
+#: has no row of their own to lock, so the lock is on a hash of their name, held to the end of
+#: the transaction (a collision only makes two owners wait for each other).
+_LOCK_OWNER = ops.Statement(
+    "SELECT pg_advisory_xact_lock(hashtext('sessions:' || :owner::text))", params=("owner",)
+)
+
+
+def _create_within_sqlite(
+    conn: sqlite3.Connection,
+    *,
+    id: str,
+    owner: str,
+    metadata: str,
+    policy: str,
+    now: str,
+    limit: int,
+) -> Any:
+    # In the writer's transaction: no other write runs between the count and the insert.
+    (mine,) = conn.execute(_OWNED.sqlite, (owner, limit)).fetchone()
+    if mine >= limit:
+        return mine
+    return conn.execute(_INSERT_SESSION.sqlite, (id, owner, metadata, policy, now)).fetchone()
+
+
+async def _create_within_postgres(
+    conn: Any, *, id: str, owner: str, metadata: str, policy: str, now: Any, limit: int
+) -> Any:
+    async with conn.transaction():
+        await conn.execute(_LOCK_OWNER.postgres, owner)
+        mine = await conn.fetchval(_OWNED.postgres, owner, limit)
+        if mine >= limit:
+            return mine
+        return await conn.fetchrow(_INSERT_SESSION.postgres, id, owner, metadata, policy, now)
+
+
+def _created_within(answer: Any) -> Session | int | None:
+    """The new session, None when the id is taken, or (an int) how many the owner has."""
+    if answer is None or isinstance(answer, int):
+        return answer
+    return session_record(answer)
+
+
+#: ``(id, owner, metadata, policy, now, limit)``: as ``CREATE_SESSION``, unless ``owner``
+#: has ``limit`` sessions already (then that count): the count and the insert in one
+#: transaction, which on PostgreSQL holds the owner's lock, so no two creations pass it at once.
+CREATE_SESSION_WITHIN = ops.procedure(
+    "create_session_within",
+    sqlite=_create_within_sqlite,
+    postgres=_create_within_postgres,
+    decode=_created_within,
+    writes=True,
+)
 GET_SESSION = ops.row("get_session", "SELECT * FROM sessions WHERE id = :id", decode=session_record)
 #: ``(owner, after_id, limit)``, either filter None for none.
 LIST_SESSIONS = ops.rows(
@@ -128,6 +195,8 @@ class SessionMethods(StoreBase):
         owner: str,
         metadata: dict[str, Any] | None = None,
         policy: str = "enqueue",
+        *,
+        max_per_owner: int | None = None,
     ) -> Session:
         """Create a session with an empty inbox and event log.
 
@@ -136,20 +205,42 @@ class SessionMethods(StoreBase):
             owner: the user it belongs to.
             metadata: free-form JSON object (default ``{}``).
             policy: what to do with input arriving mid-turn.
+            max_per_owner: refuse when ``owner`` has this many sessions already. The count
+                and the insert are one transaction (on PostgreSQL under a lock on the owner),
+                so concurrent creations, through any number of nodes, never pass it.
 
         Returns:
             The new session (``last_seq`` 0).
 
         Raises:
+            LimitExceeded: ``user 'x' already has 3 sessions (limit 3)`` (checked first).
             AlreadyExists: ``session 'x' already exists``.
         """
         u.check_text(id, "id")
         u.check_text(owner, "owner")
         u.check_text(policy, "policy")
         meta = u.encode_json({} if metadata is None else metadata, "metadata")
-        session = await self.engine.run(
-            CREATE_SESSION, id=id, owner=owner, metadata=meta, policy=policy, now=self._now()
-        )
+        now = self._now()
+        if max_per_owner is None:
+            session = await self.engine.run(
+                CREATE_SESSION, id=id, owner=owner, metadata=meta, policy=policy, now=now
+            )
+        else:
+            limit = u.check_int(max_per_owner, "max_per_owner")
+            if limit < 1:
+                raise ValueError("max_per_owner must be positive")
+            answer = await self.engine.run(
+                CREATE_SESSION_WITHIN,
+                id=id,
+                owner=owner,
+                metadata=meta,
+                policy=policy,
+                now=now,
+                limit=limit,
+            )
+            if isinstance(answer, int):
+                raise LimitExceeded(f"user {owner!r} already has {answer} sessions (limit {limit})")
+            session = answer
         if session is None:
             raise AlreadyExists(f"session {id!r} already exists")
         return session
