@@ -31,7 +31,7 @@ import asyncpg
 import trio
 
 from turnstile.runtime.errors import MigrationError, StoreError
-from turnstile.runtime.store import faults, ops
+from turnstile.runtime.store import faults, ops, postgres_text
 from turnstile.runtime.store.migrations import (
     POSTGRES_SCHEMA_TABLE,
     POSTGRES_SCHEMA_TABLE_UPGRADE,
@@ -123,7 +123,8 @@ class _Pool:
 
     async def open(self) -> None:
         conns = await asyncio.gather(
-            *(asyncpg.connect(self._dsn) for _ in range(self._min_size)), return_exceptions=True
+            *(postgres_text.connect(self._dsn) for _ in range(self._min_size)),
+            return_exceptions=True,
         )
         errors = [c for c in conns if isinstance(c, BaseException)]
         opened = [c for c in conns if not isinstance(c, BaseException)]
@@ -148,7 +149,7 @@ class _Pool:
             if self._size < self._max_size:
                 self._size += 1
                 try:
-                    conn = await asyncpg.connect(self._dsn)
+                    conn = await postgres_text.connect(self._dsn)
                 except BaseException:
                     self._size -= 1
                     self._wake()
