@@ -91,7 +91,7 @@ from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
+from turnstile.runtime.errors import InvalidArgument, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import Store
 from turnstile.runtime.timerwheel import TimerWheel
@@ -273,12 +273,6 @@ class SchedulerActor(Actor):
     async def _add(self, msg: AddJob) -> Job:
         spec = msg.spec()
         validate_spec(spec, self.limits, self.clock.now())
-        active = await self.jobs.list_jobs(session_id=msg.session_id, states=["active", "paused"])
-        if len(active) >= self.limits.max_jobs_per_session:
-            raise LimitExceeded(
-                f"session already has {len(active)} scheduled jobs "
-                f"(limit {self.limits.max_jobs_per_session})"
-            )
         now = self.clock.now()
         schedule = spec.schedule
         entry_cron = cron_of(schedule) if schedule.type == "cron" else None
@@ -293,6 +287,8 @@ class SchedulerActor(Actor):
             spec=msgspec.to_builtins(spec),
             session_id=msg.session_id,
             next_fire_at=first,
+            # counted and taken in the insert's transaction: no other node's add between
+            max_per_session=self.limits.max_jobs_per_session,
         )
         entry = JobEntry(job, spec)
         self.entries[job.id] = entry

@@ -27,6 +27,7 @@ from turnstile.runtime.store import (
 
 __all__ = [
     "CREATE_JOB",
+    "CREATE_JOB_WITHIN",
     "DELETE_JOB",
     "DUE_JOBS",
     "GET_JOB",
@@ -137,6 +138,63 @@ CREATE_JOB = ops.row(
     sqlite=_create_sqlite,
     postgres=_create_postgres,
     decode=job_record,
+    writes=True,
+)
+
+#: How many pending (active or paused) jobs a session has: what ``max_jobs_per_session`` counts.
+_PENDING = ops.Statement(
+    "SELECT count(*) FROM jobs WHERE session_id = :session_id AND state IN ('active', 'paused')"
+)
+#: Serialises the job creations of one session across connections (and nodes), to the end of
+#: the transaction; an advisory lock rather than the session's row lock, which every event
+#: append of the session takes.
+_LOCK_SESSION = ops.Statement(
+    "SELECT pg_advisory_xact_lock(hashtext('jobs:' || :session_id::text))"
+)
+
+
+def _create_within_sqlite(conn: sqlite3.Connection, *, limit: int, **args: Any) -> Any:
+    # In the writer's transaction: no other write runs between the count and the insert.
+    (pending,) = conn.execute(_PENDING.sqlite, (args["session_id"],)).fetchone()
+    if pending >= limit:
+        return pending
+    return _create_sqlite(conn, **args)
+
+
+async def _create_within_postgres(conn: Any, *, limit: int, **args: Any) -> Any:
+    session_id = args["session_id"]
+    try:
+        async with conn.transaction():
+            await conn.execute(_LOCK_SESSION.postgres, session_id)
+            pending = await conn.fetchval(_PENDING.postgres, session_id)
+            if pending >= limit:
+                return pending
+            return await conn.fetchrow(_INSERT_JOB.postgres, *_INSERT_JOB.values(args))
+    except pgerrors.UniqueViolationError as exc:
+        if exc.constraint_name == "jobs_pkey":
+            return None
+        raise ConflictError(f"job {args['id']!r} conflicts with an existing job: {exc}") from None
+    except pgerrors.ForeignKeyViolationError:
+        raise no_session(session_id) from None
+
+
+def _created_within(answer: Any) -> Job | int | None:
+    """The new job, None when the id is taken, or (an int) how many pending jobs the session
+    has."""
+    if answer is None or isinstance(answer, int):
+        return answer
+    return job_record(answer)
+
+
+#: ``(id, kind, spec, session_id, next_fire_at, state, now, limit)``: as ``CREATE_JOB`` for a
+#: session's job, unless the session has ``limit`` pending (active or paused) jobs already
+#: (then that count): the count and the insert in one transaction, which on PostgreSQL holds
+#: the session's lock, so no two creations pass the limit at once, through any node.
+CREATE_JOB_WITHIN = ops.procedure(
+    "create_job_within",
+    sqlite=_create_within_sqlite,
+    postgres=_create_within_postgres,
+    decode=_created_within,
     writes=True,
 )
 GET_JOB = ops.row("get_job", "SELECT * FROM jobs WHERE id = :id", decode=job_record)

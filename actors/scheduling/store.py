@@ -20,6 +20,7 @@ from msgspec import UNSET, UnsetType
 from turnstile.actors.scheduling.fire import FIRE_JOB, FIRE_JOBS
 from turnstile.actors.scheduling.queries import (
     CREATE_JOB,
+    CREATE_JOB_WITHIN,
     DELETE_JOB,
     DUE_JOBS,
     GET_JOB,
@@ -32,7 +33,7 @@ from turnstile.actors.scheduling.queries import (
     no_run,
 )
 from turnstile.actors.scheduling.records import JOB_STATES, FireRequest, FireResult, Job, JobRun
-from turnstile.runtime.errors import AlreadyExists
+from turnstile.runtime.errors import AlreadyExists, LimitExceeded
 from turnstile.runtime.store import (
     Store,
     check_int,
@@ -107,6 +108,7 @@ class JobStore:
         session_id: str | None = None,
         next_fire_at: datetime | None = None,
         state: str = "active",
+        max_per_session: int | None = None,
     ) -> Job:
         """Create a job (``run_count`` 0).
 
@@ -117,8 +119,13 @@ class JobStore:
             session_id: the session its turns go to, or None.
             next_fire_at: the first occurrence, or None.
             state: one of :data:`~actors.scheduling.records.JOB_STATES`.
+            max_per_session: refuse when the session has this many pending (active or
+                paused) jobs already. The count and the insert are one transaction (on
+                PostgreSQL under a lock on the session), so concurrent creations, through
+                any number of nodes, never pass it. Needs ``session_id``.
 
         Raises:
+            LimitExceeded: ``session already has 3 scheduled jobs (limit 3)`` (checked first).
             AlreadyExists: ``job 'x' already exists``.
             NotFound: ``no session with id 'x'``.
         """
@@ -128,16 +135,27 @@ class JobStore:
         if session_id is not None:
             check_text(session_id, "session_id")
         data = encode_json(spec, "spec")
-        job = await self.store.run(
-            CREATE_JOB,
-            id=id,
-            kind=kind,
-            spec=data,
-            session_id=session_id,
-            next_fire_at=self._optional_time(next_fire_at, "next_fire_at"),
-            state=state,
-            now=self._now(),
-        )
+        args = {
+            "id": id,
+            "kind": kind,
+            "spec": data,
+            "session_id": session_id,
+            "next_fire_at": self._optional_time(next_fire_at, "next_fire_at"),
+            "state": state,
+            "now": self._now(),
+        }
+        if max_per_session is None:
+            job = await self.store.run(CREATE_JOB, **args)
+        else:
+            limit = check_int(max_per_session, "max_per_session")
+            if limit < 1:
+                raise ValueError("max_per_session must be positive")
+            if session_id is None:
+                raise TypeError("max_per_session needs a session_id")
+            answer = await self.store.run(CREATE_JOB_WITHIN, limit=limit, **args)
+            if isinstance(answer, int):
+                raise LimitExceeded(f"session already has {answer} scheduled jobs (limit {limit})")
+            job = answer
         if job is None:
             raise AlreadyExists(f"job {id!r} already exists")
         return job

@@ -9,55 +9,22 @@ before the insert: 50 requests all read "one below" and all inserted.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
-
 import httpx
 import pytest
-import trio
 
-from turnstile.actors.config import Config, NodeConfig
-from turnstile.actors.node import Node, open_node
+from tests.support.racing import PARALLEL, at_once, node_config, nodes
 from turnstile.actors.settings import Limits
 
-ADA = "limits-race-ada-token-0123456789"
-PARALLEL = 50
+
+def config(url: str, limit: int, node_id: str | None = None):
+    return node_config(url, node_id, limits=Limits(max_sessions_per_user=limit))
 
 
-def config(url: str, limit: int, node_id: str | None = None) -> Config:
-    node = NodeConfig() if node_id is None else NodeConfig(id=node_id, placement="leases")
-    return Config(store=url, limits=Limits(max_sessions_per_user=limit), node=node)
-
-
-@asynccontextmanager
-async def nodes(configs: list[Config]) -> AsyncIterator[list[tuple[Node, httpx.AsyncClient]]]:
-    """A node per config, each with an HTTP client as ada."""
-    async with AsyncExitStack() as stack:
-        out = []
-        for i, cfg in enumerate(configs):
-            node = await stack.enter_async_context(open_node(cfg, tokens={ADA: "ada"}, serve=False))
-            http = await stack.enter_async_context(
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=node.app),
-                    base_url=f"http://n{i}",
-                    headers={"Authorization": f"Bearer {ADA}"},
-                )
-            )
-            out.append((node, http))
-        yield out
-
-
-async def create_at_once(clients: list[httpx.AsyncClient], n: int) -> list[httpx.Response]:
-    """``n`` ``POST /sessions`` at once, spread over ``clients``."""
-    answers: list[httpx.Response] = []
-
-    async def create(i: int) -> None:
-        answers.append(await clients[i % len(clients)].post("/sessions", json={"id": f"p{i}"}))
-
-    async with trio.open_nursery() as nursery:
-        for i in range(n):
-            nursery.start_soon(create, i)
-    return answers
+async def create_at_once(clients: list[httpx.AsyncClient]) -> list[httpx.Response]:
+    """``PARALLEL`` ``POST /sessions`` at once, spread over ``clients``."""
+    return await at_once(
+        PARALLEL, lambda i: clients[i % len(clients)].post("/sessions", json={"id": f"p{i}"})
+    )
 
 
 def assert_exactly_one_more(answers: list[httpx.Response], limit: int) -> None:
@@ -73,20 +40,20 @@ async def test_fifty_creations_at_one_below_the_limit_make_exactly_the_limit(sto
     async with nodes([config(store_url, limit)]) as [(node, http)]:
         for i in range(limit - 1):
             await node.directory.create_session("ada", session_id=f"s{i}")
-        answers = await create_at_once([http], PARALLEL)
-        assert_exactly_one_more(answers, limit)
+        assert_exactly_one_more(await create_at_once([http]), limit)
         assert len(await node.store.list_sessions(owner="ada")) == limit
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 async def test_the_limit_is_the_users_across_two_nodes(store_url):
     limit = 5
-    cfgs = [config(store_url, limit, "a"), config(store_url, limit, "b")]
-    async with nodes(cfgs) as [(a, on_a), (_, on_b)]:
+    async with nodes([config(store_url, limit, "a"), config(store_url, limit, "b")]) as [
+        (a, on_a),
+        (_, on_b),
+    ]:
         for i in range(limit - 1):
             await a.directory.create_session("ada", session_id=f"s{i}")
-        answers = await create_at_once([on_a, on_b], PARALLEL)
-        assert_exactly_one_more(answers, limit)
+        assert_exactly_one_more(await create_at_once([on_a, on_b]), limit)
         assert len(await a.store.list_sessions(owner="ada")) == limit
 
 
@@ -98,17 +65,11 @@ async def test_fifty_dedicated_heartbeats_at_one_below_the_limit_make_exactly_th
     async with nodes([config(store_url, limit)]) as [(node, _)]:
         for i in range(PARALLEL):
             await node.directory.create_session("ada", session_id=f"s{i}")
-        results = []
-
-        async def heartbeat(i: int) -> None:
-            arguments = {"enabled": True, "session": "dedicated", "interval_minutes": 60}
-            results.append(
-                await node.directory.call_tool("ada", f"s{i}", "set_heartbeat", arguments)
-            )
-
-        async with trio.open_nursery() as nursery:
-            for i in range(PARALLEL):
-                nursery.start_soon(heartbeat, i)
+        arguments = {"enabled": True, "session": "dedicated", "interval_minutes": 60}
+        results = await at_once(
+            PARALLEL,
+            lambda i: node.directory.call_tool("ada", f"s{i}", "set_heartbeat", arguments),
+        )
         refused = [r.error for r in results if not r.ok]
         assert len(refused) == PARALLEL - 1, [r for r in results if r.ok]
         assert {e["code"] for e in refused} == {"limit_exceeded"}
