@@ -16,7 +16,8 @@ Two places apply it:
   msgspec's output, where U+0000 is always the escape ``\\u0000``, inside every string (keys
   included), and :func:`unescape_json` turns it back before decoding. The JSON stays JSON, so
   ``jsonb`` takes it, ``->>`` still extracts numbers and ASCII keys (``seq``, ``run_id``), and
-  JSON text sent in ``text[]`` arrays (``append_events``, ``fire_jobs``) is the escaped text.
+  JSON text sent in ``text[]`` arrays (``append_events``, a feature's batch of rows) is the escaped
+  text.
   Both backends store the same escaped JSON: one decoder reads either.
 * **text columns on PostgreSQL** (ids, sources, a fact's key and value, a webhook's body):
   :func:`text_codecs` is the codec of the ``text`` type on every connection of the store,
