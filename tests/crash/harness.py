@@ -1,0 +1,315 @@
+"""Run a scenario against a real ``turnstile serve``, crashing it at one commit point.
+
+One run (:func:`run_point`):
+
+1. a fresh store (:mod:`tests.crash.stores`); ``turnstile serve`` on it with
+   ``TURNSTILE_STORE_FAULT=crash-before:N`` or ``crash-after:N`` (:mod:`runtime.store.faults`);
+2. the scenario drives it over HTTP like a client (:class:`Client`); when the process dies (the
+   fault stopped it: exit status :data:`faults.CRASH_EXIT`), the harness starts it again on
+   the same store without the fault and the scenario drives it again from the start: every
+   request it sends is one a real client would re-send (the same idempotency key, the same
+   session to create), so what the first attempt stored counts once;
+3. once the store says the scenario is over (:meth:`Scenario.settled`), the node is stopped
+   gracefully and the store is read directly (read-only) and checked
+   (:mod:`tests.crash.invariants`), with the scenario's own checks.
+
+:func:`count_points` runs the scenario once with the fault ``count``: how many writes it makes,
+i.e. how many commit points there are to crash at (a batch of SQLite's group commit holds
+several: the crash hits the commit that holds write N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.crash.invariants import Record, check
+from tests.crash.stores import Snapshot, Target, fresh_target
+from turnstile.runtime.store import faults
+
+TOKEN = "crash-harness-token-0123456789"
+OWNER = "dev"
+SETTLE_SECONDS = 40.0
+WHERES = ("crash-before", "crash-after")
+#: one node id for every start: the restarted node is a later epoch of the crashed one, so it
+#: closes the crashed node's turns at once (another id would wait out its lease on PostgreSQL)
+NODE_CONFIG = '[node]\nid = "crash-node"\n'
+
+
+class ServerGone(Exception):
+    """The node stopped answering (it died, or it is dying): start it again and re-drive.
+
+    Attributes:
+        status: its exit status, when it is known to have exited.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Client:
+    """A client of one node over HTTP, as the dev user; a dead node is :class:`ServerGone`."""
+
+    def __init__(self, url: str, record: Record) -> None:
+        self.url = url
+        self.record = record
+        self.http = httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        )
+
+    async def request(
+        self, method: str, path: str, *, ok: tuple[int, ...] = (200, 201, 202, 204), **kw: Any
+    ) -> httpx.Response:
+        """``method path``; an answer outside ``ok`` is an AssertionError (a violation)."""
+        try:
+            response = await self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ServerGone(f"{method} {path}: {exc!r}") from None
+        if response.status_code >= 500:
+            # a node whose store went away mid-request answers 5xx, then dies: tell it apart
+            raise ServerGone(f"{method} {path}: {response.status_code} {response.text[:200]}")
+        if response.status_code not in ok:
+            raise AssertionError(f"{method} {path}: {response.status_code} {response.text[:300]}")
+        return response
+
+    async def create_session(self, name: str) -> None:
+        """Create session ``name`` (already there after a crash: ``already_exists``, fine)."""
+        response = await self.request("POST", "/sessions", json={"id": name}, ok=(201, 400))
+        if response.status_code == 400 and response.json()["error"]["code"] != "already_exists":
+            raise AssertionError(f"POST /sessions: 400 {response.text[:300]}")
+
+    async def send(self, name: str, content: str, key: str) -> int:
+        """A message with an idempotency key; answers its input id, recorded as acknowledged."""
+        response = await self.request(
+            "POST",
+            f"/sessions/{name}/messages",
+            json={"content": content},
+            headers={"Idempotency-Key": key},
+        )
+        input_id = response.json()["input_id"]
+        self.record.acked[(f"{OWNER}/{name}", f"client:{key}")].add(input_id)
+        return input_id
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class Scenario:
+    """What a crash run does: subclasses say how to drive the node and when it is over."""
+
+    name = "scenario"
+    #: about how many commit points a run has (the sample draws among them; the full form
+    #: counts them): a point past the end crashes nothing and is checked all the same
+    points = 20
+    #: more of the node's TOML config (after :data:`NODE_CONFIG`)
+    config: str = ""
+
+    async def drive(self, client: Client) -> None:
+        """Send everything the scenario sends, from the start (again after a crash: it must
+        re-send only what a real client would, with the same keys)."""
+        raise NotImplementedError
+
+    def settled(self, snap: Snapshot) -> bool:
+        """The scenario is over in ``snap``: by default no input waits or runs."""
+        return all(row["state"] not in ("queued", "running") for row in snap["inbox"])
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        """Violations of the scenario's own expectations (beyond the invariants)."""
+        return []
+
+
+@dataclass
+class Outcome:
+    """How one run went."""
+
+    scenario: str
+    store: str
+    where: str
+    point: int
+    crashed: bool = False
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    #: the operation at the crash point, from the counting run's log (when known)
+    operation: str = ""
+
+    def describe(self) -> str:
+        at = f"{self.where}:{self.point}" + (f" ({self.operation})" if self.operation else "")
+        return f"{self.scenario} on {self.store} at {at}"
+
+
+class Node:
+    """One ``turnstile serve`` process on ``target`` (its stderr kept in ``log``)."""
+
+    def __init__(self, process: trio.Process, url: str) -> None:
+        self.process = process
+        self.url = url
+
+
+@asynccontextmanager
+async def serving(
+    target: Target, workdir: Path, scenario: Scenario, env: dict[str, str]
+) -> AsyncIterator[Node]:
+    """``turnstile serve`` on ``target`` with ``env`` added; killed on exit if still running."""
+    config = workdir / f"{scenario.name}.toml"
+    config.write_text(NODE_CONFIG + scenario.config)
+    args = ["--port", "0", "--store", target.url, "--dev-token", TOKEN, "--config", str(config)]
+    command = [sys.executable, "-m", "turnstile.actors.cli", "serve", *args]
+    log = os.open(workdir / "serve.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        process = await trio.lowlevel.open_process(
+            command, stdout=subprocess.PIPE, stderr=log, env={**os.environ, **env}
+        )
+    finally:
+        os.close(log)
+    try:
+        buffer = b""
+        with trio.fail_after(60):
+            while b"serving on " not in buffer:
+                chunk = await process.stdout.receive_some()
+                if not chunk:
+                    status = await process.wait()
+                    raise ServerGone(f"serve exited ({status}) before serving", status)
+                buffer += chunk
+        yield Node(process, buffer.split(b"serving on ")[1].split()[0].decode())
+    finally:
+        if process.returncode is None:
+            with trio.CancelScope(shield=True):
+                process.kill()
+                await process.wait()
+
+
+async def _settle(target: Target, scenario: Scenario, node: Node) -> Snapshot:
+    """Poll the store until the scenario is over; ServerGone if the node dies meanwhile."""
+    deadline = trio.current_time() + SETTLE_SECONDS
+    while True:
+        if node.process.returncode is not None or node.process.poll() is not None:
+            raise ServerGone(f"serve exited ({node.process.returncode}) while settling")
+        snap = await target.snapshot()
+        if scenario.settled(snap):
+            return snap
+        if trio.current_time() > deadline:
+            raise TimeoutError("the scenario did not settle")
+        await trio.sleep(0.2)
+
+
+async def _attempt(
+    target: Target, workdir: Path, scenario: Scenario, record: Record, env: dict[str, str]
+) -> int | None:
+    """Start a node, drive the scenario and wait until it settles, then stop the node
+    gracefully. Answers None when that went through, else the dead node's exit status."""
+    try:
+        async with serving(target, workdir, scenario, env) as node:
+            client = Client(node.url, record)
+            try:
+                await scenario.drive(client)
+                await _settle(target, scenario, node)
+            except ServerGone:
+                with trio.fail_after(30):
+                    return await node.process.wait()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client.aclose()
+            node.process.send_signal(signal.SIGTERM)
+            with trio.fail_after(60):
+                status = await node.process.wait()
+    except ServerGone as exc:  # it died while starting
+        assert exc.status is not None
+        return exc.status
+    return None if status == 0 else status  # (CRASH_EXIT: it crashed while stopping)
+
+
+async def run_point(
+    scenario: Scenario,
+    kind: str,
+    where: str,
+    point: int,
+    workdir: Path,
+    pg_dsn: str | None = None,
+) -> Outcome:
+    """Crash ``scenario`` on a fresh ``kind`` store at commit ``point`` (``where``: before or
+    after it), restart, finish, and check (see the module docstring)."""
+    outcome = Outcome(scenario.name, kind, where, point)
+    started = time.monotonic()
+    record = Record()
+    async with fresh_target(kind, workdir, pg_dsn) as target:
+        run_dir = workdir / f"{scenario.name}-{kind}-{where}-{point}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            status = await _attempt(
+                target, run_dir, scenario, record, {faults.ENV: f"{where}:{point}"}
+            )
+            if status is not None:
+                if status != faults.CRASH_EXIT:
+                    outcome.violations.append(f"the node died with status {status}, not the fault")
+                outcome.crashed = True
+                again = await _attempt(target, run_dir, scenario, record, {faults.ENV: ""})
+                if again is not None:
+                    outcome.violations.append(f"the restarted node died with status {again}")
+        except (TimeoutError, trio.TooSlowError) as exc:
+            outcome.violations.append(f"{exc}; see {run_dir}/serve.log")
+        except AssertionError as exc:
+            outcome.violations.append(f"a client was answered wrongly: {exc}")
+        snap = await target.snapshot()
+        outcome.violations += check(snap, record) + scenario.check(snap, record)
+        if outcome.violations:
+            (run_dir / "snapshot.json").write_text(json.dumps(snap.tables, default=str, indent=1))
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+async def count_points(
+    scenario: Scenario, kind: str, workdir: Path, pg_dsn: str | None = None
+) -> tuple[list[str], list[str]]:
+    """Run ``scenario`` once without a crash, counting its writes: (the operation of each
+    commit point, in order; the violations of that run, which should be none)."""
+    record = Record()
+    run_dir = workdir / f"{scenario.name}-{kind}-count"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "writes.log"
+    violations: list[str] = []
+    async with fresh_target(kind, workdir, pg_dsn) as target:
+        env = {faults.ENV: "count", faults.LOG_ENV: str(log)}
+        try:
+            status = await _attempt(target, run_dir, scenario, record, env)
+            if status is not None:
+                violations.append(f"the node died with status {status} without a fault")
+        except (TimeoutError, trio.TooSlowError) as exc:
+            violations.append(f"{exc}; see {run_dir}/serve.log")
+        snap = await target.snapshot()
+        violations += check(snap, record) + scenario.check(snap, record)
+    names = [line.split(" ", 1)[1] for line in log.read_text().splitlines()] if log.exists() else []
+    return names, violations
+
+
+async def run_many(
+    jobs: list[Callable[[], Awaitable[Outcome]]],
+    parallel: int,
+    on_done: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
+    """Run ``jobs`` ``parallel`` at a time; their outcomes in order."""
+    results: list[Outcome | None] = [None] * len(jobs)
+    limit = trio.CapacityLimiter(parallel)
+
+    async def one(i: int) -> None:
+        async with limit:
+            results[i] = await jobs[i]()
+        if on_done is not None:
+            on_done(results[i])  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(jobs)):
+            nursery.start_soon(one, i)
+    return [r for r in results if r is not None]

@@ -1,0 +1,38 @@
+"""The crash harness in the suite: a seeded sample of commit points per scenario and store.
+
+One crash point per scenario on each store (``TURNSTILE_CRASH_SAMPLE`` for more), drawn with
+a seed that is printed, different each run unless ``TURNSTILE_CRASH_SEED`` is set; the full
+form is ``python -m tests.crash --full`` (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.crash.runner import run_sample, seed_from
+from tests.crash.scenarios import SCENARIOS
+
+
+async def _sample(store: str, tmp_path, pg_dsn: str | None) -> None:
+    seed = seed_from()
+    k = int(os.environ.get("TURNSTILE_CRASH_SAMPLE", "1"))
+    print(f"crash sample on {store}: seed {seed} (TURNSTILE_CRASH_SEED={seed} repeats it)")
+    outcomes = await run_sample(list(SCENARIOS), [store], k, seed, tmp_path, pg_dsn)
+    assert len(outcomes) == k * len(SCENARIOS)
+    violations = [f"{o.describe()}: {v}" for o in outcomes for v in o.violations]
+    assert not violations, f"seed {seed}:\n" + "\n".join(violations)
+
+
+@pytest.mark.slow
+@pytest.mark.guard(120)
+async def test_crash_sample_sqlite(tmp_path):
+    await _sample("sqlite", tmp_path, None)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.guard(120)
+async def test_crash_sample_postgres(tmp_path, pg_dsn):
+    await _sample("postgres", tmp_path, pg_dsn)
