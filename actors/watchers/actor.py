@@ -73,7 +73,7 @@ from turnstile.actors.watchers.state import (
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.codec import Message
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import InvalidArgument, NotFound
 from turnstile.runtime.store import Store
 from turnstile.runtime.timerwheel import TimerWheel
 
@@ -307,16 +307,10 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         config, expr = validate_spec(
             msg.tool, msg.params, msg.interval, msg.label, msg.notify_when, msg.notify_config
         )
-        if self.share is None:
+        if self.share is None:  # this actor is the only writer: its count is the store's
             count = len(self.by_session.get(msg.session_id, ()))
-        else:
-            count = await self._session_count(msg.session_id, self.max_per_session)
-        if count >= self.max_per_session:
-            raise LimitExceeded(
-                f"session already has {count} watchers (limit {self.max_per_session}); "
-                "stop one with watch_stop first",
-                field="watcher",
-            )
+            if count >= self.max_per_session:
+                raise self._full(count)
         watcher = Watcher(
             id=uuid.uuid4().hex[:12],
             session_id=msg.session_id,
@@ -337,7 +331,7 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         if self.share is not None and not self.share.owns(watcher.id):
             # another node checks it: its row, then a request that it adopt it (at once)
             watcher.next_check_at = watcher.created_at
-            await self._save_now(watcher)
+            await self._save_first(watcher)
             self._post(watcher.session_id, self._lifecycle(watcher, "started"))
             await self._request(watcher.id, "start")
             return watcher.start_view()
@@ -345,7 +339,10 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
             watcher.holder = self._me
         self._add(watcher)
         try:
-            await self._save_now(watcher)
+            if self.share is None:
+                await self._save_now(watcher)
+            else:
+                await self._save_first(watcher)
         except BaseException:
             self._forget(watcher)
             raise

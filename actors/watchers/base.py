@@ -21,6 +21,7 @@ from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.state import Watcher
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
+from turnstile.runtime.errors import LimitExceeded
 from turnstile.runtime.store import Store
 
 __all__ = ["WatcherBase", "WatcherShare"]
@@ -67,6 +68,8 @@ class WatcherBase(Actor):
     publish: Callable[[str, Any], Awaitable[None]]
     notify: Callable[..., Awaitable[Any]] | None
     persist_interval: float
+    #: watchers one session may have (``[watchers] max_per_session``)
+    max_per_session: int
     watchers: dict[str, Watcher]
     stats: dict[str, int]
     _outbox: dict[str, _Outbox]
@@ -82,6 +85,14 @@ class WatcherBase(Actor):
         if nursery is None:
             raise RuntimeError("the watcher actor is not running")
         return nursery
+
+    def _full(self, count: int) -> LimitExceeded:
+        """The error for a session that has ``count`` watchers, the limit or more."""
+        return LimitExceeded(
+            f"session already has {count} watchers (limit {self.max_per_session}); "
+            "stop one with watch_stop first",
+            field="watcher",
+        )
 
     if TYPE_CHECKING:
         # actor.py

@@ -46,8 +46,9 @@ handover is what keeps a watcher single; a node that was paused past its lease (
 its watchers until its next heartbeat tells it it was declared dead, and a check may then run
 twice. A watcher's state written by a node that died is as old as its last flush (one
 ``persist_interval``): the checks of that window are run again, and an escalation of that
-window may be repeated. The per-session limit is counted in the store when the watcher is
-created: two creations at once through two nodes may pass it by one.
+window may be repeated. The per-session limit is counted in the store, in the
+transaction that writes the new watcher's rows (``Store.kv_put_within``), so creations at once
+through several nodes never pass it.
 
 It is over 400 lines because adoption, release and forwarded requests all turn on the same
 ``holder`` field and live set, and must be read together to see that a watcher is checked by one
@@ -384,8 +385,27 @@ class ClusterMixin(WatcherBase):
 
         return Forwarded(self.store, [key], answer)
 
-    async def _session_count(self, session_id: str, limit: int) -> int:
-        return len(await self._scan(INDEX, index_key(session_id, ""), limit + 1))
+    async def _save_first(self, watcher: Watcher) -> None:
+        """Write a new watcher's row and index row, unless its session has
+        ``max_per_session`` watchers already: counted in the index and written in one
+        transaction, so creations at once through several nodes never pass the limit.
+
+        Raises:
+            LimitExceeded: the session is at the limit; nothing was written.
+        """
+        async with self._write_lock:
+            state = watcher.to_state()
+            found = await self.store.kv_put_within(
+                [
+                    (NAMESPACE, watcher.id, state, None),
+                    (INDEX, index_key(watcher.session_id, watcher.id), state, None),
+                ],
+                namespace=INDEX,
+                prefix=index_key(watcher.session_id, ""),
+                limit=self.max_per_session,
+            )
+        if found is not None:
+            raise self._full(found)
 
     async def _list_stored(self, session_id: str | None, owner: str | None) -> list[Watcher]:
         """Every watcher of a session (or of an owner), as the index has it; the ones held

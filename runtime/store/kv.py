@@ -164,6 +164,66 @@ async def _append_postgres(
 KV_APPEND = ops.value("kv_append", sqlite=_append_sqlite, postgres=_append_postgres, writes=True)
 
 
+#: How many unexpired items of ``namespace`` have a key starting with ``prefix``, counted up
+#: to ``limit``.
+_PREFIXED = ops.Statement(
+    "SELECT count(*) FROM (SELECT 1 FROM kv WHERE namespace = :namespace AND key >= :prefix"
+    " AND substr(key, 1, :length) = :prefix AND (expires_at IS NULL OR expires_at > :now)"
+    " LIMIT :limit) AS found",
+    params=("namespace", "prefix", "length", "now", "limit"),
+)
+#: Serialises the bounded puts under one prefix across connections (and nodes), to the end of
+#: the transaction.
+_LOCK_PREFIX = ops.Statement(
+    "SELECT pg_advisory_xact_lock(hashtext('kv:' || :namespace::text || chr(31) || :prefix::text))",
+    params=("namespace", "prefix"),
+)
+
+
+def _put_within_sqlite(
+    conn: sqlite3.Connection,
+    rows: list[tuple[str, str, str, Any]],
+    namespace: str,
+    prefix: str,
+    limit: int,
+    now: str,
+) -> int | None:
+    # In the writer's transaction: no other write runs between the count and the puts.
+    (found,) = conn.execute(
+        _PREFIXED.sqlite, (namespace, prefix, len(prefix), now, limit)
+    ).fetchone()
+    if found >= limit:
+        return int(found)
+    conn.executemany(_PUT.sqlite, [(*row, now) for row in rows])
+    return None
+
+
+async def _put_within_postgres(
+    conn: Any,
+    rows: list[tuple[str, str, str, Any]],
+    namespace: str,
+    prefix: str,
+    limit: int,
+    now: Any,
+) -> int | None:
+    async with conn.transaction():
+        await conn.execute(_LOCK_PREFIX.postgres, namespace, prefix)
+        found = await conn.fetchval(_PREFIXED.postgres, namespace, prefix, len(prefix), now, limit)
+        if found >= limit:
+            return int(found)
+        await conn.executemany(_PUT.postgres, [(*row, now) for row in rows])
+    return None
+
+
+#: ``(rows: [(namespace, key, value JSON, expires_at)], namespace, prefix, limit, now) ->
+#: None | count``: the rows inserted or replaced, unless ``namespace`` has ``limit`` live keys
+#: starting with ``prefix`` already (then that count); the count and the puts in one
+#: transaction, on PostgreSQL under a lock on the namespace and prefix.
+KV_PUT_WITHIN = ops.procedure(
+    "kv_put_within", sqlite=_put_within_sqlite, postgres=_put_within_postgres, writes=True
+)
+
+
 class KVMethods(StoreBase):
     """The store's key-value methods (see :class:`runtime.store.front.Store`)."""
 
@@ -188,6 +248,50 @@ class KVMethods(StoreBase):
         ]
         if rows:
             await self.engine.run(KV_PUT, namespace=namespace, rows=rows, now=self._now())
+
+    async def kv_put_within(
+        self,
+        items: Sequence[tuple[str, str, dict[str, Any], datetime | None]],
+        *,
+        namespace: str,
+        prefix: str,
+        limit: int,
+    ) -> int | None:
+        """Insert or replace ``(namespace, key, value, expires_at)`` items, in one commit,
+        unless ``namespace`` already has ``limit`` unexpired keys starting with ``prefix``.
+
+        The count and the puts are one transaction (on PostgreSQL under a lock on
+        ``namespace`` and ``prefix``), so concurrent puts under one prefix, through any number
+        of nodes, never pass ``limit``: a per-owner limit on rows kept here (a session's
+        watchers, whose index keys start with the session's key).
+
+        Returns:
+            None when the items were written; else how many keys have the prefix (``limit``
+            at most), and nothing was written.
+        """
+        u.check_text(namespace, "namespace")
+        check = u.check_int(limit, "limit")
+        if check < 1:
+            raise ValueError("limit must be positive")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        rows = [
+            (
+                u.check_text(space, "namespace"),
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                self._optional_time(expires, "expires_at"),
+            )
+            for space, key, value, expires in items
+        ]
+        return await self.engine.run(
+            KV_PUT_WITHIN,
+            rows=rows,
+            namespace=namespace,
+            prefix=prefix,
+            limit=check,
+            now=self._now(),
+        )
 
     async def kv_get(self, namespace: str, key: str) -> dict[str, Any] | None:
         """The value under ``key``, or None (missing or expired)."""
