@@ -18,6 +18,7 @@ from typing import Any
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.base import StoreBase, ts
+from turnstile.runtime.store.escaping import escape_text
 from turnstile.runtime.store.records import EventRecord
 from turnstile.runtime.store.sessions import (
     fenced_postgres,
@@ -107,7 +108,8 @@ async def _append_postgres(
 ) -> int | None:
     # the UPDATE locks the session's row and re-reads it after a concurrent acquisition:
     # the seq allocation and the fence check are one step
-    types = [t for t, _ in events]
+    # a text[] element skips the connection's text codec (asyncpg's array codec is its own)
+    types = [escape_text(t) for t, _ in events]
     payloads = [p for _, p in events]
     if fence is None:
         last = await conn.fetchval(
@@ -183,6 +185,7 @@ async def _read_back_postgres(
     conn: Any, session_id: str, types: list[str], before_seq: int | None, limit: int
 ) -> list[Any]:
     before = _END if before_seq is None else before_seq
+    types = [escape_text(t) for t in types]  # text[]: see _append_postgres
     rows: list[Any] = await conn.fetch(_READ_BACK.postgres, session_id, before, types, limit)
     if not rows:
         await require_session_postgres(conn, session_id)
