@@ -213,9 +213,17 @@ class AlreadyExists(StoreError):
 
 
 class ConflictError(StoreError):
-    """A compare-and-set lost, or a state transition is not allowed from the current state."""
+    """A compare-and-set lost, or a state transition is not allowed from the current state.
+
+    Attributes:
+        field: the input that conflicts with what is stored (``source``), when one does.
+    """
 
     code = "conflict"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class BlockedByAutomations(ConflictError):

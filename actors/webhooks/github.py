@@ -32,6 +32,7 @@ __all__ = [
     "CiFailure",
     "SourceKey",
     "branch_key",
+    "event_identity",
     "parse_event",
     "parse_source_key",
     "pr_key",
@@ -177,6 +178,9 @@ class CiFailure(msgspec.Struct, frozen=True, kw_only=True):
         owner: the repository's owner as GitHub spells it.
         repo: the repository's name as GitHub spells it.
         source_ref: ``owner/repo#check_run:<id>`` (or ``#workflow_run:<id>``).
+        identity: what the event is, whichever delivery carries it (:func:`event_identity`):
+            the node records it once, so a delivery resent under a new ``X-GitHub-Delivery``
+            runs no second turn.
         source_keys: the keys sessions bind to, most specific first.
         content: the turn's text.
         payload: the turn input's other keys.
@@ -186,9 +190,23 @@ class CiFailure(msgspec.Struct, frozen=True, kw_only=True):
     owner: str
     repo: str
     source_ref: str
+    identity: str
     source_keys: list[str]
     content: str
     payload: dict[str, Any]
+
+
+def event_identity(
+    owner: str, repo: str, event: str, run_id: int, attempt: int, conclusion: str
+) -> str:
+    """``github:<owner>/<repo>#<event>:<run id>:<attempt>:<conclusion>``, owner and repository
+    lower-cased: one failure of one attempt of one run, however often it is delivered.
+
+    A ``workflow_run`` carries its ``run_attempt`` (a re-run is the same id, the next attempt); a
+    ``check_run`` has no attempt (GitHub gives a re-run job a new check run, so a new id) and
+    counts as attempt 1.
+    """
+    return f"github:{owner.lower()}/{repo.lower()}#{event}:{run_id}:{attempt}:{conclusion}"
 
 
 def _cut(text: str | None, limit: int) -> str | None:
@@ -224,12 +242,14 @@ def parse_event(
         output = run.output or _Output()
         name, details_url = run.name, run.details_url
         title, summary = output.title, output.summary
+        attempt = 1
     else:
         run = parsed.workflow_run
         failing = (*FAILING, "cancelled") if workflow_cancelled else FAILING
         branch = run.head_branch
         name, details_url = run.name or "workflow", run.logs_url
         title, summary = run.display_title, None
+        attempt = run.run_attempt or 1
     if parsed.action != "completed" or run.conclusion not in failing:
         return "ignored"
     prs = [pr.number for pr in run.pull_requests]
@@ -258,6 +278,7 @@ def parse_event(
         owner=owner,
         repo=repo,
         source_ref=source_ref,
+        identity=event_identity(owner, repo, event, run.id, attempt, str(run.conclusion)),
         source_keys=keys,
         content=_content(event, payload),
         payload=payload,

@@ -4,11 +4,17 @@ Times are passed in as the store keeps them (``store.db_time``), so every "now" 
 node's clock; they come back as aware datetimes. JSON columns go in and come out as text
 (``TEXT`` on SQLite, ``JSONB`` on PostgreSQL, which asyncpg passes as text).
 
-:data:`RECORD` is the idempotency: the delivery row is inserted ``ON CONFLICT (id) DO
-NOTHING`` together with its targets, in one transaction, so of any number of identical
-deliveries arriving at once exactly one records targets and every other answers None; the
-bindings are read in that same transaction, so a delivery goes to the sessions bound when it
-was recorded.
+:data:`RECORD` is the idempotency: the delivery row is inserted ``ON CONFLICT DO NOTHING``
+together with its targets, in one transaction, and two unique rules decide the conflict: the
+delivery's id and its event identity (``event_key``), so of any number of identical
+deliveries, or of one event resent under new delivery ids, arriving at once exactly one records
+targets and every other answers None; the bindings are read in that same transaction, so a
+delivery goes to the sessions bound when it was recorded (of the users the repository lets
+bind, decided again at that moment).
+
+The bindings' operations are in :mod:`bindings`. This module is over 400 lines because each
+operation is written twice, once per backend, next to the SQL both share; a delivery's record,
+claim, settlement and listings read one set of tables.
 """
 
 from __future__ import annotations
@@ -18,40 +24,23 @@ from typing import Any, overload
 
 import msgspec
 
-from turnstile.runtime.errors import LimitExceeded
 from turnstile.runtime.store import ops
 
 __all__ = [
-    "BIND",
-    "BINDINGS",
     "CLAIM",
     "DELIVERIES",
-    "END_SESSION",
     "PENDING",
     "PRUNE",
     "RECORD",
     "RELEASE",
     "SETTLE",
     "TARGETS",
-    "UNBIND",
     "UNROUTED",
-    "Binding",
     "Claimed",
     "Recorded",
     "Target",
     "Unrouted",
 ]
-
-
-class Binding(msgspec.Struct, frozen=True):
-    """A session bound to a source key."""
-
-    source: str
-    session_key: str
-    owner: str
-    #: how: ``tool`` (bind_source), ``http`` (POST …/bindings), ``pull_request`` (a PR opened).
-    via: str
-    created_at: datetime
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -132,10 +121,16 @@ def _load(value: str | bytes) -> Any:
 
 # ---- record ----------------------------------------------------------------------------------
 
+#: No conflict target: the id's primary key and ``event_key``'s unique index both count.
 _INSERT_DELIVERY = (
     "INSERT INTO webhook_deliveries (id, hook, event, source_ref, source_keys, owner, state,"
-    " content, payload, received_at) VALUES ({}) ON CONFLICT (id) DO NOTHING"
+    " content, payload, received_at, event_key) VALUES ({}) ON CONFLICT DO NOTHING"
 )
+
+
+def _allowed(rows: Any, owners: list[str] | None) -> list[tuple[str, str]]:
+    """The bound ``(session_key, owner)`` rows whose owner may be routed to."""
+    return [(row[0], row[1]) for row in rows if owners is None or row[1] in owners]
 
 
 def _record_sqlite(
@@ -143,23 +138,22 @@ def _record_sqlite(
     *,
     delivery: dict[str, Any],
     lookup: list[str],
+    owners: list[str] | None,
     fallback: list[tuple[str, str]],
     now: str,
 ) -> list[tuple[str, str]] | None:
     targets: list[tuple[str, str]] = []
     if lookup:
         marks = ", ".join("?" * len(lookup))
-        targets = [
-            (row[0], row[1])
-            for row in conn.execute(
-                "SELECT DISTINCT session_key, owner FROM webhook_bindings"
-                f" WHERE source_key IN ({marks}) ORDER BY session_key",
-                lookup,
-            )
-        ]
+        rows = conn.execute(
+            "SELECT DISTINCT session_key, owner FROM webhook_bindings"
+            f" WHERE source_key IN ({marks}) ORDER BY session_key",
+            lookup,
+        )
+        targets = _allowed(rows, owners)
     targets = targets or [(t[0], t[1]) for t in fallback]
     cursor = conn.execute(
-        _INSERT_DELIVERY.format(", ".join("?" * 10)),
+        _INSERT_DELIVERY.format(", ".join("?" * 11)),
         (
             delivery["id"],
             delivery["hook"],
@@ -171,6 +165,7 @@ def _record_sqlite(
             delivery["content"],
             _text(delivery["payload"]),
             now,
+            delivery.get("event_key"),
         ),
     )
     if cursor.rowcount == 0:
@@ -188,6 +183,7 @@ async def _record_postgres(
     *,
     delivery: dict[str, Any],
     lookup: list[str],
+    owners: list[str] | None,
     fallback: list[tuple[str, str]],
     now: datetime,
 ) -> list[tuple[str, str]] | None:
@@ -197,9 +193,9 @@ async def _record_postgres(
             " WHERE source_key = ANY($1::text[]) ORDER BY session_key",
             lookup,
         )
-        targets = [(row[0], row[1]) for row in rows] or [(t[0], t[1]) for t in fallback]
+        targets = _allowed(rows, owners) or [(t[0], t[1]) for t in fallback]
         inserted = await conn.fetchval(
-            _INSERT_DELIVERY.format(", ".join(f"${i}" for i in range(1, 11))) + " RETURNING id",
+            _INSERT_DELIVERY.format(", ".join(f"${i}" for i in range(1, 12))) + " RETURNING id",
             delivery["id"],
             delivery["hook"],
             delivery["event"],
@@ -210,6 +206,7 @@ async def _record_postgres(
             delivery["content"],
             _text(delivery["payload"]),
             now,
+            delivery.get("event_key"),
         )
         if inserted is None:
             return None
@@ -221,9 +218,11 @@ async def _record_postgres(
         return targets
 
 
-#: ``(delivery, lookup, fallback, now) -> [(session_key, owner)] | None``: records the delivery
-#: with its targets (the sessions bound to any ``lookup`` key, else ``fallback``); None when
-#: that id is already recorded (a redelivery: nothing is written).
+#: ``(delivery, lookup, owners, fallback, now) -> [(session_key, owner)] | None``: records the
+#: delivery with its targets (the sessions bound to any ``lookup`` key whose owner is one of
+#: ``owners``, or any owner for None; else ``fallback``); None when that id, or that event
+#: (``delivery["event_key"]``, optional), is already recorded (a redelivery, or the same event
+#: resent: nothing is written).
 RECORD = ops.procedure(
     "webhooks.record", sqlite=_record_sqlite, postgres=_record_postgres, writes=True
 )
@@ -445,150 +444,6 @@ DELIVERIES = ops.procedure(
     "webhooks.deliveries",
     sqlite=_deliveries_sqlite,
     postgres=_deliveries_postgres,
-)
-
-
-# ---- bindings ----------------------------------------------------------------------------------
-
-
-def _full(limit: int) -> LimitExceeded:
-    return LimitExceeded(
-        f"this session is bound to {limit} sources already (limit {limit})", field="source"
-    )
-
-
-_BINDING_COLUMNS = "source_key, session_key, owner, via, created_at"
-
-
-def _binding(row: Any) -> Binding:
-    return Binding(row[0], row[1], row[2], row[3], _time(row[4]))
-
-
-def _bind_sqlite(
-    conn: Any, *, owner: str, session_key: str, source: str, via: str, now: str, limit: int
-) -> tuple[Binding, bool]:
-    existing = conn.execute(
-        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = ? AND source_key = ?",
-        (session_key, source),
-    ).fetchone()
-    if existing is not None:
-        return _binding(existing), False
-    (count,) = conn.execute(
-        "SELECT count(*) FROM webhook_bindings WHERE session_key = ?", (session_key,)
-    ).fetchone()
-    if count >= limit:
-        raise _full(limit)
-    row = conn.execute(
-        "INSERT INTO webhook_bindings (session_key, source_key, owner, via, created_at)"
-        f" VALUES (?, ?, ?, ?, ?) RETURNING {_BINDING_COLUMNS}",
-        (session_key, source, owner, via, now),
-    ).fetchone()
-    return _binding(row), True
-
-
-async def _bind_postgres(
-    conn: Any, *, owner: str, session_key: str, source: str, via: str, now: datetime, limit: int
-) -> tuple[Binding, bool]:
-    async with conn.transaction():
-        # one binder per session at a time, so the count cannot be raced past the limit
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", session_key)
-        existing = await conn.fetchrow(
-            f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings"
-            " WHERE session_key = $1 AND source_key = $2",
-            session_key,
-            source,
-        )
-        if existing is not None:
-            return _binding(existing), False
-        count = await conn.fetchval(
-            "SELECT count(*) FROM webhook_bindings WHERE session_key = $1", session_key
-        )
-        if count >= limit:
-            raise _full(limit)
-        row = await conn.fetchrow(
-            "INSERT INTO webhook_bindings (session_key, source_key, owner, via, created_at)"
-            f" VALUES ($1, $2, $3, $4, $5) RETURNING {_BINDING_COLUMNS}",
-            session_key,
-            source,
-            owner,
-            via,
-            now,
-        )
-        return _binding(row), True
-
-
-#: ``(owner, session_key, source, via, now, limit) -> (Binding, created)``; binding an already
-#: bound source answers the existing binding. Raises ``LimitExceeded`` past ``limit``.
-BIND = ops.procedure("webhooks.bind", sqlite=_bind_sqlite, postgres=_bind_postgres, writes=True)
-
-
-def _unbind_sqlite(conn: Any, *, session_key: str, source: str) -> int:
-    return conn.execute(
-        "DELETE FROM webhook_bindings WHERE session_key = ? AND source_key = ?",
-        (session_key, source),
-    ).rowcount
-
-
-async def _unbind_postgres(conn: Any, *, session_key: str, source: str) -> int:
-    status = await conn.execute(
-        "DELETE FROM webhook_bindings WHERE session_key = $1 AND source_key = $2",
-        session_key,
-        source,
-    )
-    return int(status.split()[-1])
-
-
-#: ``(session_key, source) -> rows deleted``.
-UNBIND = ops.procedure(
-    "webhooks.unbind", sqlite=_unbind_sqlite, postgres=_unbind_postgres, writes=True
-)
-
-
-def _bindings_sqlite(conn: Any, *, session_key: str) -> list[Binding]:
-    rows = conn.execute(
-        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = ?"
-        " ORDER BY source_key",
-        (session_key,),
-    )
-    return [_binding(row) for row in rows]
-
-
-async def _bindings_postgres(conn: Any, *, session_key: str) -> list[Binding]:
-    rows = await conn.fetch(
-        f"SELECT {_BINDING_COLUMNS} FROM webhook_bindings WHERE session_key = $1"
-        " ORDER BY source_key",
-        session_key,
-    )
-    return [_binding(row) for row in rows]
-
-
-#: ``(session_key) -> [Binding]``, by source.
-BINDINGS = ops.procedure("webhooks.bindings", sqlite=_bindings_sqlite, postgres=_bindings_postgres)
-
-
-def _end_sqlite(conn: Any, *, session_key: str, now: str) -> None:
-    conn.execute("DELETE FROM webhook_bindings WHERE session_key = ?", (session_key,))
-    conn.execute(
-        "UPDATE webhook_targets SET state = 'dropped', error = 'session deleted',"
-        " claimed_until = NULL, updated_at = ? WHERE session_key = ? AND state = 'accepted'",
-        (now, session_key),
-    )
-
-
-async def _end_postgres(conn: Any, *, session_key: str, now: datetime) -> None:
-    async with conn.transaction():
-        await conn.execute("DELETE FROM webhook_bindings WHERE session_key = $1", session_key)
-        await conn.execute(
-            "UPDATE webhook_targets SET state = 'dropped', error = 'session deleted',"
-            " claimed_until = NULL, updated_at = $1 WHERE session_key = $2 AND state = 'accepted'",
-            now,
-            session_key,
-        )
-
-
-#: ``(session_key, now)``: a deleted session's bindings go, its undelivered targets are dropped.
-END_SESSION = ops.procedure(
-    "webhooks.end_session", sqlite=_end_sqlite, postgres=_end_postgres, writes=True
 )
 
 

@@ -303,6 +303,8 @@ def webhook_routes(
                 ingress.count_delivery("ignored", "github")
                 return {"ignored": True, "reason": "not a completed failure"}
             repo = config.github.repo(failure.owner, failure.repo)
+            # only sessions of users the repository lets bind, however old their binding
+            binders = config.github.binders(failure.owner, failure.repo)
             owner, fallback = None, []
             if repo is not None and repo.user:
                 owner = repo.user
@@ -319,8 +321,10 @@ def webhook_routes(
                     content=failure.content,
                     payload=failure.payload,
                     source_keys=failure.source_keys,
+                    owners=None if binders is None else sorted(binders),
                     fallback=fallback,
                     owner=owner,
+                    event_key=failure.identity,
                 )
             )
             return answer if answer.get("duplicate") else _json(answer, 202)
@@ -534,9 +538,11 @@ def webhook_routes(
                 201: Reply(BindingMade, "Bound now"),
                 200: Reply(BindingMade, "It was bound already"),
             },
-            errors=(404, 429),
-            description="400 (field `source`) for a malformed key, or a repository that "
-            "lets only its configured users bind; 429 at `max_bindings_per_session`.",
+            errors=(403, 404, 409, 429),
+            description="400 (field `source`) for a malformed key; 403 (field `source`) when "
+            "the repository does not let this user bind (its `user` and `users` only); 409 "
+            "(field `source`) when a session of another user is bound to the source; 429 at "
+            "`max_bindings_per_session`.",
         ),
         HttpRoute(
             "DELETE",

@@ -3,7 +3,12 @@
 =======================  ========================================================================
 ``webhook_deliveries``   one delivery a sender made, by its id (``github:<X-GitHub-Delivery>``,
                          ``hook:<name>:<webhook-id>``): the primary key is what makes a
-                         redelivery do nothing, however many arrive at once. ``state`` is
+                         redelivery do nothing, however many arrive at once. ``event_key``
+                         (step 2) is what the event is, whatever delivery carries it
+                         (``github:owner/repo#check_run:<id>:<attempt>:<conclusion>``; null for
+                         Standard Webhooks, whose signed id is the event's, and for rows from
+                         before it): unique too, so the same failure resent under a new
+                         delivery id does nothing either. ``state`` is
                          ``routed`` (it has targets) or ``unrouted`` (nobody to deliver to:
                          kept, listed over HTTP, never dropped). Kept ``[webhooks]
                          retention_days``, then pruned.
@@ -69,6 +74,13 @@ def _tables(time: str, json: str, serial: str) -> tuple[str, ...]:
     )
 
 
+#: Step 2: a delivery's event identity, unique where there is one (nulls never collide, on
+#: either database), so rows recorded by the release before it keep none and stay valid.
+_EVENT_KEY = (
+    "ALTER TABLE webhook_deliveries ADD COLUMN event_key TEXT",
+    "CREATE UNIQUE INDEX webhook_deliveries_event ON webhook_deliveries (event_key)",
+)
+
 #: The feature's migration set.
 WEBHOOKS = MigrationSet(
     "webhooks",
@@ -79,5 +91,6 @@ WEBHOOKS = MigrationSet(
             sqlite=_tables("TEXT", "TEXT", "INTEGER"),
             postgres=_tables("TIMESTAMPTZ", "JSONB", "BIGINT"),
         ),
+        Migration(2, "delivery event identity", _EVENT_KEY),
     ),
 )

@@ -9,6 +9,10 @@ row and queues the turn like any user message), after which the target is marked
 
 * a redelivery — GitHub's "Redeliver", a sender's retry, or a hundred copies at once — finds
   the id recorded and does nothing (the sender still gets a 2xx);
+* the same GitHub event under a new delivery id (a captured delivery resent: GitHub's
+  signature does not cover ``X-GitHub-Delivery``) finds its event identity recorded
+  (``github:owner/repo#check_run:<id>:<attempt>:<conclusion>``, unique like the id) and does
+  nothing either; a re-run is a new attempt (or a new check run), so a new event;
 * a crash after recording and before the inbox row leaves the target ``accepted``: the sweep
   (:meth:`Ingress.run`, at start-up and every ``redeliver_seconds``) delivers it;
 * a crash after the inbox row and before ``delivered``: every submit carries the delivery's id
@@ -22,14 +26,19 @@ One deliverer at a time holds a target (``queries.CLAIM``'s lease), so the reque
 sweep (or two nodes on one PostgreSQL) never submit the same target together.
 
 **Routing.** A GitHub event goes to every session bound to one of its keys (the pull request's,
-then the branch's); with none, to the repository's configured default session; with none of
-that either, it is recorded ``unrouted`` — listed to the repository's configured user (and to
-admins), never dropped. A Standard Webhooks delivery goes to the session its hook's template
-names in the hook's user's namespace, or is recorded unrouted for that user.
+then the branch's) whose owner the repository lets bind (its ``user`` and ``users``, read from
+the config as the event is recorded, so a binding made under an older rule wakes nothing); with
+none, to the repository's configured default session; with none of that either, it is recorded
+``unrouted`` — listed to the repository's configured user (and to admins), never dropped. A
+Standard Webhooks delivery goes to the session its hook's template names in the hook's user's
+namespace, or is recorded unrouted for that user.
 
 **Bindings** belong to a session and so to its owner: they are made on a session the caller
 owns (the tools act on the calling session, the routes resolve names with ``owned_key``), and
-end with the session. ``[webhooks.github.repos."o/r"] users`` narrows who may bind to a repo.
+end with the session. A repository lets its configured ``user`` bind, and whoever its
+``users`` lists (``"*"``: everyone); nobody for a repository without settings. A source bound
+by a session of one user is refused to every other user (``bindings.BIND`` checks and takes it
+in one transaction).
 
 It is over 400 lines because recording, delivering, the sweep and the bindings share a delivery's
 lifecycle and its target leases (``accepted``, then ``delivered``); the crash cases above are read
@@ -49,30 +58,31 @@ import trio
 
 from turnstile.actors.sessions.ids import session_key
 from turnstile.actors.sessions.messages import Publish, Submit
+from turnstile.actors.webhooks.bindings import BIND, BINDINGS, END_SESSION, UNBIND, Binding
 from turnstile.actors.webhooks.events import SourceBinding
 from turnstile.actors.webhooks.github import branch_key, parse_source_key, pr_key
 from turnstile.actors.webhooks.inputs import WEBHOOK_SOURCE, WebhookEvent, webhook_payload
 from turnstile.actors.webhooks.queries import (
-    BIND,
-    BINDINGS,
     CLAIM,
     DELIVERIES,
-    END_SESSION,
     PENDING,
     PRUNE,
     RECORD,
     RELEASE,
     SETTLE,
-    UNBIND,
     UNROUTED,
-    Binding,
     Claimed,
     Recorded,
     Unrouted,
 )
 from turnstile.actors.webhooks.settings import WebhooksConfig
 from turnstile.runtime.clock import Clock
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, TurnstileError
+from turnstile.runtime.errors import (
+    Forbidden,
+    LimitExceeded,
+    NotFound,
+    TurnstileError,
+)
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import Store
 from turnstile.tools.registry import ToolCall
@@ -149,8 +159,12 @@ class Delivery:
         source_keys: binding keys it is routed by (empty: the fallback decides).
         content: the turn's text.
         payload: the turn input's other keys.
+        owners: the users whose bound sessions it may go to (None: any user's).
         fallback: ``[(session key, owner)]`` when no binding matches.
         owner: whose the delivery is if it stays unrouted (None: admins only).
+        event_key: what the event is, whatever delivery carries it (``CiFailure.identity``):
+            recorded once, like ``id``. None when the id is the event's already (a Standard
+            Webhooks id is signed: a sender cannot resend under a new one).
     """
 
     id: str
@@ -160,8 +174,10 @@ class Delivery:
     content: str
     payload: dict[str, Any]
     source_keys: list[str] = field(default_factory=list)
+    owners: list[str] | None = None
     fallback: list[tuple[str, str]] = field(default_factory=list)
     owner: str | None = None
+    event_key: str | None = None
 
 
 class Ingress:
@@ -238,10 +254,12 @@ class Ingress:
     # ---- record and deliver ----
 
     async def ingest(self, delivery: Delivery) -> dict[str, Any]:
-        """Record ``delivery`` (once per id) and deliver it to its sessions.
+        """Record ``delivery`` (once per id, and once per event key) and deliver it to its
+        sessions.
 
         Returns:
-            what the sender is answered: ``{"duplicate": true}`` for a redelivery, else
+            what the sender is answered: ``{"duplicate": true}`` for a redelivery (the id or
+            the event key recorded already), else
             ``{"accepted": true, "sessions": n, "unrouted": bool}``.
         """
         now = self.clock.now()
@@ -254,11 +272,13 @@ class Ingress:
             "owner": delivery.owner,
             "content": delivery.content,
             "payload": delivery.payload,
+            "event_key": delivery.event_key,
         }
         targets = await self.store.run(
             RECORD,
             delivery=record,
             lookup=delivery.source_keys,
+            owners=delivery.owners,
             fallback=delivery.fallback,
             now=self.store.db_time(now),
         )
@@ -399,13 +419,16 @@ class Ingress:
         """The normalised key ``user`` may bind a session to.
 
         Raises:
-            InvalidArgument: not a source key, or the repository lets only others bind.
+            InvalidArgument: not a source key.
+            Forbidden: the repository does not let ``user`` bind (``RepoConfig``: its ``user``
+                and its ``users`` may; nobody, for a repository without settings).
         """
         parsed = parse_source_key(source)
-        repo = self.config.github.repo(parsed.owner, parsed.repo)
-        if repo is not None and repo.users and user not in repo.users:
-            raise InvalidArgument(
-                f"{parsed.owner}/{parsed.repo} lets only its configured users bind to it",
+        binders = self.config.github.binders(parsed.owner, parsed.repo)
+        if binders is not None and user not in binders:
+            raise Forbidden(
+                f"{parsed.owner}/{parsed.repo} does not let this user bind to it"
+                " (its configured user and users only)",
                 field="source",
             )
         return str(parsed)
@@ -416,6 +439,9 @@ class Ingress:
 
         Raises:
             InvalidArgument: see :meth:`check_bindable`.
+            Forbidden: see :meth:`check_bindable`.
+            ConflictError: a session of another user is bound to ``source`` (field
+                ``source``).
             LimitExceeded: the session has ``max_bindings_per_session`` already.
         """
         source = self.check_bindable(owner, source)

@@ -15,7 +15,7 @@ Example::
     [webhooks.github.repos."acme/app"]
     user = "ada"                  # unbound events of this repo are ada's …
     session = "ci"                # … and go to her session "ci" (empty: recorded as unrouted)
-    users = ["ada", "bob"]        # who may bind a session to this repo (empty: every user)
+    users = ["bob"]               # who else may bind a session to it ("*": every user)
 
     [webhooks.hooks.deploys]      # POST /webhooks/deploys, Standard Webhooks
     secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"   # or secret_env = "DEPLOYS_SECRET"
@@ -40,6 +40,7 @@ import msgspec
 from turnstile.actors.webhooks.template import RouteTemplate, TemplateError
 
 __all__ = [
+    "ANY_USER",
     "GITHUB_SECRET_ENV",
     "RESERVED_HOOK_NAMES",
     "GitHubConfig",
@@ -54,11 +55,16 @@ MiB = 1024 * 1024
 #: Where the GitHub secret is read from when the config file gives none.
 GITHUB_SECRET_ENV = "TURNSTILE_GITHUB_WEBHOOK_SECRET"
 
+#: In a repository's ``users``: every user may bind to it.
+ANY_USER = "*"
+
 #: Names a declared hook cannot take: the GitHub route and the routes beside the hooks.
 RESERVED_HOOK_NAMES = frozenset({"github", "unrouted"})
 
 _HOOK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _USER = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9_.@+-]+)?\Z")]
+#: A user who may bind to a repository, or ``*``: every user.
+_BINDER = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9_.@+-]+|\*)\Z")]
 _SESSION = Annotated[str, msgspec.Meta(max_length=128, pattern=r"^([A-Za-z0-9_.:-]+)?\Z")]
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}\Z")
 
@@ -83,21 +89,36 @@ def decode_whsec(secret: str) -> bytes:
 class RepoConfig(msgspec.Struct, forbid_unknown_fields=True):
     """``[webhooks.github.repos."owner/repo"]``.
 
+    Who may bind a session to the repository's events (``bind_source``, ``POST
+    /sessions/{id}/bindings``, a pull request opened through ``http.post``) is ``user`` and
+    the users listed in ``users``, nobody else: the default lets the repository's own user
+    alone, a wider list is written out, and ``"*"`` in it lets every user. A repository with
+    neither (or with no section at all) lets nobody bind: its events are listed unrouted to
+    admins. The same rule is applied again when an event is routed, so a binding made before
+    it, or by a user since dropped from the list, wakes nothing.
+
     Attributes:
         user: the user the repository's unbound events belong to (its default session's owner;
-            their unrouted events are listed to that user). Empty: admins only.
+            their unrouted events are listed to that user), who may always bind to it. Empty:
+            admins only.
         session: ``user``'s session that gets the events no session bound itself to; empty, or
             a session that does not exist, records them as unrouted.
-        users: who may bind a session to this repository; empty lets every user.
+        users: who else may bind a session to this repository; ``"*"`` lets every user.
     """
 
     user: _USER = ""
     session: _SESSION = ""
-    users: list[str] = msgspec.field(default_factory=list)
+    users: list[_BINDER] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.session and not self.user:
             raise ValueError("a default session needs its user")
+
+    def binders(self) -> frozenset[str] | None:
+        """The users who may bind to the repository; None when every user may (``"*"``)."""
+        if ANY_USER in self.users:
+            return None
+        return frozenset([*self.users, *([self.user] if self.user else [])])
 
 
 class GitHubConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,6 +154,12 @@ class GitHubConfig(msgspec.Struct, forbid_unknown_fields=True):
     def repo(self, owner: str, repo: str) -> RepoConfig | None:
         """The repository's settings, if it has any."""
         return self.repos.get(f"{owner}/{repo}".lower())
+
+    def binders(self, owner: str, repo: str) -> frozenset[str] | None:
+        """Who may bind a session to ``owner/repo`` (:class:`RepoConfig`): a set of users (empty
+        for a repository with no settings), or None when every user may."""
+        settings = self.repo(owner, repo)
+        return frozenset() if settings is None else settings.binders()
 
 
 class HookConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from turnstile.actors.webhooks.queries import Binding
+from turnstile.actors.webhooks.bindings import Binding
 from turnstile.actors.webhooks.service import Ingress, iso
 from turnstile.tools.registry import ToolCall, ToolRegistry
 

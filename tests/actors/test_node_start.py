@@ -43,7 +43,7 @@ from turnstile.actors.node import default_features, open_node
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.agents import ScriptedAgent
 from turnstile.actors.webhooks.queries import RECORD
-from turnstile.actors.webhooks.settings import GitHubConfig, WebhooksConfig
+from turnstile.actors.webhooks.settings import GitHubConfig, RepoConfig, WebhooksConfig
 from turnstile.runtime.clock import MockWallClock
 
 #: The first node's wall time: cron ``*/5`` occurrences fall at 12:05, 12:10, 12:15.
@@ -209,6 +209,7 @@ async def webhook(node, key: str, hang: Hang) -> Due:
             "payload": {"type": "check_run_failed", "name": "tests"},
         },
         lookup=[PR3],
+        owners=None,
         fallback=[],
         now=node.store.db_time(node.context.clock.now()),
     )
@@ -241,7 +242,9 @@ KINDS: dict[str, Callable[..., Awaitable[Due]]] = {
 def node_config(url: str, node_id: str | None = None) -> Config:
     return Config(
         store=url,
-        webhooks=WebhooksConfig(github=GitHubConfig(secret=GITHUB_SECRET)),
+        webhooks=WebhooksConfig(
+            github=GitHubConfig(secret=GITHUB_SECRET, repos={"acme/app": RepoConfig(user=OWNER)})
+        ),
         node=NodeConfig(id=node_id, lease_seconds=600),
     )
 

@@ -65,6 +65,9 @@ token = "{BOB}"
 [webhooks.github]
 secret = "{GITHUB_SECRET}"
 
+[webhooks.github.repos."acme/app"]
+user = "alice"
+
 [webhooks.hooks.deploys]
 user = "alice"
 secret = "{DEPLOYS}"

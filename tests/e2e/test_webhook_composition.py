@@ -19,7 +19,7 @@ import trio
 from tests.support.github import GITHUB_SECRET, check_run_event, deliver
 from turnstile.actors.config import Config
 from turnstile.actors.node import open_node
-from turnstile.actors.webhooks.settings import GitHubConfig, WebhooksConfig
+from turnstile.actors.webhooks.settings import GitHubConfig, RepoConfig, WebhooksConfig
 from turnstile.runtime.clock import MockWallClock
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -82,7 +82,9 @@ async def ci_node():
     agent = CiAgent(clock)
     config = Config(
         store="sqlite:///:memory:",
-        webhooks=WebhooksConfig(github=GitHubConfig(secret=GITHUB_SECRET)),
+        webhooks=WebhooksConfig(
+            github=GitHubConfig(secret=GITHUB_SECRET, repos={"acme/app": RepoConfig(user="alice")})
+        ),
     )
     async with open_node(
         config, tokens={TOKEN: "alice"}, agent=agent, clock=clock, serve=False

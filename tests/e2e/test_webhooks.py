@@ -20,7 +20,12 @@ from tests.support.github import (
     workflow_run_event,
 )
 from tests.support.node import ALICE, BOB, connect, new_session, running_node
-from turnstile.actors.webhooks.settings import GitHubConfig, HookConfig, WebhooksConfig
+from turnstile.actors.webhooks.settings import (
+    GitHubConfig,
+    HookConfig,
+    RepoConfig,
+    WebhooksConfig,
+)
 
 DEPLOYS = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PR3 = "github:acme/app#3"
@@ -32,7 +37,10 @@ def webhooks(**overrides) -> WebhooksConfig:
             user="alice", secret=DEPLOYS, session="deploy-{payload.service}", **overrides
         )
     }
-    return WebhooksConfig(github=GitHubConfig(secret=GITHUB_SECRET), hooks=hooks)
+    # acme/app is alice's: she may bind her sessions to it (a repository without settings
+    # lets nobody)
+    github = GitHubConfig(secret=GITHUB_SECRET, repos={"acme/app": RepoConfig(user="alice")})
+    return WebhooksConfig(github=github, hooks=hooks)
 
 
 def unsigned(node) -> httpx.AsyncClient:

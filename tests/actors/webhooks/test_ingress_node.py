@@ -26,6 +26,8 @@ from turnstile.tools.modules.http import HttpModule
 
 ADA, BOB = "ada-token-0123456789", "bob-token-0123456789"
 PR3 = "github:acme/app#3"
+#: acme/app is ada's, and bob may bind to it too (a repository with no settings lets nobody).
+ACME_APP = {"acme/app": RepoConfig(user="ada", users=["bob"])}
 
 
 def auth(token: str) -> dict[str, str]:
@@ -34,7 +36,7 @@ def auth(token: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def node_with(store_url, agent=None, clock=None, config=None, **webhooks):
-    github = webhooks.pop("github", GitHubConfig(secret=GITHUB_SECRET))
+    github = webhooks.pop("github", GitHubConfig(secret=GITHUB_SECRET, repos=ACME_APP))
     config = config or Config(store=store_url)
     config = Config(
         **{
@@ -113,6 +115,7 @@ def _recorded(delivery_id: str, key: str, owner: str = "ada") -> dict:
             "payload": {"type": "check_run_failed", "name": "tests"},
         },
         "lookup": [PR3],
+        "owners": None,
         "fallback": [],
     }
 
@@ -203,11 +206,11 @@ async def test_unbound_events_go_to_the_repos_default_session_or_are_listed_unro
 
 
 async def test_deliveries_are_listed_to_whom_they_concern_and_admins_see_the_counts(store_url):
-    repos = {"acme/other": RepoConfig(user="bob")}
+    repos = {**ACME_APP, "acme/other": RepoConfig(user="bob")}
     github = GitHubConfig(secret=GITHUB_SECRET, repos=repos)
     async with node_with(store_url, github=github, admins=["ada"]) as (node, http, ingress):
         await session(node, http, ADA, "pr3", PR3)
-        await session(node, http, BOB, "mine", PR3)
+        await session(node, http, BOB, "mine", "github:acme/app:branch:main")
         body = check_run_event(pr=3)
         assert (await deliver(http, "check_run", body, delivery="d1")).json()["sessions"] == 2
         assert (await deliver(http, "check_run", body, delivery="d1")).json() == {"duplicate": True}
@@ -245,7 +248,7 @@ async def test_deliveries_are_listed_to_whom_they_concern_and_admins_see_the_cou
         everyone = await listed(ADA, "?all_users=true")
         assert [(d["delivery_id"], d["owner"]) for d in everyone["deliveries"]] == [
             ("github:d2", "bob"),
-            ("github:d1", None),
+            ("github:d1", "ada"),
         ]
         assert [(t["session"], t["owner"]) for t in everyone["deliveries"][1]["targets"]] == [
             ("pr3", "ada"),
@@ -272,17 +275,17 @@ async def test_every_session_bound_to_the_event_gets_it_once(store_url):
     async with node_with(store_url) as (node, http, ingress):
         by_pr = await session(node, http, ADA, "pr3", PR3)
         # bound to both the PR and its branch: still one turn
-        both = await session(node, http, BOB, "mine", PR3, "github:acme/app:branch:fix-3")
+        both = await session(node, http, ADA, "mine", PR3, "github:acme/app:branch:fix-3")
         answer = await deliver(http, "check_run", check_run_event(pr=3, branch="fix-3"))
         assert answer.json()["sessions"] == 2
         await by_pr.until(b'"stream_end"')
         await both.until(b'"stream_end"')
         assert len(await webhook_inputs(node, "ada/pr3")) == 1
-        assert len(await webhook_inputs(node, "bob/mine")) == 1
+        assert len(await webhook_inputs(node, "ada/mine")) == 1
 
 
 async def test_bindings_are_the_callers_own_and_end_with_the_session(store_url):
-    repos = {"acme/private": RepoConfig(users=["ada"])}
+    repos = {**ACME_APP, "acme/private": RepoConfig(users=["ada"])}
     github = GitHubConfig(secret=GITHUB_SECRET, repos=repos)
     async with node_with(store_url, github=github) as (node, http, ingress):
         watching = await session(node, http, ADA, "pr3", PR3)
@@ -312,7 +315,7 @@ async def test_bindings_are_the_callers_own_and_end_with_the_session(store_url):
         refused = await http.post(
             "/sessions/b/bindings", json={"source": private}, headers=auth(BOB)
         )
-        assert (refused.status_code, refused.json()["error"]["field"]) == (400, "source")
+        assert (refused.status_code, refused.json()["error"]["field"]) == (403, "source")
         allowed = await http.post(
             "/sessions/pr3/bindings", json={"source": private}, headers=auth(ADA)
         )

@@ -74,6 +74,34 @@ def test_workflow_runs_count_cancelled_only_when_configured():
     assert failure.payload["conclusion"] == "cancelled"
 
 
+def _workflow(conclusion: str = "failure", attempt: int | None = 1) -> dict:
+    body = workflow_run_event(conclusion=conclusion)
+    if attempt is None:
+        del body["workflow_run"]["run_attempt"]
+    else:
+        body["workflow_run"]["run_attempt"] = attempt
+    return body
+
+
+@pytest.mark.parametrize(
+    ("event", "body", "identity"),
+    [
+        ("check_run", check_run_event(), "github:acme/app#check_run:4242:1:failure"),
+        (
+            "check_run",
+            check_run_event(conclusion="timed_out", run_id=7),
+            "github:acme/app#check_run:7:1:timed_out",
+        ),
+        ("workflow_run", _workflow(), "github:acme/app#workflow_run:99:1:failure"),
+        ("workflow_run", _workflow(attempt=3), "github:acme/app#workflow_run:99:3:failure"),
+        ("workflow_run", _workflow(attempt=None), "github:acme/app#workflow_run:99:1:failure"),
+    ],
+)
+def test_an_event_is_identified_by_repository_run_attempt_and_conclusion(event, body, identity):
+    failure = parse_event(event, json.dumps(body).encode())
+    assert failure.identity == identity
+
+
 def test_a_long_summary_is_cut():
     event = check_run_event(conclusion="failure")
     event["check_run"]["output"]["summary"] = "x" * 70_000

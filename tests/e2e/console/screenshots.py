@@ -34,6 +34,9 @@ admins = ["alice"]
 
 [webhooks.github]
 secret = "{GITHUB_SECRET}"
+
+[webhooks.github.repos."acme/app"]
+user = "alice"
 """
 )
 LAPTOP = {"width": 1280, "height": 860}
