@@ -24,7 +24,7 @@ from typing import Any, overload
 
 import msgspec
 
-from turnstile.runtime.store import ops
+from turnstile.runtime.store import escape_json, ops, unescape_json
 
 __all__ = [
     "CLAIM",
@@ -112,11 +112,11 @@ _json = msgspec.json.encode
 
 
 def _text(value: Any) -> str:
-    return _json(value).decode()
+    return escape_json(_json(value))  # U+0000 escaped as the store does (PostgreSQL's jsonb)
 
 
 def _load(value: str | bytes) -> Any:
-    return msgspec.json.decode(value)
+    return msgspec.json.decode(unescape_json(value))
 
 
 # ---- record ----------------------------------------------------------------------------------
