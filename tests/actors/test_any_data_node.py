@@ -56,3 +56,17 @@ async def test_a_signed_delivery_holding_nul_is_accepted_and_delivered(store_url
             "tests failed\x00",
             "a\x00b",
         )
+
+
+async def test_a_lone_surrogate_from_a_client_is_a_typed_400(store_url):
+    """msgspec refuses the escape of a lone surrogate: the gateway answers ``bad_message``."""
+    async with node_with(store_url) as (node, http, _):
+        await session(node, http, ADA, "s")
+        sent = await http.post(
+            "/sessions/s/messages",
+            content=b'{"content": "a\\ud800b"}',
+            headers={**auth(ADA), "content-type": "application/json"},
+        )
+        assert sent.status_code == 400, sent.text
+        assert sent.json()["error"]["code"] == "bad_message"
+        assert await node.store.list_inputs("ada/s") == []
