@@ -18,7 +18,8 @@ The hierarchy::
     ├── Forbidden                  a valid token, but not allowed this (HTTP 403)
     ├── RequestTimeout             a client took too long to send its request (HTTP 408)
     ├── TimerError                 misuse of the timer wheel (past deadline, unknown handle)
-    └── StoreError
+    └── StoreError                        the store failed: the server's problem (HTTP 500)
+        ├── StoreUnavailable              the store cannot be reached now (HTTP 503, Retry-After)
         ├── NotFound (also LookupError)   no row with that id
         ├── AlreadyExists                 a row with that id exists
         ├── ConflictError                 a compare-and-set lost, or a state transition is illegal
@@ -198,6 +199,27 @@ class StoreError(TurnstileError):
     """A store operation failed."""
 
     code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached now: the database refuses or drops connections, stalls
+    past the operation's bound, is shutting down or out of connections, or (SQLite) stays
+    locked past its timeout or fails to read or write its files.
+
+    The server's problem, never the request's: HTTP ``503`` with ``Retry-After``, an ``error``
+    frame with this code on the WebSocket (the connection stays open). The message is always
+    the same sentence: the database's host, port, SQL and driver text stay in the node's log.
+    The node recovers on its own once the store answers again.
+
+    Attributes:
+        retry_after: seconds after which a client may try again (``Retry-After``).
+    """
+
+    code = "store_unavailable"
+    retry_after: int = 5
+
+    def __init__(self, message: str = "the store is unavailable; retry in a few seconds") -> None:
+        super().__init__(message)
 
 
 class NotFound(StoreError, LookupError):
