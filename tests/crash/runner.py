@@ -130,6 +130,7 @@ async def run_full(
                 row.violations += [(outcome, v) for v in outcome.violations]
             row.seconds = time.monotonic() - started
             rows.append(row)
+            progress(table([row]))  # each row as it is done: a long run stopped early keeps them
     return rows
 
 
