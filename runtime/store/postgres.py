@@ -39,6 +39,7 @@ from turnstile.runtime.store.migrations import (
     plan,
 )
 from turnstile.runtime.store.ops import Operation
+from turnstile.runtime.store.outage import is_postgres_outage, postgres_error
 from turnstile.runtime.store.postgres_faults import faulty
 from turnstile.runtime.store.postgres_thread import AsyncioThread, open_asyncio_thread
 
@@ -55,6 +56,11 @@ _CLOSE_TIMEOUT = 10.0
 _LISTEN_PING = 5.0
 _LISTEN_RETRY = 1.0
 _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+#: The longest an operation may wait for a connection, and then run on it, before it fails as
+#: ``StoreUnavailable``: a database that stalls (accepts and answers nothing), or a pool that
+#: stays exhausted, is an outage to the caller rather than a request that hangs. A connection
+#: whose operation was cut off by it is dropped. (``PostgresBackend(operation_timeout=)``.)
+OPERATION_TIMEOUT = 20.0
 
 
 async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: datetime) -> None:
@@ -216,10 +222,19 @@ class PostgresBackend:
 
     kind = "postgres"
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        operation_timeout: float | None = None,
+    ) -> None:
         self.dsn = dsn
         self._min_size = min_size
         self._max_size = max_size
+        #: seconds an operation may wait for a connection and run (None: ``OPERATION_TIMEOUT``)
+        self.operation_timeout = operation_timeout
         self._aio: AsyncioThread | None = None
         self._pool: _Pool | None = None
         self._closed = False
@@ -245,7 +260,7 @@ class PostgresBackend:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
         self._pool = pool
         try:
-            await aio.call(_with_conn, pool, _migrate, {"sets": sets, "now": now}, False)
+            await aio.call(_with_conn, pool, _migrate, {"sets": sets, "now": now}, False, None)
         except MigrationError:
             await self.aclose()
             raise
@@ -277,7 +292,9 @@ class PostgresBackend:
             raise StoreError("store is closed")
         if self._fault is not None and op.writes:  # tests only: count, maybe strike, the write
             fn = faulty(self._fault, op.name, fn)
-        answer = await aio.call(_with_conn, pool, fn, args, op.first)
+        bound = self.operation_timeout
+        bound = OPERATION_TIMEOUT if bound is None else bound
+        answer = await aio.call(_with_conn, pool, fn, args, op.first, bound)
         decode = op.decode
         return answer if decode is None else decode(answer)
 
@@ -358,26 +375,34 @@ class PostgresBackend:
 
 
 async def _with_conn(
-    pool: _Pool, fn: Callable[..., Awaitable[T]], args: dict[str, Any], first: bool
+    pool: _Pool,
+    fn: Callable[..., Awaitable[T]],
+    args: dict[str, Any],
+    first: bool,
+    bound: float | None,
 ) -> T:
     """asyncio side: run ``fn(conn, **args)`` on a pooled connection (``first``: ahead of the
-    operations waiting for one), map driver errors to StoreError."""
+    operations waiting for one), waiting for it and then running at most ``bound`` seconds
+    each (None: unbounded); map driver errors to StoreError (``StoreUnavailable`` for an
+    outage: :mod:`runtime.store.outage`)."""
     try:
-        conn = await pool.acquire(first)
+        async with asyncio.timeout(bound):  # (TimeoutError: an OSError, so a driver error)
+            conn = await pool.acquire(first)
     except _DRIVER_ERRORS as exc:
-        raise StoreError(f"postgres: {exc}") from exc
-    # kept unless the link may be unusable: a query cut off by cancellation, or an error of the
-    # connection itself rather than the server's answer (release also drops a connection that
-    # is closed or still inside a transaction)
+        raise postgres_error(exc) from exc
+    # kept unless the link may be unusable: a query cut off by cancellation or the bound, or
+    # an error of the connection itself rather than the server's answer (release also drops a
+    # connection that is closed or still inside a transaction)
     clean = True
     try:
-        return await fn(conn, **args)
+        async with asyncio.timeout(bound):
+            return await fn(conn, **args)
     except asyncio.CancelledError:
         clean = False
         raise
     except _DRIVER_ERRORS as exc:
-        clean = isinstance(exc, asyncpg.PostgresError)
-        raise StoreError(f"postgres: {exc}") from exc
+        clean = isinstance(exc, asyncpg.PostgresError) and not is_postgres_outage(exc)
+        raise postgres_error(exc) from exc
     finally:
         pool.release(conn, clean)
 

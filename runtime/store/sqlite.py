@@ -38,6 +38,7 @@ from turnstile.runtime.store.migrations import (
     plan,
 )
 from turnstile.runtime.store.ops import Operation
+from turnstile.runtime.store.outage import sqlite_error
 from turnstile.runtime.store.sqlite_writer import InlineWriter, Writer
 
 __all__ = ["SQLiteBackend"]
@@ -246,4 +247,4 @@ def _read_txn(conn: sqlite3.Connection, fn: Callable[..., T], args: dict[str, An
         finally:
             conn.execute("COMMIT")
     except sqlite3.Error as exc:
-        raise StoreError(f"sqlite: {exc}") from exc
+        raise sqlite_error(exc) from exc

@@ -30,6 +30,7 @@ import trio
 
 from turnstile.runtime.errors import StoreError
 from turnstile.runtime.store.faults import StoreFault
+from turnstile.runtime.store.outage import sqlite_error
 
 __all__ = ["Writer", "InlineWriter", "wrap_error"]
 
@@ -56,11 +57,11 @@ class _Request:
 
 
 def wrap_error(exc: BaseException) -> BaseException:
-    """sqlite3 errors become StoreError; our own errors (NotFound, ...) pass through."""
+    """sqlite3 errors become StoreError (StoreUnavailable for a database locked past its
+    timeout or an I/O error: :mod:`runtime.store.outage`); our own errors (NotFound, ...) pass
+    through."""
     if isinstance(exc, sqlite3.Error):
-        err = StoreError(f"sqlite: {exc}")
-        err.__cause__ = exc
-        return err
+        return sqlite_error(exc)
     return exc
 
 
@@ -182,7 +183,7 @@ class Writer:
                     pass
             for req in live:
                 if req.error is None:
-                    req.result, req.error = None, StoreError(f"sqlite: transaction failed: {exc}")
+                    req.result, req.error = None, sqlite_error(exc, "sqlite: transaction failed")
         finally:
             for req in live:
                 self._wake(req)
@@ -248,7 +249,7 @@ class InlineWriter(Writer):
         except Exception as exc:  # BEGIN or COMMIT failed: nothing committed
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            req.error = StoreError(f"sqlite: transaction failed: {exc}")
+            req.error = sqlite_error(exc, "sqlite: transaction failed")
         if req.error is not None:
             raise req.error
         return cast(T, req.result)
