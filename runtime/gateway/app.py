@@ -6,7 +6,10 @@ the raw body instead) or ``auth="public"`` (static files that belong to nobody, 
 console's page and scripts: ``routes.HttpRoute``) needs a bearer token. Errors are JSON
 ``{"error": {"code", "message", "field"?}}`` with a matching status: 400 bad input, 401 no or bad
 token (or signature), 404 unknown (including someone else's session: ids do not leak), 409 busy
-or conflict, 413 a body over its route's limit, 429 a limit reached.
+or conflict, 413 a body over its route's limit, 429 a limit reached. Only a request that is
+itself wrong is a 4xx: a store that cannot be reached is ``503 store_unavailable`` with
+``Retry-After``, and any other store failure ``500 store_error``, neither with the database's
+text (host, port, SQL), which the log keeps.
 
 Hostile input is a clean 4xx, never a 500: bodies are bounded (``max_frame_bytes``), nested at
 most ``MAX_JSON_DEPTH`` levels and valid UTF-8; ids in the path (``{id}``, ``{task_id}``) and
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import msgspec
 import trio
@@ -56,6 +59,7 @@ from turnstile.runtime.errors import (
     PayloadTooLarge,
     PlacedElsewhere,
     RequestTimeout,
+    StoreUnavailable,
     TurnstileError,
     Unauthorized,
 )
@@ -65,7 +69,9 @@ from turnstile.runtime.gateway.connection import Connection, ConnectionLimits, d
 from turnstile.runtime.gateway.frames import (
     PROTOCOL_VERSION,
     error_frame,
+    is_server_error,
     is_valid_id,
+    public_error,
 )
 from turnstile.runtime.gateway.openapi import openapi_document
 from turnstile.runtime.gateway.routes import ApiError, ApiRequest, HttpRoute, Reply
@@ -78,6 +84,11 @@ log = logging.getLogger("turnstile.gateway")
 
 #: The rule for ids in paths and cursors, as said in error messages.
 ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . : -"
+
+#: ``/readyz``: how long the store may take to answer its ping, and how long an answer is
+#: reused (a balancer probing every second, from several places, costs one query a second)
+READY_PING_SECONDS = 2.0
+READY_CACHE_SECONDS = 1.0
 
 _STATUS = {
     Unauthorized: 401,
@@ -107,7 +118,8 @@ _INTRO = (
 
 
 class Health(msgspec.Struct):
-    """``GET /healthz`` when the node can serve: its store answers."""
+    """``GET /healthz``: the node's process is alive and serves requests (liveness; whether
+    its store answers is ``/readyz``'s)."""
 
     status: Literal["ok"]
     version: str
@@ -129,7 +141,8 @@ class NotReady(msgspec.Struct):
 
 
 class Unhealthy(msgspec.Struct):
-    """``GET /healthz`` when the store does not answer: why."""
+    """A probe's answer when the store does not answer: why. (``/healthz`` no longer answers
+    it: it is liveness only; kept for callers that name it.)"""
 
     status: Literal["unhealthy"]
     error: ApiError
@@ -185,8 +198,15 @@ def _error_response(exc: BaseException, request: Request | None = None) -> Respo
         where = f"{request.method} {request.url.path}" if request is not None else "a request"
         log.error("%s failed", where, exc_info=exc)
         return _Json({"error": {"code": "internal", "message": "internal error"}}, 500)
+    if isinstance(exc, StoreUnavailable):  # the server's problem, for a few seconds
+        body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+        retry = {"retry-after": str(exc.retry_after)}
+        return _Json({"error": body}, 503, headers=retry)
+    if is_server_error(exc):  # a store failure no rule expected: logged, its text withheld
+        code, message, _ = public_error(exc)
+        return _Json({"error": {"code": code, "message": message}}, 500)
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
-    body: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+    body = {"code": exc.code, "message": str(exc)}
     if exc.field:
         body["field"] = exc.field
     if isinstance(exc, PlacedElsewhere):  # where the session lives: go there
@@ -349,23 +369,42 @@ def build_app(
         return b"".join(chunks)
 
     async def healthz(_: ApiRequest) -> Any:
-        try:
-            await backend.ping()
-        except Exception as exc:  # report, don't crash: this is the probe
-            error = ApiError(code="unhealthy", message=str(exc))
-            return _Json(Unhealthy(status="unhealthy", error=error), 503)
+        # Liveness: the process serves requests. Not the store: a node recovers on its own
+        # when its store comes back, and a liveness probe that failed with the store would
+        # have every node restarted by its orchestrator in an outage (``/readyz`` says it).
         return Health(status="ok", version=version, protocol=PROTOCOL_VERSION)
+
+    #: (when the store was last asked, what was wrong then: None when it answered)
+    store_checked: list[Any] = [-float("inf"), None]
+
+    async def store_problem() -> ApiError | None:
+        """Why the store cannot serve (None: it answered ``store.ping()`` within
+        ``READY_PING_SECONDS``), asked at most once per ``READY_CACHE_SECONDS``."""
+        now = trio.current_time()
+        if now - store_checked[0] < READY_CACHE_SECONDS:
+            return cast(ApiError | None, store_checked[1])
+        problem: ApiError | None = None
+        try:
+            with trio.fail_after(READY_PING_SECONDS):
+                await backend.ping()
+        except trio.TooSlowError:
+            problem = ApiError(code=StoreUnavailable.code, message=str(StoreUnavailable()))
+            log.warning("readyz: the store did not answer within %g s", READY_PING_SECONDS)
+        except Exception as exc:  # report, don't crash: this is the probe
+            code, message, _ = public_error(exc)
+            problem = ApiError(code=code, message=message)
+        store_checked[:] = [trio.current_time(), problem]
+        return problem
 
     async def readyz(_: ApiRequest) -> Any:
         if draining is not None and draining():
             message = "this node is draining: it finishes its turns and stops; use another node"
             error = ApiError(code="draining", message=message)
             return _Json(NotReady(status="draining", error=error), 503)
-        try:
-            await backend.ping()
-        except Exception as exc:  # report, don't crash: this is the probe
-            error = ApiError(code="unhealthy", message=str(exc))
-            return _Json(NotReady(status="unhealthy", error=error), 503)
+        problem = await store_problem()
+        if problem is not None:
+            retry = {"retry-after": str(StoreUnavailable.retry_after)}
+            return _Json(NotReady(status="unhealthy", error=problem), 503, headers=retry)
         return Ready(status="ready")
 
     async def scrape(_: ApiRequest) -> Any:
@@ -385,16 +424,16 @@ def build_app(
             "/healthz",
             healthz,
             auth="public",
-            summary="Whether the node can serve (its store answers)",
+            summary="Whether the node's process is alive (liveness: not its store)",
             response=Health,
-            responses={503: Reply(Unhealthy, "The store does not answer")},
         ),
         HttpRoute(
             "GET",
             "/readyz",
             readyz,
             auth="public",
-            summary="Whether a load balancer should send the node new clients (not draining)",
+            summary="Whether a load balancer should send the node new clients (its store"
+            " answers, it is not draining)",
             response=Ready,
             responses={503: Reply(NotReady, "Draining, or the store does not answer")},
         ),

@@ -6,6 +6,7 @@ frames are built here too, so ``docs/protocol.md`` has one place to be checked a
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime
 from typing import Annotated, Any
@@ -13,7 +14,14 @@ from typing import Annotated, Any
 import msgspec
 
 from turnstile.runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
-from turnstile.runtime.errors import TurnstileError
+from turnstile.runtime.errors import (
+    AlreadyExists,
+    ConflictError,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+    TurnstileError,
+)
 from turnstile.runtime.store import EventRecord
 
 __all__ = [
@@ -37,6 +45,8 @@ __all__ = [
     "ClientFrame",
     "CLIENT_FRAMES",
     "encode_event",
+    "public_error",
+    "is_server_error",
     "encode_topic_event",
     "TopicEvent",
     "encode_frame",
@@ -198,6 +208,43 @@ def encode_topic_event(topic: str, event: TopicEvent) -> bytes:
     )
 
 
+log = logging.getLogger("turnstile.gateway")
+
+#: The store's errors that a request causes: an id it names is unknown, a name it asks for is
+#: taken, what it asks conflicts with what is stored. Any other StoreError is the server's.
+_REQUEST_STORE_ERRORS = (NotFound, AlreadyExists, ConflictError)
+#: What a client is told of a store failure that is not its fault (the log has the rest).
+STORE_FAILED = "the store failed to answer this request; the node's log has the details"
+
+
+def is_server_error(error: BaseException) -> bool:
+    """Whether ``error`` is the server's fault rather than the request's: anything not a
+    ``TurnstileError`` (a bug), and a ``StoreError`` that the request did not cause (the store
+    unavailable, a database error no rule expected)."""
+    if not isinstance(error, TurnstileError):
+        return True
+    return isinstance(error, StoreError) and not isinstance(error, _REQUEST_STORE_ERRORS)
+
+
+def public_error(error: BaseException) -> tuple[str, str, str | None]:
+    """What a client may see of ``error``: its code, message and field.
+
+    A request's own error is shown as it is. ``StoreUnavailable`` keeps its code and its fixed
+    message. Any other server error is ``internal`` (a bug) or ``store_error`` with a fixed
+    message, and is logged here with its traceback: a database's text (host, port, SQL) never
+    reaches a client.
+    """
+    if isinstance(error, StoreUnavailable):
+        return error.code, str(error), None
+    if not is_server_error(error):
+        assert isinstance(error, TurnstileError)
+        return error.code, str(error), error.field
+    if isinstance(error, StoreError):
+        log.error("a store operation failed: %s", error, exc_info=error)
+        return StoreError.code, STORE_FAILED, None
+    return "internal", "internal error", None
+
+
 def error_frame(
     error: BaseException,
     *,
@@ -207,10 +254,7 @@ def error_frame(
 ) -> bytes:
     """An ``error`` frame for ``error``: its stable code, message and offending field, and the
     session, call or topic it concerns."""
-    if isinstance(error, TurnstileError):
-        code, message, field = error.code, str(error), error.field
-    else:
-        code, message, field = "internal", "internal error", None
+    code, message, field = public_error(error)
     return encode_frame(
         "error",
         code=code,
