@@ -36,7 +36,12 @@ from typing import Protocol
 import trio
 
 from turnstile.runtime.actor import Actor, ActorCell, ActorRef, Crash
-from turnstile.runtime.errors import ActorCrashed, ActorStopped, SupervisorEscalation
+from turnstile.runtime.errors import (
+    ActorCrashed,
+    ActorStopped,
+    StoreUnavailable,
+    SupervisorEscalation,
+)
 
 __all__ = ["Strategy", "CrashReport", "Supervisor", "open_supervisor"]
 
@@ -372,7 +377,10 @@ class Supervisor:
 
     def _give_up(self, child: _Child, report: CrashReport) -> None:
         if child.cell is not None:
-            child.cell.finish(lambda: ActorCrashed(str(report)))
+            if _store_outage(report.error):  # the server's 503 for whoever waits, not a crash
+                child.cell.finish(StoreUnavailable)
+            else:
+                child.cell.finish(lambda: ActorCrashed(str(report)))
         raise _GiveUp
 
     def _report(self, child: _Child, failure: BaseException) -> CrashReport:
@@ -395,6 +403,14 @@ class Supervisor:
         if self.on_crash is not None:
             self.on_crash(report)
         return report
+
+
+def _store_outage(error: BaseException) -> bool:
+    """Whether ``error`` is ``StoreUnavailable`` (alone, or every error of a group)."""
+    if isinstance(error, BaseExceptionGroup):
+        _, rest = error.split(StoreUnavailable)
+        return rest is None
+    return isinstance(error, StoreUnavailable)
 
 
 class _GiveUp(Exception):

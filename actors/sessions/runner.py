@@ -47,13 +47,16 @@ from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
-from turnstile.runtime.errors import Fenced, NotFound
+from turnstile.runtime.errors import Fenced, NotFound, StoreUnavailable
 from turnstile.runtime.gateway.backend import Subscriber
 from turnstile.runtime.store import InboxItem, Session, Step
 
 __all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "TurnRunner"]
 
 log = logging.getLogger("turnstile.session")
+
+#: How long the turn runner waits before it asks an unavailable store for the next input again
+STORE_RETRY_SECONDS = 1.0
 
 #: How long closing a turn (its unstored events, final event, inbox state) may take when the
 #: session itself is being cancelled (node shutdown), and otherwise. The closure is shielded
@@ -150,6 +153,12 @@ class TurnRunner:
                     except Fenced as exc:
                         self._lost_lease(exc)
                         return
+                    except StoreUnavailable:
+                        # the inputs wait in the inbox: look again once the store answers
+                        # (the session stays up; a crash would fail whoever asks it meanwhile)
+                        self.wakeup_pending = True
+                        await trio.sleep(STORE_RETRY_SECONDS)
+                        continue
                     if item is None:
                         if self.wakeup_pending:
                             continue  # something was enqueued while we looked
