@@ -51,7 +51,11 @@ async def pg_store(pg_dsn):
         yield url
 
 
-GUARD_SECONDS = 60
+#: A hang guard, not a promise: how long any test may take before it counts as hung. On the
+#: real clock a 2-core box at load 8 runs a test four to six times slower than a quiet one, so
+#: this is far beyond what a test takes there; under ``MockClock`` a deadlock still fails at
+#: once. A bound that guards a performance promise belongs in ``bench/``, not here.
+GUARD_SECONDS = 180
 
 
 def pytest_configure(config: pytest.Config) -> None:

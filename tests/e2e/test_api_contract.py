@@ -40,6 +40,9 @@ BOB = "bob-token-0123456789abc"
 GITHUB_SECRET = "github-secret-0123456789"
 DEPLOYS = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 EXAMPLES = int(os.environ.get("TURNSTILE_CONTRACT_EXAMPLES", "12"))
+#: How long the node may take to answer one request, or to do what it was asked in the
+#: background (seconds): a hang guard, not a promise (a loaded 2-core box takes seconds)
+PATIENCE = 60
 
 #: Schemathesis's configuration (as its config file would say it). Every check runs but one:
 #: ``positive_data_acceptance`` wants every schema-valid request accepted, and some rules are
@@ -106,13 +109,13 @@ def node_url(tmp_path_factory) -> Iterator[str]:
     finally:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=PATIENCE)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
 
-def _wait(check, what: str, seconds: float = 15.0) -> Any:
+def _wait(check, what: str, seconds: float = PATIENCE) -> Any:
     """Poll ``check()`` until it answers something truthy (the node works in the background)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -125,7 +128,9 @@ def _wait(check, what: str, seconds: float = 15.0) -> Any:
 
 def _populate(url: str) -> dict[str, dict[str, str]]:
     """Give the node one of everything; the path parameters that reach them, by route."""
-    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=10)
+    http = httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=PATIENCE
+    )
     for name in ("s1", "apr"):
         assert http.post("/sessions", json={"id": name}).status_code == 201
     http.post("/sessions", json={"id": "s1"}, headers={"Authorization": f"Bearer {BOB}"})
@@ -212,21 +217,22 @@ def test_every_operation_answers_as_the_document_says(api, node_url):
         )
         @given(case=st.one_of(strategies))
         def run(case) -> None:
-            case.call_and_validate(base_url=node_url, timeout=15)
+            case.call_and_validate(base_url=node_url, timeout=PATIENCE)
 
         try:
             run()
         except (Exception, BaseExceptionGroup) as exc:  # all are run; failures reported together
             failed[operation.label] = exc
     assert not failed, "\n\n".join(f"{label}: {exc}" for label, exc in failed.items())
-    # bounded for CI on two cores: the whole run stays well under a minute
-    assert time.monotonic() - started < 50
+    # How long it took is the suite's budget (CI under 6 minutes; pytest --durations shows it),
+    # not the API's promise: about 20 s on a quiet 2-core box, 100 s at load 8, so a figure.
+    print(f"{len(operations)} operations in {time.monotonic() - started:.0f} s")
 
 
 def test_every_bearer_operation_refuses_a_request_without_the_token(api, node_url):
     schema, found = api
     checked = 0
-    with httpx.Client(base_url=node_url, timeout=10) as anonymous:
+    with httpx.Client(base_url=node_url, timeout=PATIENCE) as anonymous:
         for operation in _operations(schema):
             if not operation.definition.raw.get("security", [{"bearer": []}]):
                 continue
@@ -285,7 +291,7 @@ def test_a_method_a_path_lacks_is_405_allowing_exactly_the_documented_ones(api, 
         )
 
     headers = {"Authorization": f"Bearer {ALICE}"}
-    with httpx.Client(base_url=node_url, headers=headers, timeout=10) as http:
+    with httpx.Client(base_url=node_url, headers=headers, timeout=PATIENCE) as http:
         for path, methods in documented.items():
             params = {**dict.fromkeys(_names(path), "x"), **(_known(path, found) or {})}
             allowed = methods | ({"HEAD"} if "GET" in methods else set())

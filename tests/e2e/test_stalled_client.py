@@ -32,7 +32,10 @@ async def stalled_client(port: int):
 
 
 async def test_a_node_shuts_down_promptly_with_a_client_that_stopped_reading(tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "SEND_DEADLINE", 0.5)
+    # short, so that the test is; not shorter: the deadline holds for every client, and the
+    # watcher below, which reads, must not look stalled when a loaded box starves it (at 0.5 s
+    # it was dropped at load 8)
+    monkeypatch.setattr(server, "SEND_DEADLINE", 2.0)
     async with running_node(tmp_path) as node:
         await new_session(node, "s")
         stream = await stalled_client(int(node.url.rsplit(":", 1)[1]))
@@ -48,5 +51,6 @@ async def test_a_node_shuts_down_promptly_with_a_client_that_stopped_reading(tmp
             assert end["status"] == "completed"
         started = trio.current_time()
     # leaving running_node cancelled the node: before the send deadline this never returned
-    assert trio.current_time() - started < 5
+    # (a generous bound, for a loaded box: what it tells apart is "returns" from "hangs")
+    assert trio.current_time() - started < 30
     del stream

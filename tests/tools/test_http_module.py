@@ -133,7 +133,9 @@ async def test_timeout_bounds_the_whole_call(server):
     started = trio.current_time()
     result = await call("http.get", url=f"{server}/slow", timeout=0.3)
     assert result.error["code"] == "timeout"
-    assert trio.current_time() - started < 2
+    # far sooner than the 30 s /slow takes to answer; generous, for a loaded box (how soon is
+    # not the point: that the timeout ends the call is)
+    assert trio.current_time() - started < 10
     refused = await make_tools(max_timeout=60, **LOCAL)[0](
         "http.get", url=f"{server}/text", timeout=100
     )

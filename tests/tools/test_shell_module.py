@@ -63,7 +63,9 @@ async def test_a_timeout_kills_the_whole_process_group(call, tmp_path):
     )
     started = trio.current_time()
     result = await call("shell.run", command=[PY, "-c", script], timeout=0.5)
-    assert trio.current_time() - started < 3
+    # far sooner than the script's 60 s; generous, for a loaded box (starting Python there
+    # alone can take seconds)
+    assert trio.current_time() - started < 20
     data = result.data
     assert (data["timed_out"], data["exit_code"], data["signal"]) == (True, -9, "SIGKILL")
     child = int(data["stdout"])  # the output so far is kept
@@ -94,7 +96,7 @@ def _real(path) -> str:
 
 
 async def _until_gone(pid: int) -> None:
-    with trio.fail_after(2):
+    with trio.fail_after(20):  # a hang guard: a killed process is gone at once on a quiet box
         while True:  # polling /proc: there is nothing to wait on for a process not ours
             if not _alive(pid):
                 return
