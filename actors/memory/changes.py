@@ -33,6 +33,10 @@ nodes keep (``notices.py``).
 Expiry: a fact past its ``expires_at`` is deleted at its owner's next save, which appends a
 ``fact_forgotten`` with ``reason: "expired"``; nothing is published at the moment it expires
 (``fact_saved`` carries ``expires_at`` for a console to hide it on time).
+
+It is over 400 lines because every memory write is logged in the same transaction as the write
+itself, once per backend (the change log's head locked on PostgreSQL), and each write's logged
+form sits beside it.
 """
 
 from __future__ import annotations

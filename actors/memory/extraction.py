@@ -46,6 +46,10 @@ The model: the node's ``[openai]`` settings, through the openai agent (``OpenAIA
 speaks the protocol through the official ``openai`` package), without its configured system
 prompt and without tools. A node that runs the scripted agent and names no ``[openai]
 base_url`` has no model: extraction is off, said once at start-up.
+
+It is over 400 lines because the sweep that finds stale sessions, the transcript it renders (with
+what is untrusted fenced and labelled) and the facts it parses back are one sequence whose safety
+rules must be read together.
 """
 
 from __future__ import annotations

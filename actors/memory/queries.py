@@ -13,6 +13,9 @@ whole words or word starts (``it`` finds ``item``, never ``with``).
 Search is in ``search_queries.py``, the vector stage in ``vector_queries.py``, listing, the
 summary, extraction state and a user's deletion in ``account_queries.py``; this module holds
 the records, the tokens every save writes, start-up detection and backfill, save and forget.
+
+It is over 400 lines because a fact's save (tokens, expiry, the limit, the embedding) is written
+once per backend with its start-up detection and backfill beside it, which read the same columns.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ what an admin needs across users is the list (``all_users=true`` with ``search``
 Each route describes itself for the API document (``/openapi.json``): the query Structs are
 the ones ``_query`` decodes; the answer Structs below describe the dicts the handlers build
 (checked against live answers by the schemathesis run, ``tests/e2e/test_api_contract.py``).
+
+It is over 400 lines because the memory API's routes (facts, search, summary, extraction state,
+changes, deletion) share their request and response Structs, which the OpenAPI document is
+generated from; splitting them would scatter those types.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ and starts what is due, each check in its own short-lived task under a ``Capacit
 wheel and the persister), not 10,000. A new watcher checks at once, then every interval, on a
 fixed grid (a slow check does not make the next one drift). A check may take at most
 ``check_timeout(interval)``; longer is an error.
+
+It is over 400 lines because the mailbox's messages (start, pause, resume, stop, list) and the
+wheel that runs the checks share the watchers' index and the per-watcher epochs that keep a stale
+check from landing; the escalation, persistence and cluster halves are mixins of their own.
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ Each route describes itself for the API document (``/openapi.json``): the answer
 describe the dicts the handlers build (checked against live answers by the schemathesis run,
 ``tests/e2e/test_api_contract.py``); the receivers list their signature headers, as they need
 no token.
+
+It is over 400 lines because both receivers (GitHub and Standard Webhooks) and the bindings,
+deliveries and unrouted listings share one set of response Structs and one way of counting,
+refusing and answering a delivery; the receivers' order of checks (size, signature, parse, record)
+is read in one place.
 """
 
 from __future__ import annotations
