@@ -23,6 +23,12 @@ publish or buffer, the inject, delivering the buffer — happens under that sess
 notification for an attached session first flushes anything still buffered, so clients see
 notifications in arrival order even if a notification races with an attach.
 
+**A crash.** Publishing a buffered notification and forgetting it are two commits. A flush
+first records which notifications it publishes and where the session's log stood (the
+``publishing`` key of ``notify-meta:<session_id>``); the flush after a crash between the two
+finds those already in the log and forgets them without publishing them again: each is
+published once.
+
 ``SessionBufferMixin`` is the part of ``Notifier`` that does this. It is separate from the
 notifier because it is the part with ordering rules and stored state (the buffer), and every
 other channel falls back to it. The mixin uses the notifier's ``ask_session``, ``store``,
@@ -54,6 +60,8 @@ _KEY_DIGITS = 20
 
 #: Shielded clean-up after a cancelled buffer delivery is bounded by this.
 CLEANUP_GRACE_SECONDS = 5.0
+#: the buffer's meta key naming the notifications a flush is publishing (``_flush``)
+_PUBLISHING = "publishing"
 
 
 def notification_text(
@@ -212,6 +220,14 @@ class SessionBufferMixin(NotifierBase):
             await self.store.kv_delete(meta, ["dropped"])
         if top:  # what is missing up to here is accounted for
             await self.store.kv_put(meta, [("delivered", {"seq": top}, None)])
+        items = await self._unpublished(session_id, items)
+        if items:
+            # Publishing and forgetting are two commits: say first what is being published
+            # and from where in the log, so the next flush after a crash between them finds
+            # what was published and does not publish it again.
+            ids = [str(stored.get("notification_id", "")) for _, stored in items]
+            after = await self.store.last_seq(session_id)
+            await self.store.kv_put(meta, [(_PUBLISHING, {"after": after, "ids": ids}, None)])
         delivered = 0
         try:
             for key, stored in items:
@@ -223,7 +239,44 @@ class SessionBufferMixin(NotifierBase):
             if delivered:
                 with trio.move_on_after(CLEANUP_GRACE_SECONDS, shield=True):
                     await self.store.kv_delete(namespace, [key for key, _ in items[:delivered]])
+                    if delivered == len(items):
+                        await self.store.kv_delete(meta, [_PUBLISHING])
         return delivered
+
+    async def _unpublished(
+        self, session_id: str, items: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """``items`` but those a flush cut short (a crash after publishing them, before
+        forgetting them) already published: those are forgotten now. Reads the log only
+        after such a cut, from where that flush began."""
+        namespace, meta = self._namespaces(session_id)
+        marker = await self.store.kv_get(meta, _PUBLISHING)
+        if not marker:
+            return items
+        wanted = {str(i) for i in marker.get("ids", ())}
+        seen: set[str] = set()
+        after = int(marker.get("after", 0))
+        while items:
+            page = await self.store.read_events(session_id, after, 1000)
+            for record in page:
+                if record.type == "notification":
+                    ident = str(record.payload.get("notification_id", ""))
+                    if ident in wanted:
+                        seen.add(ident)
+            if len(page) < 1000:
+                break
+            after = page[-1].seq
+        done = [key for key, stored in items if str(stored.get("notification_id", "")) in seen]
+        if done:
+            log.info(
+                "%d buffered notification(s) of session %s were published before a restart:"
+                " not published again",
+                len(done),
+                session_id,
+            )
+            await self.store.kv_delete(namespace, done)
+        await self.store.kv_delete(meta, [_PUBLISHING])  # settled: the rest is published anew
+        return [(key, stored) for key, stored in items if key not in set(done)]
 
     async def deliver_buffered(self, session_id: str) -> int:
         """Publish the notifications buffered while no client was attached, oldest first.

@@ -288,6 +288,57 @@ async def test_105_while_detached_100_delivered_in_order_on_attach_5_dropped(aut
         assert notifier._locks == {}
 
 
+class _DiesBeforeForgetting:
+    """The store, but deleting from a notification buffer fails, as a node that dies between
+    publishing the buffered notifications and forgetting them leaves it (issue 23)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def kv_delete(self, namespace, keys):
+        if namespace.startswith("notify:"):
+            raise RuntimeError("the node died here")
+        return await self._store.kv_delete(namespace, keys)
+
+
+@pytest.mark.guard(DAY)
+async def test_a_buffered_notification_published_before_a_crash_is_not_published_again(
+    autojump_clock,
+):
+    """Found by the crash harness (scenario ``notification``, a crash right after the
+    notification's event is stored and before the buffer forgets it): the next attach
+    published it a second time."""
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        first = make_notifier(n)
+        await first.notify("t", "ada", "llm_notification", "once")
+        await trio.testing.wait_all_tasks_blocked()
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        first.store = _DiesBeforeForgetting(n.store)
+        with pytest.raises(RuntimeError):
+            await first.deliver_buffered("t")
+        restarted = make_notifier(n)
+        assert await restarted.deliver_buffered("t") == 0
+        published = [
+            e for e in await n.store.read_events("t", 0, 10_000) if e.type == "notification"
+        ]
+        assert [e.payload["message"] for e in published] == ["once"]
+        assert await n.store.kv_list("notify:t") == []
+        assert await n.store.kv_list("notify-meta:t") == [("delivered", {"seq": 1})]
+        # the buffer goes on as before
+        await n.registry.ref("session:t").ask(Detach(subscriber=client))
+        await restarted.notify("t", "ada", "llm_notification", "later")
+        again = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=again))
+        assert await restarted.deliver_buffered("t") == 1
+        assert [e["message"] for e in events(again, "notification")] == ["later"]
+        assert events(again, "notifications_dropped") == []
+
+
 @pytest.mark.guard(DAY)
 async def test_two_nodes_buffering_for_one_session_number_gapless_and_none_is_lost(autojump_clock):
     """Two notifiers on one store (two nodes: each has its own in-memory locks) buffer for the
