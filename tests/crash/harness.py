@@ -63,9 +63,13 @@ class ServerGone(Exception):
 class Client:
     """A client of one node over HTTP, as the dev user; a dead node is :class:`ServerGone`."""
 
-    def __init__(self, url: str, record: Record) -> None:
+    def __init__(self, url: str, record: Record, target: Target | None = None) -> None:
         self.url = url
         self.record = record
+        #: the store, for a scenario that waits for something no answer tells (read-only)
+        self.target = target
+        #: the node's process, to tell a wait that it died (set by the harness)
+        self.process: trio.Process | None = None
         self.http = httpx.AsyncClient(
             base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
         )
@@ -103,6 +107,18 @@ class Client:
         self.record.acked[(f"{OWNER}/{name}", f"client:{key}")].add(input_id)
         return input_id
 
+    async def wait_for(self, what: Callable[[Snapshot], bool], seconds: float = 20.0) -> bool:
+        """Poll the store until ``what`` holds in it (True) or ``seconds`` passed (False)."""
+        assert self.target is not None
+        deadline = trio.current_time() + seconds
+        while trio.current_time() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerGone(f"the node exited ({self.process.returncode}) while waiting")
+            if what(await self.target.snapshot()):
+                return True
+            await trio.sleep(0.2)
+        return False
+
     async def aclose(self) -> None:
         await self.http.aclose()
 
@@ -116,6 +132,15 @@ class Scenario:
     points = 20
     #: more of the node's TOML config (after :data:`NODE_CONFIG`)
     config: str = ""
+    #: the scenario has a :meth:`setup`, run on a node without a fault before the crash run
+    has_setup: bool = False
+
+    async def setup(self, client: Client) -> None:
+        """What a node without a fault makes first (the crash points are those of the node
+        started after it): e.g. a job due later, which :meth:`prepared` then makes due now."""
+
+    async def prepared(self, target: Target) -> None:
+        """Change the store between the setup node and the crash run (no node runs)."""
 
     async def drive(self, client: Client) -> None:
         """Send everything the scenario sends, from the start (again after a crash: it must
@@ -129,6 +154,30 @@ class Scenario:
     def check(self, snap: Snapshot, record: Record) -> list[str]:
         """Violations of the scenario's own expectations (beyond the invariants)."""
         return []
+
+
+class _SetupPhase(Scenario):
+    """A scenario's :meth:`Scenario.setup`, driven as a scenario of its own."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.name = scenario.name
+        self.config = scenario.config
+
+    async def drive(self, client: Client) -> None:
+        await self.scenario.setup(client)
+
+
+async def _set_up(target: Target, workdir: Path, scenario: Scenario, record: Record) -> list[str]:
+    """Run ``scenario``'s setup on a node without a fault, then :meth:`Scenario.prepared`;
+    answers what went wrong (a violation: the crash run did not happen as meant)."""
+    if not scenario.has_setup:
+        return []
+    status = await _attempt(target, workdir, _SetupPhase(scenario), record, {faults.ENV: ""})
+    if status is not None:
+        return [f"the setup node died with status {status}"]
+    await scenario.prepared(target)
+    return []
 
 
 @dataclass
@@ -160,11 +209,18 @@ class Node:
 
 @asynccontextmanager
 async def serving(
-    target: Target, workdir: Path, scenario: Scenario, env: dict[str, str]
+    target: Target,
+    workdir: Path,
+    scenario: Scenario,
+    env: dict[str, str],
+    node: str = "crash-node",
+    lease_seconds: float | None = None,
 ) -> AsyncIterator[Node]:
-    """``turnstile serve`` on ``target`` with ``env`` added; killed on exit if still running."""
-    config = workdir / f"{scenario.name}.toml"
-    config.write_text(NODE_CONFIG + scenario.config)
+    """``turnstile serve`` on ``target`` with ``env`` added, as node id ``node``; killed on
+    exit if still running."""
+    config = workdir / f"{scenario.name}-{node}.toml"
+    lease = "" if lease_seconds is None else f"lease_seconds = {lease_seconds}\n"
+    config.write_text(NODE_CONFIG.replace("crash-node", node) + lease + scenario.config)
     args = ["--port", "0", "--store", target.url, "--dev-token", TOKEN, "--config", str(config)]
     command = [sys.executable, "-m", "turnstile.actors.cli", "serve", *args]
     log = os.open(workdir / "serve.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -205,6 +261,31 @@ async def _settle(target: Target, scenario: Scenario, node: Node) -> Snapshot:
         await trio.sleep(0.2)
 
 
+async def _drive(target: Target, scenario: Scenario, record: Record, node: Node) -> int | None:
+    """Drive the scenario on ``node`` and wait until it settles: None, or the exit status of
+    the node if it died meanwhile."""
+    client = Client(node.url, record, target)
+    client.process = node.process
+    try:
+        await scenario.drive(client)
+        await _settle(target, scenario, node)
+    except ServerGone:
+        with trio.fail_after(30):
+            return await node.process.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
+    return None
+
+
+async def _stop(node: Node) -> int | None:
+    """Stop ``node`` gracefully: None, or its exit status if that was not 0."""
+    node.process.send_signal(signal.SIGTERM)
+    with trio.fail_after(60):
+        status = await node.process.wait()
+    return None if status == 0 else status  # (CRASH_EXIT: it crashed while stopping)
+
+
 async def _attempt(
     target: Target, workdir: Path, scenario: Scenario, record: Record, env: dict[str, str]
 ) -> int | None:
@@ -212,23 +293,49 @@ async def _attempt(
     gracefully. Answers None when that went through, else the dead node's exit status."""
     try:
         async with serving(target, workdir, scenario, env) as node:
-            client = Client(node.url, record)
-            try:
-                await scenario.drive(client)
-                await _settle(target, scenario, node)
-            except ServerGone:
-                with trio.fail_after(30):
-                    return await node.process.wait()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await client.aclose()
-            node.process.send_signal(signal.SIGTERM)
-            with trio.fail_after(60):
-                status = await node.process.wait()
+            died = await _drive(target, scenario, record, node)
+            if died is not None:
+                return died
+            return await _stop(node)
     except ServerGone as exc:  # it died while starting
         assert exc.status is not None
         return exc.status
-    return None if status == 0 else status  # (CRASH_EXIT: it crashed while stopping)
+
+
+#: the lease of the nodes of a survivor run: the survivor takes over when it expired
+SURVIVOR_LEASE_SECONDS = 3.0
+
+
+async def _attempt_with_survivor(
+    target: Target, workdir: Path, scenario: Scenario, record: Record, env: dict[str, str]
+) -> tuple[int | None, list[str]]:
+    """Two nodes on one (PostgreSQL) store: the survivor, without a fault, and the node
+    with ``env``'s fault, which the scenario drives. When that one dies it is not started
+    again: the client goes to the survivor and drives the scenario again from the start, and
+    the survivor takes over what the dead node held once its lease expired. Answers the dead
+    node's exit status (None if it did not die) and what went wrong with the survivor."""
+    problems: list[str] = []
+    lease = SURVIVOR_LEASE_SECONDS
+    async with serving(
+        target, workdir, scenario, {faults.ENV: ""}, "crash-survivor", lease
+    ) as survivor:
+        try:
+            async with serving(target, workdir, scenario, env, "crash-node", lease) as node:
+                died = await _drive(target, scenario, record, node)
+                if died is None:
+                    died = await _stop(node)
+        except ServerGone as exc:  # it died while starting
+            assert exc.status is not None
+            died = exc.status
+        if died is not None:
+            again = await _drive(target, scenario, record, survivor)
+            if again is not None:
+                problems.append(f"the survivor died with status {again}")
+                return died, problems
+        status = await _stop(survivor)
+        if status is not None:
+            problems.append(f"the survivor stopped with status {status}")
+    return died, problems
 
 
 async def run_point(
@@ -238,20 +345,32 @@ async def run_point(
     point: int,
     workdir: Path,
     pg_dsn: str | None = None,
+    survivor: bool = False,
 ) -> Outcome:
     """Crash ``scenario`` on a fresh ``kind`` store at commit ``point`` (``where``: before or
-    after it), restart, finish, and check (see the module docstring)."""
-    outcome = Outcome(scenario.name, kind, where, point)
+    after it), restart, finish, and check (see the module docstring). With ``survivor``
+    (PostgreSQL), a second node runs throughout and finishes in place of the crashed one,
+    which does not come back (:func:`_attempt_with_survivor`)."""
+    outcome = Outcome(scenario.name, kind + ("+survivor" if survivor else ""), where, point)
     started = time.monotonic()
     record = Record()
     async with fresh_target(kind, workdir, pg_dsn) as target:
-        run_dir = workdir / f"{scenario.name}-{kind}-{where}-{point}"
+        run_dir = workdir / f"{scenario.name}-{outcome.store}-{where}-{point}"
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            status = await _attempt(
-                target, run_dir, scenario, record, {faults.ENV: f"{where}:{point}"}
-            )
-            if status is not None:
+            outcome.violations += await _set_up(target, run_dir, scenario, record)
+            fault = {faults.ENV: f"{where}:{point}"}
+            if survivor:
+                status, problems = await _attempt_with_survivor(
+                    target, run_dir, scenario, record, fault
+                )
+                outcome.violations += problems
+                if status is not None and status != faults.CRASH_EXIT:
+                    outcome.violations.append(f"the node died with status {status}, not the fault")
+                outcome.crashed = status is not None
+            else:
+                status = await _attempt(target, run_dir, scenario, record, fault)
+            if status is not None and not survivor:
                 if status != faults.CRASH_EXIT:
                     outcome.violations.append(f"the node died with status {status}, not the fault")
                 outcome.crashed = True
@@ -283,6 +402,7 @@ async def count_points(
     async with fresh_target(kind, workdir, pg_dsn) as target:
         env = {faults.ENV: "count", faults.LOG_ENV: str(log)}
         try:
+            violations += await _set_up(target, run_dir, scenario, record)
             status = await _attempt(target, run_dir, scenario, record, env)
             if status is not None:
                 violations.append(f"the node died with status {status} without a fault")

@@ -5,13 +5,17 @@ everything holds:
 
 * every input (acknowledged or not: what a client re-sent is the same row) ends with exactly
   one ``stream_start`` and one ``stream_end``, the start first; a cut turn ends
-  ``interrupted`` once and is never started again;
+  ``interrupted`` once and is never started again. A suppressed heartbeat (``suppressed`` in
+  its input's detail) streams nothing by design: it is ``done`` with exactly one
+  ``heartbeat_suppressed`` event and no ``stream_start`` or ``stream_end``; a
+  ``heartbeat_suppressed`` beside a turn is allowed only for a heartbeat cut between that
+  event and its closing (``interrupted``, the event first);
 * no input stays ``queued`` or ``running``;
 * each session's events are numbered 1, 2, … without a gap, up to its ``last_seq``;
 * every acknowledged idempotency key is one row, the one every acknowledgement named;
 * each job occurrence has one run, settled (not ``queued``), whose input had one turn, and
   each input one run at most;
-* each delivery id is one delivery, and each of its targets one input;
+* a delivery answered 2xx is stored, and makes one input in each session it targets;
 * nothing of a deleted session remains (inputs, events, jobs, kv).
 """
 
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 from tests.crash.stores import Snapshot
 
 FINAL = {"done", "failed", "interrupted"}
+#: what a quiet heartbeat stores instead of its stream (actors/scheduling/turns.py)
+SUPPRESSED = "heartbeat_suppressed"
 
 
 @dataclass
@@ -53,7 +59,7 @@ def check(snap: Snapshot, record: Record) -> list[str]:
     # -- inputs: final, one turn each ------------------------------------------------------
     turns: dict[int, list[dict]] = defaultdict(list)
     for event in sorted(snap["events"], key=lambda e: (e["session_id"], e["seq"])):
-        if event["type"] in ("stream_start", "stream_end"):
+        if event["type"] in ("stream_start", "stream_end", SUPPRESSED):
             input_id = _input_id(event["payload"])
             if input_id is not None:
                 turns[input_id].append(event)
@@ -61,9 +67,28 @@ def check(snap: Snapshot, record: Record) -> list[str]:
         if row["state"] not in FINAL:
             out.append(f"input {input_id} ({row['source']}) stays {row['state']}")
             continue
-        if isinstance(row["detail"], dict) and row["detail"].get("folded"):
+        detail = row["detail"] if isinstance(row["detail"], dict) else {}
+        if detail.get("folded"):
             continue  # folded into a running turn: it never had a turn of its own
-        kinds = [e["type"] for e in turns.get(input_id, [])]
+        every = [e["type"] for e in turns.get(input_id, [])]
+        if detail.get("suppressed"):
+            # a quiet heartbeat: logged in its run record, not streamed (by design)
+            if row["state"] != "done" or every != [SUPPRESSED]:
+                out.append(
+                    f"suppressed input {input_id} ({row['source']}, {row['state']}) has"
+                    f" {every or 'no events'} instead of one {SUPPRESSED}, done"
+                )
+            continue
+        kinds = [k for k in every if k != SUPPRESSED]
+        if len(kinds) != len(every) and (
+            row["state"] != "interrupted" or every[0] != SUPPRESSED or len(every) - len(kinds) > 1
+        ):
+            # a heartbeat cut between its heartbeat_suppressed and its closing is closed
+            # interrupted, visibly: that is the only way one may hold both
+            out.append(
+                f"input {input_id} ({row['source']}, {row['state']}) has {every}: a"
+                f" {SUPPRESSED} with a turn that was not cut by a crash"
+            )
         if kinds != ["stream_start", "stream_end"]:
             out.append(
                 f"input {input_id} ({row['source']}, {row['state']}) has {kinds or 'no events'}"
@@ -121,13 +146,24 @@ def check(snap: Snapshot, record: Record) -> list[str]:
             )
 
     # -- webhook deliveries -----------------------------------------------------------------
-    per_delivery = Counter(row.get("delivery_id") for row in snap["webhook_deliveries"])
-    for delivery, n in per_delivery.items():
+    stored = {row["id"] for row in snap["webhook_deliveries"]}  # the delivery id is the key
+    for delivery in sorted(record.deliveries - stored):
+        out.append(f"delivery {delivery} was answered 2xx and is not stored")
+    per_target = Counter(
+        (row["session_id"], row["payload"]["delivery_id"])
+        for row in inputs.values()
+        if isinstance(row.get("payload"), dict) and row["payload"].get("delivery_id")
+    )
+    for (session, delivery), n in sorted(per_target.items()):
         if n > 1:
-            out.append(f"delivery {delivery} stored {n} times")
-    for delivery in record.deliveries:
-        if delivery not in per_delivery:
-            out.append(f"delivery {delivery} was answered 2xx and is not stored")
+            out.append(f"delivery {delivery} made {n} inputs in {session} (one turn each)")
+    for target in snap["webhook_targets"]:
+        if target["state"] == "delivered" and target["input_id"] not in inputs:
+            if target["session_key"] not in record.deleted:
+                out.append(
+                    f"delivery {target['delivery_id']} to {target['session_key']} is delivered"
+                    f" as input {target['input_id']}, which the inbox does not hold"
+                )
 
     # -- deleted sessions -------------------------------------------------------------------
     for session in sorted(record.deleted):
@@ -138,13 +174,32 @@ def check(snap: Snapshot, record: Record) -> list[str]:
                 ("inbox", [r for r in snap["inbox"] if r["session_id"] == session]),
                 ("events", [r for r in snap["events"] if r["session_id"] == session]),
                 ("jobs", [r for r in snap["jobs"] if r["session_id"] == session]),
-                ("kv", [r for r in snap["kv"] if session in str(r.get("key", ""))]),
+                ("kv", [r for r in snap["kv"] if _names(r, session)]),
+                (
+                    "background_tasks",
+                    [r for r in snap["background_tasks"] if r["session_key"] == session],
+                ),
+                ("approvals", [r for r in snap["approvals"] if r["session_id"] == session]),
+                (
+                    "webhook_bindings",
+                    [r for r in snap["webhook_bindings"] if session in r.values()],
+                ),
             )
             if (n := len(rows))
         ]
         if left:
             out.append(f"deleted session {session} left {', '.join(left)}")
     return out
+
+
+def _names(row: dict, session: str) -> bool:
+    """Whether a kv row belongs to ``session`` (its namespace or key names it:
+    ``notify:<session>``, ``recall:<session>``, …)."""
+    for column in ("namespace", "key"):
+        value = str(row.get(column, ""))
+        if value == session or value.endswith(f":{session}") or f":{session}:" in value:
+            return True
+    return False
 
 
 def _ranges(values: list[int]) -> str:

@@ -70,13 +70,16 @@ async def run_sample(
     workdir: Path,
     pg_dsn: str | None,
     parallel: int = 3,
+    survivor: bool = False,
 ) -> list[Outcome]:
     """The sampled crash runs (see :func:`sample`), ``parallel`` at a time."""
     jobs: list[Callable[[], Awaitable[Outcome]]] = []
     for name, store, where, point in sample(scenarios, stores, k, seed):
 
         async def job(name=name, store=store, where=where, point=point) -> Outcome:
-            return await run_point(SCENARIOS[name](), store, where, point, workdir, pg_dsn)
+            return await run_point(
+                SCENARIOS[name](), store, where, point, workdir, pg_dsn, survivor
+            )
 
         jobs.append(job)
     return await run_many(jobs, parallel)
@@ -89,13 +92,15 @@ async def run_full(
     pg_dsn: str | None,
     parallel: int,
     progress: Callable[[str], None],
+    survivor: bool = False,
 ) -> list[Row]:
-    """Every commit point of every scenario on every store, crashed before and after."""
+    """Every commit point of every scenario on every store, crashed before and after (with
+    ``survivor``: on PostgreSQL with a second node that takes over, see ``run_point``)."""
     rows: list[Row] = []
     for store in stores:
         for name in scenarios:
             started = time.monotonic()
-            row = Row(name, store)
+            row = Row(name, store + ("+survivor" if survivor else ""))
             names, violations = await count_points(SCENARIOS[name](), store, workdir, pg_dsn)
             row.points = len(names)
             for v in violations:
@@ -113,7 +118,7 @@ async def run_full(
                         point: int = point,
                     ) -> Outcome:
                         outcome = await run_point(
-                            SCENARIOS[name](), store, where, point, workdir, pg_dsn
+                            SCENARIOS[name](), store, where, point, workdir, pg_dsn, survivor
                         )
                         outcome.operation = names[point - 1]
                         return outcome
@@ -158,9 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help=f"the sample's seed (or {SEED_ENV})")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--workdir", help="keep each run's store and log here")
+    parser.add_argument(
+        "--survivor",
+        action="store_true",
+        help="PostgreSQL, two nodes: the crashed one does not come back, the other takes over",
+    )
     args = parser.parse_args(argv)
     scenarios = args.scenario or list(SCENARIOS)
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
+    if args.survivor:
+        stores = ["postgres"]
     pg_dsn = os.environ.get("TURNSTILE_TEST_PG_DSN")
     if "postgres" in stores and not pg_dsn:
         parser.error("PostgreSQL runs need TURNSTILE_TEST_PG_DSN (scripts/ensure-postgres.sh)")
@@ -171,12 +183,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
 
     if args.full:
-        rows = trio.run(run_full, scenarios, stores, workdir, pg_dsn, args.parallel, progress)
+        rows = trio.run(
+            run_full, scenarios, stores, workdir, pg_dsn, args.parallel, progress, args.survivor
+        )
     else:
         seed = seed_from(args.seed)
         print(f"seed {seed} ({SEED_ENV}={seed} repeats this sample)", flush=True)
         outcomes = trio.run(
-            run_sample, scenarios, stores, args.sample, seed, workdir, pg_dsn, args.parallel
+            run_sample,
+            scenarios,
+            stores,
+            args.sample,
+            seed,
+            workdir,
+            pg_dsn,
+            args.parallel,
+            args.survivor,
         )
         rows = []
         for o in outcomes:

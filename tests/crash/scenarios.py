@@ -15,10 +15,14 @@ one input. The scripted agent runs the turns (``/call <tool> <json>`` calls a to
 from __future__ import annotations
 
 import json
+from collections import Counter
+from datetime import UTC, datetime
 
-from tests.crash.harness import OWNER, Client, Scenario
-from tests.crash.invariants import Record
-from tests.crash.stores import Snapshot
+import trio
+
+from tests.crash.harness import OWNER, TOKEN, Client, Scenario, ServerGone
+from tests.crash.invariants import FINAL, Record
+from tests.crash.stores import Snapshot, Target
 
 
 def _call(tool: str, arguments: dict) -> str:
@@ -67,14 +71,12 @@ class _Fires(Scenario):
         await client.send("s", _call(self.tool, self.arguments), "m1")
 
     def settled(self, snap: Snapshot) -> bool:
-        return super().settled(snap) and all(
-            job["state"] not in ("active", "paused") for job in snap["jobs"]
-        )
+        return _fired(snap)
 
     def check(self, snap: Snapshot, record: Record) -> list[str]:
         out = []
         for job in snap["jobs"]:
-            runs = [r for r in snap["job_runs"] if r["job_id"] == job["id"]]
+            runs = _fired_runs(snap, job["id"])
             if job["state"] != "completed" or job["run_count"] != 1 or len(runs) != 1:
                 out.append(
                     f"job {job['id']} ({job['kind']}) ended {job['state']} with"
@@ -102,6 +104,377 @@ class RecallFire(_Fires):
     arguments = {"call_type": "once", "when": "in 1s", "additional_context_message": "look again"}
 
 
+class _DueLater(_Fires):
+    """A job made by a setup node for later (a minute, a quarter of an hour), then made due
+    in the store: the crash points are those of the node that fires it."""
+
+    has_setup = True
+
+    async def setup(self, client: Client) -> None:
+        await _Fires.drive(self, client)
+
+    async def drive(self, client: Client) -> None:
+        pass  # the job is there, due: the node fires it as it starts
+
+    async def prepared(self, target: Target) -> None:
+        if await target.make_jobs_due() < 1:
+            raise AssertionError(f"{self.name}: the setup made no job")
+
+
+class CheckFire(_DueLater):
+    name = "check"
+    points = 14
+    tool = "schedule_check"
+    arguments = {"delay_minutes": 1, "instructions": "is the build green?"}
+
+
+class CronFire(_DueLater):
+    name = "cron"
+    points = 14
+    tool = "schedule_cron"
+    arguments = {"cron": "* * * * *", "max_runs": 1, "prompt": "tick", "action_type": "llm_prompt"}
+
+
+class HeartbeatFire(_DueLater):
+    """``set_heartbeat`` (a dedicated session, the default), made due: its turn answers
+    briefly without a tool call, so it is suppressed (done, ``suppressed`` in its detail, a
+    ``heartbeat_suppressed`` event, no stream: the invariants check that), unless a crash cut
+    it. The job stays active (it recurs every 15 minutes): over once it ran and settled."""
+
+    name = "heartbeat"
+    points = 15
+    tool = "set_heartbeat"
+    arguments = {"enabled": True, "interval_minutes": 15}
+
+    def settled(self, snap: Snapshot) -> bool:
+        beats = [row for row in snap["inbox"] if row["source"] == "heartbeat"]
+        return Scenario.settled(self, snap) and bool(beats)
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        out = []
+        jobs = [job for job in snap["jobs"] if job["kind"] == "heartbeat"]
+        if len(jobs) != 1:
+            return [f"{len(jobs)} heartbeat jobs (expected one)"]
+        job = jobs[0]
+        runs = _fired_runs(snap, job["id"])
+        beats = [row for row in snap["inbox"] if row["source"] == "heartbeat"]
+        if job["state"] != "active" or len(runs) != 1 or job["run_count"] != 1:
+            out.append(
+                f"heartbeat {job['id']} is {job['state']} with run_count {job['run_count']}"
+                f" and {len(runs)} runs (expected active, one)"
+            )
+        if len(beats) != 1 or [r["input_id"] for r in runs] != [b["id"] for b in beats]:
+            out.append(
+                f"heartbeat runs name inputs {[r['input_id'] for r in runs]}, the inbox"
+                f" holds heartbeat inputs {[b['id'] for b in beats]}"
+            )
+        for beat in beats:
+            if beat["state"] not in ("done", "interrupted"):
+                out.append(f"heartbeat input {beat['id']} ended {beat['state']}")
+        return out
+
+
+GITHUB_SECRET = "crash-harness-github-secret-0123"
+DELIVERY = "crash-delivery-1"
+
+
+class WebhookDelivery(Scenario):
+    """A signed GitHub ``check_run`` (a failure) to a session bound to its pull request; the
+    repository is the dev user's. GitHub's redelivery keeps the delivery id: a re-sent one is
+    answered 200 ``duplicate`` and runs no second turn."""
+
+    name = "webhook"
+    points = 19
+    config = (
+        f'[webhooks.github]\nsecret = "{GITHUB_SECRET}"\n'
+        '[webhooks.github.repos."acme/app"]\nuser = "dev"\n'
+    )
+
+    async def drive(self, client: Client) -> None:
+        from tests.support.github import check_run_event, signed
+
+        await client.create_session("s")
+        await client.request(
+            "POST", "/sessions/s/bindings", json={"source": "github:acme/app#3"}, ok=(200, 201)
+        )
+        body = check_run_event(owner="acme", repo="app", pr=3)
+        delivery = signed("check_run", body, secret=GITHUB_SECRET, delivery=DELIVERY)
+        await client.request("POST", "/webhooks/github", ok=(200, 202), **delivery)
+        client.record.deliveries.add(f"github:{DELIVERY}")
+
+    def settled(self, snap: Snapshot) -> bool:
+        return super().settled(snap) and all(
+            t["state"] != "accepted" for t in snap["webhook_targets"]
+        )
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        out = []
+        inputs = [
+            row
+            for row in snap["inbox"]
+            if isinstance(row["payload"], dict) and row["payload"].get("delivery_id")
+        ]
+        if record.deliveries and len(inputs) != 1:
+            out.append(f"the delivery answered 2xx made {len(inputs)} inputs (expected one)")
+        for target in snap["webhook_targets"]:
+            if target["state"] != "delivered":
+                out.append(
+                    f"target {target['session_key']} of {target['delivery_id']} is"
+                    f" {target['state']}"
+                )
+        return out
+
+
+class BackgroundTask(Scenario):
+    """A turn starts a background task (``background_run`` of ``clock.now``); the task
+    finishes and tells the session, which runs a turn for it."""
+
+    name = "background"
+    points = 23
+
+    async def drive(self, client: Client) -> None:
+        await client.create_session("s")
+        await client.send("s", _call("background_run", {"name": "clock.now", "params": {}}), "m1")
+
+    def settled(self, snap: Snapshot) -> bool:
+        """No input waits or runs, no task runs, and each finished task told its session
+        (or had 3 s to: then :meth:`check` says it never did)."""
+        if not super().settled(snap):
+            return False
+        for task in snap["background_tasks"]:
+            if task["state"] == "running":
+                return False
+            if not _told(snap, task) and _age(task["finished_at"]) < 3:
+                return False
+        return True
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        out = []
+        tasks = snap["background_tasks"]
+        if len(tasks) > 1:
+            out.append(f"{len(tasks)} background tasks from one tool call")
+        for task in tasks:
+            told = _told(snap, task)
+            if len(told) != 1:
+                out.append(
+                    f"task {task['id']} ended {task['state']} (notified_at"
+                    f" {task['notified_at']}) and told its session {len(told)} times"
+                )
+        return out
+
+
+def _told(snap: Snapshot, task: dict) -> list[dict]:
+    """The inputs that tell ``task``'s session that it ended."""
+    return [
+        row
+        for row in snap["inbox"]
+        if row["source"] != "user" and task["id"] in json.dumps(row["payload"], default=str)
+    ]
+
+
+def _age(when: object) -> float:
+    """Seconds since ``when`` (ISO text on SQLite, a datetime on PostgreSQL); 0 for none."""
+    if when is None:
+        return 0.0
+    at = when if isinstance(when, datetime) else datetime.fromisoformat(str(when))
+    return (datetime.now(UTC) - at).total_seconds()
+
+
+class ApprovalAnswered(Scenario):
+    """A tool whose policy is ``APPROVE`` (``clock.now``, by config): the turn asks, the
+    client approves through ``POST /approvals/{id}/approve``, the call runs."""
+
+    name = "approval"
+    points = 21
+    config = '[policies]\n"clock.now" = "APPROVE"\n'
+
+    async def drive(self, client: Client) -> None:
+        await client.create_session("s")
+        input_id = await client.send("s", _call("clock.now", {}), "m1")
+        deadline = trio.current_time() + 20
+        while trio.current_time() < deadline:
+            listed = await client.request("GET", "/sessions/s/approvals")
+            for approval in listed.json()["approvals"]:
+                await client.request(
+                    "POST", f"/approvals/{approval['approval_id']}/approve", ok=(200, 404, 409)
+                )
+                return
+            snap = await client.target.snapshot()  # type: ignore[union-attr]
+            if any(r["id"] == input_id and r["state"] in FINAL for r in snap["inbox"]):
+                return  # the turn that asked was cut by a crash: nothing to answer
+            await trio.sleep(0.2)
+        raise AssertionError("no approval was asked")
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        out = []
+        for row in snap["inbox"]:
+            if row["state"] != "done":
+                continue
+            types = [
+                e["type"]
+                for e in snap["events"]
+                if e["session_id"] == row["session_id"]
+                and e["type"] in ("approval_required", "approval_resolved", "tool_call")
+            ]
+            if types != ["approval_required", "approval_resolved", "tool_call"]:
+                out.append(
+                    f"input {row['id']} done with {types} (expected one approval"
+                    " asked, answered, the call run)"
+                )
+        return out
+
+
+class MemorySave(Scenario):
+    """A turn saves a fact (``memory.save``): one fact, kept once its turn completed."""
+
+    name = "memory"
+    points = 17
+    FACT = {"category": "preferences", "key": "drink", "value": "tea"}
+
+    async def drive(self, client: Client) -> None:
+        await client.create_session("s")
+        await client.send("s", _call("memory.save", self.FACT), "m1")
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        facts = [f for f in snap["memory_facts"] if f["key"] == "drink"]
+        done = [r for r in snap["inbox"] if r["state"] == "done"]
+        if len(facts) > 1 or (done and not facts):
+            return [f"{len(facts)} facts saved, the turn {'done' if done else 'not done'}"]
+        if facts and (facts[0]["owner"], facts[0]["value"]) != (OWNER, "tea"):
+            return [f"the fact saved is {facts[0]}"]
+        return []
+
+
+class BufferedNotification(Scenario):
+    """A turn sends a notification (``send_notification`` to ``llm_notification``) while no
+    client is attached: the client's copy is buffered; a client then attaches (WebSocket) and
+    gets it, once."""
+
+    name = "notification"
+    points = 22
+
+    async def drive(self, client: Client) -> None:
+        from trio_websocket import open_websocket_url
+
+        await client.create_session("s")
+        arguments = {"channel": "llm_notification", "message": "ding"}
+        await client.send("s", _call("send_notification", arguments), "m1")
+        if not await client.wait_for(lambda snap: bool(snap["inbox"]) and _fired(snap)):
+            raise AssertionError("the turn did not end")
+        url = client.url.replace("http://", "ws://") + "/ws"
+        headers = [(b"authorization", f"Bearer {TOKEN}".encode())]
+        try:
+            async with open_websocket_url(url, extra_headers=headers) as ws:
+                await ws.send_message(json.dumps({"type": "attach", "session_id": "s"}))
+                with trio.move_on_after(3):
+                    while True:
+                        frame = json.loads(await ws.get_message())
+                        if frame.get("type") == "notification":
+                            return
+        except (OSError, ConnectionError, trio.BrokenResourceError) as exc:
+            raise ServerGone(f"websocket: {exc!r}") from None
+        except Exception as exc:  # trio_websocket's own closed/handshake errors
+            if "ConnectionClosed" in type(exc).__name__ or "Handshake" in type(exc).__name__:
+                raise ServerGone(f"websocket: {exc!r}") from None
+            raise
+
+    def settled(self, snap: Snapshot) -> bool:
+        return _fired(snap) and not _buffered(snap)
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        shown = [
+            e["payload"]
+            for e in snap["events"]
+            if e["session_id"] == f"{OWNER}/s" and e["type"] == "notification"
+        ]
+        ids = Counter(p.get("notification_id") for p in shown)
+        out = [f"notification {n} published {k} times" for n, k in ids.items() if k > 1]
+        if _buffered(snap):
+            out.append(f"{len(_buffered(snap))} notifications still buffered after an attach")
+        sent = [
+            e
+            for e in snap["events"]
+            if e["type"] == "tool_call" and e["payload"].get("tool") == "send_notification"
+        ]
+        if sent and sent[0]["payload"].get("ok") and not shown:
+            out.append("the notification was sent, and never reached the client")
+        return out
+
+
+def _fired_runs(snap: Snapshot, job_id: str) -> list[dict]:
+    """The job's runs that ran a turn: a late job's occurrences folded into one
+    (``coalesced``) or passed over (``missed``) are recorded with no input, by design."""
+    return [
+        r
+        for r in snap["job_runs"]
+        if r["job_id"] == job_id and r["state"] not in ("coalesced", "missed")
+    ]
+
+
+def _fired(snap: Snapshot) -> bool:
+    """No input waits or runs, and no job is still to fire."""
+    return Scenario.settled(Scenario(), snap) and all(
+        job["state"] not in ("active", "paused") for job in snap["jobs"]
+    )
+
+
+def _buffered(snap: Snapshot) -> list[dict]:
+    return [
+        row
+        for row in snap["kv"]
+        if str(row["namespace"]).startswith("notify:") and row["key"] != ""
+    ]
+
+
+class DeleteWithAutomations(Scenario):
+    """A session with a cron job and a watcher, deleted (``confirm=true`` cancels the jobs a
+    user made): nothing of it remains. A client that sent the delete re-sends only that."""
+
+    name = "delete"
+    points = 45
+
+    def __init__(self) -> None:
+        self.deleting = False
+
+    async def drive(self, client: Client) -> None:
+        if not self.deleting:
+            await client.create_session("s")
+            cron = {"cron": "0 0 1 1 *", "prompt": "new year", "action_type": "llm_prompt"}
+            await client.send("s", _call("schedule_cron", cron), "m1")
+            watch = {"tool": "clock.now", "interval": 3600}
+            last = await client.send("s", _call("watch_start", watch), "m2")
+            if not await client.wait_for(
+                lambda snap: any(r["id"] == last and r["state"] in FINAL for r in snap["inbox"])
+            ):
+                raise AssertionError("the second turn did not end")
+            self.deleting = True
+        answer = await client.request("DELETE", "/sessions/s?confirm=true", ok=(200, 204, 404))
+        del answer
+        client.record.deleted.add(f"{OWNER}/s")
+
+    def settled(self, snap: Snapshot) -> bool:
+        return super().settled(snap) and not any(r["id"] == f"{OWNER}/s" for r in snap["sessions"])
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        if f"{OWNER}/s" not in record.deleted:
+            return ["the delete was never acknowledged"]
+        return []
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
-    cls.name: cls for cls in (MessageWithToolCall, OnceFire, RecallFire)
+    cls.name: cls
+    for cls in (
+        MessageWithToolCall,
+        OnceFire,
+        RecallFire,
+        HeartbeatFire,
+        CheckFire,
+        CronFire,
+        WebhookDelivery,
+        BackgroundTask,
+        ApprovalAnswered,
+        MemorySave,
+        BufferedNotification,
+        DeleteWithAutomations,
+    )
 }

@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ TABLES: dict[str, tuple[str, ...]] = {
     "webhook_deliveries": (),
     "webhook_targets": (),
     "webhook_bindings": (),
+    "background_tasks": ("args", "result"),
+    "approvals": (),
+    "memory_facts": (),
 }
 
 
@@ -63,6 +67,11 @@ class Target:
     async def snapshot(self) -> Snapshot:  # pragma: no cover - the subclasses'
         raise NotImplementedError
 
+    async def make_jobs_due(self) -> int:  # pragma: no cover - the subclasses'
+        """Move every active job's next occurrence to now, while no node runs (a scenario's
+        setup made it for later: a heartbeat is 15 minutes away at least); answers how many."""
+        raise NotImplementedError
+
 
 class SQLiteTarget(Target):
     kind = "sqlite"
@@ -92,6 +101,25 @@ class SQLiteTarget(Target):
         if not self.path.exists():
             return Snapshot()
         return await trio.to_thread.run_sync(self._read)
+
+    def _make_due(self) -> int:
+        from turnstile.runtime.store.sqlite import SQLiteBackend
+
+        now = SQLiteBackend.db_time(datetime.now(UTC))
+        conn = sqlite3.connect(self.path, timeout=10)
+        try:
+            with conn:
+                cursor = conn.execute(
+                    "UPDATE jobs SET next_fire_at = ?"
+                    " WHERE state = 'active' AND next_fire_at IS NOT NULL",
+                    (now,),
+                )
+            return cursor.rowcount
+        finally:
+            conn.close()
+
+    async def make_jobs_due(self) -> int:
+        return await trio.to_thread.run_sync(self._make_due)
 
 
 class PostgresTarget(Target):
@@ -130,6 +158,17 @@ class PostgresTarget(Target):
                 return snap
             finally:
                 await aio(conn.close, loop=loop)()
+
+    async def make_jobs_due(self) -> int:
+        from tests.runtime.store._support import pg_run
+
+        rows = await pg_run(
+            self.url,
+            "WITH moved AS (UPDATE jobs SET next_fire_at = now()"
+            " WHERE state = 'active' AND next_fire_at IS NOT NULL RETURNING 1)"
+            " SELECT count(*) FROM moved",
+        )
+        return rows[0][0]
 
 
 @asynccontextmanager

@@ -111,3 +111,83 @@ def test_an_occurrence_run_twice_and_a_deleted_session_left_behind_are_caught():
         "job j: run 2 stays queued (never settled)",
         "deleted session dev/s left sessions (1), inbox (1), events (2), jobs (1)",
     ]
+
+
+def _beat(state: str, detail: dict | None) -> list[dict]:
+    return [
+        {
+            "id": 1,
+            "session_id": "dev/s",
+            "source": "heartbeat",
+            "state": state,
+            "detail": detail,
+            "idempotency_key": None,
+        }
+    ]
+
+
+def test_a_suppressed_heartbeat_is_done_with_one_heartbeat_suppressed_and_no_stream():
+    quiet = {"status": "completed", "suppressed": True}
+    held = _store([_turn("dev/s", 1, "heartbeat_suppressed", 1)], _beat("done", quiet))
+    assert check(held, Record()) == []
+    streamed = _store(
+        [
+            _turn("dev/s", 1, "heartbeat_suppressed", 1),
+            _turn("dev/s", 2, "stream_start", 1),
+            _turn("dev/s", 3, "stream_end", 1),
+        ],
+        _beat("done", quiet),
+    )
+    silent = _store([], _beat("done", quiet))
+    assert check(streamed, Record()) + check(silent, Record()) == [
+        "suppressed input 1 (heartbeat, done) has ['heartbeat_suppressed', 'stream_start',"
+        " 'stream_end'] instead of one heartbeat_suppressed, done",
+        "suppressed input 1 (heartbeat, done) has no events instead of one"
+        " heartbeat_suppressed, done",
+    ]
+
+
+def test_a_heartbeat_cut_after_its_heartbeat_suppressed_is_closed_interrupted_once():
+    events = [
+        _turn("dev/s", 1, "heartbeat_suppressed", 1),
+        _turn("dev/s", 2, "stream_start", 1),
+        _turn("dev/s", 3, "stream_end", 1, status="interrupted"),
+    ]
+    assert check(_store(events, _beat("interrupted", {"status": "interrupted"})), Record()) == []
+    assert check(_store(events, _beat("done", {"status": "completed"})), Record()) == [
+        "input 1 (heartbeat, done) has ['heartbeat_suppressed', 'stream_start', 'stream_end']:"
+        " a heartbeat_suppressed with a turn that was not cut by a crash"
+    ]
+
+
+def test_a_delivery_lost_or_run_twice_and_a_buffer_left_behind_are_caught():
+    inputs = [
+        {
+            "id": i,
+            "session_id": "dev/s",
+            "source": "github",
+            "state": "done",
+            "detail": None,
+            "idempotency_key": None,
+            "payload": {"delivery_id": "github:d1"},
+        }
+        for i in (1, 2)
+    ]
+    events = [
+        _turn("dev/s", n + 1, k, i)
+        for i in (1, 2)
+        for n, k in enumerate(["stream_start", "stream_end"], start=2 * (i - 1))
+    ]
+    snap = _store(
+        events,
+        inputs,
+        webhook_deliveries=[{"id": "github:d1"}],
+        kv=[{"namespace": "notify:dev/s", "key": "00000000000000000001"}],
+    )
+    record = Record(deliveries={"github:d1", "github:d2"})
+    record.deleted.add("dev/s")
+    assert check(snap, record) == [
+        "delivery github:d2 was answered 2xx and is not stored",
+        "delivery github:d1 made 2 inputs in dev/s (one turn each)",
+        "deleted session dev/s left sessions (1), inbox (2), events (4), kv (1)",
+    ]
