@@ -43,10 +43,13 @@ is read in one place.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
+import trio
 from msgspec import UNSET, UnsetType
 from starlette.responses import Response
 
@@ -56,6 +59,7 @@ from turnstile.actors.webhooks.github import EVENTS, parse_event
 from turnstile.actors.webhooks.service import Delivery, Ingress, RateLimited, iso
 from turnstile.actors.webhooks.settings import HookConfig, WebhooksConfig
 from turnstile.actors.webhooks.signatures import SignatureRefused, verify_github, verify_standard
+from turnstile.actors.webhooks.spool import Spool, Spooled, SpoolFull
 from turnstile.actors.webhooks.template import RouteTemplate
 from turnstile.actors.webhooks.tools import Source, binding_view
 from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
@@ -65,6 +69,7 @@ from turnstile.runtime.errors import (
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
+    StoreUnavailable,
     TurnstileError,
 )
 from turnstile.runtime.gateway.routes import (
@@ -77,7 +82,9 @@ from turnstile.runtime.gateway.routes import (
     decode_query,
 )
 
-__all__ = ["SignedHook", "webhook_routes"]
+__all__ = ["Receivers", "SignedHook", "webhook_routes"]
+
+log = logging.getLogger("turnstile.webhooks")
 
 #: GitHub's delivery ids are GUIDs; anything printable and short is taken.
 _DELIVERY = re.compile(r"[A-Za-z0-9._:-]{1,100}\Z")
@@ -129,13 +136,16 @@ class DeliveriesQuery(msgspec.Struct, forbid_unknown_fields=True):
 _BIND = Codec(BindBody, max_depth=4)
 
 
-class Accepted(msgspec.Struct):
+class Accepted(msgspec.Struct, omit_defaults=True):
     """A new delivery, recorded and queued in ``sessions`` sessions (or recorded
-    ``unrouted``: no session was bound to it)."""
+    ``unrouted``: no session was bound to it); or, while the store is unavailable, ``spooled``:
+    kept on the node's disk and ingested once the store is back (``sessions`` and ``unrouted``
+    are not known yet, and absent)."""
 
     accepted: bool
-    sessions: int
-    unrouted: bool
+    sessions: int | UnsetType = UNSET
+    unrouted: bool | UnsetType = UNSET
+    spooled: bool | UnsetType = UNSET
 
 
 class Answered(msgspec.Struct, omit_defaults=True):
@@ -271,14 +281,152 @@ def _counted(node: NodeContext, handler: RouteHandler, label: Any) -> RouteHandl
     return counted
 
 
+class Receivers:
+    """The receivers' second half: a delivery whose signature was checked, ingested
+    (``deliver``), or spooled when the store is unavailable (``accept``).
+
+    What needs no store is read here again from the raw body (GitHub's event, a hook's JSON
+    and its session template), so a spooled delivery is ingested as it would have been. The
+    signature is not checked here: the route checked it before, and a replayed file was
+    written only after it (a Standard Webhooks timestamp would be stale by then).
+
+    Args:
+        config: ``[webhooks]``.
+        ingress: the service.
+        hooks: the declared hooks with a secret, by name.
+        spool: where deliveries wait out an outage (None: they are answered 503).
+        spooled: called after a file is written (the replayer's nudge).
+    """
+
+    def __init__(
+        self,
+        config: WebhooksConfig,
+        ingress: Ingress,
+        hooks: dict[str, SignedHook],
+        spool: Spool | None = None,
+        spooled: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.ingress = ingress
+        self.hooks = hooks
+        self.spool = spool
+        self.spooled = spooled
+
+    async def accept(self, entry: Spooled) -> Any:
+        """The route's answer for a verified delivery: ingested (202, or 200 for a duplicate),
+        or written to the spool when the store is unavailable (``202 {"spooled": true}``)."""
+        try:
+            answer = await self.deliver(entry)
+        except StoreUnavailable:
+            if self.spool is None:
+                raise
+            try:
+                await trio.to_thread.run_sync(self.spool.write, entry)
+            except SpoolFull:
+                raise StoreUnavailable("the store is unavailable and the spool full") from None
+            self.ingress.count_delivery("spooled", entry.hook)
+            log.warning(
+                "webhooks: %s delivery %s met an unavailable store: spooled",
+                entry.hook,
+                entry.delivery,
+            )
+            if self.spooled is not None:
+                self.spooled()
+            return _json({"accepted": True, "spooled": True}, 202)
+        if answer.get("duplicate") or answer.get("ignored"):
+            return answer
+        return _json(answer, 202)
+
+    async def deliver(self, entry: Spooled) -> dict[str, Any]:
+        """Ingest a verified delivery (``Ingress.ingest``'s answer, or an ``ignored`` one).
+
+        Raises:
+            StoreUnavailable: the store cannot take it now.
+            DecodeError: the body (or a header kept with it) does not parse.
+            UnknownHook: a spooled delivery's hook is no longer declared.
+        """
+        if entry.hook == "github":
+            return await self._github(entry.event, entry.delivery, entry.body)
+        hook = self.hooks.get(entry.hook)
+        if hook is None:
+            raise UnknownHook(f"no webhook named {entry.hook!r}")
+        return await self._standard(entry.hook, hook, entry.delivery, entry.body)
+
+    async def _github(self, event: str, delivery: str, body: bytes) -> dict[str, Any]:
+        ingress, config = self.ingress, self.config
+        if not _EVENT.match(event) or event not in EVENTS or not _DELIVERY.match(delivery):
+            raise DecodeError(f"not a GitHub event this node takes: {event!r}", "event")
+        failure = parse_event(event, body, workflow_cancelled=config.github.workflow_cancelled)
+        if failure == "ignored":
+            ingress.count_delivery("ignored", "github")
+            return {"ignored": True, "reason": "not a completed failure"}
+        repo = config.github.repo(failure.owner, failure.repo)
+        # only sessions of users the repository lets bind, however old their binding
+        binders = config.github.binders(failure.owner, failure.repo)
+        owner, fallback = None, []
+        if repo is not None and repo.user:
+            owner = repo.user
+            if repo.session:
+                key = session_key(repo.user, repo.session)
+                if await ingress.session_exists(key):
+                    fallback = [(key, repo.user)]
+        return await ingress.ingest(
+            Delivery(
+                id=f"github:{delivery}",
+                hook="github",
+                event=event,
+                source_ref=failure.source_ref,
+                content=failure.content,
+                payload=failure.payload,
+                source_keys=failure.source_keys,
+                owners=None if binders is None else sorted(binders),
+                fallback=fallback,
+                owner=owner,
+                event_key=failure.identity,
+            )
+        )
+
+    async def _standard(
+        self, name: str, hook: SignedHook, webhook_id: str, body: bytes
+    ) -> dict[str, Any]:
+        ingress = self.ingress
+        try:
+            payload = _OBJECT.decode_json(body)
+        except DecodeError as exc:
+            raise DecodeError(
+                f"the body must be a JSON object: {exc}", exc.field or "body"
+            ) from None
+        session = hook.template.render(payload)
+        user = hook.config.user
+        key = session_key(user, session)
+        fallback = [(key, user)] if await ingress.session_exists(key) else []
+        kind = payload.get("type")
+        event = kind if isinstance(kind, str) and _EVENT.match(kind.replace(".", "_")) else "event"
+        quoted = body.decode("utf-8", "replace")
+        if len(quoted) > MAX_QUOTED_CHARS:
+            quoted = quoted[:MAX_QUOTED_CHARS] + "…"
+        return await ingress.ingest(
+            Delivery(
+                id=f"hook:{name}:{webhook_id}",
+                hook=name,
+                event=event,
+                source_ref=f"{name}:{webhook_id}",
+                content=f"[WEBHOOK {name}] {event}\n{quoted}",
+                payload={"data": payload, "session": session},
+                fallback=fallback,
+                owner=user,
+            )
+        )
+
+
 def webhook_routes(
     node: NodeContext,
-    ingress: Ingress,
+    receivers: Receivers,
     github_secret: bytes | None,
-    hooks: dict[str, SignedHook],
 ) -> list[HttpRoute]:
     """The routes: GitHub's when it has a secret, the declared hooks', unrouted, bindings."""
     config = node.section("webhooks", WebhooksConfig)
+    ingress, hooks = receivers.ingress, receivers.hooks
     routes: list[HttpRoute] = []
 
     def github_receiver(secret: bytes) -> RouteHandler:
@@ -303,36 +451,7 @@ def webhook_routes(
             if event not in EVENTS:
                 ingress.count_delivery("ignored", "github")
                 return {"ignored": True, "reason": f"{event} events wake nobody"}
-            failure = parse_event(event, body, workflow_cancelled=config.github.workflow_cancelled)
-            if failure == "ignored":
-                ingress.count_delivery("ignored", "github")
-                return {"ignored": True, "reason": "not a completed failure"}
-            repo = config.github.repo(failure.owner, failure.repo)
-            # only sessions of users the repository lets bind, however old their binding
-            binders = config.github.binders(failure.owner, failure.repo)
-            owner, fallback = None, []
-            if repo is not None and repo.user:
-                owner = repo.user
-                if repo.session:
-                    key = session_key(repo.user, repo.session)
-                    if await ingress.session_exists(key):
-                        fallback = [(key, repo.user)]
-            answer = await ingress.ingest(
-                Delivery(
-                    id=f"github:{delivery}",
-                    hook="github",
-                    event=event,
-                    source_ref=failure.source_ref,
-                    content=failure.content,
-                    payload=failure.payload,
-                    source_keys=failure.source_keys,
-                    owners=None if binders is None else sorted(binders),
-                    fallback=fallback,
-                    owner=owner,
-                    event_key=failure.identity,
-                )
-            )
-            return answer if answer.get("duplicate") else _json(answer, 202)
+            return await receivers.accept(Spooled("github", delivery, event, body))
 
         return github
 
@@ -347,34 +466,7 @@ def webhook_routes(
             hook.key, body, request.headers, node.clock.now(), hook.config.tolerance_seconds
         )
         ingress.admit(name, hook.config.rate_per_minute)
-        try:
-            payload = _OBJECT.decode_json(body)
-        except DecodeError as exc:
-            raise DecodeError(
-                f"the body must be a JSON object: {exc}", exc.field or "body"
-            ) from None
-        session = hook.template.render(payload)
-        user = hook.config.user
-        key = session_key(user, session)
-        fallback = [(key, user)] if await ingress.session_exists(key) else []
-        kind = payload.get("type")
-        event = kind if isinstance(kind, str) and _EVENT.match(kind.replace(".", "_")) else "event"
-        quoted = body.decode("utf-8", "replace")
-        if len(quoted) > MAX_QUOTED_CHARS:
-            quoted = quoted[:MAX_QUOTED_CHARS] + "…"
-        answer = await ingress.ingest(
-            Delivery(
-                id=f"hook:{name}:{webhook_id}",
-                hook=name,
-                event=event,
-                source_ref=f"{name}:{webhook_id}",
-                content=f"[WEBHOOK {name}] {event}\n{quoted}",
-                payload={"data": payload, "session": session},
-                fallback=fallback,
-                owner=user,
-            )
-        )
-        return answer if answer.get("duplicate") else _json(answer, 202)
+        return await receivers.accept(Spooled(name, webhook_id, "", body))
 
     async def unrouted(request: ApiRequest) -> Any:
         query = _query(request, UnroutedQuery)
@@ -455,7 +547,7 @@ def webhook_routes(
 
     admins_only = "403 `forbidden` for `all_users=true` without `[webhooks] admins`."
     receiver = {
-        202: Reply(Accepted, "Recorded and queued (or recorded unrouted)"),
+        202: Reply(Accepted, "Recorded and queued (or recorded unrouted), or spooled"),
         200: Reply(Answered, "Nothing new to do: a duplicate, a ping, or an ignored event"),
         429: Reply(
             ErrorAnswer,

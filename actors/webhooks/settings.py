@@ -7,6 +7,8 @@ Example::
     max_body_bytes = 1048576      # a larger body is refused (413)
     rate_per_minute = 600         # authenticated deliveries per hook per minute (429 beyond)
     admins = ["ada"]              # may list every user's unrouted events
+    spool_dir = ""                # deliveries met by a store outage wait here (see below)
+    spool_max_files = 10000       # beyond, a delivery during an outage is answered 503
 
     [webhooks.github]
     secret = ""                   # empty: env TURNSTILE_GITHUB_WEBHOOK_SECRET; unset: no route
@@ -224,6 +226,13 @@ class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True):
         admins: users who may list every user's unrouted events.
         redeliver_seconds: how often deliveries not yet in their session's inbox (a full
             queue, a crash between the two steps) are tried again; also at start-up.
+        spool_dir: where a signed delivery that meets an unavailable store is kept until the
+            store is back (``spool.py``). Empty: beside a SQLite store's file
+            (``<file>.webhook-spool``), else ``./turnstile-spool/<[node] id>``, or
+            ``./turnstile-spool/<host name>-<port>`` without one. One node per folder (a
+            lock): a second process on the same folder spools nothing.
+        spool_max_files: the most deliveries spooled at once; beyond, a delivery during an
+            outage is answered 503 (the sender retries, or it is lost as without a spool).
         github: ``[webhooks.github]``.
         hooks: ``[webhooks.hooks.<name>]``, the Standard Webhooks senders.
     """
@@ -235,6 +244,8 @@ class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_bindings_per_session: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
     admins: list[str] = msgspec.field(default_factory=list)
     redeliver_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 60.0
+    spool_dir: str = ""
+    spool_max_files: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
     github: GitHubConfig = msgspec.field(default_factory=GitHubConfig)
     hooks: dict[str, HookConfig] = msgspec.field(default_factory=dict)
 
