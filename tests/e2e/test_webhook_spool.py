@@ -9,6 +9,7 @@ A node served on loopback on PostgreSQL through a TCP proxy the test controls
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,19 +20,27 @@ import trio
 
 from tests.runtime.store._support import pg_schema
 from tests.support.agents import SeeingAgent
-from tests.support.github import GITHUB_SECRET, check_run_event, deliver
+from tests.support.github import GITHUB_SECRET, check_run_event, deliver, standard
 from tests.support.node import TOKENS, Node
 from tests.support.polling import eventually
 from tests.support.tcpproxy import open_tcp_proxy
 from turnstile.actors.config import Config
 from turnstile.actors.node import open_node
-from turnstile.actors.webhooks.settings import GitHubConfig, RepoConfig, WebhooksConfig
+from turnstile.actors.webhooks.settings import (
+    GitHubConfig,
+    HookConfig,
+    RepoConfig,
+    WebhooksConfig,
+)
 
 #: acme/app's events go to alice's session "ci" when no session is bound to them
 GITHUB = GitHubConfig(
     secret=GITHUB_SECRET, repos={"acme/app": RepoConfig(user="alice", session="ci")}
 )
 DELIVERY = "5f0c8b2a-0000-4000-8000-00000000abcd"
+DEPLOYS = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+#: a Standard Webhooks hook whose timestamps are good for a second only
+HOOKS = {"deploys": HookConfig(user="alice", secret=DEPLOYS, session="ci", tolerance_seconds=1)}
 
 
 @pytest.fixture
@@ -47,7 +56,9 @@ async def database(pg_dsn):
 
 @asynccontextmanager
 async def node_on(url: str, spool: Path, agent: SeeingAgent):
-    config = Config(port=0, store=url, webhooks=WebhooksConfig(github=GITHUB, spool_dir=str(spool)))
+    config = Config(
+        port=0, store=url, webhooks=WebhooksConfig(github=GITHUB, hooks=HOOKS, spool_dir=str(spool))
+    )
     async with open_node(config, tokens=TOKENS, agent=agent) as node:
         yield Node(url=node.url, ws_url=node.url.replace("http://", "ws://") + "/ws")
 
@@ -160,3 +171,30 @@ async def test_a_spooled_delivery_the_store_already_has_is_removed_without_a_sec
             assert not list((spool / "failed").iterdir())
             await trio.sleep(2)
     assert len(webhook_turns(*agents)) == 1
+
+
+async def test_a_standard_webhook_spooled_in_a_cut_runs_after_its_timestamp_went_stale(
+    database, tmp_path
+):
+    url, proxy = database
+    spool, agent = tmp_path / "spool", SeeingAgent()
+    async with node_on(url, spool, agent) as node, node.http() as http:
+        assert (await http.post("/sessions", json={"id": "ci"})).status_code == 201
+        await proxy.cut()
+        body = {"type": "deploy.finished", "service": "api"}
+        async with httpx.AsyncClient(base_url=node.url) as sender:
+            answer = await sender.post(
+                "/webhooks/deploys",
+                **standard(DEPLOYS, body, msg_id="msg_1", timestamp=int(time.time())),
+            )
+        assert (answer.status_code, answer.json()) == (202, {"accepted": True, "spooled": True})
+        await trio.sleep(3)  # past the hook's tolerance: the replay does not check it again
+        proxy.heal()
+
+        async def ran() -> bool:
+            return len(webhook_turns(agent)) == 1 and not spooled(spool)
+
+        await eventually(ran)
+        (turn,) = webhook_turns(agent)
+        assert turn.content.startswith("[WEBHOOK deploys] deploy.finished")
+        assert not list((spool / "failed").iterdir())
