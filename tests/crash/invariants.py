@@ -21,6 +21,7 @@ everything holds:
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -193,13 +194,22 @@ def check(snap: Snapshot, record: Record) -> list[str]:
 
 
 def _names(row: dict, session: str) -> bool:
-    """Whether a kv row belongs to ``session`` (its namespace or key names it:
-    ``notify:<session>``, ``recall:<session>``, …)."""
+    """Whether a kv row belongs to ``session``: its namespace or key names it
+    (``notify:<session>``, ``recall:<session>``, …) or its value is that session's (a
+    watcher's row: ``{"session_id": …}``)."""
     for column in ("namespace", "key"):
         value = str(row.get(column, ""))
         if value == session or value.endswith(f":{session}") or f":{session}:" in value:
             return True
-    return False
+        if value.startswith((f"{session}:", f"{session}/", f"{session}\x1f")):  # (watchers)
+            return True
+    value = row.get("value")
+    if isinstance(value, str):  # (a JSON column is decoded by stores.py; kv's is not listed)
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return False
+    return isinstance(value, dict) and value.get("session_id") == session  # (watchers)
 
 
 def _ranges(values: list[int]) -> str:

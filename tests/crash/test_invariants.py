@@ -191,3 +191,17 @@ def test_a_delivery_lost_or_run_twice_and_a_buffer_left_behind_are_caught():
         "delivery github:d1 made 2 inputs in dev/s (one turn each)",
         "deleted session dev/s left sessions (1), inbox (2), events (4), kv (1)",
     ]
+
+
+def test_a_deleted_sessions_watcher_rows_are_caught():
+    snap = Snapshot(
+        {
+            "kv": [
+                {"namespace": "watchers", "key": "w1", "value": {"session_id": "dev/s"}},
+                {"namespace": "watchers-index", "key": "dev/s\x1fw1", "value": {}},
+                {"namespace": "watchers", "key": "w2", "value": {"session_id": "dev/other"}},
+            ]
+        }
+    )
+    record = Record(deleted={"dev/s"})
+    assert check(snap, record) == ["deleted session dev/s left kv (2)"]
