@@ -135,6 +135,9 @@ class Scenario:
     config: str = ""
     #: the scenario has a :meth:`setup`, run on a node without a fault before the crash run
     has_setup: bool = False
+    #: a violation it finds that is reported and not fixed yet (docs/reliability.md): the
+    #: suite's sample leaves the scenario out while this is set; the command line runs it
+    known_violation: str = ""
 
     async def setup(self, client: Client) -> None:
         """What a node without a fault makes first (the crash points are those of the node

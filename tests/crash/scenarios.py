@@ -234,6 +234,11 @@ class BackgroundTask(Scenario):
 
     name = "background"
     points = 23
+    known_violation = (
+        "a crash right after a task's end is stored (execution.finish, which also sets"
+        " notified_at) and before its session is told loses the notice: nothing tells it"
+        " at the next start (docs/reliability.md, 'Found')"
+    )
 
     async def drive(self, client: Client) -> None:
         await client.create_session("s")
