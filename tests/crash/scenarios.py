@@ -442,6 +442,11 @@ class DeleteWithAutomations(Scenario):
 
     name = "delete"
     points = 45
+    known_violation = (
+        "a crash after delete_session's commit and before the watchers' rows are deleted"
+        " leaves the watcher in kv 'watchers': the restarted node restores it and runs it for"
+        " a session that is gone (docs/reliability.md, 'Found')"
+    )
 
     def __init__(self) -> None:
         self.deleting = False
