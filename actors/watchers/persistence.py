@@ -31,6 +31,7 @@ import trio
 
 from turnstile.actors.watchers.base import WatcherBase
 from turnstile.actors.watchers.state import HISTORY_CHUNKS, HISTORY_SIZE, Watcher
+from turnstile.runtime.errors import NotFound
 
 log = logging.getLogger("turnstile.watcher")
 
@@ -38,6 +39,11 @@ NAMESPACE = "watchers"
 #: Several nodes: a copy of each watcher's row under ``index_key`` (``cluster.py``), so that
 #: a session's or a user's watchers are one range read.
 INDEX = "watchers.index"
+
+
+def _chunk_keys(watcher_id: str) -> list[str]:
+    """The keys of a watcher's history chunks in ``NAMESPACE``."""
+    return [f"{watcher_id}/h{k:02d}" for k in range(HISTORY_CHUNKS)]
 
 
 def index_key(session_id: str, watcher_id: str) -> str:
@@ -75,12 +81,46 @@ class PersistenceMixin(WatcherBase):
                 chunks.setdefault(wid, []).extend(value.get("entries", []))
             else:
                 states[key] = value
+        await self._drop_of_gone_sessions(states, chunks)
         orphans = [
             f"{wid}/h{k:02d}" for wid in chunks if wid not in states for k in range(HISTORY_CHUNKS)
         ]
         if orphans:
             await self.store.kv_delete(NAMESPACE, orphans)
         return states, chunks
+
+    async def _drop_of_gone_sessions(
+        self, states: dict[str, dict[str, Any]], chunks: dict[str, list[list[Any]]]
+    ) -> None:
+        """Delete (and leave out of ``states``) the watchers whose session no longer exists:
+        a node that died between deleting a session and deleting its watchers left them
+        (issue 23's crash harness, scenario ``delete``); restored, they would run forever for
+        nobody."""
+        gone: set[str] = set()
+        for session_id in {state.get("session_id") for state in states.values()}:
+            if not isinstance(session_id, str):
+                continue
+            try:
+                await self.store.get_session(session_id)
+            except NotFound:
+                gone.add(session_id)
+        dead = [wid for wid, state in states.items() if state.get("session_id") in gone]
+        if not dead:
+            return
+        log.warning(
+            "%d watcher(s) of deleted sessions (%s) were left by an interrupted delete:"
+            " deleted now",
+            len(dead),
+            ", ".join(sorted(gone)),
+        )
+        keys = [key for wid in dead for key in (wid, *_chunk_keys(wid))]
+        await self.store.kv_delete(NAMESPACE, keys)
+        await self.store.kv_delete(
+            INDEX, [index_key(states[wid]["session_id"], wid) for wid in dead]
+        )
+        for wid in dead:
+            del states[wid]
+            chunks.pop(wid, None)
 
     def _restore(self, wid: str, state: dict[str, Any], entries) -> Watcher | None:
         """Add a stored watcher and schedule it (running: on its grid); None if unreadable."""

@@ -430,6 +430,28 @@ async def test_watchers_survive_a_restart_running_resume_paused_stay_paused(auto
 
 
 @pytest.mark.guard(DAY)
+async def test_a_watcher_whose_session_was_deleted_across_a_crash_is_not_restored(autojump_clock):
+    """Found by the crash harness (issue 23, scenario ``delete``): a node that dies after a
+    session's row is deleted and before its watchers' rows are leaves them; the next start
+    restored them and ran them for a session that no longer exists."""
+    async with watching() as w:
+        wid = await w.start(interval=10)
+        await w.ref.stop()
+        await w.n.store.delete_session("s")  # what the crash kept of the delete
+        assert await w.n.store.kv_list(NAMESPACE) != []
+        ref = await w.n.sup.spawn(
+            lambda: WatcherActor(watch_runner(w.tools), w.n.publish, w.n.store, w.n.clock),
+            name="watchers-again",
+        )
+        calls = len(w.probe.calls)
+        await trio.sleep(60)
+        assert len(w.probe.calls) == calls  # it does not run
+        assert await w.n.store.kv_list(NAMESPACE) == []
+        assert ref._cell.actor.watchers == {}
+        del wid
+
+
+@pytest.mark.guard(DAY)
 async def test_check_results_are_flushed_together_at_most_every_persist_interval(
     autojump_clock,
 ):
