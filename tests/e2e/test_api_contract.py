@@ -225,7 +225,8 @@ def test_every_operation_answers_as_the_document_says(api, node_url):
             failed[operation.label] = exc
     assert not failed, "\n\n".join(f"{label}: {exc}" for label, exc in failed.items())
     # How long it took is the suite's budget (CI under 6 minutes; pytest --durations shows it),
-    # not the API's promise: about 20 s on a quiet 2-core box, 100 s at load 8, so a figure.
+    # not the API's promise: 18 s on this 2-core box at load 5-9, 100-170 s at load 9-17, so
+    # a figure.
     print(f"{len(operations)} operations in {time.monotonic() - started:.0f} s")
 
 
