@@ -443,9 +443,9 @@ class DeleteWithAutomations(Scenario):
     name = "delete"
     points = 45
     known_violation = (
-        "a crash after delete_session's commit and before the watchers' rows are deleted"
-        " leaves the watcher in kv 'watchers': the restarted node restores it and runs it for"
-        " a session that is gone (docs/reliability.md, 'Found')"
+        "PostgreSQL (several-node placement): a crash between deleting a watcher's row and"
+        " its index entry (actors/watchers/actor.py _stop) leaves the entry in kv"
+        " 'watchers.index' (docs/reliability.md, 'Found')"
     )
 
     def __init__(self) -> None:
