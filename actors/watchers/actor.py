@@ -387,11 +387,13 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
             for w in watchers:
                 self._dirty.discard(w.id)
             self._dirty_chunks = {c for c in self._dirty_chunks if c[0] in self.watchers}
-            if keys:
-                await self.store.kv_delete(NAMESPACE, keys)
+            items = [(NAMESPACE, key) for key in keys]
             if self.share is not None and watchers:
                 self._gone.update(w.id for w in watchers)
-                await self.store.kv_delete(INDEX, [index_key(w.session_id, w.id) for w in watchers])
+                items += [(INDEX, index_key(w.session_id, w.id)) for w in watchers]
+            # one commit: a crash between the row and its index entry left the entry behind
+            # (issue 23's crash harness, scenario ``delete`` on PostgreSQL)
+            await self.store.kv_delete_items(items)
         if announce:
             for watcher in watchers:
                 watcher.state = "stopped"

@@ -12,7 +12,7 @@ last result hash and bounded value, error streak, debounce/cooldown state, summa
 check time). The history ring (100 entries) is stored in chunks of ``HISTORY_CHUNK`` entries
 under ``<watcher_id>/hNN``, so a check rewrites one small chunk rather than the whole ring.
 Start, pause, resume and stop are written through at once. Check results are written behind:
-dirty watchers (and dirty chunks) are flushed together, in one ``kv_put``, at most every
+dirty watchers (and dirty chunks) are flushed together, in one commit, at most every
 ``persist_interval`` seconds, and on stop. So a kill -9 loses at most the checks of the last
 flush window (counts and history a second behind); it never loses a watcher.
 
@@ -113,11 +113,9 @@ class PersistenceMixin(WatcherBase):
             len(dead),
             ", ".join(sorted(gone)),
         )
-        keys = [key for wid in dead for key in (wid, *_chunk_keys(wid))]
-        await self.store.kv_delete(NAMESPACE, keys)
-        await self.store.kv_delete(
-            INDEX, [index_key(states[wid]["session_id"], wid) for wid in dead]
-        )
+        items = [(NAMESPACE, key) for wid in dead for key in (wid, *_chunk_keys(wid))]
+        items += [(INDEX, index_key(states[wid]["session_id"], wid)) for wid in dead]
+        await self.store.kv_delete_items(items)
         for wid in dead:
             del states[wid]
             chunks.pop(wid, None)
@@ -164,9 +162,10 @@ class PersistenceMixin(WatcherBase):
         async with self._write_lock:
             self._dirty.discard(w.id)
             state = w.to_state()
-            await self.store.kv_put(NAMESPACE, [(w.id, state, None)])
+            items = [(NAMESPACE, w.id, state, None)]
             if self.share is not None:
-                await self.store.kv_put(INDEX, [(index_key(w.session_id, w.id), state, None)])
+                items.append((INDEX, index_key(w.session_id, w.id), state, None))
+            await self.store.kv_put_items(items)
 
     async def _persist_loop(self) -> None:
         while True:
@@ -180,29 +179,27 @@ class PersistenceMixin(WatcherBase):
                 self._dirty_event.set()
 
     async def _flush(self) -> None:
-        """Write every dirty watcher and history chunk, in one ``kv_put``."""
+        """Write every dirty watcher, its index row and history chunks, in one commit."""
         async with self._write_lock:
             dirty, self._dirty = self._dirty, set()
             chunks, self._dirty_chunks = self._dirty_chunks, set()
-            items: list[tuple[str, dict[str, Any], None]] = []
-            index: list[tuple[str, dict[str, Any], None]] = []
+            items: list[tuple[str, str, dict[str, Any], None]] = []
             for wid in dirty:
                 watcher = self.watchers.get(wid)
                 if watcher is not None:
-                    items.append((wid, watcher.to_state(), None))
+                    state = watcher.to_state()
+                    items.append((NAMESPACE, wid, state, None))
                     if self.share is not None:
-                        index.append((index_key(watcher.session_id, wid), items[-1][1], None))
+                        items.append((INDEX, index_key(watcher.session_id, wid), state, None))
             for wid, chunk in chunks:
                 watcher = self.watchers.get(wid)
                 if watcher is not None:
                     entries = watcher.chunk_entries(chunk)
-                    items.append((f"{wid}/h{chunk:02d}", {"entries": entries}, None))
+                    items.append((NAMESPACE, f"{wid}/h{chunk:02d}", {"entries": entries}, None))
             if not items:
                 return
             try:
-                await self.store.kv_put(NAMESPACE, items)
-                if index:
-                    await self.store.kv_put(INDEX, index)
+                await self.store.kv_put_items(items)
             except BaseException:
                 self._dirty |= dirty
                 self._dirty_chunks |= chunks
@@ -218,16 +215,14 @@ class PersistenceMixin(WatcherBase):
             self._dirty -= ids
             chunks = {c for c in self._dirty_chunks if c[0] in ids}
             self._dirty_chunks -= chunks
-            items: list[tuple[str, dict[str, Any], None]] = []
-            index: list[tuple[str, dict[str, Any], None]] = []
+            items: list[tuple[str, str, dict[str, Any], None]] = []
             for w in watchers:
                 state = w.to_state()
-                items.append((w.id, state, None))
-                index.append((index_key(w.session_id, w.id), state, None))
+                items.append((NAMESPACE, w.id, state, None))
+                items.append((INDEX, index_key(w.session_id, w.id), state, None))
             for w in watchers:
                 for wid, chunk in chunks:
                     if wid == w.id:
                         entries = w.chunk_entries(chunk)
-                        items.append((f"{wid}/h{chunk:02d}", {"entries": entries}, None))
-            await self.store.kv_put(NAMESPACE, items)
-            await self.store.kv_put(INDEX, index)
+                        items.append((NAMESPACE, f"{wid}/h{chunk:02d}", {"entries": entries}, None))
+            await self.store.kv_put_items(items)

@@ -69,6 +69,21 @@ KV_DELETE = ops.count(
 )
 
 
+def _delete_pairs_sqlite(conn: sqlite3.Connection, namespaces: list[str], keys: list[str]) -> int:
+    pairs = zip(namespaces, keys, strict=True)
+    return sum(conn.execute(_DELETE_ONE.sqlite, pair).rowcount for pair in pairs)
+
+
+#: ``(namespaces, keys) -> how many existed``: the items ``(namespaces[i], keys[i])``, in one
+#: transaction, so rows of several namespaces that describe one thing go together.
+KV_DELETE_PAIRS = ops.count(
+    "kv_delete_pairs",
+    sqlite=_delete_pairs_sqlite,
+    postgres="DELETE FROM kv WHERE (namespace, key) IN"
+    " (SELECT * FROM unnest(:namespaces::text[], :keys::text[]))",
+)
+
+
 def _item(row: Any) -> tuple[str, dict[str, Any]]:
     return row["key"], u.decode_json(row["value"])
 
@@ -224,6 +239,24 @@ KV_PUT_WITHIN = ops.procedure(
 )
 
 
+def _put_items_sqlite(
+    conn: sqlite3.Connection, rows: list[tuple[str, str, str, Any]], now: str
+) -> None:
+    conn.executemany(_PUT.sqlite, [(*row, now) for row in rows])
+
+
+async def _put_items_postgres(conn: Any, rows: list[tuple[str, str, str, Any]], now: Any) -> None:
+    async with conn.transaction():
+        await conn.executemany(_PUT.postgres, [(*row, now) for row in rows])
+
+
+#: ``(rows: [(namespace, key, value JSON, expires_at)], now)``: inserted or replaced, in one
+#: transaction.
+KV_PUT_ITEMS = ops.procedure(
+    "kv_put_items", sqlite=_put_items_sqlite, postgres=_put_items_postgres, writes=True
+)
+
+
 class KVMethods(StoreBase):
     """The store's key-value methods (see :class:`runtime.store.front.Store`)."""
 
@@ -248,6 +281,26 @@ class KVMethods(StoreBase):
         ]
         if rows:
             await self.engine.run(KV_PUT, namespace=namespace, rows=rows, now=self._now())
+
+    async def kv_put_items(
+        self, items: Sequence[tuple[str, str, dict[str, Any], datetime | None]]
+    ) -> None:
+        """Insert or replace ``(namespace, key, value, expires_at)`` items, in one commit.
+
+        For one thing kept under several namespaces (a watcher's row and its index entry): a
+        crash leaves them all as they were or all as written, never one of each.
+        """
+        rows = [
+            (
+                u.check_text(space, "namespace"),
+                u.check_text(key, "key"),
+                u.encode_json(value, "value"),
+                self._optional_time(expires, "expires_at"),
+            )
+            for space, key, value, expires in items
+        ]
+        if rows:
+            await self.engine.run(KV_PUT_ITEMS, rows=rows, now=self._now())
 
     async def kv_put_within(
         self,
@@ -301,6 +354,18 @@ class KVMethods(StoreBase):
     async def kv_delete(self, namespace: str, keys: Sequence[str]) -> int:
         """Delete ``keys`` of ``namespace``; returns how many existed."""
         return await self.engine.run(KV_DELETE, namespace=namespace, keys=list(keys))
+
+    async def kv_delete_items(self, items: Sequence[tuple[str, str]]) -> int:
+        """Delete the ``(namespace, key)`` items, in one commit; returns how many existed.
+
+        For one thing kept under several namespaces (a watcher's row, its history chunks and
+        its index entry): a crash leaves all of them or none.
+        """
+        namespaces = [u.check_text(space, "namespace") for space, _ in items]
+        keys = [u.check_text(key, "key") for _, key in items]
+        if not keys:
+            return 0
+        return await self.engine.run(KV_DELETE_PAIRS, namespaces=namespaces, keys=keys)
 
     async def kv_list(
         self, namespace: str, *, after_key: str | None = None, limit: int = 1000

@@ -457,13 +457,13 @@ async def test_check_results_are_flushed_together_at_most_every_persist_interval
 ):
     async with watching(max_watchers_per_session=50, persist_interval=1.0) as w:
         puts: list[int] = []
-        real_put = w.n.store.kv_put
+        real_put = w.n.store.kv_put_items
 
-        async def counting_put(namespace, items):
+        async def counting_put(items):
             puts.append(len(items))
-            await real_put(namespace, items)
+            await real_put(items)
 
-        w.n.store.kv_put = counting_put
+        w.n.store.kv_put_items = counting_put
         for _ in range(20):
             await w.start(interval=5, notify_when="on_error")
         assert puts == [1] * 20  # a start is written through at once
@@ -471,7 +471,7 @@ async def test_check_results_are_flushed_together_at_most_every_persist_interval
         await trio.sleep(0.9)
         assert puts == []  # the first checks wait for the window
         await trio.sleep(0.2)
-        assert puts == [40]  # 20 states + 20 history chunks, in one kv_put
+        assert puts == [40]  # 20 states + 20 history chunks, in one commit
         await trio.sleep(10)
         assert puts == [40, 40, 40]  # one flush per round of checks
         stored = dict(await w.n.store.kv_list(NAMESPACE))

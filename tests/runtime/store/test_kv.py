@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
+import pytest
 import trio
 
 from tests.runtime.store._support import T0
@@ -69,3 +70,25 @@ async def test_append_from_several_stores_at_once_is_gapless(backend, clock):
         assert sorted((v["w"], v["i"]) for _, v in items) == [
             (w, i) for w in range(3) for i in range(40)
         ]
+
+
+async def test_items_of_several_namespaces_go_in_one_commit(backend, monkeypatch):
+    """``kv_put_items`` and ``kv_delete_items`` write rows of several namespaces (a watcher's
+    row and its index entry) in one commit: a failed commit leaves all of them as they were.
+    Issue 23's crash harness found a watcher's index entry left after its row was deleted in
+    an earlier commit."""
+    from turnstile.runtime.errors import StoreError
+    from turnstile.runtime.store import faults
+
+    monkeypatch.setenv(faults.ENV, "fail:2")
+    async with backend.open() as store:
+        both = [("w", "1", {"n": 1}, None), ("w.index", "s\x1f1", {"n": 1}, None)]
+        await store.kv_put_items(both)  # write 1
+        with pytest.raises(StoreError):  # write 2 fails: neither row changes
+            await store.kv_put_items([(space, key, {"n": 2}, None) for space, key, _, _ in both])
+        assert await store.kv_get("w", "1") == {"n": 1}
+        assert await store.kv_get("w.index", "s\x1f1") == {"n": 1}
+        pairs = [("w", "1"), ("w.index", "s\x1f1"), ("w", "missing")]
+        assert await store.kv_delete_items(pairs) == 2  # write 3
+        assert await store.kv_list("w") == [] and await store.kv_list("w.index") == []
+        assert await store.kv_delete_items([]) == 0
