@@ -20,6 +20,17 @@ answers a task it does not hold from there (same session, same isolation), and a
 node ended before it did (a crash, a clean stop, a node declared dead) is closed as ``lost`` by
 :class:`LostTasks` (``background_lost``) and its session told, once.
 
+**Told once, even across a crash.** A task's end is stored with the idempotency key of the
+notice that will tell it (``notice``: ``background:<id>`` of the batch's first task), the notice
+is asked of the session (stored there, or folded into its turn, before the answer) under that
+key, and only then is the task marked told (``notified_at``). A node that dies anywhere between
+leaves the task ended and untold; the sweep after its end (``LostTasks``, at the next start on
+one node) tells it under the same key, so the session stores the notice once.
+
+**The limit holds across nodes.** ``max_running_per_session`` counts the session's running rows
+in the store, in the transaction that inserts the new one (``queries.START``): starts at once
+through several nodes never pass it.
+
 The task record, its notification texts and its stored form are in ``background_task``. This
 module re-exports the names other modules imported from it before the split.
 """
@@ -42,7 +53,7 @@ from turnstile.actors.execution.background_task import (
     notification_text,
     stored_result,
 )
-from turnstile.actors.execution.queries import DROP_SESSION, FINISH, GET, LIST, START
+from turnstile.actors.execution.queries import DROP_SESSION, FINISH, GET, LIST, MARK_TOLD, START
 from turnstile.actors.sessions.actor import Inject
 from turnstile.actors.sessions.agents.base import ToolResult
 from turnstile.runtime.actor import Actor
@@ -173,7 +184,7 @@ class BackgroundActor(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case StartTask():
-                return self._start(message)
+                return await self._start(message)
             case GetTask():
                 return await self._find(message.session_id, message.task_id)
             case CancelTask():
@@ -234,16 +245,21 @@ class BackgroundActor(Actor):
                     mine[row.id] = from_store(row, self.clock)
         return sorted(mine.values(), key=lambda t: (t.status != "running", -t.started))
 
-    def _start(self, msg: StartTask) -> BackgroundTask:
+    async def _start(self, msg: StartTask) -> BackgroundTask:
+        """Record and start a task, unless its session is at ``max_running`` running tasks.
+
+        Raises:
+            LimitExceeded: the session is at the limit (counted in the store, on every node,
+                when there is one); nothing was started.
+            StoreError: the store did not record it; nothing was started.
+        """
         running = sum(
             1
             for t in self.tasks.values()
             if t.session_id == msg.session_id and t.status == "running"
         )
         if running >= self.max_running:
-            raise LimitExceeded(
-                f"session has {running} background tasks running (limit {self.max_running})"
-            )
+            raise self._full(running)
         now = self.clock.now()
         task = BackgroundTask(
             id=f"bg-{uuid.uuid4().hex[:8]}",
@@ -257,12 +273,20 @@ class BackgroundActor(Actor):
             started=trio.current_time(),
             started_on=now,
         )
-        self.tasks[task.id] = task
-        self._forget_old(msg.session_id)
         if self.nursery is None:  # uses_nursery: there while the actor runs
             raise RuntimeError("the background actor is not running")
+        found = await self._record_start(task)
+        if found is not None:
+            raise self._full(found)
+        self.tasks[task.id] = task
+        self._forget_old(msg.session_id)
         self.nursery.start_soon(self._run, task, name=f"background {task.id}")
         return task
+
+    def _full(self, running: int) -> LimitExceeded:
+        return LimitExceeded(
+            f"session has {running} background tasks running (limit {self.max_running})"
+        )
 
     def _forget_old(self, session_id: str) -> None:
         finished = [
@@ -274,7 +298,6 @@ class BackgroundActor(Actor):
             del self.tasks[task.id]
 
     async def _run(self, task: BackgroundTask) -> None:
-        await self._record_start(task)
         with task.scope:
             try:
                 task.result = await self.run_tool(
@@ -298,14 +321,19 @@ class BackgroundActor(Actor):
             task.status = "cancelled"
         task.finished = trio.current_time()
         task.done.set()
-        if await self._record_end(task):
-            await self._notify(task)
+        batch = self._batch_for(task)
+        ended = await self._record_end(task, batch.key)
+        batch.ended(task, told_here=ended)
+        if batch.tasks[0] is task:
+            await self._notify(batch)
 
-    async def _record_start(self, task: BackgroundTask) -> None:
-        """One ``INSERT``; a store that fails it costs the task its row, never its run."""
+    async def _record_start(self, task: BackgroundTask) -> int | None:
+        """One transaction: the count of the session's running tasks and the ``INSERT``.
+        None when recorded (or there is nothing to record it in); else how many run, and
+        nothing was written."""
         ref = self.node() if self.node is not None else None
         if self.store is None or ref is None:
-            return
+            return None
         started = {
             "id": task.id,
             "session_key": task.session_id,
@@ -316,17 +344,29 @@ class BackgroundActor(Actor):
             "node_id": ref.id,
             "node_epoch": ref.epoch,
         }
-        try:
-            await self.store.run(START, task=started, keep=KEEP_FINISHED)
-        except StoreError as exc:
-            log.warning("background task %s: recording its start failed: %s", task.id, exc)
-            return
-        task.recorded = True
+        found = await self.store.run(
+            START, task=started, keep=KEEP_FINISHED, limit=self.max_running
+        )
+        if found is None:
+            task.recorded = True
+        return found  # type: ignore[no-any-return]
 
-    async def _record_end(self, task: BackgroundTask) -> bool:
-        """One ``UPDATE`` of the task's row; whether its session is to be told here (False: the
-        row was closed as lost by another node meanwhile, which told the session, or it is
-        gone with its session)."""
+    def _batch_for(self, task: BackgroundTask) -> _Batch:
+        """The session's open batch, which ``task`` joins, or a new one it opens (and whose
+        notice it sends once the window closes)."""
+        batch = self._outbox.get(task.session_id)
+        if batch is None:
+            batch = self._outbox[task.session_id] = _Batch(f"background:{task.id}")
+        batch.tasks.append(task)
+        batch.pending += 1
+        if batch.all_ended.is_set():  # the ends stored so far are not all of them now
+            batch.all_ended = trio.Event()
+        return batch
+
+    async def _record_end(self, task: BackgroundTask, notice: str) -> bool:
+        """One ``UPDATE`` of the task's row, with the key of the notice that tells it; whether
+        its session is to be told here (False: the row was closed as lost by another node
+        meanwhile, which tells the session, or it is gone with its session)."""
         if self.store is None or not task.recorded:
             return True
         with trio.move_on_after(_WRITE_GRACE, shield=True):
@@ -338,6 +378,7 @@ class BackgroundActor(Actor):
                     state=task.status,
                     result=stored_result(task.result),
                     now=self.store.db_time(self.clock.now()),
+                    notice=notice,
                 )
             except StoreError as exc:
                 log.warning("background task %s: recording its end failed: %s", task.id, exc)
@@ -352,30 +393,83 @@ class BackgroundActor(Actor):
             return ended
         return True
 
-    async def _notify(self, task: BackgroundTask) -> None:
-        """Batch completions per session for ``BATCH_WINDOW``, then tell the session once.
+    async def _notify(self, batch: _Batch) -> None:
+        """Tell the session of the tasks that ended within ``BATCH_WINDOW`` of the first, once.
 
-        A task whose session was deleted (``DropSessionTasks``) notifies nobody.
+        The notice is asked of the session (stored there before the answer) under the batch's
+        key, then its tasks are marked told; a crash between leaves them untold for the sweep,
+        which tells them under the same key (``LostTasks``). A task whose session was deleted
+        (``DropSessionTasks``) notifies nobody.
         """
-        if self.tasks.get(task.id) is not task:
+        first = batch.tasks[0]
+        if self.tasks.get(first.id) is not first:
+            self._outbox.pop(first.session_id, None)
             return
-        pending = self._outbox.get(task.session_id)
-        if pending is not None:
-            pending.append(task)
-            return
-        batch = self._outbox[task.session_id] = [task]
         await trio.sleep(BATCH_WINDOW)
-        if self._outbox.get(task.session_id) is not batch:
+        if self._outbox.get(first.session_id) is not batch:
             return  # the session was deleted meanwhile (``DropSessionTasks``)
-        del self._outbox[task.session_id]
-        now = trio.current_time()
-        text = "\n\n".join(notification_text(t, now) for t in batch)
+        del self._outbox[first.session_id]  # a task ending from now on opens the next batch
         with trio.CancelScope(shield=True):
-            await self.publish(
-                task.session_id,
-                Inject(
-                    source="notification",
-                    content=text,
-                    payload={"background_tasks": [t.id for t in batch]},
-                ),
+            await batch.all_ended.wait()  # their ends are stored (or refused)
+            told = [t for t in batch.tasks if t.id in batch.told_here]
+            if not told:
+                return
+            now = trio.current_time()
+            text = "\n\n".join(notification_text(t, now) for t in told)
+            notice = Inject(
+                source="notification",
+                content=text,
+                payload={"background_tasks": [t.id for t in told]},
+                idempotency_key=batch.key,
             )
+            try:
+                await self.publish(first.session_id, notice)
+            except NotFound:
+                return  # the session is gone, and its tasks with it
+            except Exception as exc:
+                log.warning(
+                    "telling session %s of background task(s) %s failed (told after this"
+                    " node's end, or by a later sweep): %s",
+                    first.session_id,
+                    ", ".join(t.id for t in told),
+                    exc,
+                )
+                return
+            recorded = [t.id for t in told if t.recorded]
+            if self.store is None or not recorded:
+                return
+            with trio.move_on_after(_WRITE_GRACE):
+                try:
+                    await self.store.run(
+                        MARK_TOLD,
+                        session_key=first.session_id,
+                        ids=recorded,
+                        now=self.store.db_time(self.clock.now()),
+                    )
+                except StoreError as exc:
+                    log.warning(
+                        "background task(s) %s: recording that session %s was told failed (a"
+                        " sweep tells it again, under the same key: stored once): %s",
+                        ", ".join(recorded),
+                        first.session_id,
+                        exc,
+                    )
+
+
+class _Batch:
+    """The tasks of one session that end within one ``BATCH_WINDOW``: one notice, one key."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.tasks: list[BackgroundTask] = []
+        self.pending = 0
+        self.told_here: set[str] = set()
+        self.all_ended = trio.Event()
+
+    def ended(self, task: BackgroundTask, *, told_here: bool) -> None:
+        """``task``'s end is stored; ``told_here``: its session is told by this batch."""
+        if told_here:
+            self.told_here.add(task.id)
+        self.pending -= 1
+        if self.pending == 0:
+            self.all_ended.set()

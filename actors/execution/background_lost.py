@@ -7,6 +7,11 @@ sweep of any node — and tells its session::
 
     [BACKGROUND TASK FAILED] task_id=bg-…, tool=http.get, elapsed=31.0s
     Error: lost: node 'a' stopped before the task finished
+
+The same pass tells what an ended incarnation finished but did not get to tell: a task whose end
+is stored (with its notice's key) and whose session was not marked told — the node died between
+the two, or its session could not be reached. Those are told from their rows, grouped by that
+key, so a notice the dead node did store is not stored again.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from turnstile.actors.execution.background_task import lost_text, stored_result
+from turnstile.actors.execution.background_task import stored_result, stored_text
 from turnstile.actors.execution.queries import CLOSE_LOST, LOOK, MARK_TOLD, StoredTask
 from turnstile.actors.sessions.actor import Inject
 from turnstile.actors.sessions.agents.base import ToolResult
@@ -66,7 +71,12 @@ class LostTasks:
             StoreError: the store did not answer (nothing is lost: the next pass redoes it).
         """
         running, untold = await self.store.run(LOOK, limit=_TELL_PER_PASS)
-        pending = {(t.session_key, t.id): t for t in untold}
+        # lost tasks are told by whoever passes; ended ones by their own node, unless it ended
+        pending = {
+            (t.session_key, t.id): t
+            for t in untold
+            if t.state == "lost" or ended_by(view, NodeRef(t.node_id, t.node_epoch)) is not None
+        }
         closed: list[StoredTask] = []
         for node_id, epoch in running:
             current = ended_by(view, NodeRef(node_id, epoch))
@@ -92,34 +102,43 @@ class LostTasks:
                 )
             closed.extend(rows)
             pending.update({(t.session_key, t.id): t for t in rows})
+        notices: dict[tuple[str, str], list[StoredTask]] = {}
         for task in sorted(pending.values(), key=lambda t: (t.finished_at, t.id)):
-            await self._tell(task)
+            key = task.notice if task.state != "lost" and task.notice else None
+            notices.setdefault((task.session_key, key or f"background-lost:{task.id}"), []).append(
+                task
+            )
+        for (session_key, key), tasks in notices.items():
+            await self._tell(session_key, key, tasks)
         return closed
 
-    async def _tell(self, task: StoredTask) -> None:
+    async def _tell(self, session_key: str, key: str, tasks: list[StoredTask]) -> None:
+        """One notice for ``tasks`` under ``key``: a lost task's own, or the key its node stored
+        with the tasks' ends (the notice it may have stored before it died)."""
+        ids = [t.id for t in tasks]
         notice = Inject(
             source="notification",
-            content=lost_text(task),
-            payload={"background_tasks": [task.id]},
-            idempotency_key=f"background-lost:{task.id}",
+            content="\n\n".join(stored_text(t) for t in tasks),
+            payload={"background_tasks": ids},
+            idempotency_key=key,
         )
         try:
-            await self.tell(task.session_key, notice)
+            await self.tell(session_key, notice)
         except NotFound:
             pass  # the session is gone: nobody to tell
         except Exception as exc:
             log.warning(
-                "telling session %s that background task %s was lost failed (tried again at"
-                " the next sweep): %s",
-                task.session_key,
-                task.id,
+                "telling session %s of background task(s) %s failed (tried again at the next"
+                " sweep): %s",
+                session_key,
+                ", ".join(ids),
                 exc,
             )
             return
         await self.store.run(
             MARK_TOLD,
-            session_key=task.session_key,
-            id=task.id,
+            session_key=session_key,
+            ids=ids,
             now=self.store.db_time(self.clock.now()),
         )
 

@@ -10,7 +10,13 @@
                       incarnation that runs it (``node_id``, ``node_epoch``). A ``running`` row
                       whose incarnation is no longer live (its node stopped or was declared
                       dead, or started again with a newer epoch) is closed as ``lost`` once, by
-                      whichever node sees it first; ``notified_at`` says its session was told.
+                      whichever node sees it first; ``notified_at`` says its session was told
+                      (set once the notice is stored, never with the end), and ``notice``
+                      (migration 2) is the idempotency key of the notice that tells it: the
+                      tasks that end within one batch window share one. An ended task whose
+                      session was not told when its incarnation ended is told by the next
+                      sweep, under that key, so a notice is stored once however often it is
+                      tried.
                       At most ``KEEP_FINISHED`` finished rows are kept per session; a deleted
                       session's rows go with it.
 ====================  ==========================================================================
@@ -57,6 +63,16 @@ def _tables(time: str, node: str) -> tuple[str, ...]:
     )
 
 
+#: Migration 2: a notice's key, and the sweeps read every ended task not told yet (before it,
+#: a task's end set ``notified_at`` before its session was told: a crash between the two lost
+#: the notice, issue 23's crash harness, scenario ``background``).
+_TOLD = (
+    "ALTER TABLE background_tasks ADD COLUMN notice TEXT",
+    "DROP INDEX background_tasks_untold",
+    "CREATE INDEX background_tasks_untold ON background_tasks (finished_at)"
+    " WHERE state <> 'running' AND notified_at IS NULL",
+)
+
 #: The background tasks' migration set.
 BACKGROUND = MigrationSet(
     "background",
@@ -66,6 +82,12 @@ BACKGROUND = MigrationSet(
             "background tasks",
             sqlite=_tables("TEXT", "TEXT"),
             postgres=_tables("TIMESTAMPTZ", 'TEXT COLLATE "C"'),
+        ),
+        Migration(
+            2,
+            "background tasks told once",
+            sqlite=_TOLD,
+            postgres=_TOLD,
         ),
     ),
 )

@@ -25,7 +25,7 @@ __all__ = [
     "BackgroundTask",
     "from_store",
     "iso",
-    "lost_text",
+    "stored_text",
     "notification_text",
     "result_of",
     "stored_result",
@@ -81,9 +81,9 @@ def notification_text(task: BackgroundTask, now: float) -> str:
     return _text(task.id, task.tool, task.status, task.elapsed(now), task.result)
 
 
-def lost_text(task: StoredTask) -> str:
-    """The notification for a task closed as lost: a failure, read from its row alone (so
-    every node that tells it tells the same words)."""
+def stored_text(task: StoredTask) -> str:
+    """The notification for an ended task, read from its row alone (so every node that tells
+    it tells the same words): a task closed as lost, or one whose node ended before telling."""
     assert task.finished_at is not None
     elapsed = (task.finished_at - task.started_at).total_seconds()
     return _text(task.id, task.tool, task.state, elapsed, result_of(task.result))

@@ -75,10 +75,19 @@ class ExecutionFeature:
             shared=node.placement is not None,
         )
         tools.approver = approvals.request
+
+        async def tell(key: str, notice: Any) -> None:
+            # asked where the session lives here, so that it is stored before the task is
+            # marked told; told through the store where another node holds it
+            try:
+                await node.ask_session(key, notice)
+            except PlacedElsewhere:
+                await node.tell_session(key, notice)
+
         self.background = background = await node.supervisor.spawn(
             lambda: BackgroundActor(
                 tools.call,
-                node.tell_session,
+                tell,
                 node.clock,
                 store=node.store,
                 node=lambda: node.store.claimer,
@@ -111,14 +120,6 @@ class ExecutionFeature:
         node.hooks.resolve_approval = approvals.answer
         node.hooks.approval_heard = approvals.poke
         node.hooks.shaper = self.shaper  # what it stands for is built in ``ready``
-
-        async def tell(key: str, notice: Any) -> None:
-            # asked where the session lives here, so that it is stored before the task is
-            # marked told; told through the store where another node holds it
-            try:
-                await node.ask_session(key, notice)
-            except PlacedElsewhere:
-                await node.tell_session(key, notice)
 
         self.lost = LostTasks(node.store, node.clock, tell)
         sweeps: trio.MemorySendChannel[ClusterView | None]

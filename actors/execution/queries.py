@@ -4,12 +4,14 @@ per backend.
 Times are passed in as the store keeps them (``store.db_time``) and come back as aware
 datetimes; ``args`` and ``result`` are JSON text, bounded by the caller.
 
-A task is written twice on its way: :data:`START` (one ``INSERT``, which also forgets the
-session's oldest finished tasks past the ones kept) and :data:`FINISH` (one ``UPDATE`` of a row
-that is still ``running``: a row another node closed as ``lost`` meanwhile stays lost, and the
-caller learns it). :data:`CLOSE_LOST` closes the running tasks of one ended incarnation with a
-conditional ``UPDATE … WHERE state = 'running' AND node_id = … AND node_epoch = …``, so of any
-number of nodes sweeping at once exactly one gets each row back.
+A task is written three times on its way: :data:`START` (one transaction that counts the
+session's running tasks, through every node, inserts the row unless they are at the limit, and
+forgets the session's oldest finished tasks past the ones kept), :data:`FINISH` (one ``UPDATE``
+of a row that is still ``running``, with the key of the notice that will tell it: a row another
+node closed as ``lost`` meanwhile stays lost, and the caller learns it) and :data:`MARK_TOLD`,
+once the notice is stored in its session. :data:`CLOSE_LOST` closes the running tasks of one
+ended incarnation with a conditional ``UPDATE … WHERE state = 'running' AND node_id = … AND
+node_epoch = …``, so of any number of nodes sweeping at once exactly one gets each row back.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ class StoredTask(msgspec.Struct, frozen=True, kw_only=True):
         finished_at: when it ended, or was found lost.
         node_id: the node that runs (ran) it.
         node_epoch: that node's epoch when it started the task.
+        notice: the idempotency key of the notice that tells its session of its end (tasks
+            that ended within one batch window share it); None for a lost task (told under
+            ``background-lost:<id>``) and for rows written before execution's ``background``
+            migration 2.
+        notified_at: when its session was told (None: not yet).
     """
 
     id: str
@@ -63,11 +70,13 @@ class StoredTask(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime | None
     node_id: str
     node_epoch: int
+    notice: str | None = None
+    notified_at: datetime | None = None
 
 
 _COLUMNS = (
     "id, session_key, owner, tool, args, state, result, started_at, finished_at, node_id,"
-    " node_epoch"
+    " node_epoch, notice, notified_at"
 )
 
 
@@ -89,6 +98,8 @@ def _task(row: Any) -> StoredTask:
         finished_at=None if row[8] is None else _time(row[8]),
         node_id=row[9],
         node_epoch=row[10],
+        notice=row[11],
+        notified_at=None if row[12] is None else _time(row[12]),
     )
 
 
@@ -123,56 +134,97 @@ _TASK_FIELDS = (
 )
 
 
-def _start_sqlite(conn: Any, *, task: dict[str, Any], keep: int) -> None:
+#: the session's running tasks, on every node, up to ``limit``
+_RUNNING_OF = (
+    "SELECT count(*) FROM (SELECT 1 FROM background_tasks WHERE session_key = {key}"
+    " AND state = 'running' LIMIT {limit}) AS running"
+)
+#: serialises the starts of one session's tasks across connections (and nodes), to the end of
+#: the transaction
+_LOCK_SESSION = "SELECT pg_advisory_xact_lock(hashtext('background_tasks:' || $1::text))"
+
+
+def _start_sqlite(conn: Any, *, task: dict[str, Any], keep: int, limit: int) -> int | None:
+    # in the writer's transaction: no other write runs between the count and the insert
+    key = task["session_key"]
+    (running,) = conn.execute(_RUNNING_OF.format(key="?1", limit="?2"), (key, limit)).fetchone()
+    if running >= limit:
+        return int(running)
     conn.execute(
         _INSERT.format("?, ?, ?, ?, ?", "?", "?", "?"),
         tuple(task[f] for f in _TASK_FIELDS),
     )
-    conn.execute(_OLD.format(key="?1", keep="?2"), (task["session_key"], keep))
+    conn.execute(_OLD.format(key="?1", keep="?2"), (key, keep))
+    return None
 
 
-async def _start_postgres(conn: Any, *, task: dict[str, Any], keep: int) -> None:
-    # one statement, one round trip: the INSERT and the pruning in a data-modifying WITH
-    await conn.execute(
-        "WITH started AS ("
-        + _INSERT.format("$1, $2, $3, $4, $5", "$6", "$7", "$8")
-        + ") "
-        + _OLD.format(key="$2", keep="$9").replace("LIMIT -1 ", ""),
-        *(task[f] for f in _TASK_FIELDS),
-        keep,
-    )
+async def _start_postgres(conn: Any, *, task: dict[str, Any], keep: int, limit: int) -> int | None:
+    key = task["session_key"]
+    async with conn.transaction():
+        await conn.execute(_LOCK_SESSION, key)
+        running = await conn.fetchval(_RUNNING_OF.format(key="$1", limit="$2"), key, limit)
+        if running >= limit:
+            return int(running)
+        # the INSERT and the pruning in a data-modifying WITH
+        await conn.execute(
+            "WITH started AS ("
+            + _INSERT.format("$1, $2, $3, $4, $5", "$6", "$7", "$8")
+            + ") "
+            + _OLD.format(key="$2", keep="$9").replace("LIMIT -1 ", ""),
+            *(task[f] for f in _TASK_FIELDS),
+            keep,
+        )
+    return None
 
 
-#: ``(task: {id, session_key, owner, tool, args, started_at, node_id, node_epoch}, keep)``:
-#: records a task as ``running`` and forgets the session's finished tasks past the newest
-#: ``keep``.
+#: ``(task: {id, session_key, owner, tool, args, started_at, node_id, node_epoch}, keep,
+#: limit) -> None | running``: records a task as ``running`` and forgets the session's finished
+#: tasks past the newest ``keep``, unless the session has ``limit`` tasks running on any node
+#: (then how many, and nothing is written): the count and the insert in one transaction, on
+#: PostgreSQL under a lock on the session, so starts at once through several nodes never pass
+#: the limit.
 START = ops.procedure(
     "execution.start", sqlite=_start_sqlite, postgres=_start_postgres, writes=True
 )
 
 _FINISH = (
     "UPDATE background_tasks SET state = {state}, result = {result}, finished_at = {now},"
-    " notified_at = {now} WHERE session_key = {key} AND id = {id} AND state = 'running'"
+    " notice = {notice} WHERE session_key = {key} AND id = {id} AND state = 'running'"
 )
 
 
 def _finish_sqlite(
-    conn: Any, *, session_key: str, id: str, state: str, result: str | None, now: str
+    conn: Any,
+    *,
+    session_key: str,
+    id: str,
+    state: str,
+    result: str | None,
+    now: str,
+    notice: str,
 ) -> bool:
-    sql = _FINISH.format(state="?1", result="?2", now="?3", key="?4", id="?5")
-    return conn.execute(sql, (state, result, now, session_key, id)).rowcount == 1
+    sql = _FINISH.format(state="?1", result="?2", now="?3", notice="?4", key="?5", id="?6")
+    return conn.execute(sql, (state, result, now, notice, session_key, id)).rowcount == 1
 
 
 async def _finish_postgres(
-    conn: Any, *, session_key: str, id: str, state: str, result: str | None, now: datetime
+    conn: Any,
+    *,
+    session_key: str,
+    id: str,
+    state: str,
+    result: str | None,
+    now: datetime,
+    notice: str,
 ) -> bool:
-    sql = _FINISH.format(state="$1", result="$2", now="$3", key="$4", id="$5")
-    return _count(await conn.execute(sql, state, result, now, session_key, id)) == 1
+    sql = _FINISH.format(state="$1", result="$2", now="$3", notice="$4", key="$5", id="$6")
+    return _count(await conn.execute(sql, state, result, now, notice, session_key, id)) == 1
 
 
-#: ``(session_key, id, state, result, now) -> bool``: the task ended (its node tells the
-#: session); False when the row is not ``running`` any more (closed as lost by another node,
-#: which told the session) or is gone (the session was deleted).
+#: ``(session_key, id, state, result, now, notice) -> bool``: the task ended, its session to be
+#: told under the idempotency key ``notice`` (by its node, or after that node's end by a
+#: sweep); False when the row is not ``running`` any more (closed as lost by another node,
+#: which tells the session) or is gone (the session was deleted).
 FINISH = ops.procedure(
     "execution.finish", sqlite=_finish_sqlite, postgres=_finish_postgres, writes=True
 )
@@ -218,7 +270,7 @@ LIST = ops.procedure("execution.list", sqlite=_list_sqlite, postgres=_list_postg
 
 _RUNNING = "SELECT DISTINCT node_id, node_epoch FROM background_tasks WHERE state = 'running'"
 _UNTOLD = (
-    f"SELECT {_COLUMNS} FROM background_tasks WHERE state = 'lost' AND notified_at IS NULL"
+    f"SELECT {_COLUMNS} FROM background_tasks WHERE state <> 'running' AND notified_at IS NULL"
     " ORDER BY finished_at LIMIT {}"
 )
 
@@ -236,7 +288,7 @@ async def _look_postgres(
 
 
 #: ``(limit) -> ([(node_id, node_epoch)], [StoredTask])``: the incarnations that run tasks,
-#: and up to ``limit`` lost tasks whose session was not told yet.
+#: and up to ``limit`` ended tasks (lost or not) whose session was not told yet.
 LOOK = ops.procedure("execution.look", sqlite=_look_sqlite, postgres=_look_postgres)
 
 _CLOSE_LOST = (
@@ -276,15 +328,20 @@ _MARK_TOLD = (
 )
 
 
-def _mark_told_sqlite(conn: Any, *, session_key: str, id: str, now: str) -> None:
-    conn.execute(_MARK_TOLD.format(now="?1", key="?2", id="?3"), (now, session_key, id))
+def _mark_told_sqlite(conn: Any, *, session_key: str, ids: list[str], now: str) -> None:
+    sql = _MARK_TOLD.format(now="?1", key="?2", id="?3")
+    conn.executemany(sql, [(now, session_key, id) for id in ids])
 
 
-async def _mark_told_postgres(conn: Any, *, session_key: str, id: str, now: datetime) -> None:
-    await conn.execute(_MARK_TOLD.format(now="$1", key="$2", id="$3"), now, session_key, id)
+async def _mark_told_postgres(
+    conn: Any, *, session_key: str, ids: list[str], now: datetime
+) -> None:
+    sql = _MARK_TOLD.format(now="$1", key="$2", id="ANY($3::text[])")
+    await conn.execute(sql, now, session_key, ids)
 
 
-#: ``(session_key, id, now)``: the session of a lost task was told.
+#: ``(session_key, ids, now)``: the session of these ended tasks was told (its notice is
+#: stored there), in one commit.
 MARK_TOLD = ops.procedure(
     "execution.mark_told",
     sqlite=_mark_told_sqlite,

@@ -234,11 +234,6 @@ class BackgroundTask(Scenario):
 
     name = "background"
     points = 23
-    known_violation = (
-        "a crash right after a task's end is stored (execution.finish, which also sets"
-        " notified_at) and before its session is told loses the notice: nothing tells it"
-        " at the next start (docs/reliability.md, 'Found')"
-    )
 
     async def drive(self, client: Client) -> None:
         await client.create_session("s")
@@ -442,11 +437,6 @@ class DeleteWithAutomations(Scenario):
 
     name = "delete"
     points = 45
-    known_violation = (
-        "PostgreSQL (several-node placement): a crash between deleting a watcher's row and"
-        " its index entry (actors/watchers/actor.py _stop) leaves the entry in kv"
-        " 'watchers.index' (docs/reliability.md, 'Found')"
-    )
 
     def __init__(self) -> None:
         self.deleting = False

@@ -1,9 +1,12 @@
 """The background tasks' rows on both backends: which running tasks are lost (their incarnation
 ended: stopped, declared dead, or superseded by a newer epoch), closed once however many nodes
-pass at once, each session told once; the live ones left alone."""
+pass at once, each session told once; the live ones left alone. An ended task whose node died
+before telling its session is told by the next pass, under the key its node stored. The
+per-session limit on running tasks holds however many nodes start tasks at once."""
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import trio
@@ -17,7 +20,7 @@ from turnstile.runtime.store import open_store
 LEASE = 600.0
 
 
-async def start(store, key: str, task_id: str, node) -> None:
+async def start(store, key: str, task_id: str, node, limit: int = 20) -> int | None:
     row = {
         "id": task_id,
         "session_key": key,
@@ -28,7 +31,7 @@ async def start(store, key: str, task_id: str, node) -> None:
         "node_id": node.id,
         "node_epoch": node.epoch,
     }
-    await store.run(START, task=row, keep=100)
+    return await store.run(START, task=row, keep=100, limit=limit)
 
 
 async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_passes(store_url):
@@ -110,7 +113,7 @@ async def test_the_tasks_of_ended_incarnations_are_closed_once_by_concurrent_pas
         assert await passes[0].close(view_before_c2) == []
         # the node that ran a lost task and finishes it later finds it lost: it tells nobody
         now = store.db_time(SystemClock().now())
-        finish = {"state": "completed", "result": '{"success": true}', "now": now}
+        finish = {"state": "completed", "result": '{"success": true}', "now": now, "notice": "k"}
         assert not await store.run(FINISH, session_key="ada/s0", id="bg-a0", **finish)
         assert await store.run(FINISH, session_key="ada/s0", id="bg-b", **finish)
         row = await store.run(GET, session_key="ada/s0", id="bg-a0")
@@ -154,9 +157,10 @@ async def test_a_start_forgets_the_sessions_oldest_finished_tasks_past_those_kep
                 "node_id": a.id,
                 "node_epoch": a.epoch,
             }
-            await store.run(START, task=row, keep=2)
+            await store.run(START, task=row, keep=2, limit=20)
             if n < 3:  # the newest stays running
-                done = {"state": "completed", "result": None, "now": store.db_time(clock.now())}
+                now = store.db_time(clock.now())
+                done = {"state": "completed", "result": None, "now": now, "notice": f"k{n}"}
                 assert await store.run(FINISH, session_key="ada/s", id=f"bg-{n}", **done)
         await start(store, "ada/t", "bg-t", a.ref)  # another session's are not counted
         kept = await store.run(LIST, session_key="ada/s", limit=10)
@@ -165,3 +169,86 @@ async def test_a_start_forgets_the_sessions_oldest_finished_tasks_past_those_kep
             ("bg-2", "completed"),
             ("bg-1", "completed"),
         ]
+
+
+async def test_an_ended_task_whose_node_died_before_telling_is_told_under_its_key(store_url):
+    """Issue 23's crash harness (scenario ``background``): a node stored a task's end and died
+    before its session was told. Before, the end also marked it told, and nothing ever told it.
+    Now the pass after that incarnation's end tells it, from its row, under the notice key the
+    node stored with the end (one notice for the tasks of one batch); a live node's untold
+    tasks are its own to tell."""
+    async with open_store(store_url, migrations=[BACKGROUND]) as store:
+        a, _ = await store.register_node("a", lease_seconds=LEASE)
+        b, _ = await store.register_node("b", lease_seconds=LEASE)
+        for task_id, node in (("bg-1", a), ("bg-2", a), ("bg-3", a), ("bg-b", b)):
+            await start(store, "ada/s", task_id, node.ref)
+        now = store.db_time(SystemClock().now())
+        ends = {
+            "bg-1": ("completed", "background:bg-1"),
+            "bg-2": ("failed", "background:bg-1"),  # ended in bg-1's batch window
+            "bg-3": ("completed", "background:bg-3"),
+            "bg-b": ("completed", "background:bg-b"),
+        }
+        for task_id, (state, notice) in ends.items():
+            result = '{"success": true, "data": 7}' if state == "completed" else None
+            assert await store.run(
+                FINISH,
+                session_key="ada/s",
+                id=task_id,
+                state=state,
+                result=result,
+                now=now,
+                notice=notice,
+            )
+        told: list = []
+
+        async def tell(key, notice) -> None:
+            told.append((key, notice))
+
+        lost = LostTasks(store, SystemClock(), tell)
+        assert await lost.close(await store.list_nodes()) == []
+        assert told == []  # a and b live: theirs to tell
+        assert await store.stop_node(a.ref)  # a died (or stopped) before telling
+        assert await lost.close(await store.list_nodes()) == []  # nothing was running
+        got = {n.idempotency_key: (k, n.payload["background_tasks"], n.content) for k, n in told}
+        assert sorted(got) == ["background:bg-1", "background:bg-3"]
+        key, ids, text = got["background:bg-1"]
+        assert (key, ids) == ("ada/s", ["bg-1", "bg-2"])
+        assert text.startswith("[BACKGROUND TASK COMPLETED] task_id=bg-1, tool=test.hang, ")
+        assert '\nResult: {"success": true, "data": 7}\n\n[BACKGROUND TASK FAILED]' in text
+        assert got["background:bg-3"][1] == ["bg-3"]
+        # told: not again; b's task stays b's
+        untold = (await store.run(LOOK, limit=10))[1]
+        assert [t.id for t in untold] == ["bg-b"]
+        assert await lost.close(await store.list_nodes()) == []
+        assert len(told) == 2
+        row = await store.run(GET, session_key="ada/s", id="bg-1")
+        assert row.notified_at is not None and row.notice == "background:bg-1"
+
+
+async def test_the_running_limit_holds_for_starts_at_once_through_several_nodes(store_url):
+    """50 starts at once, through three nodes (each with its store), for a session at limit −
+    1: exactly one is recorded, the others answer how many run; another session's tasks do
+    not count."""
+    limit = 5
+    async with AsyncExitStack() as stack:
+        stores = [
+            await stack.enter_async_context(open_store(store_url, migrations=[BACKGROUND]))
+            for _ in range(3)
+        ]
+        node, _ = await stores[0].register_node("a", lease_seconds=LEASE)
+        for n in range(limit - 1):
+            assert await start(stores[0], "ada/s", f"bg-{n}", node.ref, limit) is None
+        assert await start(stores[0], "ada/t", "bg-t", node.ref, 1) is None
+        answers: list = []
+
+        async def one(n: int) -> None:
+            answers.append(await start(stores[n % 3], "ada/s", f"bg-x{n}", node.ref, limit))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(50):
+                nursery.start_soon(one, n)
+        assert answers.count(None) == 1
+        assert sorted(set(answers) - {None}) == [limit]
+        running = await stores[1].run(LIST, session_key="ada/s", limit=100)
+        assert len(running) == limit
