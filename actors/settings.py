@@ -60,6 +60,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     mailbox_size: Positive = 1000
     history_entries: Positive = 200
     max_jobs_per_session: Positive = 100
+    #: Background tasks (``background_run``, ``http.download`` moved to the background) one
+    #: session may have running at once, on every node together.
+    max_background_tasks_per_session: Positive = 20
     min_job_interval_seconds: Annotated[float, msgspec.Meta(ge=1)] = 60.0
     max_prompt_chars: Positive = 8000
     #: Seconds an HTTP request's head (request line and headers) may take to arrive, counted

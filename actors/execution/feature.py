@@ -89,6 +89,7 @@ class ExecutionFeature:
                 tools.call,
                 tell,
                 node.clock,
+                max_running_per_session=node.config.limits.max_background_tasks_per_session,
                 store=node.store,
                 node=lambda: node.store.claimer,
             ),

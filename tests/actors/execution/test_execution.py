@@ -40,14 +40,18 @@ def tools_with_naps(policies=None) -> ToolRegistry:
 
 
 class Running:
-    def __init__(self, policies=None) -> None:
+    def __init__(self, policies=None, max_running: int = 20) -> None:
         self.tools = tools_with_naps(policies)
+        self.max_running = max_running
 
     async def __aenter__(self):
         self._node = node(tools=self.tools)
         n = await self._node.__aenter__()
         background = await n.sup.spawn(
-            lambda: BackgroundActor(self.tools.call, n.publish, n.clock), name="background"
+            lambda: BackgroundActor(
+                self.tools.call, n.publish, n.clock, max_running_per_session=self.max_running
+            ),
+            name="background",
         )
         self.background = background
         register_execution_tools(self.tools, background)
@@ -193,6 +197,28 @@ async def test_another_sessions_task_is_not_found(autojump_clock):
             "code": "not_found",
             "message": f"no background task with id {started['task_id']!r}",
         }
+
+
+async def test_a_session_at_its_running_limit_gets_limit_exceeded(autojump_clock):
+    """``[limits] max_background_tasks_per_session``: a start past it is a typed error for the
+    model, nothing runs; another session has its own; a task that ends makes room."""
+    runner = Running(max_running=2)
+    async with runner as (n, call):
+        for seconds in (10, 20):
+            assert (await call("background_run", name="slow.nap", params={"seconds": seconds})).ok
+        refused = await call("background_run", name="slow.nap", params={"seconds": 1})
+        assert refused.error == {
+            "code": "limit_exceeded",
+            "message": "session has 2 background tasks running (limit 2)",
+        }
+        listed = (await call("background_list")).data
+        assert len(listed["tasks"]) == 2
+        theirs = await runner.tools.call(
+            "other", "bob", "background_run", {"name": "slow.nap", "params": {"seconds": 1}}
+        )
+        assert theirs.ok
+        await trio.sleep(11)
+        assert (await call("background_run", name="slow.nap", params={"seconds": 1})).ok
 
 
 async def test_shell_background_run_is_refused_while_shell_is_blocked_and_runs_when_open(
