@@ -313,29 +313,34 @@ SURVIVOR_LEASE_SECONDS = 3.0
 async def _attempt_with_survivor(
     target: Target, workdir: Path, scenario: Scenario, record: Record, env: dict[str, str]
 ) -> tuple[int | None, list[str]]:
-    """Two nodes on one (PostgreSQL) store: the survivor, without a fault, and the node
-    with ``env``'s fault, which the scenario drives. When that one dies it is not started
-    again: the client goes to the survivor and drives the scenario again from the start, and
-    the survivor takes over what the dead node held once its lease expired. Answers the dead
-    node's exit status (None if it did not die) and what went wrong with the survivor."""
+    """Two nodes on one (PostgreSQL) store: the node with ``env``'s fault, which the scenario
+    drives, and, once it died, the survivor, another node id that starts while the dead one's
+    lease (:data:`SURVIVOR_LEASE_SECONDS`) still runs: the client goes to the survivor and
+    drives the scenario again from the start, and the survivor's sweep declares the dead node
+    dead when its lease expired and takes over what it held. The dead node is not started
+    again. Started after the crash, not before, so that the faulty node is the only one to
+    fire the scenario's due job and hold its session: every commit point is one of the work
+    the survivor then takes over. Answers the dead node's exit status (None if it did not
+    die) and what went wrong with the survivor."""
     problems: list[str] = []
     lease = SURVIVOR_LEASE_SECONDS
+    try:
+        async with serving(target, workdir, scenario, env, "crash-node", lease) as node:
+            died = await _drive(target, scenario, record, node)
+            if died is None:
+                died = await _stop(node)
+    except ServerGone as exc:  # it died while starting
+        assert exc.status is not None
+        died = exc.status
+    if died is None:
+        return None, problems
     async with serving(
         target, workdir, scenario, {faults.ENV: ""}, "crash-survivor", lease
     ) as survivor:
-        try:
-            async with serving(target, workdir, scenario, env, "crash-node", lease) as node:
-                died = await _drive(target, scenario, record, node)
-                if died is None:
-                    died = await _stop(node)
-        except ServerGone as exc:  # it died while starting
-            assert exc.status is not None
-            died = exc.status
-        if died is not None:
-            again = await _drive(target, scenario, record, survivor)
-            if again is not None:
-                problems.append(f"the survivor died with status {again}")
-                return died, problems
+        again = await _drive(target, scenario, record, survivor)
+        if again is not None:
+            problems.append(f"the survivor died with status {again}")
+            return died, problems
         status = await _stop(survivor)
         if status is not None:
             problems.append(f"the survivor stopped with status {status}")
@@ -353,8 +358,8 @@ async def run_point(
 ) -> Outcome:
     """Crash ``scenario`` on a fresh ``kind`` store at commit ``point`` (``where``: before or
     after it), restart, finish, and check (see the module docstring). With ``survivor``
-    (PostgreSQL), a second node runs throughout and finishes in place of the crashed one,
-    which does not come back (:func:`_attempt_with_survivor`)."""
+    (PostgreSQL), a second node finishes in place of the crashed one, which does not come
+    back (:func:`_attempt_with_survivor`)."""
     outcome = Outcome(scenario.name, kind + ("+survivor" if survivor else ""), where, point)
     started = time.monotonic()
     record = Record()
