@@ -47,7 +47,7 @@ from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
-from turnstile.runtime.errors import Fenced, NotFound, StoreUnavailable
+from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError, StoreUnavailable
 from turnstile.runtime.gateway.backend import Subscriber
 from turnstile.runtime.store import InboxItem, Session, Step
 
@@ -64,6 +64,10 @@ STORE_RETRY_SECONDS = 1.0
 #: closure given up leaves the input ``running`` until the next start-up's recovery.
 CLOSE_GRACE_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 300.0
+#: The longest wait between two tries of a turn's closure that the store refused.
+CLOSE_RETRY_MAX_SECONDS = 5.0
+#: Tries again of a closure the store refused for another reason than an outage.
+CLOSE_RETRIES = 5
 
 #: What a turn whose input's payload does not decode closes with (the stream and history see
 #: this; the decoder's message goes to the inbox row's and the run's detail).
@@ -349,7 +353,7 @@ class TurnRunner:
         )
         # The stream_end, the input's state and the kind's settlement commit together: a
         # crash leaves all of them or none, so recovery never closes an ended turn again.
-        await self.events.close(events, closure)
+        await self._close_until_stored(events, closure)
         if not outcome.suppressed:
             self._remember(
                 HistoryEntry(
@@ -359,6 +363,50 @@ class TurnRunner:
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})
+
+    async def _close_until_stored(
+        self, events: list[tuple[str, dict[str, Any]]], closure: Closure
+    ) -> None:
+        """``EventLog.close``, tried again while the store refuses it (an outage, a failed
+        commit), with a growing pause, within the caller's bound (``CLOSE_TIMEOUT_SECONDS``):
+        while the store is unavailable, else ``CLOSE_RETRIES`` times.
+
+        Before, one refused commit crashed the session actor and left the input ``running``
+        until the node's next start (issue 23's crash harness with the fault ``fail:N``); now
+        the turn closes once the store is back, and the session goes on with its next input.
+        A try that finds the input closed already (``ConflictError`` after a refused try: the
+        earlier commit went through and only its answer was lost) is the closure done.
+        """
+        delay = 0.2
+        refused = 0
+        while True:
+            try:
+                await self.events.close(events, closure)
+                return
+            except (Fenced, NotFound):
+                raise
+            except ConflictError:
+                if not refused:
+                    raise
+                log.warning(
+                    "closing turn %s of session %s: an earlier try was stored after all",
+                    closure.input_id,
+                    self.session_id,
+                )
+                return
+            except StoreError as exc:
+                refused += 1
+                if refused > CLOSE_RETRIES and not isinstance(exc, StoreUnavailable):
+                    raise  # not an outage: the same commit fails the same way
+                log.warning(
+                    "closing turn %s of session %s failed (%s); trying again in %g s",
+                    closure.input_id,
+                    self.session_id,
+                    exc,
+                    delay,
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, CLOSE_RETRY_MAX_SECONDS)
 
     async def _turn_emit(
         self, turn: Turn, event: SessionEvent, *, durable: bool = True

@@ -44,6 +44,8 @@ OWNER = "dev"
 #: a hang bound: a webhook target the dead node claimed waits 30 s for the sweep
 SETTLE_SECONDS = 60.0
 WHERES = ("crash-before", "crash-after")
+#: the fault ``fail:N`` (the commit fails, the node lives on): ``--fault fail``
+FAIL = ("fail",)
 #: one node id for every start: the restarted node is a later epoch of the crashed one, so it
 #: closes the crashed node's turns at once (another id would wait out its lease on PostgreSQL)
 NODE_CONFIG = '[node]\nid = "crash-node"\n'
@@ -138,6 +140,9 @@ class Scenario:
     #: a violation it finds that is reported and not fixed yet (docs/reliability.md): the
     #: suite's sample leaves the scenario out while this is set; the command line runs it
     known_violation: str = ""
+    #: set by the harness with the fault ``fail:N``: a commit was refused (the node lived
+    #: on), so a turn whose write it was may end ``failed``, a typed outcome, not a violation
+    refused_commits: bool = False
 
     async def setup(self, client: Client) -> None:
         """What a node without a fault makes first (the crash points are those of the node
@@ -265,21 +270,30 @@ async def _settle(target: Target, scenario: Scenario, node: Node) -> Snapshot:
         await trio.sleep(0.2)
 
 
+#: re-drives of a scenario on a node that answered 5xx and lives on (a failed commit)
+RETRIES = 5
+
+
 async def _drive(target: Target, scenario: Scenario, record: Record, node: Node) -> int | None:
     """Drive the scenario on ``node`` and wait until it settles: None, or the exit status of
-    the node if it died meanwhile."""
-    client = Client(node.url, record, target)
-    client.process = node.process
-    try:
-        await scenario.drive(client)
-        await _settle(target, scenario, node)
-    except ServerGone:
-        with trio.fail_after(30):
-            return await node.process.wait()
-    finally:
-        with trio.CancelScope(shield=True):
-            await client.aclose()
-    return None
+    the node if it died meanwhile. A node that answered 5xx and is still alive a few seconds
+    later (a commit failed, the fault ``fail:N``) is driven again from the start, as a client
+    re-sends what was refused, up to :data:`RETRIES` times."""
+    for _ in range(RETRIES + 1):
+        client = Client(node.url, record, target)
+        client.process = node.process
+        try:
+            await scenario.drive(client)
+            await _settle(target, scenario, node)
+            return None
+        except ServerGone:
+            with trio.move_on_after(5):
+                return await node.process.wait()
+            await trio.sleep(0.5)  # alive: a refused request, re-sent like a client would
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+    raise TimeoutError(f"the node still refused after {RETRIES} re-sends")
 
 
 async def _stop(node: Node) -> int | None:
@@ -369,6 +383,7 @@ async def run_point(
         try:
             outcome.violations += await _set_up(target, run_dir, scenario, record)
             fault = {faults.ENV: f"{where}:{point}"}
+            scenario.refused_commits = where == "fail"
             if survivor:
                 status, problems = await _attempt_with_survivor(
                     target, run_dir, scenario, record, fault
@@ -379,8 +394,12 @@ async def run_point(
                 outcome.crashed = status is not None
             else:
                 status = await _attempt(target, run_dir, scenario, record, fault)
+                if where == "fail":  # the node lives on: "crashed" says the commit failed
+                    outcome.crashed = "injected fault" in _log(run_dir)
             if status is not None and not survivor:
-                if status != faults.CRASH_EXIT:
+                if where == "fail" and "turnstile: cannot start:" in _log(run_dir):
+                    pass  # a refused commit while starting: it says so and exits, to be restarted
+                elif status != faults.CRASH_EXIT:
                     outcome.violations.append(f"the node died with status {status}, not the fault")
                 outcome.crashed = True
                 again = await _attempt(target, run_dir, scenario, record, {faults.ENV: ""})
@@ -396,6 +415,12 @@ async def run_point(
             (run_dir / "snapshot.json").write_text(json.dumps(snap.tables, default=str, indent=1))
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _log(run_dir: Path) -> str:
+    """What the run's nodes wrote to stderr."""
+    path = run_dir / "serve.log"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 async def count_points(

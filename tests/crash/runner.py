@@ -2,7 +2,8 @@
 
 ``.venv/bin/python -m tests.crash --full`` runs every scenario on SQLite (and PostgreSQL with
 ``--store both`` and ``TURNSTILE_TEST_PG_DSN``): first once without a crash to count its
-commit points, then once per point with a crash before it and once with a crash after it.
+commit points, then once per point with a crash before it and once with a crash after it
+(``--fault fail``: once per point with that commit failing while the node lives on).
 Without ``--full``, ``--sample K`` (default 1) points per scenario and store, chosen by a seed
 that is printed (``TURNSTILE_CRASH_SEED`` or ``--seed`` repeats a run), among the points the
 scenario is known to have (:attr:`Scenario.points`), with no counting run: that is the form
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from tests.crash.harness import WHERES, Outcome, count_points, run_many, run_point
+from tests.crash.harness import FAIL, WHERES, Outcome, count_points, run_many, run_point
 from tests.crash.scenarios import SCENARIOS
 
 SEED_ENV = "TURNSTILE_CRASH_SEED"
@@ -50,7 +51,13 @@ class Row:
     seconds: float = 0.0
 
 
-def sample(scenarios: Sequence[str], stores: Sequence[str], k: int, seed: int):
+def sample(
+    scenarios: Sequence[str],
+    stores: Sequence[str],
+    k: int,
+    seed: int,
+    wheres: Sequence[str] = WHERES,
+):
     """``k`` (scenario, store, where, point) per scenario and store, drawn with ``seed``."""
     rng = random.Random(seed)
     picked = []
@@ -58,7 +65,7 @@ def sample(scenarios: Sequence[str], stores: Sequence[str], k: int, seed: int):
         for name in scenarios:
             points = SCENARIOS[name].points
             for _ in range(k):
-                picked.append((name, store, rng.choice(WHERES), rng.randint(1, points)))
+                picked.append((name, store, rng.choice(wheres), rng.randint(1, points)))
     return picked
 
 
@@ -71,10 +78,11 @@ async def run_sample(
     pg_dsn: str | None,
     parallel: int = 3,
     survivor: bool = False,
+    wheres: Sequence[str] = WHERES,
 ) -> list[Outcome]:
     """The sampled crash runs (see :func:`sample`), ``parallel`` at a time."""
     jobs: list[Callable[[], Awaitable[Outcome]]] = []
-    for name, store, where, point in sample(scenarios, stores, k, seed):
+    for name, store, where, point in sample(scenarios, stores, k, seed, wheres):
 
         async def job(name=name, store=store, where=where, point=point) -> Outcome:
             return await run_point(
@@ -93,6 +101,7 @@ async def run_full(
     parallel: int,
     progress: Callable[[str], None],
     survivor: bool = False,
+    wheres: Sequence[str] = WHERES,
 ) -> list[Row]:
     """Every commit point of every scenario on every store, crashed before and after (with
     ``survivor``: on PostgreSQL with a second node that takes over, see ``run_point``)."""
@@ -108,7 +117,7 @@ async def run_full(
             progress(f"{name} on {store}: {row.points} commit points")
             jobs: list[Callable[[], Awaitable[Outcome]]] = []
             for point in range(1, row.points + 1):
-                for where in WHERES:
+                for where in wheres:
 
                     async def job(
                         name: str = name,
@@ -168,7 +177,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="PostgreSQL, two nodes: the crashed one does not come back, the other takes over",
     )
+    parser.add_argument(
+        "--fault",
+        choices=["crash", "fail"],
+        default="crash",
+        help="crash before and after each commit (default), or fail it: the node lives on and"
+        " the client re-sends what was refused",
+    )
     args = parser.parse_args(argv)
+    wheres = FAIL if args.fault == "fail" else WHERES
     scenarios = args.scenario or list(SCENARIOS)
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
     if args.survivor:
@@ -184,7 +201,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.full:
         rows = trio.run(
-            run_full, scenarios, stores, workdir, pg_dsn, args.parallel, progress, args.survivor
+            run_full,
+            scenarios,
+            stores,
+            workdir,
+            pg_dsn,
+            args.parallel,
+            progress,
+            args.survivor,
+            wheres,
         )
     else:
         seed = seed_from(args.seed)
@@ -199,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pg_dsn,
             args.parallel,
             args.survivor,
+            wheres,
         )
         rows = []
         for o in outcomes:

@@ -53,7 +53,8 @@ class MessageWithToolCall(Scenario):
         # crash cut it (then: interrupted, once)
         if not ends:
             out.append("no turn ended")
-        if any(e.get("status") not in ("completed", "interrupted") for e in ends):
+        allowed = ("completed", "interrupted") + (("failed",) if self.refused_commits else ())
+        if any(e.get("status") not in allowed for e in ends):
             out.append(f"a turn ended otherwise: {[e.get('status') for e in ends]}")
         del done
         return out

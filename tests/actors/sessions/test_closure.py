@@ -16,9 +16,11 @@ import trio
 import trio.testing
 
 from tests.support.agents import GatedAgent
+from tests.support.polling import eventually
 from tests.support.sessions import NoTools
 from turnstile.actors.recovery import recover
 from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices, Submit
+from turnstile.runtime.errors import StoreUnavailable
 from turnstile.runtime.gateway.frames import encode_event
 from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import open_store
@@ -98,3 +100,64 @@ async def test_a_crash_right_after_a_turns_stream_end_is_stored_does_not_close_i
         ]
         (item,) = await store.list_inputs("s")
         assert (item.id, item.state) == (submitted.input_id, "done")
+
+
+class RefusesClosures:
+    """The real store, except that its first ``refusals`` closures fail as an outage's do
+    (nothing committed)."""
+
+    def __init__(self, store: Any, refusals: int) -> None:
+        self._store = store
+        self.refusals = refusals
+        self.tries = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name != "close_input":
+            return attr
+
+        async def close_input(*args: Any, **kwargs: Any) -> Any:
+            self.tries += 1
+            if self.tries <= self.refusals:
+                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
+            return await attr(*args, **kwargs)
+
+        return close_input
+
+
+async def test_a_closure_the_store_refuses_is_tried_again_and_the_session_goes_on(
+    autojump_clock,
+):
+    """Issue 23's crash harness with the fault ``fail:N`` on ``close_input``: the refused
+    commit crashed the session actor and left the input ``running`` until the node's next
+    start, and the next message never ran. Now the closure is tried again until the store
+    takes it: one ``stream_end``, the input ``done``, the next message runs."""
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        refusing = RefusesClosures(store, refusals=3)
+        services = SessionServices(
+            store=refusing,  # type: ignore[arg-type]
+            agent=GatedAgent(),
+            tools=NoTools(),
+            limits=SessionLimits(),
+            encode_event=encode_event,
+        )
+        async with open_supervisor("sessions", escalate=False) as sup:
+            registry = Registry(sup, idle_timeout=30.0)
+            registry.register("session", lambda key: SessionActor(key, services))
+            first = await registry.ref("session:s").ask(Submit(content="one"))
+            second = await registry.ref("session:s").ask(Submit(content="two"))
+
+            async def both_done() -> bool:
+                return [i.state for i in await store.list_inputs("s")] == ["done", "done"]
+
+            await eventually(both_done)  # mock time: the pauses between tries, 0.2 s up
+        assert refusing.tries == 5  # three refused, then one closure for each turn
+        events = await store.read_events("s")
+        for submitted in (first, second):
+            ends = [
+                e.payload["status"]
+                for e in events
+                if e.type == "stream_end" and e.payload["input_id"] == submitted.input_id
+            ]
+            assert ends == ["completed"]
