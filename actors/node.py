@@ -242,8 +242,8 @@ async def open_node(
             port=config.port if serve else None,
         )
         async with (
-            open_store(config.store, clock=clock, migrations=migrations) as store,
-            _heartbeat_store(config.store, clock) as beat_store,
+            open_store(config.store, clock=clock, migrations=migrations, name=node_id) as store,
+            _heartbeat_store(config.store, clock, node_id) as beat_store,
             open_membership(
                 store,
                 node_id,
@@ -454,14 +454,14 @@ async def _catch_up(store: Store, registry: Registry, membership: Membership) ->
 
 
 @asynccontextmanager
-async def _heartbeat_store(url: str, clock: Clock) -> AsyncIterator[Store | None]:
+async def _heartbeat_store(url: str, clock: Clock, node_id: str) -> AsyncIterator[Store | None]:
     """PostgreSQL: the store opened a second time, for the node's heartbeats alone (a pool busy
     with fires and turns would hold a heartbeat back until the lease ran out: seen with three
     nodes firing 2,000 timers in one second). SQLite: None (one writer; nothing to gain)."""
     if url.startswith("sqlite:"):
         yield None
         return
-    async with open_store(url, clock=clock) as beat_store:
+    async with open_store(url, clock=clock, name=f"{node_id} heartbeat") as beat_store:
         yield beat_store
 
 

@@ -120,7 +120,11 @@ _SQLITE_OPTIONS = {"synchronous"}
 
 @asynccontextmanager
 async def open_store(
-    url: str, *, clock: Clock | None = None, migrations: Sequence[MigrationSet] = ()
+    url: str,
+    *,
+    clock: Clock | None = None,
+    migrations: Sequence[MigrationSet] = (),
+    name: str | None = None,
 ) -> AsyncIterator[Store]:
     """Open the store at ``url``, apply pending migrations, and close it on exit.
 
@@ -129,6 +133,10 @@ async def open_store(
         clock: stamps every row; defaults to the system clock.
         migrations: migration sets to apply after the kernel's, in this order (see
             :mod:`runtime.store.migrations`); each is tracked by its name and versions.
+        name: who holds the store (a node: its id). PostgreSQL names its connections after it
+            (``application_name``: ``turnstile <name>``, a listener's ``turnstile <name>
+            listen <channel>``; a URL's own ``application_name`` replaces ``turnstile
+            <name>``), so ``pg_stat_activity`` tells whose they are. SQLite ignores it.
 
     Yields:
         The open store (a :class:`~runtime.store.front.Store`).
@@ -160,7 +168,7 @@ async def open_store(
     elif url.startswith(("postgresql://", "postgres://")):
         from turnstile.runtime.store.postgres import open_postgres_backend
 
-        async with open_postgres_backend(url, sets, clock.now()) as postgres:
+        async with open_postgres_backend(url, sets, clock.now(), name=name) as postgres:
             yield Store(postgres, clock)
     else:
         scheme = url.partition(":")[0]

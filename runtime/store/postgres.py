@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import trio
@@ -110,8 +111,11 @@ class _Pool:
     mid-query.
     """
 
-    def __init__(self, dsn: str, min_size: int, max_size: int) -> None:
+    def __init__(
+        self, dsn: str, min_size: int, max_size: int, application_name: str | None = None
+    ) -> None:
         self._dsn = dsn
+        self._application_name = application_name
         self._min_size = min_size
         self._max_size = max_size
         self._idle: list[asyncpg.Connection] = []
@@ -129,7 +133,10 @@ class _Pool:
 
     async def open(self) -> None:
         conns = await asyncio.gather(
-            *(postgres_text.connect(self._dsn) for _ in range(self._min_size)),
+            *(
+                postgres_text.connect(self._dsn, self._application_name)
+                for _ in range(self._min_size)
+            ),
             return_exceptions=True,
         )
         errors = [c for c in conns if isinstance(c, BaseException)]
@@ -155,7 +162,7 @@ class _Pool:
             if self._size < self._max_size:
                 self._size += 1
                 try:
-                    conn = await postgres_text.connect(self._dsn)
+                    conn = await postgres_text.connect(self._dsn, self._application_name)
                 except BaseException:
                     self._size -= 1
                     self._wake()
@@ -218,6 +225,10 @@ class PostgresBackend:
         dsn: an asyncpg DSN; extra query parameters become server settings
             (``?search_path=myschema``).
         min_size, max_size: connection pool bounds.
+        name: who holds the store (a node's id): its connections' ``application_name``, as
+            ``pg_stat_activity`` shows them, is ``turnstile <name>`` (``turnstile`` without
+            one, the DSN's own ``application_name`` if it sets one) and a listener's
+            ``<that> listen <channel>``, so an operator (or a test) can tell whose they are.
     """
 
     kind = "postgres"
@@ -229,8 +240,11 @@ class PostgresBackend:
         min_size: int = 1,
         max_size: int = 10,
         operation_timeout: float | None = None,
+        name: str | None = None,
     ) -> None:
         self.dsn = dsn
+        #: every connection's ``application_name`` (a listener's adds ``listen <channel>``)
+        self.application_name = _application_name(dsn, name)
         self._min_size = min_size
         self._max_size = max_size
         #: seconds an operation may wait for a connection and run (None: ``OPERATION_TIMEOUT``)
@@ -254,7 +268,7 @@ class PostgresBackend:
         self._fault = faults.from_environment()
         self._aio = aio
         try:
-            pool = _Pool(self.dsn, self._min_size, self._max_size)
+            pool = _Pool(self.dsn, self._min_size, self._max_size, self.application_name)
             await aio.call(pool.open)
         except _DRIVER_ERRORS as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
@@ -317,6 +331,7 @@ class PostgresBackend:
         if aio is None or self._closed:
             raise StoreError("store is closed")
         token = trio.lowlevel.current_trio_token()
+        settings = {"application_name": f"{self.application_name} listen {channel}"}
 
         def deliver(payload: str | None) -> None:  # trio thread
             try:
@@ -332,13 +347,7 @@ class PostgresBackend:
 
         while True:
             try:
-                conn = await aio.call(
-                    partial(
-                        asyncpg.connect,
-                        self.dsn,
-                        server_settings={"application_name": f"turnstile listen {channel}"},
-                    )
-                )
+                conn = await aio.call(partial(asyncpg.connect, self.dsn, server_settings=settings))
             except _DRIVER_ERRORS as exc:
                 log.warning("listen on %s: cannot connect (%s); retrying", channel, exc)
                 await trio.sleep(_LISTEN_RETRY)
@@ -372,6 +381,15 @@ class PostgresBackend:
                     await aio.call(_close_conn, conn)
             log.warning("listen on %s: connection closed; reconnecting", channel)
             await trio.sleep(_LISTEN_RETRY)
+
+
+def _application_name(dsn: str, name: str | None) -> str:
+    """The ``application_name`` of a store's connections: the DSN's own if it sets one, else
+    ``turnstile <name>`` (``turnstile`` without a name)."""
+    given = parse_qs(urlsplit(dsn).query).get("application_name")
+    if given:
+        return given[-1]
+    return "turnstile" if name is None else f"turnstile {name}"
 
 
 async def _with_conn(

@@ -9,13 +9,15 @@ from turnstile.runtime.store.escaping import text_codecs
 __all__ = ["connect"]
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    """``asyncpg.connect(dsn)``, with the ``text`` codec that escapes U+0000.
+async def connect(dsn: str, application_name: str | None = None) -> asyncpg.Connection:
+    """``asyncpg.connect(dsn)``, with the ``text`` codec that escapes U+0000 (and, given one,
+    the connection's ``application_name``, as ``pg_stat_activity`` shows it).
 
     Raises:
         asyncpg's and OS errors, as ``asyncpg.connect`` (the connection is closed first).
     """
-    conn = await asyncpg.connect(dsn)
+    settings = None if application_name is None else {"application_name": application_name}
+    conn = await asyncpg.connect(dsn, server_settings=settings)
     try:
         # one round trip per new connection: asyncpg introspects the type once
         await conn.set_type_codec("text", **text_codecs())

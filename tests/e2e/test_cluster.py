@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -795,9 +796,16 @@ async def test_messages_between_nodes_survive_listener_connections_being_cut(tmp
     both nodes are terminated again and again: a lost announcement only delays, so every
     message runs, once. About 25 s on a quiet 2-core box, 90 s on a loaded one;
     ``TURNSTILE_CROSS_NODE_MESSAGES=2000`` runs a shorter version (cutting the connections
-    about as often per message)."""
-    a = Serving(config_file(tmp_path, "a", pg_store, "a"), tmp_path / "a.log")
-    b = Serving(config_file(tmp_path, "b", pg_store, "b"), tmp_path / "b.log")
+    about as often per message).
+
+    Only these two nodes' listeners are cut: the PostgreSQL server is shared with other tests
+    (and test runs), whose listeners must stay. A node names its listener's connection
+    ``turnstile <node id> listen <channel>`` (``application_name``), and the ids here are
+    this test's own."""
+    tag = secrets.token_hex(4)
+    ids = [f"cut-a-{tag}", f"cut-b-{tag}"]
+    a = Serving(config_file(tmp_path, "a", pg_store, ids[0]), tmp_path / "a.log")
+    b = Serving(config_file(tmp_path, "b", pg_store, ids[1]), tmp_path / "b.log")
     sessions = [f"x{i}" for i in range(20)]
     acked: list[int] = []
     try:
@@ -816,7 +824,8 @@ async def test_messages_between_nodes_survive_listener_connections_being_cut(tmp
                 rows = await pg_run(
                     pg_store,
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = 'turnstile listen turnstile_sessions'",
+                    " WHERE application_name = ANY($1::text[])",
+                    [f"turnstile {node} listen turnstile_sessions" for node in ids],
                 )
                 cuts += len(rows)
                 with trio.move_on_after(0.3):

@@ -3,6 +3,7 @@ errors."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 
 import pytest
@@ -17,6 +18,9 @@ from turnstile.runtime.store.kernel import KERNEL
 from turnstile.runtime.store.postgres import open_postgres_backend
 
 pytestmark = pytest.mark.postgres
+
+#: a hang guard (real clock), not a promise: generous for a loaded 2-core box
+WAIT = 60
 
 
 def _on_postgres(fn) -> ops.Operation:
@@ -61,7 +65,7 @@ async def test_a_cancelled_query_gives_its_connection_back(pg_store):
                 await trio.to_thread.run_sync(started.wait)
                 scope.cancel()
         assert scope.cancelled_caught
-        with trio.fail_after(5):  # the pool has its one connection again (a new one)
+        with trio.fail_after(WAIT):  # the pool has its one connection again (a new one)
             assert await backend.run(_on_postgres(quick)) == 42
 
 
@@ -130,3 +134,39 @@ async def test_unreachable_server():
     with pytest.raises(StoreError, match="^postgres: cannot connect"):
         async with open_store("postgresql://postgres@127.0.0.1:1/test"):
             pass
+
+
+async def test_a_named_store_names_its_connections_and_listeners(pg_store):
+    """``pg_stat_activity`` tells whose a connection is: a node's pool is ``turnstile <id>``, its
+    listener ``turnstile <id> listen <channel>`` (docs/operations.md), so an operator or a test
+    can act on one node's connections without touching another's; a URL's own
+    ``application_name`` replaces ``turnstile <id>``."""
+    name = f"n-{secrets.token_hex(4)}"
+
+    async def names(prefix: str) -> list[str]:
+        rows = await pg_run(
+            pg_store,
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE application_name = $1 OR application_name LIKE $2 ORDER BY 1",
+            prefix,
+            prefix + " %",
+        )
+        return sorted(set(r[0] for r in rows))
+
+    for url, base in [
+        (pg_store, f"turnstile {name}"),
+        (f"{pg_store}&application_name=ops-{name}", f"ops-{name}"),
+    ]:
+        async with open_store(url, name=name) as store:
+            connected = trio.Event()
+
+            def heard(payload: str | None, connected: trio.Event = connected) -> None:
+                if payload is None:  # (re)connected
+                    connected.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.listen, "t_named", heard)
+                with trio.fail_after(WAIT):
+                    await connected.wait()
+                assert await names(base) == [base, f"{base} listen t_named"]
+                nursery.cancel_scope.cancel()
