@@ -366,23 +366,31 @@ class BackgroundActor(Actor):
     async def _record_end(self, task: BackgroundTask, notice: str) -> bool:
         """One ``UPDATE`` of the task's row, with the key of the notice that tells it; whether
         its session is to be told here (False: the row was closed as lost by another node
-        meanwhile, which tells the session, or it is gone with its session)."""
+        meanwhile, which tells the session, or it is gone with its session). A refused write is
+        tried again, every half second, for up to ``_WRITE_GRACE`` (then the row stays
+        ``running`` until this node's end closes it as lost)."""
         if self.store is None or not task.recorded:
             return True
         with trio.move_on_after(_WRITE_GRACE, shield=True):
-            try:
-                ended = await self.store.run(
-                    FINISH,
-                    session_key=task.session_id,
-                    id=task.id,
-                    state=task.status,
-                    result=stored_result(task.result),
-                    now=self.store.db_time(self.clock.now()),
-                    notice=notice,
-                )
-            except StoreError as exc:
-                log.warning("background task %s: recording its end failed: %s", task.id, exc)
-                return True
+            while True:
+                try:
+                    ended = await self.store.run(
+                        FINISH,
+                        session_key=task.session_id,
+                        id=task.id,
+                        state=task.status,
+                        result=stored_result(task.result),
+                        now=self.store.db_time(self.clock.now()),
+                        notice=notice,
+                    )
+                    break
+                except StoreError as exc:
+                    log.warning(
+                        "background task %s: recording its end failed (trying again): %s",
+                        task.id,
+                        exc,
+                    )
+                    await trio.sleep(0.5)
             if not ended:
                 log.warning(
                     "background task %s ended (%s) after it was closed as lost or deleted:"
@@ -391,6 +399,7 @@ class BackgroundActor(Actor):
                     task.status,
                 )
             return ended
+        log.warning("background task %s: its end was not recorded", task.id)
         return True
 
     async def _notify(self, batch: _Batch) -> None:

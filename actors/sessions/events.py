@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import trio
 
-from turnstile.runtime.errors import Fenced
+from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError, StoreUnavailable
 from turnstile.runtime.gateway.backend import Subscriber
 from turnstile.runtime.store import EventRecord, InboxItem, Step, Store
 
@@ -25,6 +25,10 @@ log = logging.getLogger("turnstile.session")
 
 #: Events an agent may stream ahead of the store before its next one waits for a commit.
 MAX_UNSTORED_EVENTS = 256
+#: How long a batch the store refuses as unavailable is tried again before it fails.
+RETRY_SECONDS = 60.0
+#: Tries again of a batch the store refused for another reason than an outage.
+RETRIES = 3
 
 
 class Closure(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,21 +208,7 @@ class EventLog:
         assert batch is not None, "no batch waits to be stored"
         self._storing = batch
         try:
-            closure = batch.closure
-            if closure is None:
-                records = await self._store.append_events(
-                    self._session_id, batch.events, fence=self.fence
-                )
-            else:
-                records, batch.closed = await self._store.close_input(
-                    self._session_id,
-                    batch.events,
-                    closure.input_id,
-                    closure.state,
-                    closure.detail,
-                    fence=self.fence,
-                    steps=closure.steps,
-                )
+            records = await self._write(batch)
             if records:
                 self._offer(records)
             if self.on_stored is not None and records:
@@ -241,6 +231,51 @@ class EventLog:
         finally:
             self._storing = None
             batch.done.set()
+
+    async def _write(self, batch: _EventBatch) -> list[EventRecord]:
+        """Store ``batch`` (with its closure, if any), tried again while the store refuses it:
+        for up to ``RETRY_SECONDS`` while it is unavailable, else ``RETRIES`` times, with a
+        growing pause. Nothing else is stored meanwhile, so the log keeps its order.
+
+        Before, a refused batch was dropped: the turn went on, and its ``stream_start`` or
+        ``turn_queued`` was missing from the log for good (issue 23: "one failed event batch
+        dropped a stream_start"; the crash harness with the fault ``fail:N``).
+        """
+        delay, waited, refused = 0.1, 0.0, 0
+        while True:
+            try:
+                closure = batch.closure
+                if closure is None:
+                    return await self._store.append_events(
+                        self._session_id, batch.events, fence=self.fence
+                    )
+                records, batch.closed = await self._store.close_input(
+                    self._session_id,
+                    batch.events,
+                    closure.input_id,
+                    closure.state,
+                    closure.detail,
+                    fence=self.fence,
+                    steps=closure.steps,
+                )
+                return records
+            except (ConflictError, NotFound):
+                raise  # fenced, closed already, or gone: trying again changes nothing
+            except StoreError as exc:
+                refused += 1
+                outage = isinstance(exc, StoreUnavailable)
+                if (waited >= RETRY_SECONDS) if outage else (refused > RETRIES):
+                    raise
+                log.warning(
+                    "storing %d events of session %s failed (%s); trying again in %g s",
+                    len(batch.events),
+                    self._session_id,
+                    exc,
+                    delay,
+                )
+                await trio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 5.0)
 
     def _offer(self, records: list[EventRecord]) -> None:
         """Offer stored events to every subscriber, dropping those that fell too far behind."""
