@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import msgspec
+import trio
 
 from turnstile.actors.sessions.actor import (
     POLICIES,
@@ -61,6 +62,7 @@ from turnstile.runtime.errors import (
     LimitExceeded,
     NotFound,
     PlacedElsewhere,
+    StoreError,
 )
 from turnstile.runtime.gateway.backend import Attached, Submitted, Subscriber
 from turnstile.runtime.metrics import Metrics
@@ -71,6 +73,10 @@ __all__ = ["SessionDirectory", "create_derived_session"]
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
+
+
+#: Tries of each feature's end of a deleted session (``on_session_end``) the store refuses.
+END_TRIES = 3
 
 
 class SessionDirectory:
@@ -316,8 +322,24 @@ class SessionDirectory:
             await self._ask(key, DeleteSession())
         finally:  # deleted, or maybe: every node reads it again
             await self._gone(key)
-        for end in self.hooks.on_session_end:  # each feature ends what it keeps for it
-            await end(key)
+        # Each feature ends what it keeps for it: every one of them, each tried again a few
+        # times when the store refuses it. The session is gone already, so a re-sent DELETE is
+        # a 404 and would not get here again: a feature given up on would keep its rows (a
+        # watcher running for nobody until the next start; issue 23's crash harness with the
+        # fault ``fail:N``).
+        refused: StoreError | None = None
+        for end in self.hooks.on_session_end:
+            for attempt in range(END_TRIES):
+                try:
+                    await end(key)
+                    break
+                except StoreError as exc:
+                    if isinstance(exc, NotFound) or attempt == END_TRIES - 1:
+                        refused = refused or exc
+                        break
+                    await trio.sleep(0.2 * 2**attempt)
+        if refused is not None:
+            raise refused
 
     async def _gone(self, key: str) -> None:
         """The session ``key`` was (or may have been) deleted through this node: forget it

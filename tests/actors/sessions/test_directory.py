@@ -29,6 +29,7 @@ from turnstile.runtime.errors import (
     InvalidArgument,
     LimitExceeded,
     NotFound,
+    StoreError,
     TurnstileError,
 )
 from turnstile.runtime.gateway.frames import encode_event
@@ -243,6 +244,43 @@ async def test_deleting_a_session_ends_it_in_every_feature_derived_session_first
             await answers_of(d, "ada", "main")
             == [("NotFound", "not_found", "no session with id 'main'")] * 10
         )
+        assert await d.list_sessions("ada") == []
+
+
+@pytest.mark.parametrize("refusals", [1, 5])
+async def test_a_feature_end_the_store_refuses_is_tried_again_and_the_others_still_run(
+    tmp_path, refusals
+):
+    """Issue 23's crash harness, ``fail:N`` in a delete: the store refused one feature's end
+    of the deleted session (the notification buffer's); the features after it never ran, so
+    the session's watcher kept running for nobody, and the re-sent DELETE was a 404. Now each
+    end is tried again (a refusal or two pass unseen) and every feature's end runs; one the
+    store keeps refusing is the request's error, after the others ran."""
+    ending = Ending()
+    failing = {"left": refusals}
+
+    async def buffer_end(key: str) -> None:
+        if failing["left"]:
+            failing["left"] -= 1
+            raise StoreError("sqlite: transaction failed: disk I/O error")
+        ending.calls.append(("buffer", key))
+
+    ending.hooks.on_session_end.insert(0, buffer_end)
+    async with directory(tmp_path, hooks=ending.hooks) as d:
+        await d.create_session("ada", session_id="main")
+        if refusals == 1:
+            await d.delete_session("ada", "main")
+            ends = [("buffer", "ada/main")]
+        else:
+            with pytest.raises(StoreError, match="disk I/O error"):
+                await d.delete_session("ada", "main")
+            ends = []
+        assert ending.calls == [
+            ("cancel", "ada/main"),
+            *ends,
+            ("watchers", "ada/main"),
+            ("tasks", "ada/main"),
+        ]
         assert await d.list_sessions("ada") == []
 
 
