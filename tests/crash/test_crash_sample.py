@@ -1,10 +1,11 @@
 """The crash harness in the suite: a seeded sample of commit points per scenario and store.
 
-One crash point per scenario on each store (``TURNSTILE_CRASH_SAMPLE`` for more), drawn with
-a seed that is printed, different each run unless ``TURNSTILE_CRASH_SEED`` is set, four runs
-at a time (a run mostly waits: node starts, a job made due, a webhook claim running out); the
-full form is ``python -m tests.crash --full`` (docs/reliability.md). A scenario with a
-``known_violation`` (reported, not fixed yet) is left out here, and says so.
+One point per scenario on each store (``TURNSTILE_CRASH_SAMPLE`` for more): a crash before or
+after that commit, or that commit refused (``--fault fail``), drawn with a seed that is
+printed, different each run unless ``TURNSTILE_CRASH_SEED`` is set, four runs at a time (a run
+mostly waits: node starts, a job made due, a webhook claim running out); the full form is
+``python -m tests.crash --full`` (docs/reliability.md). A scenario with a ``known_violation``
+(reported, not fixed yet) is left out here, and says so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 
 import pytest
 
+from tests.crash.harness import FAIL, WHERES
 from tests.crash.runner import run_sample, seed_from
 from tests.crash.scenarios import SCENARIOS
 
@@ -25,7 +27,9 @@ async def _sample(store: str, tmp_path, pg_dsn: str | None) -> None:
     for name, why in known.items():
         print(f"left out: {name} ({why})")
     names = [name for name in SCENARIOS if name not in known]
-    outcomes = await run_sample(names, [store], k, seed, tmp_path, pg_dsn, parallel=4)
+    outcomes = await run_sample(
+        names, [store], k, seed, tmp_path, pg_dsn, parallel=4, wheres=WHERES + FAIL
+    )
     assert len(outcomes) == k * len(names)
     violations = [f"{o.describe()}: {v}" for o in outcomes for v in o.violations]
     assert not violations, f"seed {seed}:\n" + "\n".join(violations)
