@@ -10,9 +10,13 @@ import trio
 
 from tests.support.node import ALICE, new_session, running_node
 
+#: a hang guard (real clock: a node and a client in other processes), not a promise: generous,
+#: so that a 2-core box at load 8 passes; each wait ends as soon as what it waits for comes
+WAIT = 60
+
 
 async def read_until(stream, needle: bytes, buffer: bytearray) -> None:
-    with trio.fail_after(15):
+    with trio.fail_after(WAIT):
         while needle not in buffer:
             chunk = await stream.receive_some()
             if not chunk:
@@ -38,7 +42,7 @@ async def test_attach_streams_turns_to_the_terminal_and_sessions_lists(tmp_path)
             await read_until(process.stdout, b"[turn completed]", out)
             assert b"You said: hello from a terminal" in out
             await process.stdin.send_all(b"/quit\n")
-            with trio.fail_after(10):
+            with trio.fail_after(WAIT):
                 assert await process.wait() == 0
         finally:
             if process.returncode is None:

@@ -14,7 +14,7 @@ import sys
 import pytest
 import trio
 
-from tests.e2e.test_cli import read_until
+from tests.e2e.test_cli import WAIT, read_until
 from tests.support.node import ALICE, BOB, new_session, running_node
 from turnstile.actors.cli import main
 from turnstile.actors.config import MemoryConfig
@@ -250,7 +250,7 @@ async def test_changes_and_watch_follow_the_users_memory(tmp_path, capsys):
                 gone = await http.request("DELETE", "/memory/facts", params={"key": "coffee"})
                 assert gone.status_code == 200
             await read_until(process.stdout, b"forgot drinks / coffee\n", out)
-            with trio.fail_after(10):
+            with trio.fail_after(WAIT):
                 assert await process.wait() == 0
         finally:
             if process.returncode is None:

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from tests.actors.sessions.test_anynode import Cluster, eventually, frames
+from tests.actors.sessions.test_anynode import WAIT, Cluster, eventually, frames
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
@@ -20,7 +20,7 @@ async def test_an_approval_is_listed_and_answered_through_another_node(store_url
     async with AsyncExitStack() as stack:
         nodes = await Cluster().start(stack, store_url)
         sent = await nodes.b.directory.submit("ada", "s", '/call echo {"text": "hi"}')
-        with trio.fail_after(10):
+        with trio.fail_after(WAIT):
             await nodes.on_a.until(b'"approval_required"')
         (asked,) = frames(nodes.on_a, "approval_required")
         approval_id = asked["approval_id"]
@@ -35,7 +35,7 @@ async def test_an_approval_is_listed_and_answered_through_another_node(store_url
             "decision": "approved",
             "session_id": "s",
         }
-        with trio.fail_after(10):
+        with trio.fail_after(WAIT):
             await nodes.on_a.until(b'"stream_end"')
         (resolved,) = frames(nodes.on_a, "approval_resolved")
         assert (resolved["decision"], resolved["by"]) == ("approved", "ada")
@@ -50,7 +50,7 @@ async def test_the_first_of_two_answers_through_two_nodes_wins_without_notificat
     async with AsyncExitStack() as stack:
         nodes = await Cluster().start(stack, store_url)
         await nodes.b.directory.submit("ada", "s", '/call echo {"text": "hi"}')
-        with trio.fail_after(10):
+        with trio.fail_after(WAIT):
             await nodes.on_a.until(b'"approval_required"')
         nodes.silence_b()  # a hears of an answer through b only by reading its row
         (asked,) = frames(nodes.on_a, "approval_required")
@@ -75,7 +75,7 @@ async def test_the_first_of_two_answers_through_two_nodes_wins_without_notificat
             f"no pending approval with id {approval_id!r}",
         )
         decision = answers[won[0]]["decision"]
-        with trio.fail_after(10):
+        with trio.fail_after(WAIT):
             await nodes.on_a.until(b'"stream_end"')
         (resolved,) = frames(nodes.on_a, "approval_resolved")
         assert resolved["decision"] == decision

@@ -16,6 +16,8 @@ from turnstile.actors.node import open_node
 from turnstile.runtime.errors import PlacedElsewhere
 
 TOKEN = "handover-token-0123456789"
+#: a hang guard (real clock), not a promise: generous for a 2-core box at load 8
+WAIT = 60
 
 
 class Spy:
@@ -57,7 +59,7 @@ async def test_an_ended_activation_hands_its_lease_over_and_another_node_takes_i
 
         placement.store = Spy(placement.store, release_session=releasing)
         await a.context.sessions.deactivate("session:ada/s")
-        with trio.fail_after(10):  # released in the background
+        with trio.fail_after(WAIT):  # released in the background
             await released.wait()
         assert a.metrics.value("turnstile_leases_released_total") == 1
         await b.context.sessions.resolve("session:ada/s")  # a is live: only a handover lets b
