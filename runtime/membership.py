@@ -23,6 +23,12 @@ node's lifetime:
   interrupted in the same transaction; :attr:`Membership.on_takeover` (set by whoever can close
   those turns and run what waits behind them) gets them. So a dead node's running inputs are
   recovered at most one sweep interval after its lease expired, even if it never comes back.
+  A node that lost touch with the store (a heartbeat failed, or renewed more than two
+  intervals after the one before: a stall) declares no other node dead until it has been
+  back for a whole lease: an outage of the shared store cuts every node off at once, and
+  each must have the time to renew its lease before another may take it for dead (else the
+  first node to sweep after an outage longer than the lease stopped all the others). Those
+  sweeps are counted as deferred; a node cut off alone is declared dead as before.
   The sweep also counts the live nodes it sees, and then calls every hook in
   :attr:`Membership.after_sweep` with the cluster as it saw it: a feature whose work is
   recorded with the node incarnation doing it (a background task) closes there the work of
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import secrets
 import socket
@@ -115,6 +122,8 @@ class Membership:
             one's alone until the first sweep).
         draining: a graceful stop has begun (:meth:`drain`): this node owns nothing new.
         heartbeat_failures: heartbeats the store did not answer, since start-up.
+        settled_at: when (trio's clock) this node may declare other nodes dead again, after
+            it lost touch with the store (``-inf``: it never did).
         on_takeover: gets the inputs each sweep interrupted (a dead node's running inputs);
             None until the node can close their turns: the sweep takes nothing over until
             then.
@@ -144,6 +153,9 @@ class Membership:
         self.live_ids: tuple[str, ...] = (record.id,)
         self.draining = False
         self.heartbeat_failures = 0
+        self.settled_at = -math.inf
+        #: a heartbeat failed and none succeeded since: out of touch with the store
+        self._out_of_touch = False
         self.on_takeover: TakeoverHandler | None = None
         self.after_sweep: list[SweepHook] = []
         self.lost: LeaseLost | None = None
@@ -156,6 +168,11 @@ class Membership:
         for name, help in (  # present from the start, at 0
             ("turnstile_node_heartbeat_failures_total", "Heartbeats that failed."),
             ("turnstile_node_sweeps_total", "Dead-node sweeps run."),
+            (
+                "turnstile_node_sweeps_deferred_total",
+                "Sweeps that declared no node dead: this node was back in touch with the"
+                " store for less than a lease.",
+            ),
             ("turnstile_nodes_declared_dead_total", "Nodes this node declared dead."),
             ("turnstile_inputs_taken_over_total", "Cut-off inputs taken over from dead nodes."),
         ):
@@ -202,13 +219,26 @@ class Membership:
 
     async def _renew(self, address: str | None = None) -> NodeRecord:
         try:
-            return await self.beat_store.heartbeat_node(
+            record = await self.beat_store.heartbeat_node(
                 self.ref, lease_seconds=self.lease_seconds, address=address
             )
         except LeaseLost as exc:
             self.lost = exc
             log.critical("%s: this node stops serving now", exc)
             raise
+        # By the store's clock: a renewal this late after the one before means the store
+        # stalled (no heartbeat failed, they waited).
+        gap = (record.heartbeat_at - self.record.heartbeat_at).total_seconds()
+        if self._out_of_touch or gap > 2 * self.interval:
+            self._out_of_touch = False
+            self.settled_at = trio.current_time() + self.lease_seconds
+            log.warning(
+                "node %r: the store answers again; this node declares no other node dead for"
+                " %g s (a lease), so that every node the outage cut off renews its lease first",
+                self.record.id,
+                self.lease_seconds,
+            )
+        return record
 
     async def heartbeats(self) -> None:
         """Renew the lease every :attr:`interval`, forever; raises ``LeaseLost`` when the store
@@ -220,6 +250,7 @@ class Membership:
             except LeaseLost:
                 raise
             except StoreError as exc:
+                self._out_of_touch = True
                 self.heartbeat_failures += 1
                 self._metrics.inc("turnstile_node_heartbeat_failures_total")
                 log.error(
@@ -241,9 +272,17 @@ class Membership:
             except StoreError as exc:
                 log.error("node %r: sweep for dead nodes failed: %s", self.record.id, exc)
 
+    @property
+    def settled(self) -> bool:
+        """Whether this node may declare other nodes dead: it has been in touch with the store
+        for a lease at least (see the module docstring)."""
+        return not self._out_of_touch and trio.current_time() >= self.settled_at
+
     async def sweep(self) -> None:
         """One sweep (see :meth:`sweeps`)."""
-        if self.on_takeover is not None:
+        # back from an outage for less than a lease: nobody is declared dead this time
+        deferred = self.on_takeover is not None and not self.settled
+        if self.on_takeover is not None and not deferred:
             taken = await self.store.take_over_dead_nodes(self.ref)
             for dead in taken.nodes:
                 log.warning(
@@ -285,6 +324,8 @@ class Membership:
             ids.discard(self.record.id)
         self.live_ids = tuple(sorted(ids))
         self._metrics.inc("turnstile_node_sweeps_total")
+        if deferred:
+            self._metrics.inc("turnstile_node_sweeps_deferred_total")
         for hook in list(self.after_sweep):
             with trio.move_on_after(_TAKEOVER_GRACE, shield=True):
                 try:

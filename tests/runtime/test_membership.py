@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from turnstile.runtime.clock import MockWallClock
-from turnstile.runtime.errors import LeaseLost, StoreError
+from turnstile.runtime.errors import LeaseLost, StoreError, StoreUnavailable
 from turnstile.runtime.membership import default_node_id, ended_by, open_membership
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import NodeRef, open_store
@@ -204,3 +204,75 @@ async def test_an_incarnation_has_ended_once_stopped_or_superseded(store):
     assert ended_by(after, b1.ref).epoch == 2
     assert ended_by(after, b2.ref) is None
     assert ended_by(after, NodeRef("c", 1)) is None  # registered after the view was read
+
+
+class Cuttable:
+    """The store as one node reaches it: while ``cut``, every call raises as an unreachable
+    database does (``StoreUnavailable``)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.cut = False
+
+    def __getattr__(self, name):
+        found = getattr(self.store, name)
+        if not callable(found):
+            return found
+
+        async def call(*args, **kwargs):
+            if self.cut:
+                raise StoreUnavailable()
+            return await found(*args, **kwargs)
+
+        return call
+
+
+async def nothing(taken) -> None:
+    pass
+
+
+async def test_nodes_that_lose_the_store_together_past_their_lease_all_serve_on(
+    store, autojump_clock
+):
+    """An outage of the shared store longer than the lease, for every node at once: each one
+    lost touch, so none declares another dead until it has been back for a lease, and by then
+    every node that came back has renewed. Before, the first node to sweep after the outage
+    declared the others dead and they stopped serving."""
+    a_store, b_store = Cuttable(store), Cuttable(store)
+    metrics = Metrics()
+    async with open_membership(a_store, "a", lease_seconds=LEASE, metrics=metrics) as a:
+        a.on_takeover = nothing
+        await trio.sleep(a.interval / 2)  # b beats between a's beats: a sweeps first after
+        async with open_membership(b_store, "b", lease_seconds=LEASE) as b:
+            b.on_takeover = nothing
+            await trio.sleep(a.interval)
+            a_store.cut = b_store.cut = True
+            await trio.sleep(2 * LEASE)
+            assert await nodes(store) == {"a": (1, "running", False), "b": (1, "running", False)}
+            a_store.cut = b_store.cut = False
+            await trio.sleep(3 * LEASE)
+            assert await nodes(store) == {"a": (1, "running", True), "b": (1, "running", True)}
+            assert a.lost is None and b.lost is None
+            assert metrics.snapshot()["turnstile_node_sweeps_deferred_total"] > 0
+            assert metrics.snapshot()["turnstile_nodes_declared_dead_total"] == 0
+
+
+async def test_a_node_that_alone_loses_the_store_past_its_lease_is_declared_dead(
+    store, autojump_clock
+):
+    """Fencing holds: a node cut off alone (the others reach the store all along) is declared
+    dead once its lease ran out, and stops serving when it reaches the store again."""
+    b_store = Cuttable(store)
+    metrics = Metrics()
+    async with open_membership(store, "a", lease_seconds=LEASE, metrics=metrics) as a:
+        a.on_takeover = nothing
+        with pytest.raises(LeaseLost, match=r"^node 'b' epoch 1 was declared dead "):
+            async with open_membership(b_store, "b", lease_seconds=LEASE) as b:
+                b.on_takeover = nothing
+                b_store.cut = True
+                await trio.sleep(LEASE + 2 * a.interval)
+                assert (await nodes(store))["b"] == (1, "stopped", False)
+                b_store.cut = False
+                await trio.sleep_forever()  # b's next heartbeat finds it declared dead
+        assert metrics.snapshot()["turnstile_nodes_declared_dead_total"] == 1
+        assert metrics.snapshot()["turnstile_node_sweeps_deferred_total"] == 0
