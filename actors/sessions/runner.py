@@ -26,6 +26,7 @@ import logging
 import math
 import traceback
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -141,6 +142,8 @@ class TurnRunner:
     async def _drain(self, done: trio.Event) -> None:
         """Run queued inputs one at a time, oldest first, until none is left; then set
         ``done``."""
+        #: when a claim the store did not answer was tried (its commit may have gone through)
+        uncertain: datetime | None = None
         try:
             while not self.deleting and not self.fenced:
                 self.wakeup_pending = False
@@ -150,16 +153,23 @@ class TurnRunner:
                     # inbox for the nodes that stay
                     if self.deleting or self.fenced or self.services.running.draining:
                         return
+                    tried = self.services.store.clock.now()
                     try:
-                        item = await self.services.store.claim_next_input(
-                            self.session_id, fence=self.fence
-                        )
+                        item = None
+                        if uncertain is not None:
+                            item = await self._lost_claim(uncertain)
+                        if item is None:
+                            uncertain = None
+                            item = await self.services.store.claim_next_input(
+                                self.session_id, fence=self.fence
+                            )
                     except Fenced as exc:
                         self._lost_lease(exc)
                         return
                     except StoreUnavailable:
                         # the inputs wait in the inbox: look again once the store answers
                         # (the session stays up; a crash would fail whoever asks it meanwhile)
+                        uncertain = tried if uncertain is None else uncertain
                         self.wakeup_pending = True
                         await trio.sleep(STORE_RETRY_SECONDS)
                         continue
@@ -191,6 +201,31 @@ class TurnRunner:
         finally:
             self.runner_active = False
             done.set()
+
+    async def _lost_claim(self, tried: datetime) -> InboxItem | None:
+        """The oldest input of the session that a claim tried since ``tried`` (by the store's
+        clock) took although its answer was lost, or None.
+
+        A claim is one commit; when the connection fails after it and before its answer
+        (a stall, a reset, a half-open connection), the input is ``running``, claimed by this
+        node, and no turn runs it: the next claim would take the input after it, and this one
+        would stay ``running`` until the node's next start (found by a half-open connection
+        in ``tests/e2e/test_store_outage.py``). It is the one ``running`` input of the session
+        stamped with this node's incarnation and changed at or after ``tried``: an input's
+        turn is never started without its claim's answer, so it has not run.
+        """
+        store = self.services.store
+        running = await store.list_inputs(self.session_id, ["running"])
+        for item in running:
+            if item.claimed_by == store.claimer and item.updated_at >= tried:
+                log.warning(
+                    "session %s: input %s was claimed although the store's answer was lost;"
+                    " its turn runs now",
+                    self.session_id,
+                    item.id,
+                )
+                return item
+        return None
 
     async def _run_turn(self, item: InboxItem) -> None:
         self.services.running.started()
