@@ -48,6 +48,9 @@ R = TypeVar("R")
 
 _MIN_SQLITE = (3, 37, 0)  # STRICT tables (RETURNING needs 3.35)
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Seconds a statement waits for a lock another connection holds on the file (another
+#: process's write) before it fails: then the store is unavailable (``503``, outage.py).
+BUSY_TIMEOUT = 10.0
 
 
 class SQLiteBackend:
@@ -92,7 +95,7 @@ class SQLiteBackend:
 
     def _connect(self, *, read_only: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
         )
         conn.row_factory = sqlite3.Row
         if read_only:
