@@ -179,7 +179,7 @@ class BackgroundActor(Actor):
         self.store = store
         self.node = node
         self.tasks: dict[str, BackgroundTask] = {}
-        self._outbox: dict[str, list[BackgroundTask]] = {}
+        self._outbox: dict[str, _Batch] = {}
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -349,7 +349,7 @@ class BackgroundActor(Actor):
         )
         if found is None:
             task.recorded = True
-        return found  # type: ignore[no-any-return]
+        return found
 
     def _batch_for(self, task: BackgroundTask) -> _Batch:
         """The session's open batch, which ``task`` joins, or a new one it opens (and whose
