@@ -1,4 +1,4 @@
-"""Scheduling across nodes (PostgreSQL, two nodes in-process, real time with a 1 s lease):
+"""Scheduling across nodes (PostgreSQL, two nodes in-process, real time with a 3 s lease):
 each job is fired by one live node, chosen by its id, whichever node created it; a node that
 leaves hands its jobs to the others; every occurrence fires once (the fire's compare-and-set).
 
@@ -25,7 +25,7 @@ TOKEN = "cluster-sched-token-0123456789"
 
 
 def config(url: str, node_id: str) -> Config:
-    return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=1, placement="leases"))
+    return Config(store=url, node=NodeConfig(id=node_id, lease_seconds=3, placement="leases"))
 
 
 async def fired(node, job_ids) -> dict[str, int]:

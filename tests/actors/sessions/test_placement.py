@@ -146,9 +146,11 @@ async def expire_lease(backend: Backend, node_id: str) -> None:
 
 async def test_an_input_another_node_stores_reaches_the_holder(store_url):
     """A fire, a webhook or a message handled on another node stores the input in the inbox;
-    the node that holds the session picks it up by its next sweep interval at the latest."""
+    the node that holds the session picks it up by its next sweep interval at the latest.
+    (``a``'s lease is short, so its interval is a second; not shorter: at load 9-15 on 2 cores
+    a heartbeat came over a second late, and a 1 s lease would then lapse.)"""
     a_agent = GatedAgent()
-    short = NodeConfig(id="a", lease_seconds=1, placement="leases")
+    short = NodeConfig(id="a", lease_seconds=3, placement="leases")
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
             open_node(
