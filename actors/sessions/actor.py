@@ -431,11 +431,23 @@ class SessionActor(TurnRunner, Actor):
             )
             if not enqueued.created:
                 return _replayed(enqueued.item)
+            if self.turn is not turn:  # the turn closed while the key was stored
+                return await self._own_turn(source, content, payload)
         await self._emit(InjectedMessage.of(source, content, turn.item.id, payload))
+        if self.turn is not turn:  # it closed meanwhile, and would never take it
+            return await self._own_turn(source, content, payload)
         entry = HistoryEntry(role="user", content=content, source=source)
         turn.injections.append(entry)
         self._remember(entry)
         return Submitted(injected=True)
+
+    async def _own_turn(self, source: str, content: str, payload: dict[str, Any]) -> Submitted:
+        """An input meant for a turn that ended before it got there: a turn of its own, as the
+        injections a closing turn never took become (issue 23's survivor crash runs: a
+        background task's keyed notice folded into a turn that closed while its key was
+        stored was never seen by the agent)."""
+        item, _ = await self._enqueue(source, content, {**payload, "was_injected": True})
+        return Submitted(input_id=item.id)
 
     async def _queued(self, input_id: int, source: str) -> None:
         """An input stored without this actor (a fire, another node's client) is in the inbox:
