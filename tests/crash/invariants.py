@@ -52,6 +52,39 @@ def _input_id(payload: object) -> int | None:
     return None
 
 
+def _folded(snap: Snapshot, row: dict, into: int, turns: dict[int, list[dict]]) -> list[str]:
+    """An input folded into the turn of ``into``: its ``user_message`` lies inside that
+    turn (between its ``stream_start`` and ``stream_end``), or, when that turn closed first,
+    it ran as a turn of its own (an input ``was_injected`` with its content)."""
+    content = (row["payload"] or {}).get("content") if isinstance(row["payload"], dict) else None
+    window = [e["seq"] for e in turns.get(into, []) if e["type"] in ("stream_start", "stream_end")]
+    told = [
+        e["seq"]
+        for e in snap["events"]
+        if e["session_id"] == row["session_id"]
+        and e["type"] == "user_message"
+        and e["payload"].get("injected_into") == into
+        and e["payload"].get("content") == content
+    ]
+    if len(window) == 2 and any(window[0] < seq < window[1] for seq in told):
+        return []
+    ran = [
+        other
+        for other in snap["inbox"]
+        if other["session_id"] == row["session_id"]
+        and isinstance(other["payload"], dict)
+        and other["payload"].get("was_injected")
+        and other["payload"].get("content") == content
+    ]
+    if len(ran) == 1:
+        return []
+    return [
+        f"input {row['id']} ({row['source']}) was folded into the turn of input {into} but is"
+        f" not inside it (user_message at {told or 'none'}, turn {window}) and ran as"
+        f" {len(ran)} turns of its own"
+    ]
+
+
 def check(snap: Snapshot, record: Record) -> list[str]:
     """The violations of the module docstring's invariants in ``snap`` (see there)."""
     out: list[str] = []
@@ -69,8 +102,9 @@ def check(snap: Snapshot, record: Record) -> list[str]:
             out.append(f"input {input_id} ({row['source']}) stays {row['state']}")
             continue
         detail = row["detail"] if isinstance(row["detail"], dict) else {}
-        if detail.get("folded"):
-            continue  # folded into a running turn: it never had a turn of its own
+        if "injected_into" in detail:  # folded into a running turn: no turn of its own
+            out += _folded(snap, row, detail["injected_into"], turns)
+            continue
         every = [e["type"] for e in turns.get(input_id, [])]
         if detail.get("suppressed"):
             # a quiet heartbeat: logged in its run record, not streamed (by design)

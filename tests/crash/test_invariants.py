@@ -205,3 +205,62 @@ def test_a_deleted_sessions_watcher_rows_are_caught():
     )
     record = Record(deleted={"dev/s"})
     assert check(snap, record) == ["deleted session dev/s left kv (2)"]
+
+
+def _folding(user_message_seq: int, ran_alone: bool) -> Snapshot:
+    """Input 1's turn (seq 1 and 3); input 2, a notice folded into it, its user_message at
+    ``user_message_seq``; with ``ran_alone``, input 3 ran it as a turn of its own."""
+    notice = {"content": "the task ended", "background_tasks": ["bg-1"]}
+    inputs = [
+        {
+            "id": 1,
+            "session_id": "dev/s",
+            "source": "user",
+            "state": "done",
+            "detail": None,
+            "payload": {"content": "hi"},
+            "idempotency_key": "client:m1",
+        },
+        {
+            "id": 2,
+            "session_id": "dev/s",
+            "source": "notification",
+            "state": "done",
+            "detail": {"injected_into": 1},
+            "payload": notice,
+            "idempotency_key": "background:bg-1",
+        },
+    ]
+    events = [
+        _turn("dev/s", 1, "stream_start", 1),
+        _turn("dev/s", 3, "stream_end", 1, status="completed"),
+        {
+            "session_id": "dev/s",
+            "seq": user_message_seq,
+            "type": "user_message",
+            "payload": {"source": "notification", "injected_into": 1, **notice},
+        },
+    ]
+    if ran_alone:
+        inputs.append(
+            {
+                "id": 3,
+                "session_id": "dev/s",
+                "source": "notification",
+                "state": "done",
+                "detail": None,
+                "payload": {**notice, "was_injected": True},
+                "idempotency_key": None,
+            }
+        )
+        events += [_turn("dev/s", 5, "stream_start", 3), _turn("dev/s", 6, "stream_end", 3)]
+    events.sort(key=lambda e: e["seq"])
+    return _store(events, inputs, last_seq=max(e["seq"] for e in events))
+
+
+def test_an_input_folded_into_a_turn_that_closed_first_is_caught_unless_it_ran_alone():
+    record = _acked(1)
+    assert check(_folding(2, ran_alone=False), record) == []  # inside its turn
+    (violation,) = [v for v in check(_folding(4, ran_alone=False), record) if "folded" in v]
+    assert "was folded into the turn of input 1 but is not inside it" in violation
+    assert not [v for v in check(_folding(4, ran_alone=True), record) if "folded" in v]
