@@ -380,7 +380,8 @@ class BufferedNotification(Scenario):
         except (OSError, ConnectionError, trio.BrokenResourceError) as exc:
             raise ServerGone(f"websocket: {exc!r}") from None
         except Exception as exc:  # trio_websocket's own closed/handshake errors
-            if "ConnectionClosed" in type(exc).__name__ or "Handshake" in type(exc).__name__:
+            name = type(exc).__name__
+            if "ConnectionClosed" in name or "Handshake" in name or "ConnectionTimeout" in name:
                 raise ServerGone(f"websocket: {exc!r}") from None
             raise
 
