@@ -70,17 +70,39 @@ def checks_of(node, wid: str) -> int:
 
 async def escalations(node) -> Counter:
     """Escalations each watcher's session was told of, on any node: the notification turns
-    and the notifications folded into running turns, as the sessions' logs have them."""
-    sent: Counter = Counter()
+    and the notifications folded into running turns, as the sessions' logs have them.
+
+    A notification folded into a turn that ended before the agent took it is queued again as
+    a turn of its own (its input says ``was_injected``; ``actors/sessions/runner.py``): its
+    ``user_message`` and that turn's ``stream_start`` are one escalation told, not two. (On a
+    loaded box a baseline came in just as the turn it was folded into ended, and was counted
+    twice.) Each escalation's text is its own (its check number, its count so far), so they
+    are matched by text."""
+    told: Counter = Counter()
     for session in SESSIONS:
+        again = {
+            item.id
+            for item in await node.store.list_inputs(session)
+            if item.payload.get("was_injected")
+        }
+        counts: dict[str, Counter] = {}  # an escalation's text: how it reached the session
         for event in await node.store.read_events(session, limit=10_000):
             payload = event.payload
-            if event.type in ("stream_start", "user_message") and (
-                payload.get("source") == "notification"
+            if event.type not in ("stream_start", "user_message") or (
+                payload.get("source") != "notification"
             ):
-                for wid in re.findall(r"watcher_id=([0-9a-f]+),", payload.get("content", "")):
-                    sent[wid] += 1
-    return sent
+                continue
+            how = event.type
+            if how == "stream_start" and payload.get("input_id") in again:
+                how = "again"
+            for text in re.split(r"(?=\[WATCHER UPDATE\] )", payload.get("content", "")):
+                if text.strip():
+                    counts.setdefault(text.strip(), Counter())[how] += 1
+        for text, how in counts.items():
+            (wid,) = re.findall(r"watcher_id=([0-9a-f]+),", text)
+            folded = how["user_message"]
+            told[wid] += how["stream_start"] + folded + how["again"] - min(folded, how["again"])
+    return told
 
 
 async def start_watchers(a, b) -> tuple[dict[str, str], dict[str, str]]:
