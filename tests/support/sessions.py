@@ -1,11 +1,22 @@
-"""Stand-ins a session actor talks to: ``NoTools`` (a tool caller with no tools) and
-``Recorder`` (a subscriber that keeps every frame and can fall behind on purpose)."""
+"""Stand-ins a session actor talks to: ``NoTools`` (a tool caller with no tools),
+``Recorder`` (a subscriber that keeps every frame and can fall behind on purpose), ``StoreWith``
+(the real store with some methods made to misbehave), and ``session_actors`` (a registry of
+session actors over a store)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
 import trio
 
+from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.runtime.gateway.frames import encode_event
+from turnstile.runtime.registry import Registry
+from turnstile.runtime.supervisor import open_supervisor
 
 
 class NoTools:
@@ -48,3 +59,38 @@ class Recorder:
 
     def deleted(self, session_id) -> None:
         self.deleted_event.set()
+
+
+class StoreWith:
+    """The real store with some of its methods replaced, to make the store misbehave where a
+    test needs it: ``StoreWith(store, close_input=refuse)`` calls ``await refuse(real, *args,
+    **kwargs)`` (``real`` the store's own method) for every ``close_input``; every other
+    attribute is the store's."""
+
+    def __init__(self, store: Any, **overrides: Callable[..., Awaitable[Any]]) -> None:
+        self._store = store
+        self._overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        override = self._overrides.get(name)
+        return attr if override is None else functools.partial(override, attr)
+
+
+@asynccontextmanager
+async def session_actors(store: Any, agent: Any = None) -> AsyncIterator[Registry]:
+    """A registry of session actors (``session:<key>``) over ``store`` (the real one, or a
+    ``StoreWith``), with ``agent`` (a ``GatedAgent`` unless given) and no tools."""
+    from tests.support.agents import GatedAgent
+
+    services = SessionServices(
+        store=store,
+        agent=agent if agent is not None else GatedAgent(),
+        tools=NoTools(),
+        limits=SessionLimits(),
+        encode_event=encode_event,
+    )
+    async with open_supervisor("sessions", escalate=False) as sup:
+        registry = Registry(sup, idle_timeout=30.0)
+        registry.register("session", lambda key: SessionActor(key, services))
+        yield registry

@@ -17,7 +17,7 @@ import trio.testing
 
 from tests.support.agents import GatedAgent
 from tests.support.polling import eventually
-from tests.support.sessions import NoTools
+from tests.support.sessions import NoTools, StoreWith, session_actors
 from turnstile.actors.recovery import recover
 from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices, Submit
 from turnstile.runtime.errors import StoreUnavailable
@@ -102,29 +102,6 @@ async def test_a_crash_right_after_a_turns_stream_end_is_stored_does_not_close_i
         assert (item.id, item.state) == (submitted.input_id, "done")
 
 
-class RefusesClosures:
-    """The real store, except that its first ``refusals`` closures fail as an outage's do
-    (nothing committed)."""
-
-    def __init__(self, store: Any, refusals: int) -> None:
-        self._store = store
-        self.refusals = refusals
-        self.tries = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name != "close_input":
-            return attr
-
-        async def close_input(*args: Any, **kwargs: Any) -> Any:
-            self.tries += 1
-            if self.tries <= self.refusals:
-                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
-            return await attr(*args, **kwargs)
-
-        return close_input
-
-
 async def test_a_closure_the_store_refuses_is_tried_again_and_the_session_goes_on(
     autojump_clock,
 ):
@@ -134,17 +111,16 @@ async def test_a_closure_the_store_refuses_is_tried_again_and_the_session_goes_o
     takes it: one ``stream_end``, the input ``done``, the next message runs."""
     async with open_store("sqlite:///:memory:") as store:
         await store.create_session("s", "ada")
-        refusing = RefusesClosures(store, refusals=3)
-        services = SessionServices(
-            store=refusing,  # type: ignore[arg-type]
-            agent=GatedAgent(),
-            tools=NoTools(),
-            limits=SessionLimits(),
-            encode_event=encode_event,
-        )
-        async with open_supervisor("sessions", escalate=False) as sup:
-            registry = Registry(sup, idle_timeout=30.0)
-            registry.register("session", lambda key: SessionActor(key, services))
+        tries = 0
+
+        async def close_input(real, *args: Any, **kwargs: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            if tries <= 3:  # refused as an outage's commits are: nothing stored
+                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
+            return await real(*args, **kwargs)
+
+        async with session_actors(StoreWith(store, close_input=close_input)) as registry:
             first = await registry.ref("session:s").ask(Submit(content="one"))
             second = await registry.ref("session:s").ask(Submit(content="two"))
 
@@ -152,7 +128,7 @@ async def test_a_closure_the_store_refuses_is_tried_again_and_the_session_goes_o
                 return [i.state for i in await store.list_inputs("s")] == ["done", "done"]
 
             await eventually(both_done)  # mock time: the pauses between tries, 0.2 s up
-        assert refusing.tries == 5  # three refused, then one closure for each turn
+        assert tries == 5  # three refused, then one closure for each turn
         events = await store.read_events("s")
         for submitted in (first, second):
             ends = [

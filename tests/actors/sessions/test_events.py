@@ -16,45 +16,26 @@ import trio
 
 from tests.support.agents import GatedAgent
 from tests.support.polling import eventually
-from tests.support.sessions import NoTools
-from turnstile.actors.sessions.actor import (
-    Inject,
-    SessionActor,
-    SessionLimits,
-    SessionServices,
-    Submit,
-)
+from tests.support.sessions import StoreWith, session_actors
+from turnstile.actors.sessions.actor import Inject, Submit
 from turnstile.runtime.errors import StoreError, StoreUnavailable
-from turnstile.runtime.gateway.frames import encode_event
-from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import open_store
-from turnstile.runtime.supervisor import open_supervisor
 
 pytestmark = pytest.mark.guard(600)
 
 
-class RefusesAppends:
-    """The real store, except that the appends it is told to refuse fail as ``error`` does
-    (nothing committed)."""
+def refusing_appends(refuse: set[int], error: Exception):
+    """A ``StoreWith`` override of ``append_events`` that refuses the appends numbered in
+    ``refuse`` (1, 2, …) as ``error`` does (nothing committed); ``.appends`` counts them."""
 
-    def __init__(self, store: Any, refuse: set[int], error: Exception) -> None:
-        self._store = store
-        self.refuse = refuse
-        self.error = error
-        self.appends = 0
+    async def append_events(real, *args: Any, **kwargs: Any) -> Any:
+        append_events.appends += 1  # type: ignore[attr-defined]
+        if append_events.appends in refuse:  # type: ignore[attr-defined]
+            raise error
+        return await real(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name != "append_events":
-            return attr
-
-        async def append_events(*args: Any, **kwargs: Any) -> Any:
-            self.appends += 1
-            if self.appends in self.refuse:
-                raise self.error
-            return await attr(*args, **kwargs)
-
-        return append_events
+    append_events.appends = 0  # type: ignore[attr-defined]
+    return append_events
 
 
 @pytest.mark.parametrize(
@@ -68,17 +49,8 @@ class RefusesAppends:
 async def test_a_refused_batch_is_stored_later_in_order_not_dropped(autojump_clock, error):
     async with open_store("sqlite:///:memory:") as store:
         await store.create_session("s", "ada")
-        refusing = RefusesAppends(store, refuse={1, 2, 4}, error=error)
-        services = SessionServices(
-            store=refusing,  # type: ignore[arg-type]
-            agent=GatedAgent(),
-            tools=NoTools(),
-            limits=SessionLimits(),
-            encode_event=encode_event,
-        )
-        async with open_supervisor("sessions", escalate=False) as sup:
-            registry = Registry(sup, idle_timeout=30.0)
-            registry.register("session", lambda key: SessionActor(key, services))
+        appends = refusing_appends({1, 2, 4}, error)
+        async with session_actors(StoreWith(store, append_events=appends)) as registry:
             submitted = await registry.ref("session:s").ask(Submit(content="hello"))
 
             async def closed() -> bool:
@@ -95,29 +67,7 @@ async def test_a_refused_batch_is_stored_later_in_order_not_dropped(autojump_clo
         ]
         assert all(e.payload["input_id"] == submitted.input_id for e in events)
         assert events[3].payload["status"] == "completed"
-        assert refusing.appends >= 4  # the refused tries were made, and made again
-
-
-class HoldsKeyedEnqueues:
-    """The real store, except that ``enqueue_keyed`` waits for ``release`` (and says when it
-    was entered): a keyed notice still being stored while its turn ends."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.entered = trio.Event()
-        self.release = trio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name != "enqueue_keyed":
-            return attr
-
-        async def enqueue_keyed(*args: Any, **kwargs: Any) -> Any:
-            self.entered.set()
-            await self.release.wait()
-            return await attr(*args, **kwargs)
-
-        return enqueue_keyed
+        assert appends.appends >= 4  # the refused tries were made, and made again
 
 
 async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own_turn(
@@ -130,17 +80,15 @@ async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own
     agent = GatedAgent()
     async with open_store("sqlite:///:memory:") as store:
         await store.create_session("s", "ada")
-        holding = HoldsKeyedEnqueues(store)
-        services = SessionServices(
-            store=holding,  # type: ignore[arg-type]
-            agent=agent,
-            tools=NoTools(),
-            limits=SessionLimits(),
-            encode_event=encode_event,
-        )
-        async with open_supervisor("sessions", escalate=False) as sup:
-            registry = Registry(sup, idle_timeout=30.0)
-            registry.register("session", lambda key: SessionActor(key, services))
+        entered, release = trio.Event(), trio.Event()
+
+        async def enqueue_keyed(real, *args: Any, **kwargs: Any) -> Any:
+            entered.set()  # folding in: the key is being stored…
+            await release.wait()  # …until the test lets it
+            return await real(*args, **kwargs)
+
+        holding = StoreWith(store, enqueue_keyed=enqueue_keyed)
+        async with session_actors(holding, agent) as registry:
             ref = registry.ref("session:s")
             await ref.ask(Submit(content="wait:a"))
             answers: list[Any] = []
@@ -151,14 +99,14 @@ async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(tell)
-                await holding.entered.wait()  # folding in: the key is being stored
+                await entered.wait()
                 agent.gate("wait:a").set()  # the turn ends meanwhile
 
                 async def first_closed() -> bool:
                     return [i.state for i in await store.list_inputs("s")] == ["done"]
 
                 await eventually(first_closed)
-                holding.release.set()
+                release.set()
 
             async def notice_ran() -> bool:
                 return "the task ended" in agent.running and all(

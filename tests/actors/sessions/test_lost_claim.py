@@ -13,39 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.agents import GatedAgent
 from tests.support.polling import eventually
-from tests.support.sessions import NoTools
-from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices, Submit
+from tests.support.sessions import StoreWith, session_actors
+from turnstile.actors.sessions.actor import Submit
 from turnstile.runtime.errors import StoreUnavailable
-from turnstile.runtime.gateway.frames import encode_event
-from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import open_store
-from turnstile.runtime.supervisor import open_supervisor
-
-
-class LosesClaimAnswers:
-    """The real store, except that the answers of its first ``lost`` claims are lost: each
-    commits, then fails as an outage does."""
-
-    def __init__(self, store: Any, lost: int) -> None:
-        self._store = store
-        self.lost = lost
-        self.claims = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name != "claim_next_input":
-            return attr
-
-        async def claim_next_input(*args: Any, **kwargs: Any) -> Any:
-            self.claims += 1
-            claimed = await attr(*args, **kwargs)
-            if self.claims <= self.lost:
-                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
-            return claimed
-
-        return claim_next_input
 
 
 async def test_an_input_whose_claim_answer_was_lost_runs_once_and_in_order(autojump_clock):
@@ -53,17 +25,18 @@ async def test_an_input_whose_claim_answer_was_lost_runs_once_and_in_order(autoj
         node, _ = await store.register_node("a", lease_seconds=60)
         store.claimer = node.ref
         await store.create_session("s", "ada")
-        losing = LosesClaimAnswers(store, lost=1)
-        services = SessionServices(
-            store=losing,  # type: ignore[arg-type]
-            agent=GatedAgent(),
-            tools=NoTools(),
-            limits=SessionLimits(),
-            encode_event=encode_event,
-        )
-        async with open_supervisor("sessions", escalate=False) as sup:
-            registry = Registry(sup, idle_timeout=30.0)
-            registry.register("session", lambda key: SessionActor(key, services))
+        claims = 0
+
+        async def claim_next_input(real, *args: Any, **kwargs: Any) -> Any:
+            nonlocal claims
+            claims += 1
+            claimed = await real(*args, **kwargs)
+            if claims == 1:  # committed, and its answer lost as an outage loses one
+                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
+            return claimed
+
+        losing = StoreWith(store, claim_next_input=claim_next_input)
+        async with session_actors(losing) as registry:
             first = await registry.ref("session:s").ask(Submit(content="one"))
             second = await registry.ref("session:s").ask(Submit(content="two"))
 
