@@ -16,7 +16,16 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   spec="."
   [ -n "$extras" ] && spec=".[$extras]"
+  # pip passes on what the build backend prints: setuptools' note that an editable install uses
+  # a meta path finder is about ten lines of "BuildBackendWarning" that need no action. Kept in a
+  # log, shown only when the install fails.
+  log=".venv/install.log"
+  echo "installing turnstile into .venv (once; pip's output in $log)" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install --quiet -e "$spec"
+  if ! .venv/bin/python -m pip install --quiet -e "$spec" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "installing turnstile into .venv failed (output above, and in $log)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi

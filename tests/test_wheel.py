@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,7 @@ class Installed:
     wheel: Path  #: the built wheel file
     source: Path  #: the copy of the working tree the wheel was built from
     decoys: Path  #: a working directory with decoy runtime/, tools/, actors/ packages
+    build_output: str  #: what building the wheel printed (pip's stdout and stderr)
 
 
 def venv_bin(venv: Path, name: str) -> Path:
@@ -115,13 +117,14 @@ def run_in_installed(venv: Path, code: str, cwd: Path, timeout: float = 120) -> 
     return result.stdout
 
 
-def _run(cmd: list[str], *, what: str, timeout: float) -> None:
+def _run(cmd: list[str], *, what: str, timeout: float) -> str:
     result = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         pytest.fail(
             f"{what} failed (exit {result.returncode}): {' '.join(cmd)}\n"
             f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
         )
+    return result.stdout + result.stderr
 
 
 def _copy_source(destination: Path) -> Path:
@@ -157,7 +160,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("wheel")
     source = _copy_source(root / "source")
     dist = root / "dist"
-    _run(
+    build_output = _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
          "--wheel-dir", str(dist), str(source)],
         what="building the wheel", timeout=300,
@@ -170,7 +173,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
          "--quiet", "--disable-pip-version-check", "--no-input", str(wheel)],
         what="installing the wheel with its dependencies", timeout=600,
     )  # fmt: skip
-    return Installed(venv, wheel, source, _decoy_directory(root / "decoys"))
+    return Installed(venv, wheel, source, _decoy_directory(root / "decoys"), build_output)
+
+
+def test_building_the_wheel_prints_no_warning(installed):
+    """setuptools warns (fifty lines, at every build, on a user's first ``serve.sh``) about any
+    folder under a package that is not listed in ``packages``, the console's ``static/`` once."""
+    warnings = re.findall(r"\b\w+Warning\b.*", installed.build_output)
+    assert not warnings, installed.build_output
+
+
+def test_the_wheel_holds_the_console_files(installed):
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    static = REPO / "actors" / "console" / "static"
+    shipped = {p.name for p in static.iterdir() if p.is_file()}
+    prefix = "turnstile/actors/console/static/"
+    assert {n.removeprefix(prefix) for n in names if n.startswith(prefix)} == shipped
 
 
 def test_the_wheel_holds_turnstile_and_every_package_folder(installed):
