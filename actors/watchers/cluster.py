@@ -253,9 +253,19 @@ class ClusterMixin(WatcherBase):
         await self._write_out(watchers)
 
     async def _claim(self, watchers: list[Watcher]) -> None:
+        """Write these adopted watchers' rows naming this node, unless their session is gone:
+        a session deleted while its watcher was held by a node that died leaves a ``drop``
+        request, but the row was read before, so adopting it would write it back and check
+        it for nobody (the survivor's ``delete`` in issue 23's crash harness). Those are
+        deleted instead, and so are any stopped here while this adoption was under way."""
+        gone = await self._gone_sessions({w.session_id for w in watchers})
+        dropped = [w for w in watchers if w.session_id in gone]
+        if dropped:
+            log.warning("watchers: %d adopted watcher(s) of deleted sessions dropped", len(dropped))
+            await self._stop(dropped, announce=False)
         for watcher in watchers:
             watcher.holder = self._me
-        await self._write_out(watchers)
+        await self._write_out([w for w in watchers if w.session_id not in gone], still_held=True)
 
     async def _adopt(self, wid: str, state: dict[str, Any]) -> Watcher | None:
         """Adopt one watcher now (its row was just read), with its history."""

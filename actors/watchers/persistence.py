@@ -96,14 +96,7 @@ class PersistenceMixin(WatcherBase):
         a node that died between deleting a session and deleting its watchers left them
         (issue 23's crash harness, scenario ``delete``); restored, they would run forever for
         nobody."""
-        gone: set[str] = set()
-        for session_id in {state.get("session_id") for state in states.values()}:
-            if not isinstance(session_id, str):
-                continue
-            try:
-                await self.store.get_session(session_id)
-            except NotFound:
-                gone.add(session_id)
+        gone = await self._gone_sessions({state.get("session_id") for state in states.values()})
         dead = [wid for wid, state in states.items() if state.get("session_id") in gone]
         if not dead:
             return
@@ -115,10 +108,29 @@ class PersistenceMixin(WatcherBase):
         )
         items = [(NAMESPACE, key) for wid in dead for key in (wid, *_chunk_keys(wid))]
         items += [(INDEX, index_key(states[wid]["session_id"], wid)) for wid in dead]
-        await self.store.kv_delete_items(items)
+        async with self._write_lock:  # after a flush under way, which would write them back
+            # one held here already (adopted before its session went) stops too: its next
+            # flush would write its rows back (the survivor's ``delete`` in the crash harness)
+            for wid in dead:
+                held = self.watchers.get(wid)
+                if held is not None:
+                    self._forget(held)
+            await self.store.kv_delete_items(items)
         for wid in dead:
             del states[wid]
             chunks.pop(wid, None)
+
+    async def _gone_sessions(self, session_ids: set[Any]) -> set[str]:
+        """Which of these sessions no longer exist (one read each)."""
+        gone: set[str] = set()
+        for session_id in session_ids:
+            if not isinstance(session_id, str):
+                continue
+            try:
+                await self.store.get_session(session_id)
+            except NotFound:
+                gone.add(session_id)
+        return gone
 
     def _restore(self, wid: str, state: dict[str, Any], entries) -> Watcher | None:
         """Add a stored watcher and schedule it (running: on its grid); None if unreadable."""
@@ -207,10 +219,16 @@ class PersistenceMixin(WatcherBase):
             self.stats["flushes"] += 1
             self.stats["flushed_items"] += len(items)
 
-    async def _write_out(self, watchers: list[Watcher]) -> None:
+    async def _write_out(self, watchers: list[Watcher], still_held: bool = False) -> None:
         """Write these watchers' rows (and index rows) and their unwritten history now: a
-        handover on several nodes (``cluster.py``)."""
+        handover on several nodes (``cluster.py``). ``still_held``: only those this node
+        still holds once the lock is taken (an adoption: one stopped meanwhile, by a deleted
+        session or a request, is not written back)."""
         async with self._write_lock:
+            if still_held:
+                watchers = [w for w in watchers if self.watchers.get(w.id) is w]
+                if not watchers:
+                    return
             ids = {w.id for w in watchers}
             self._dirty -= ids
             chunks = {c for c in self._dirty_chunks if c[0] in ids}

@@ -7,7 +7,9 @@ and "a turn of its own" are the session's real behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import trio
 import trio.testing
 
 from tests.support.mock_node import DAY, node
+from tests.support.sessions import StoreWith
 from tests.support.watchers import Probe, watching
 from turnstile.actors.sessions.actor import Submit
 from turnstile.actors.watchers.actor import (
@@ -28,7 +31,7 @@ from turnstile.actors.watchers.actor import (
     backoff_delay,
 )
 from turnstile.actors.watchers.tools import watch_runner
-from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.errors import InvalidArgument, NotFound
 
 
 def head(wid: str, label: str = "", tool: str = "probe.read") -> str:
@@ -449,6 +452,74 @@ async def test_a_watcher_whose_session_was_deleted_across_a_crash_is_not_restore
         assert await w.n.store.kv_list(NAMESPACE) == []
         assert ref._cell.actor.watchers == {}
         del wid
+
+
+class Share:
+    """One node's view of a cluster for the watcher actor (``WatcherShare``): it is ``me``,
+    the live set is what the test sets, and it owns every watcher (the other node is dead)."""
+
+    interval = 1.0
+
+    def __init__(self, me: str) -> None:
+        self.ref = SimpleNamespace(id=me)
+        self.live_ids: tuple[str, ...] = (me,)
+
+    def owns(self, key: str) -> bool:
+        return True
+
+
+@pytest.mark.guard(DAY)
+async def test_a_dead_nodes_watcher_whose_session_goes_while_it_is_adopted_is_dropped(
+    autojump_clock,
+):
+    """Found by the crash harness with a survivor (issue 23, scenario ``delete``): the
+    session of a watcher held by a node that died was deleted while the survivor adopted the
+    watcher. The survivor had read the row (the session was there), so its adoption wrote
+    the row back and checked the watcher for a session that no longer existed."""
+    async with watching(share=Share("b")) as w:
+        await w.start(interval=10)  # node b made the watcher and died holding it
+        await w.ref.stop()
+        assert any(v.get("holder") == "b" for _, v in await w.n.store.kv_list(NAMESPACE))
+        calls = len(w.probe.calls)
+
+        async def deleted_after_answering(real, session_id):
+            found = await real(session_id)
+            with contextlib.suppress(NotFound):  # the DELETE commits right after this look
+                await w.n.store.delete_session(session_id)
+            return found
+
+        store = StoreWith(w.n.store, get_session=deleted_after_answering)
+        ref_a = await w.n.sup.spawn(
+            lambda: WatcherActor(
+                watch_runner(w.tools), w.n.publish, store, w.n.clock, share=Share("a")
+            ),  # fmt: skip
+            name="watchers-a",
+        )
+        await trio.sleep(60)
+        assert len(w.probe.calls) == calls  # not checked for nobody
+        assert await w.n.store.kv_list(NAMESPACE) == []
+        assert ref_a._cell.actor.watchers == {}
+
+
+@pytest.mark.guard(DAY)
+async def test_a_held_watcher_whose_session_is_found_gone_stops_and_stays_deleted(
+    autojump_clock,
+):
+    """A node holding a watcher whose session's delete was cut short (the row gone, the
+    watcher's stop never ran) deletes it at its next read of every row, and must stop it
+    too: it kept checking, and its next flush wrote the deleted rows back."""
+    share = Share("a")
+    async with watching(share=share) as w:
+        await w.start(interval=10)
+        await trio.sleep(15)
+        await w.n.store.delete_session("s")  # what the crash kept of the delete
+        share.live_ids = ("a", "c")  # a node joins: the next look reads every row
+        await trio.sleep(2)
+        calls = len(w.probe.calls)
+        await trio.sleep(60)
+        assert len(w.probe.calls) == calls
+        assert await w.n.store.kv_list(NAMESPACE) == []
+        assert w.actor.watchers == {}
 
 
 @pytest.mark.guard(DAY)
