@@ -14,6 +14,11 @@ cannot (a path outside the workspace, content that is not valid base64) and rais
 typed error the handler would, so a person is never asked to approve a call that would be
 refused anyway.
 
+A tool registered with ``offered=False`` is not offered to a model (``specs`` leaves it out,
+so no turn carries it and ``tool_search`` does not list it) but stays callable by name, with
+its own policy: another tool fronts it (the memory feature offers one ``memory`` tool with an
+``action`` and runs ``memory.save`` … through the registry).
+
 After a call succeeds, the registry's *observers* see it (``ToolRegistry.observers``): a feature
 that reacts to what a tool did, without the tool knowing the feature (the webhooks feature binds
 a session to the pull request an ``http.post`` to GitHub's API opened). Observers run before the
@@ -115,6 +120,7 @@ class Tool:
     schema: dict[str, Any]
     policy: Policy = Policy.AUTO
     precheck: Precheck | None = None
+    offered: bool = True
 
 
 class ToolRegistry:
@@ -147,8 +153,12 @@ class ToolRegistry:
         description: str,
         policy: Policy = Policy.AUTO,
         precheck: Precheck | None = None,
+        *,
+        offered: bool = True,
     ) -> None:
         """Add a tool; ``policy`` is its default (reads AUTO, writes APPROVE or BLOCK).
+
+        ``offered=False``: a model is not offered it (see the module docstring).
 
         ``precheck``, if given, runs before approval is asked (see the module docstring); it
         should be cheap and side-effect free, and the handler must still check everything
@@ -176,6 +186,7 @@ class ToolRegistry:
             parameters_schema(params),
             Policy(policy),
             precheck,
+            offered,
         )
         self._specs = None
 
@@ -201,12 +212,13 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def specs(self) -> list[ToolSpec]:
-        """Every tool as a function-calling spec, sorted by name (built once per change: every
-        turn asks)."""
+        """Every tool offered to a model as a function-calling spec, sorted by name (built once
+        per change: every turn asks); tools registered with ``offered=False`` are left out."""
         if self._specs is None:
             self._specs = [
                 ToolSpec(name=t.name, description=t.description, parameters=t.schema)
                 for t in sorted(self._tools.values(), key=lambda t: t.name)
+                if t.offered
             ]
         return list(self._specs)
 

@@ -55,6 +55,22 @@ def test_specs_follow_registrations_and_callers_get_their_own_list():
     assert [s.name for s in registry.specs()] == ["a.first", "fs.read", "fs.write", "shell.run"]
 
 
+async def test_a_tool_not_offered_is_left_out_of_specs_yet_callable_under_its_policy():
+    registry, ran = make()
+
+    async def handler(call, params):
+        ran.append(params.path)
+        return {"kept": params.path}
+
+    registry.register("fs.keep", Params, handler, "Keep.", Policy.APPROVE, offered=False)
+    assert "fs.keep" not in [s.name for s in registry.specs()]
+    assert "fs.keep" in registry.names()
+    assert registry.policy_of("fs.keep") is Policy.APPROVE
+    refused = await registry.call("s", "ada", "fs.keep", {"path": "x"})
+    assert refused.error["code"] == "requires_approval" and ran == []
+    assert (await registry.call("s", "ada", "fs.keep", {"path": "x"}, approved=True)).ok
+
+
 async def test_defaults_and_overrides_resolve_exact_then_module_then_default():
     registry, _ = make({"fs.*": "BLOCK", "fs.read": "AUTO", "shell.run": "approve"})
     assert registry.policy_of("fs.read") is Policy.AUTO  # exact wins

@@ -25,8 +25,8 @@ def auth(token: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def node_with(store_url, **memory):
-    config = Config(store=store_url, memory=MemoryConfig(**memory))
+async def node_with(store_url, policies=None, **memory):
+    config = Config(store=store_url, memory=MemoryConfig(**memory), policies=policies or {})
     agent = ScriptedAgent(token_delay=0)
     async with open_node(config, tokens={ADA: "ada", BOB: "bob"}, agent=agent, serve=False) as node:
         transport = httpx.ASGITransport(app=node.app)
@@ -98,9 +98,70 @@ async def test_policies_and_guidance(store_url):
         assert tools.policy_of("memory.list") is Policy.AUTO
         assert tools.policy_of("memory.forget") is Policy.APPROVE
         specs = {s.name: s.description for s in tools.specs()}
-        assert "Do NOT call it reflexively" in specs["memory.search"]
-        assert "only when the user explicitly asks" in specs["memory.forget"]
-        assert "tool output 95, user statement 80, web 50, guess 30" in specs["memory.save"]
+        assert "Do NOT call it reflexively" in specs["memory"]
+        assert "only when the user explicitly asks" in specs["memory"]
+        assert "tool output 95, user statement 80, web 50, guess 30" in specs["memory"]
+
+
+async def test_a_model_is_offered_one_memory_tool_with_an_action(store_url):
+    async with node_with(store_url) as (node, _):
+        offered = {s.name: s for s in node.tools.specs() if s.name.startswith("memory")}
+        assert set(offered) == {"memory"}  # the four actions are not offered on their own
+        schema = offered["memory"].parameters
+        assert schema["required"] == ["action"]
+        assert schema["properties"]["action"]["enum"] == ["forget", "list", "save", "search"]
+        assert node.tools.policy_of("memory") is Policy.AUTO  # each action keeps its own
+        call = node.directory.call_tool
+        args = {"action": "save", "category": "preferences", "key": "coffee", "value": "dark"}
+        saved = await call("ada", "s1", "memory", args)
+        assert saved.ok and saved.data["saved"]["confidence"] == 70
+        found = await call("ada", "s2", "memory", {"action": "search", "query": "dark"})
+        assert [f["key"] for f in found.data["facts"]] == ["coffee"]
+        assert (await call("bob", "s1", "memory", {"action": "list"})).data == {
+            "facts": [],
+            "total": 0,
+        }
+        listed = await call("ada", "s1", "memory", {"action": "list", "sort_by": "key"})
+        assert listed.data["total"] == 1
+        # a parameter the action does not take is refused by the action, naming it
+        wrong = await call("ada", "s1", "memory", {"action": "search", "key": "coffee"})
+        assert wrong.error["code"] == "bad_arguments" and wrong.error["field"] == "$.key"
+        missing = await call("ada", "s1", "memory", {"action": "save", "key": "k", "value": "v"})
+        assert missing.error["code"] == "bad_arguments"
+        assert missing.error["field"] == "$.category"
+        unknown = await call("ada", "s1", "memory", {"action": "shred"})
+        assert unknown.error["field"] == "$.action"
+
+
+async def test_the_memory_tool_applies_each_actions_policy(store_url):
+    async with node_with(store_url, policies={"memory.save": "BLOCK"}) as (node, http):
+        call = node.directory.call_tool
+        args = {"action": "save", "category": "home", "key": "city", "value": "Porto"}
+        assert (await call("ada", "s1", "memory", args)).error == {
+            "code": "blocked",
+            "message": "memory.save is blocked by policy",
+        }
+        await node.features["memory"].memory.save("ada", category="home", key="city", value="x")
+        assert (await call("ada", "s1", "memory", {"action": "list"})).data["total"] == 1
+        results = []
+
+        async def forget() -> None:
+            results.append(await call("ada", "s1", "memory", {"action": "forget", "key": "city"}))
+
+        async def pending() -> list:
+            answer = await http.get("/sessions/s1/approvals", headers=auth(ADA))
+            return answer.json()["approvals"]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(forget)
+            [approval] = await eventually(pending)  # (a hang guard: seconds when loaded)
+            assert approval["tool"] == "memory.forget"  # asked as the action, as a direct call
+            answer = await http.post(
+                f"/approvals/{approval['approval_id']}/deny", headers=auth(ADA)
+            )
+            assert answer.status_code == 200
+        assert results[0].error == {"code": "denied", "message": "memory.forget was not approved"}
+        assert (await call("ada", "s1", "memory", {"action": "list"})).data["total"] == 1
 
 
 async def test_forget_asks_a_person_first(store_url):
@@ -242,7 +303,7 @@ async def test_only_admins_list_every_users_facts(store_url):
 
 async def test_disabled_memory_has_no_tools_and_no_routes(store_url):
     async with node_with(store_url, enabled=False) as (node, http):
-        assert not [n for n in node.tools.names() if n.startswith("memory.")]
+        assert not [n for n in node.tools.names() if n.startswith("memory")]
         assert (await http.get("/memory/facts", headers=auth(ADA))).status_code == 404
 
 
