@@ -29,6 +29,7 @@ commands are not spread over the features.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -36,6 +37,7 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Iterator
 
 import msgspec
 import trio
@@ -176,6 +178,20 @@ def _client_token(args: argparse.Namespace) -> str | None:
     return token
 
 
+@contextlib.contextmanager
+def _requests_unlogged(args: argparse.Namespace) -> Iterator[None]:
+    """httpx's INFO line per request silenced unless ``--verbose``: on a client's terminal a
+    line per request would bury the answer."""
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
+    if not args.verbose:
+        httpx_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:  # main() is also called in-process (tests, embedding): leave logging as found
+        httpx_log.setLevel(level)
+
+
 def _client(run):
     """A client command over ``run(args, token)`` (``actors/clients.py``): exit 2 without a
     token; httpx's line per request silenced unless ``--verbose``."""
@@ -184,14 +200,8 @@ def _client(run):
         token = _client_token(args)
         if not token:
             return 2
-        httpx_log = logging.getLogger("httpx")
-        level = httpx_log.level
-        if not args.verbose:  # a line per request would bury the answer
-            httpx_log.setLevel(logging.WARNING)
-        try:
+        with _requests_unlogged(args):
             return run(args, token)
-        finally:  # main() is also called in-process (tests, embedding): leave logging as found
-            httpx_log.setLevel(level)
 
     return command
 
@@ -220,7 +230,8 @@ def _attach(args: argparse.Namespace) -> int:
     token = _client_token(args)
     if not token:
         return 2
-    return trio.run(attach, args.url, token, args.session, args.after_seq)
+    with _requests_unlogged(args):  # attach without a session id creates one over HTTP
+        return trio.run(attach, args.url, token, args.session, args.after_seq)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -85,6 +85,24 @@ async def test_attach_at_the_end_of_piped_input_waits_for_the_answers(tmp_path):
         assert out.count("[turn completed]") == 2
 
 
+@pytest.mark.slow
+async def test_attach_prints_no_library_logs(tmp_path):
+    """``turnstile attach`` without a session id creates one over HTTP: httpx's INFO line for
+    that request reached the terminal (``INFO httpx: HTTP Request: POST …/sessions``)."""
+    async with running_node(tmp_path) as node:
+        done = await trio.run_process(
+            [sys.executable, "-m", "turnstile.actors.cli", "attach", "--url", node.url,
+             "--token", ALICE],
+            stdin=b"hello\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()
+        assert "You said: hello" in done.stdout.decode()
+        assert done.stderr.decode() == ""
+
+
 def test_bench_hands_its_options_to_the_bench_from_a_checkout(monkeypatch):
     """``turnstile bench --quick …`` reaches the bench's own parser (argparse's REMAINDER alone
     refused ``--quick`` as an option of ``turnstile``), from the root of a checkout."""
