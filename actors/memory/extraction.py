@@ -1,10 +1,14 @@
 """Extraction: facts learnt from sessions that went quiet, and the summary regenerated.
 
-The reference runs its extractor when a new session is created; here a sweep runs every
-``[memory] extraction_interval_seconds`` (a task the node owns, so a ``MockClock`` drives it)
-and takes every session that has been idle for ``stale_after_minutes`` and was not extracted
-since its last activity: ``sessions.updated_at`` older than the cut-off, and no
-``memory_session_state.extracted_at`` at or after it (``STALE``).
+The reference runs its extractor when a new session is created; so does this one: creating a
+session (``SessionHooks.on_session_created``) wakes an extraction of that user's stale sessions
+(``Extractor.wake``), in the background, the creation never waiting for it. And a sweep runs
+every ``[memory] extraction_interval_seconds`` (a task the node owns, so a ``MockClock`` drives
+it), so a user who never opens another session still gets their facts learnt. Both take every
+session (of the user, or of anyone) that has been idle for ``stale_after_minutes`` and was not
+extracted since its last activity: ``sessions.updated_at`` older than the cut-off, and no
+``memory_session_state.extracted_at`` at or after it (``STALE``). A session being extracted is
+not taken again by the other until it is done.
 
 For each such session (``Extractor.extract``):
 
@@ -138,30 +142,34 @@ class _Stale(msgspec.Struct, frozen=True):
     activity: Any
 
 
-def _stale_sqlite(conn: Any, *, cutoff: str, limit: int) -> list[_Stale]:
+def _stale_sqlite(conn: Any, *, cutoff: str, limit: int, owner: str | None = None) -> list[_Stale]:
+    mine = "" if owner is None else " AND s.owner = ?"
     rows = conn.execute(
         "SELECT s.id, s.owner, s.updated_at FROM sessions s"
         " LEFT JOIN memory_session_state m ON m.session_key = s.id"
         " WHERE s.updated_at < ? AND (m.extracted_at IS NULL OR m.extracted_at < s.updated_at)"
-        " ORDER BY s.updated_at LIMIT ?",
-        (cutoff, limit),
+        f"{mine} ORDER BY s.updated_at LIMIT ?",
+        (cutoff, limit) if owner is None else (cutoff, owner, limit),
     ).fetchall()
     return [_Stale(r[0], r[1], r[2]) for r in rows]
 
 
-async def _stale_postgres(conn: Any, *, cutoff: datetime, limit: int) -> list[_Stale]:
+async def _stale_postgres(
+    conn: Any, *, cutoff: datetime, limit: int, owner: str | None = None
+) -> list[_Stale]:
+    mine = "" if owner is None else " AND s.owner = $3"
     rows = await conn.fetch(
         "SELECT s.id, s.owner, s.updated_at FROM sessions s"
         " LEFT JOIN memory_session_state m ON m.session_key = s.id"
         " WHERE s.updated_at < $1 AND (m.extracted_at IS NULL OR m.extracted_at < s.updated_at)"
-        " ORDER BY s.updated_at LIMIT $2",
-        cutoff,
-        limit,
+        f"{mine} ORDER BY s.updated_at LIMIT $2",
+        *((cutoff, limit) if owner is None else (cutoff, limit, owner)),
     )
     return [_Stale(r[0], r[1], r[2]) for r in rows]
 
 
-#: ``(cutoff, limit) -> [_Stale]``: sessions idle since before ``cutoff``, not extracted since.
+#: ``(cutoff, limit, owner=None) -> [_Stale]``: sessions idle since before ``cutoff``, not
+#: extracted since (only ``owner``'s when given: the sessions index is by owner).
 STALE = ops.procedure("memory.stale_sessions", sqlite=_stale_sqlite, postgres=_stale_postgres)
 
 
@@ -394,6 +402,11 @@ class Extractor:
         self.slots = slots
         self._own_slot = trio.CapacityLimiter(1)
         self._sweeps = self._extracted = self._failed = self._facts = 0
+        #: users who created a session since the last wake-up was handled
+        self._woken: set[str] = set()
+        self._wake_up = trio.Event()
+        #: sessions being extracted (by either kind of sweep)
+        self._busy: set[str] = set()
 
     def statistics(self) -> ExtractionStatistics:
         """Sweeps, sessions extracted and failed, facts saved so far."""
@@ -401,37 +414,66 @@ class Extractor:
             sweeps=self._sweeps, extracted=self._extracted, failed=self._failed, facts=self._facts
         )
 
-    async def run(self) -> None:
-        """Sweep every ``interval`` seconds, forever (the node cancels it when it closes)."""
-        while True:
-            await trio.sleep(self.interval)
-            try:
-                await self.sweep()
-            except Exception:
-                log.exception("memory extraction sweep failed")
+    def wake(self, owner: str, key: str = "") -> None:
+        """``owner`` created a session (``SessionHooks.on_session_created``; ``key`` is it):
+        extract their stale sessions soon, as the reference does. Never blocks."""
+        self._woken.add(owner)
+        self._wake_up.set()
 
-    async def sweep(self) -> int:
-        """Extract every stale session (as many at once as slots allow); how many were."""
+    async def run(self) -> None:
+        """Sweep every ``interval`` seconds, and a user's sessions when ``wake`` says so,
+        forever (the node cancels it when it closes)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_woken, name="memory extraction on session creation")
+            while True:
+                await trio.sleep(self.interval)
+                try:
+                    await self.sweep()
+                except Exception:
+                    log.exception("memory extraction sweep failed")
+
+    async def _run_woken(self) -> None:
+        while True:
+            await self._wake_up.wait()
+            self._wake_up = trio.Event()
+            owners, self._woken = self._woken, set()
+            for owner in sorted(owners):
+                try:
+                    await self.sweep(owner)
+                except Exception:
+                    log.exception("memory extraction of %s's stale sessions failed", owner)
+
+    async def sweep(self, owner: str | None = None) -> int:
+        """Extract every stale session, or only ``owner``'s (as many at once as slots allow);
+        how many were."""
         self._sweeps += 1
-        cutoff = self.memory.clock.now() - self.stale_after
-        stale = await self.store.run(STALE, cutoff=self.store.db_time(cutoff), limit=SWEEP_BATCH)
+        cutoff = self.store.db_time(self.memory.clock.now() - self.stale_after)
+        if owner is None:
+            stale = await self.store.run(STALE, cutoff=cutoff, limit=SWEEP_BATCH)
+        else:
+            stale = await self.store.run(STALE, cutoff=cutoff, limit=SWEEP_BATCH, owner=owner)
         before = self._extracted
         async with trio.open_nursery() as nursery:
             for session in stale:
+                if session.key in self._busy:  # the other sweep has it
+                    continue
+                self._busy.add(session.key)
                 nursery.start_soon(self._guarded, session, name=f"memory extraction {session.key}")
         return self._extracted - before
 
     async def _guarded(self, session: _Stale) -> None:
         slots = self.slots() if callable(self.slots) else self.slots
-        async with slots or self._own_slot:
-            try:
+        try:
+            async with slots or self._own_slot:
                 await self.extract(session)
-            except (AgentError, TurnstileError, ValueError, OSError) as exc:
-                self._failed += 1
-                log.warning("memory extraction of session %s failed: %s", session.key, exc)
-            except Exception:
-                self._failed += 1
-                log.exception("memory extraction of session %s failed", session.key)
+        except (AgentError, TurnstileError, ValueError, OSError) as exc:
+            self._failed += 1
+            log.warning("memory extraction of session %s failed: %s", session.key, exc)
+        except Exception:
+            self._failed += 1
+            log.exception("memory extraction of session %s failed", session.key)
+        finally:
+            self._busy.discard(session.key)
 
     async def extract(self, session: _Stale) -> int:
         """Extract one session: facts saved, summary rendered, session marked; the number of
@@ -526,4 +568,5 @@ def start_extraction(node: Any, memory: Memory, model: Agent | None = None) -> E
         config.extraction_interval_seconds,
     )
     node.start_soon(extractor.run, name="memory extraction")
+    node.hooks.on_session_created.append(extractor.wake)
     return extractor

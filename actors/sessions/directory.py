@@ -20,6 +20,7 @@ here.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -70,6 +71,8 @@ from turnstile.runtime.registry import Registry
 from turnstile.runtime.store import EventRecord, Session, Store
 
 __all__ = ["SessionDirectory", "create_derived_session"]
+
+log = logging.getLogger("turnstile.session")
 
 #: Transcript entries ``GET /sessions/{id}/history`` returns at most.
 HISTORY_LIMIT = 1000
@@ -196,6 +199,11 @@ class SessionDirectory:
             raise AlreadyExists(f"session {session_id!r} already exists") from None
         self.owners.put(key, user, generation)
         self._metrics.inc("turnstile_sessions_created_total")
+        for created in self.hooks.on_session_created:
+            try:
+                created(user, key)
+            except Exception:  # the session exists: a feature's reaction cannot undo that
+                log.exception("a hook on the creation of session %s failed", key)
         return _public_session(session)
 
     async def list_sessions(

@@ -24,6 +24,10 @@ class SessionHooks:
         on_session_end: ``async (key)``, each called when a session is deleted, to end what the
             feature keeps for it (jobs' settings, watchers, tasks, approvals, buffers).
         on_attach: ``async (key)``, each called after a client attached (deliver what was held).
+        on_session_created: ``(owner, key)``, each called after a user created a session (a
+            derived one is not counted): it must not block, and one that raises is logged and
+            the session is created all the same (memory wakes its extraction of the owner's
+            stale sessions, as the reference does on ``POST /sessions``).
         automations: ``async (key) -> list[dict]``: scheduled work bound to a session, which
             blocks deleting it unless confirmed.
         cancel_automations: ``async (key)``: cancels that work (a confirmed delete).
@@ -51,6 +55,7 @@ class SessionHooks:
 
     on_session_end: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
     on_attach: list[Callable[[str], Awaitable[Any]]] = field(default_factory=list)
+    on_session_created: list[Callable[[str, str], None]] = field(default_factory=list)
     automations: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None
     cancel_automations: Callable[[str], Awaitable[Any]] | None = None
     pending_recall: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None

@@ -14,6 +14,7 @@ import msgspec
 import openai._base_client as openai_base_client
 import pytest
 import trio
+import trio.testing
 
 from tests.support.fake_openai import OpenAIStandIn, text_stream
 from tests.support.sessions import Recorder
@@ -146,6 +147,37 @@ async def test_an_idle_session_is_extracted_once_per_activity(autojump_clock):
 
 
 @pytest.mark.guard(3 * 3600)
+async def test_creating_a_session_extracts_that_users_stale_sessions(autojump_clock):
+    """The reference's trigger: a new session of a user extracts that user's stale sessions at
+    once, whatever the sweep's interval; another user's new session does not."""
+    standin = OpenAIStandIn()
+    standin.script(answer(FACTS[:1]))
+    async with node_with(None, standin, extraction_interval_seconds=86_400) as (node, feature):
+        memory, extractor = feature.memory, feature.extractor
+        await chat(node, "s1", "I drink dark roast, no sugar")
+        await trio.sleep(31 * MINUTE)  # idle long enough; the sweep is a day away
+        assert standin.requests == []
+        await node.directory.create_session("bob", session_id="b1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert standin.requests == [] and await memory.extracted_at("ada/s1") is None
+        await node.directory.create_session("ada", session_id="s3")
+        await trio.testing.wait_all_tasks_blocked()
+        (seen,) = standin.requests
+        assert seen.body["messages"][1]["content"].startswith("User: I drink dark roast")
+        assert await memory.extracted_at("ada/s1") is not None
+        assert await memory.extracted_at("ada/s2") is not None  # stale too (no model call)
+        assert await memory.extracted_at("ada/s3") is None  # just created: not stale
+        facts, _ = await memory.list_facts("ada")
+        assert [f.key for f in facts] == ["coffee"]
+        assert "- coffee: dark roast" in (await memory.get_summary("ada")).content
+        # nothing new: another session created asks the model nothing
+        await node.directory.create_session("ada", session_id="s4")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(standin.requests) == 1 and extractor.statistics().extracted == 2
+    assert standin.rejected == []
+
+
+@pytest.mark.guard(3 * 3600)
 async def test_a_failing_model_leaves_the_session_for_the_next_sweep(autojump_clock):
     standin = OpenAIStandIn()  # no scripted reply: the stand-in answers 500
     async with node_with(None, standin, extraction_interval_seconds=600) as (node, feature):
@@ -239,7 +271,8 @@ async def test_the_sweep_queries_on_both_backends(store_url):
         cache = feature.summaries
         assert await cache.message("ada") is None  # (s1's turn read it: no summary yet)
         loads = cache.statistics().loads
-        assert await extractor.sweep() == 2  # s1 and s2 (s2 without a model call)
+        assert await extractor.sweep("bob") == 0  # one user's (a new session's trigger)
+        assert await extractor.sweep("ada") == 2  # s1 and s2 (s2 without a model call)
         assert len(standin.requests) == 1
         # the summary extraction wrote reached the cache through memory's notice
         assert await cache.message("ada") == memory_message(
