@@ -119,7 +119,13 @@ class StoreFault:
             self.armed = False
             raise error(f"injected fault: the commit of write {self.at} failed")
         elif self.kind == "delay":
+            self.say_delayed()
             time.sleep(self.seconds)
+
+    def say_delayed(self) -> None:
+        """Write to stderr that the commit of write ``at`` waits (``delay``), so a harness
+        can tell a run whose fault struck from one that never reached it."""
+        os.write(2, f"turnstile: store fault delay:{self.at}: waits {self.seconds:g} s\n".encode())
 
     def strike_after(self) -> None:
         """The commit of write ``at`` is done: ``crash-after`` stops the process here."""

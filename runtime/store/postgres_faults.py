@@ -36,6 +36,7 @@ def faulty(
         if not fault.count(name):
             return await fn(conn, **args)
         if fault.kind == "delay":
+            fault.say_delayed()
             await asyncio.sleep(fault.seconds)  # this write waits, not the whole loop
         else:
             fault.strike_before(_lost_connection)

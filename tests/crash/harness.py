@@ -46,6 +46,10 @@ SETTLE_SECONDS = 60.0
 WHERES = ("crash-before", "crash-after")
 #: the fault ``fail:N`` (the commit fails, the node lives on): ``--fault fail``
 FAIL = ("fail",)
+#: the fault ``delay:N:seconds`` (the commit waits, the node lives on): ``--fault delay``
+DELAY = ("delay",)
+#: how long a delayed commit waits: past a request's usual answer, within every timeout
+DELAY_SECONDS = 2.0
 #: one node id for every start: the restarted node is a later epoch of the crashed one, so it
 #: closes the crashed node's turns at once (another id would wait out its lease on PostgreSQL)
 NODE_CONFIG = '[node]\nid = "crash-node"\n'
@@ -382,7 +386,8 @@ async def run_point(
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             outcome.violations += await _set_up(target, run_dir, scenario, record)
-            fault = {faults.ENV: f"{where}:{point}"}
+            spec = f"{where}:{point}" + (f":{DELAY_SECONDS:g}" if where == "delay" else "")
+            fault = {faults.ENV: spec}
             scenario.refused_commits = where == "fail"
             if survivor:
                 status, problems = await _attempt_with_survivor(
@@ -396,6 +401,8 @@ async def run_point(
                 status = await _attempt(target, run_dir, scenario, record, fault)
                 if where == "fail":  # the node lives on: "crashed" says the commit failed
                     outcome.crashed = "injected fault" in _log(run_dir)
+                elif where == "delay":  # the node lives on: "crashed" says the commit waited
+                    outcome.crashed = f"store fault delay:{point}:" in _log(run_dir)
             if status is not None and not survivor:
                 if where == "fail" and "turnstile: cannot start:" in _log(run_dir):
                     pass  # a refused commit while starting: it says so and exits, to be restarted

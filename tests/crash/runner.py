@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from tests.crash.harness import FAIL, WHERES, Outcome, count_points, run_many, run_point
+from tests.crash.harness import DELAY, FAIL, WHERES, Outcome, count_points, run_many, run_point
 from tests.crash.scenarios import SCENARIOS
 
 SEED_ENV = "TURNSTILE_CRASH_SEED"
@@ -179,13 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fault",
-        choices=["crash", "fail"],
+        choices=["crash", "fail", "delay"],
         default="crash",
         help="crash before and after each commit (default), or fail it: the node lives on and"
-        " the client re-sends what was refused",
+        " the client re-sends what was refused, or delay it: the commit waits 2 s",
     )
     args = parser.parse_args(argv)
-    wheres = FAIL if args.fault == "fail" else WHERES
+    wheres = {"fail": FAIL, "delay": DELAY}.get(args.fault, WHERES)
     scenarios = args.scenario or list(SCENARIOS)
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
     if args.survivor:

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from tests.crash.harness import FAIL, WHERES
+from tests.crash.harness import DELAY, FAIL, WHERES
 from tests.crash.runner import run_sample, seed_from
 from tests.crash.scenarios import SCENARIOS
 
@@ -28,7 +28,7 @@ async def _sample(store: str, tmp_path, pg_dsn: str | None) -> None:
         print(f"left out: {name} ({why})")
     names = [name for name in SCENARIOS if name not in known]
     outcomes = await run_sample(
-        names, [store], k, seed, tmp_path, pg_dsn, parallel=4, wheres=WHERES + FAIL
+        names, [store], k, seed, tmp_path, pg_dsn, parallel=4, wheres=WHERES + FAIL + DELAY
     )
     assert len(outcomes) == k * len(names)
     violations = [f"{o.describe()}: {v}" for o in outcomes for v in o.violations]
