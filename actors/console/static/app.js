@@ -114,8 +114,10 @@ function showLogin() {
     h(
       "p",
       { class: "hint", id: "token-hint" },
-      "Your bearer token: turnstile serve prints the dev user's, the config's [[users]] hold the others. " +
-        "It is kept in this browser tab only and forgotten when the tab closes.",
+      "Your bearer token. Where to find it: ./scripts/serve.sh (turnstile serve) prints the dev " +
+        "user's when it starts, after \"dev token (user 'dev'):\", unless one was given with " +
+        "--dev-token or TURNSTILE_DEV_TOKEN; other users' tokens are in the node's config, under " +
+        "[[users]]. It is kept in this browser tab only and forgotten when the tab closes.",
     ),
     h("button", { type: "submit" }, "Sign in"),
     error,

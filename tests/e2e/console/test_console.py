@@ -71,17 +71,36 @@ def watch_text(page) -> None:
     )
 
 
+def test_signing_out_leaves_the_sign_in_form_alone(browser, console_node):
+    page = open_page(browser, console_node)
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_label("Token")).to_be_visible()
+    expect(page.get_by_role("navigation", name="Console", include_hidden=True)).to_be_hidden()
+    expect(page.get_by_role("button", name="Sign out", include_hidden=True)).to_be_hidden()
+    assert page.evaluate("() => sessionStorage.length") == 0
+    assert page.errors == []
+
+
 def test_sign_in_create_a_session_and_watch_the_answer_stream_token_by_token(browser, console_node):
     page = browser.new_context().new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(console_node.console)
+    # signed out, the page is the sign-in form alone, and it says where the token comes from
+    expect(page.get_by_label("Token")).to_be_visible()
+    expect(page.get_by_role("navigation", name="Console", include_hidden=True)).to_be_hidden()
+    expect(page.get_by_role("button", name="Sign out", include_hidden=True)).to_be_hidden()
+    expect(page.locator("#token-hint")).to_contain_text("serve.sh")
+    expect(page.locator("#token-hint")).to_contain_text("dev token (user 'dev')")
+    expect(page.locator("#token-hint")).to_contain_text("[[users]]")
     page.get_by_label("Token").fill("not-a-token-of-this-node")
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("alert")).to_have_text("This node does not know that token.")
     page.get_by_label("Token").fill(console_node.token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
+    expect(page.get_by_role("navigation", name="Console")).to_be_visible()
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
     # kept for this tab only
     stored = page.evaluate("() => [sessionStorage.length, localStorage.length]")
     assert stored == [1, 0]
