@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta, tzinfo
+from decimal import Decimal
+from fractions import Fraction
 from typing import Literal
 
 import msgspec
@@ -22,11 +24,12 @@ from turnstile.actors.scheduling._timewords import (
     _DAY_NAMES,
     _DAYS_WORDS,
     _EVERY,
+    _HALF_HOUR,
     _INTERVAL,
     _ISO,
     _MONTH_DAY,
     _MONTH_DAY_SUFFIXED,
-    _ONE,
+    _QUARTER_OF,
     _REL_PART,
     _REL_PREFIX,
     _REL_SEP,
@@ -36,6 +39,7 @@ from turnstile.actors.scheduling._timewords import (
     _UNIT_SECONDS,
     _WEEKDAY_LIST,
     _WEEKDAY_WORD,
+    _amount,
     _time_of_day,
     _weekday,
 )
@@ -172,7 +176,7 @@ def _cron(ctx: _Context, s: str) -> When | None:
 
 def _relative(ctx: _Context, s: str) -> When | None:
     body = _REL_PREFIX.sub("", s, count=1)
-    seconds, pos, parts, bare = 0, 0, 0, False
+    total, pos, parts, bare, french = Fraction(0), 0, 0, False, False
     while pos < len(body):
         if parts:
             sep = _REL_SEP.match(body, pos)  # it also matches nothing: never None in practice
@@ -180,25 +184,37 @@ def _relative(ctx: _Context, s: str) -> When | None:
         m = _REL_PART.match(body, pos)
         if m is None:
             return None
-        # ``3h`` or ``3:30`` alone could be a delay or a time of day
-        bare = bool(m["hhmm"] or m["h"] == "h")
         if m["hhmm"]:
-            seconds += int(m["hh"]) * 3600 + int(m["mm"]) * 60
+            total += int(m["hh"]) * 3600 + int(m["mm"]) * 60
+            bare = True  # "3h30" alone could be a delay or a time of day
         else:
-            n = _ONE.get(m["n"]) or int(m["n"])
+            if m["n"] is None and m["frac"] is None:
+                return None  # "hour" alone is no delay
+            count = _amount(m)
             unit = next(key for key in _UNIT_SECONDS if m[key])
-            seconds += n * _UNIT_SECONDS[unit]
+            total += count * _UNIT_SECONDS[unit]
+            # "3h" alone could be a delay or a time of day, and so could "3 heures et demie"
+            french = bool(m["extra"]) and m["extra"].startswith(("et", "trois"))
+            plain_h = m["h"] == "h" and (m["n"] or "").isdigit() and not m["extra"]
+            bare = bool(m["h"]) and (plain_h or french)
         pos, parts = m.end(), parts + 1
     if not parts:
         return None
     if parts == 1 and body == s and bare:
+        at, in_ = ("à", "dans") if french else ("at", "in")
         raise ctx.error(
-            f"is ambiguous: say 'in {ctx.raw}' for a delay or 'at {ctx.raw}' for a time of day"
+            f"is ambiguous: say '{in_} {ctx.raw}' for a delay or '{at} {ctx.raw}' for a time of day"
         )
-    if seconds == 0:
+    if total == 0:
         raise ctx.error("is a delay of zero: give a delay in the future, e.g. 'in 5m'")
-    if seconds > (_years_after(ctx.now, MAX_YEARS_AHEAD) - ctx.now).total_seconds():
+    if total > (_years_after(ctx.now, MAX_YEARS_AHEAD) - ctx.now).total_seconds():
         raise ctx.error(f"is more than {MAX_YEARS_AHEAD} years away")  # before timedelta overflows
+    if total.denominator != 1:
+        exact = Decimal(total.numerator) / Decimal(total.denominator)
+        raise ctx.error(
+            f"is not a whole number of seconds ({exact}s): delays are counted in seconds"
+        )
+    seconds = int(total)
     return ctx.once(ctx.now + timedelta(seconds=seconds), f"in {_duration(seconds)}")
 
 
@@ -208,32 +224,38 @@ def _interval(ctx: _Context, s: str) -> When | None:
         return None
     if m["hourly"]:
         return ctx.cron("0 * * * *")
-    n = int(m["n"]) if m["n"] is not None else 1
-    if n == 0:
+    count = _amount(m)
+    if count == 0:
         raise ctx.error("is not a valid interval: it must be at least 1")
     if m["s"]:
         raise ctx.error("is too frequent: a cron schedule fires at most once a minute")
-    if m["m"]:
-        if n < 60:
-            if 60 % n:
-                raise ctx.error(
-                    f"would drift at the hour: {n} does not divide 60; use a cron expression "
-                    f"(e.g. '*/{n} * * * *') if that is what you want"
-                )
-            return ctx.cron("* * * * *" if n == 1 else f"*/{n} * * * *")
-        if n % 60:
-            raise ctx.error(
-                "cannot be kept regular by cron: use minutes that divide 60, hours that divide "
-                "24, or a cron expression"
-            )
-        n //= 60
-    elif not m["h"]:
-        if m["n"] is None and m["d"]:
+    if (m["d"] or m["w"]) and count.denominator == 1:
+        if m["n"] is None and m["frac"] is None and m["d"]:
             raise ctx.error(_NEEDS_TIME)
         raise ctx.error(
             "cannot be kept regular by cron: say which days, e.g. 'every Monday at 10am', "
             "or give a cron expression"
         )
+    unit = next(key for key in _UNIT_SECONDS if m[key])
+    seconds = count * _UNIT_SECONDS[unit]  # "every half hour", "every 0.5 days"...
+    if seconds < 60:
+        raise ctx.error("is too frequent: a cron schedule fires at most once a minute")
+    if seconds % 60:
+        raise ctx.error("is not a whole number of minutes: cron schedules fire on whole minutes")
+    n = int(seconds // 60)
+    if n < 60:
+        if 60 % n:
+            raise ctx.error(
+                f"would drift at the hour: {n} does not divide 60; use a cron expression "
+                f"(e.g. '*/{n} * * * *') if that is what you want"
+            )
+        return ctx.cron("* * * * *" if n == 1 else f"*/{n} * * * *")
+    if n % 60:
+        raise ctx.error(
+            "cannot be kept regular by cron: use minutes that divide 60, hours that divide "
+            "24, or a cron expression"
+        )
+    n //= 60
     if n == 1:
         return ctx.cron("0 * * * *")
     if n >= 24:
@@ -341,17 +363,60 @@ def _at_time(ctx: _Context, t: tuple[int, int, int], day: re.Match | None) -> Wh
     return ctx.once(at(today + timedelta(days=ahead)), f"{_DAY_NAMES[wd]} {at_clock}")
 
 
+def _ambiguous(ctx: _Context, s: str) -> When | None:
+    """Clock phrases that mean different times to different readers: refused, never guessed,
+    when the rest of the text is a time expression (``tomorrow at half 4``)."""
+    for pattern in (_HALF_HOUR, _QUARTER_OF):
+        m = pattern.search(s)
+        if m is None:
+            continue
+        said, start, end = m["said"], m.start("said"), m.end("said")
+        if not _is_time_with(ctx, f"{s[:start]}noon{s[end:]}"):
+            continue
+        if pattern is _QUARTER_OF:
+            h = m["h"]
+            raise ctx.error(
+                f"is ambiguous: '{said}' is a quarter to {h} in American English, and not to "
+                f"every reader; say 'a quarter to {h}' or 'a quarter past {h}'"
+            )
+        # "half 4" is 4:30 in British English, 3:30 in German, Dutch or Scandinavian usage
+        hour = said.removeprefix("half ")
+        before = f"{(int(m['h']) - 1) % 24 or 12}{hour[len(m['h']) :]}"
+        raise ctx.error(
+            f"is ambiguous: '{said}' is half past {hour} in British English but half past "
+            f"{before} in some other languages; say 'half past {hour}' or 'half past {before}'"
+        )
+    return None
+
+
+def _is_time_with(ctx: _Context, s: str) -> bool:
+    """Whether ``s`` (the text with a stand-in time of day) is a time expression."""
+    if _DATED.search(s):
+        return True
+    try:
+        return _with_time(ctx, s) is not None
+    except InvalidArgument:  # a time, refused for another reason (today at noon, in the past)
+        return True
+
+
 def _dateparser(ctx: _Context, s: str) -> When | None:
     """Dates with a day number and a month name, through dateparser, guarded."""
     if not _DATED.search(s):
         return None
-    if not _TIME_ANYWHERE.search(s):
+    time = _TIME_ANYWHERE.search(s)
+    if time is None:
         raise ctx.error(f"has no time of day: add one, e.g. '{ctx.raw} at 9am'")
     import dateparser  # slow to import, and rarely needed
 
+    # dateparser is given the time of day as we read it ("half past 4pm" -> "16:30"): it does
+    # not know every form we do, and would drop what it does not know rather than fail.
+    text, (start, end) = ctx.raw, time.span("t")
+    clock = _clock(_time_of_day(time))
+    if text[start:end].lower() == time["t"]:  # else normalising moved it: leave the text be
+        text = f"{text[:start]}{clock}{text[end:]}"
     local_now = ctx.local_now.replace(tzinfo=None)
     found = dateparser.parse(
-        ctx.raw,
+        text,
         languages=["en", "fr"],
         settings={
             "RELATIVE_BASE": local_now,
@@ -374,4 +439,4 @@ def _dateparser(ctx: _Context, s: str) -> When | None:
 
 
 #: Every form, in the order ``parse_when`` tries them.
-FORMS = (_iso, _cron, _relative, _interval, _with_time, _dateparser)
+FORMS = (_iso, _cron, _relative, _interval, _with_time, _ambiguous, _dateparser)

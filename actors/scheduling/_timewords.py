@@ -9,6 +9,7 @@ case, no accents, single spaces (``timeexpr._normalize``).
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from turnstile.runtime.errors import InvalidArgument
 
@@ -23,7 +24,7 @@ _UNIT_SECONDS = {
 }
 _UNITS = (
     ("w", r"weeks?|wks?|w|semaines?|sem"),
-    ("d", r"days?|d|jours?|j"),
+    ("d", r"days?|d|jours?|j|journees?"),
     ("h", r"hours?|hrs?|h|heures?"),
     ("m", r"minutes?|mins?|mn|m"),
     ("s", r"seconds?|secs?|s|secondes?"),
@@ -50,22 +51,54 @@ _MONTHS = (
 
 # --- patterns (on normalised text: lower case, no accents, single spaces) ----------------------
 
+_AMPM = r"am|pm|a\.m\.|p\.m\."
 _TIME = (
-    r"(?:noon|midnight|midi|minuit"
-    r"|(?P<h1>\d{1,2})(?::(?P<m1>\d{2})(?::(?P<s1>\d{2}))?)?\s?(?P<ampm>am|pm|a\.m\.|p\.m\.)"
+    # The fractional forms come first, so that "midi et demi demain" is not read as "midi".
+    rf"(?:(?P<en_part>half\spast|(?:a\s)?quarter\s(?:past|after|to|till))"
+    rf"\s(?P<en_h>noon|midnight|\d{{1,2}}(?:\s?(?:{_AMPM}))?)"
+    r"|(?P<fr_h>midi|minuit|(?:\d{1,2}|une)\s?h(?:eures?)?)"
+    r"\s(?P<fr_part>et\sdemie?|et\squart|moins\s(?:le\s)?quart)"
+    r"|noon|midnight|midi|minuit"
+    rf"|(?P<h1>\d{{1,2}})(?::(?P<m1>\d{{2}})(?::(?P<s1>\d{{2}}))?)?\s?(?P<ampm>{_AMPM})"
     r"|(?P<h2>\d{1,2}):(?P<m2>\d{2})(?::(?P<s2>\d{2}))?"
-    r"|(?P<h3>\d{1,2})\s?h(?:\s?(?P<m3>\d{2}))?)"
+    r"|(?P<h3>\d{1,2}|une)\s?h(?:eures?)?(?:\s?(?P<m3>\d{2}))?)"
 )
 _AT = r"(?:(?:at|a|@|vers)\s)?"
 _TIME_LAST = re.compile(rf"(?:^|\s|,){_AT}(?P<t>{_TIME})$")
 _TIME_FIRST = re.compile(rf"^{_AT}(?P<t>{_TIME})(?:\s|,\s?)(?:on\s)?(?P<rest>.+)$")
-_TIME_ANYWHERE = re.compile(rf"(?<![\w:]){_TIME}(?![\w:])")
+_TIME_ANYWHERE = re.compile(rf"(?<![\w:])(?P<t>{_TIME})(?![\w:])")
+# Said of clock times, but not the same time for everyone: refused rather than guessed.
+_HALF_HOUR = re.compile(rf"(?:^|\s)(?P<said>half\s(?P<h>\d{{1,2}})(?:\s?(?:{_AMPM}))?)(?=$|\s|,)")
+_QUARTER_OF = re.compile(
+    rf"(?:^|\s)(?P<said>(?:a\s)?quarter\sof\s(?P<h>\d{{1,2}}(?:\s?(?:{_AMPM}))?|noon|midnight))"
+    r"(?=$|\s|,)"
+)
 
 _REL_PREFIX = re.compile(r"^(?:in|dans|after|apres)\s")
-_REL_PART = re.compile(
-    rf"(?P<hhmm>(?P<hh>\d+)\s?h(?:eures?)?\s?(?P<mm>\d{{1,2}})$)"
-    rf"|(?P<n>\d+|an?|one|une?)\s?(?:{_UNIT})(?![a-z])"
+_NUMBER = r"\d+(?:[.,]\d+)?"
+# A decimal separator followed by three digits may be a thousands separator ("1,500 minutes").
+_THOUSANDS = re.compile(r"[1-9]\d{0,2}[.,]\d{3}")
+_FRACTION = (
+    r"(?:(?:an?|one)\s)?half[\s-](?:an?\s)?"  # half an hour, a half hour, half-hour
+    r"|(?:(?:an?|one)\s)?quarter[\s-](?:of\s)?(?:an?\s)?"  # a quarter of an hour
+    r"|three[\s-]quarters\s(?:of\s)?(?:an?\s)?"  # three quarters of an hour
+    r"|(?:une?\s)?demi[\s-]?"  # une demi-heure
+    r"|(?:un\s)?quarts?\sd(?:'|\s)?"  # un quart d'heure, tous les quarts d'heure
+    r"|trois\squarts\sd(?:'|\s)?"  # trois quarts d'heure
 )
+_AND_FRACTION = (
+    r"and\sa\shalf|and\sa\squarter|and\sthree[\s-]quarters"  # an hour and a half
+    r"|et\sdemie?|et\squart|(?:et\s)?trois\squarts"  # une heure et demie
+)
+# An amount of a unit: "5 minutes", "1.5 hours", "1,5 heure", "an hour", "an hour and a half",
+# "2 and a half hours", "half an hour", "une demi-heure", "un quart d'heure"; and "hour" alone,
+# which only intervals accept ("every hour").
+_AMOUNT = (
+    rf"(?:(?P<n>{_NUMBER}|an?|one|une?)(?:\s(?P<n_half>and\sa\shalf))?\s?"
+    rf"|(?P<frac>{_FRACTION}))?"
+    rf"(?:{_UNIT})(?![a-z])(?:\s(?P<extra>{_AND_FRACTION}))?"
+)
+_REL_PART = re.compile(rf"(?P<hhmm>(?P<hh>\d+)\s?h(?:eures?)?\s?(?P<mm>\d{{1,2}})$)|{_AMOUNT}")
 _REL_SEP = re.compile(r"\s*(?:,|\band\b|\bet\b|\+)?\s*")
 
 _DAY = re.compile(
@@ -77,9 +110,7 @@ _DAY = re.compile(
 )
 
 _EVERY = r"(?:every|each|chaque|tous\sles|toutes\sles)"
-_INTERVAL = re.compile(
-    rf"^(?:{_EVERY}\s(?:(?P<n>\d+)\s?)?(?:{_UNIT})|(?P<hourly>hourly))$",
-)
+_INTERVAL = re.compile(rf"^(?:{_EVERY}\s{_AMOUNT}|(?P<hourly>hourly))$")
 _DAYS_WORDS = {
     "day": "*", "days": "*", "jour": "*", "jours": "*",
     "weekday": "1-5", "weekdays": "1-5", "working day": "1-5", "working days": "1-5",
@@ -127,28 +158,98 @@ def _weekday(word: str) -> int:
     return _WEEKDAYS[word] if word in _WEEKDAYS else _WEEKDAYS[word[:-1]]
 
 
-def _time_of_day(m: re.Match) -> tuple[int, int, int]:
-    """(hour, minute, second) from a ``_TIME`` match, or InvalidArgument for 25:00 and 13pm."""
-    word = m["t"]
+def _fraction_of(words: str) -> Fraction:
+    """3/4 for "three quarters", "trois quarts"; 1/4 for "quarter", "quart"; else 1/2."""
+    if "three" in words or "trois" in words:
+        return Fraction(3, 4)
+    return Fraction(1, 4) if "quart" in words else Fraction(1, 2)
+
+
+def _amount(m: re.Match) -> Fraction:
+    """How many units an ``_AMOUNT`` match counts: 3/2 for ``1,5 heure`` or ``an hour and a
+    half``, 1/4 for ``un quart d'heure``; 1 when no count is written (``every hour``).
+
+    Raises:
+        InvalidArgument: a decimal that may as well be a thousands separator (``1,500``).
+    """
+    if m["frac"] is not None:
+        count = _fraction_of(m["frac"])
+    elif m["n"] is None or m["n"] in _ONE:
+        count = Fraction(1)
+    elif _THOUSANDS.fullmatch(m["n"]):
+        n = m["n"]
+        whole, decimal = n.replace(n[-4], ""), n.replace(",", ".").rstrip("0").rstrip(".")
+        decimal_hint = (
+            "the decimal in a smaller unit"
+            if _THOUSANDS.fullmatch(decimal)
+            else f"{decimal!r} for the decimal"
+        )
+        raise InvalidArgument(
+            f"{n!r} is ambiguous: {whole} or {decimal}? write {whole!r} without "
+            f"a separator, or {decimal_hint}",
+            field="when",
+        )
+    else:
+        count = Fraction(m["n"].replace(",", "."))
+    if m["n_half"]:
+        count += Fraction(1, 2)
+    if m["extra"]:
+        count += _fraction_of(m["extra"])
+    return count
+
+
+def _hour(text: str, word: str) -> int:
+    """The hour of ``noon``, ``minuit``, ``4pm``, ``16``, ``9 heures``, ``une heure``."""
     named = {"noon": 12, "midi": 12, "midnight": 0, "minuit": 0}
-    if word in named:
-        return named[word], 0, 0
-    if m["h1"] is not None:
-        h, mi, s = int(m["h1"]), int(m["m1"] or 0), int(m["s1"] or 0)
+    if text in named:
+        return named[text]
+    m = re.match(rf"(\d{{1,2}}|une)\s?(?:(?P<ampm>{_AMPM})|h(?:eures?)?)?$", text)
+    if m is None:  # the patterns that call this only give hours of these shapes
+        raise AssertionError(f"not an hour: {text!r}")
+    return _check_hour(1 if m[1] == "une" else int(m[1]), m["ampm"], word)
+
+
+def _check_hour(h: int, ampm: str | None, word: str) -> int:
+    """``h`` on the 24-hour clock, after am/pm if given; InvalidArgument for 25 and 13pm."""
+    if ampm is not None:
         if not 1 <= h <= 12:
             raise InvalidArgument(
                 f"{word!r} is not a valid time of day: with am/pm, hours go from 1 to 12",
                 field="when",
             )
-        h = h % 12 + (12 if m["ampm"].startswith("p") else 0)
-    elif m["h2"] is not None:
-        h, mi, s = int(m["h2"]), int(m["m2"]), int(m["s2"] or 0)
-    else:
-        h, mi, s = int(m["h3"]), int(m["m3"] or 0), 0
+        return h % 12 + (12 if ampm.startswith("p") else 0)
     if h > 23:
         raise InvalidArgument(
             f"{word!r} is not a valid time of day: hours go from 0 to 23", field="when"
         )
+    return h
+
+
+def _time_of_day(m: re.Match) -> tuple[int, int, int]:
+    """(hour, minute, second) from a ``_TIME`` match, or InvalidArgument for 25:00 and 13pm.
+
+    An hour without am/pm is on the 24-hour clock, as in ``4:30``: ``half past 4`` and ``4
+    heures et demie`` are 04:30. "A quarter to" an hour is 45 minutes into the hour before, on
+    the same day: ``a quarter to midnight`` and ``minuit moins le quart`` are 23:45.
+    """
+    word = m["t"]
+    if m["en_part"] is not None or m["fr_part"] is not None:
+        part = m["en_part"] or m["fr_part"]
+        h = _hour(m["en_h"] or m["fr_h"], word)
+        if part.endswith(("to", "till")) or part.startswith("moins"):
+            return (h - 1) % 24, 45, 0
+        return h, 30 if part.startswith(("half", "et demi")) else 15, 0
+    named = {"noon": 12, "midi": 12, "midnight": 0, "minuit": 0}
+    if word in named:
+        return named[word], 0, 0
+    if m["h1"] is not None:
+        h, mi, s = int(m["h1"]), int(m["m1"] or 0), int(m["s1"] or 0)
+        h = _check_hour(h, m["ampm"], word)
+    elif m["h2"] is not None:
+        h, mi, s = _check_hour(int(m["h2"]), None, word), int(m["m2"]), int(m["s2"] or 0)
+    else:
+        h3 = 1 if m["h3"] == "une" else int(m["h3"])
+        h, mi, s = _check_hour(h3, None, word), int(m["m3"] or 0), 0
     if mi > 59 or s > 59:
         raise InvalidArgument(
             f"{word!r} is not a valid time of day: minutes and seconds go from 0 to 59",
