@@ -8,8 +8,10 @@ of its own, carry on after a restart. Two tools, the design of ``recall.md``:
 
 * ``schedule_recall(call_type, when, timezone_offset, interval_seconds, internal_comment,
   additional_context_message)``;
-* ``manage_recall(action=cancel|skip|list, session_id)`` — ``session_id`` may only name the
-  caller's own session; any other is "not found", whether it exists or not.
+* ``manage_recall(action=cancel|skip|list, session_id)`` — ``session_id`` names another of
+  the calling session's owner's sessions (default: the calling session), as in the reference;
+  it is a name in the owner's namespace, so no value reaches another user's session: theirs is
+  "not found", exactly like a name nobody uses.
 
 And, for the HTTP layer (``GET``/``DELETE /sessions/{id}/recall``,
 ``POST /sessions/{id}/recall/skip``), the plain functions the tools use themselves:
@@ -87,7 +89,7 @@ from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.timeexpr import parse_when
 from turnstile.actors.sessions.actor import Publish
 from turnstile.actors.sessions.event_types import SessionEvent
-from turnstile.actors.sessions.ids import public_id
+from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
@@ -174,6 +176,7 @@ class ManageRecall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Arguments of ``manage_recall``."""
 
     action: Literal["cancel", "skip", "list"]
+    #: another of the calling session's owner's sessions, by name (default: the calling one)
     session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
 
 
@@ -460,14 +463,26 @@ def register_recall_tools(
             update["understood"] = understood
         return update
 
+    async def target(call: ToolCall, name: str | None) -> str:
+        """The key of the caller's owner's session ``name`` (None: the calling session)."""
+        if name is None or name == public_id(call.session_id):
+            return call.session_id
+        try:
+            key = session_key(call.owner, name)
+            owner = (await store.get_session(key)).owner
+        except (ValueError, NotFound):
+            owner = None
+        if owner != call.owner:  # a key is in its owner's namespace; this only guards it
+            raise NotFound(f"no session with id {name!r}")
+        return key
+
     async def manage_recall(call: ToolCall, args: ManageRecall) -> dict[str, Any]:
-        if args.session_id is not None and args.session_id != public_id(call.session_id):
-            raise NotFound(f"no session with id {args.session_id!r}")
+        session_id = await target(call, args.session_id)
         if args.action == "cancel":
-            return await cancel_recall(scheduler, store, call.session_id, publish)
+            return await cancel_recall(scheduler, store, session_id, publish)
         if args.action == "skip":
-            return await skip_recall(scheduler, store, clock, call.session_id, publish)
-        views = await list_recalls(store, call.session_id)
+            return await skip_recall(scheduler, store, clock, session_id, publish)
+        views = await list_recalls(store, session_id)
         pending = next((v["recall_id"] for v in views if v["status"] == "pending"), None)
         return {
             "recalls": views[-MAX_LISTED:],
@@ -493,6 +508,7 @@ def register_recall_tools(
         "manage_recall",
         ManageRecall,
         manage_recall,
-        "Manage this session's recall: 'cancel' the pending one, 'skip' the next occurrence "
-        "of a recurring one, or 'list' every recall (pending, fired, cancelled).",
+        "Manage a session's recall: 'cancel' the pending one, 'skip' the next occurrence "
+        "of a recurring one, or 'list' every recall (pending, fired, cancelled). session_id: "
+        "another of the user's sessions, by name (default: this session).",
     )

@@ -196,6 +196,8 @@ class ScheduledTurn(InputTurn):
         if isinstance(action, HeartbeatRun) and action.heartbeat is not None:
             self.beat = (action, action.heartbeat)
         self.fresh_history = self.beat is not None and self.beat[1].dedicated
+        #: recall.md: every recall run ends with a session_sync, watched or not
+        self.sync_after = kind.payload is RecallFiring
 
     def shape(self, turn: Turn, turn_input: TurnInput) -> TurnInput:
         """A heartbeat's or a recall's system segment. A heartbeat's turn also buffers its

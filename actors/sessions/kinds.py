@@ -82,6 +82,9 @@ class InputTurn:
 
     #: The turn starts from a clean context (no earlier history): a dedicated heartbeat.
     fresh_history: bool = False
+    #: The turn ends with a ``session_sync`` even when a client watched it start (a recall:
+    #: recall.md's ``finally``); a turn nobody watched start ends with one whatever its kind.
+    sync_after: bool = False
 
     def shape(self, turn: Turn, turn_input: TurnInput) -> TurnInput:
         """Fit the agent's input to the kind (a system segment, a model); may set the turn's

@@ -324,10 +324,11 @@ class TurnRunner:
                     closed = True
                 except Fenced as exc:  # the new holder's recovery closes this turn
                     self._lost_lease(exc)
-                if closed and headless:
-                    # recall.md's finally: a run nobody started watching ends with a
-                    # session_sync, so late observers re-read history and state at once.
-                    # Same fields as the attach-time frame, plus which turn just ended.
+                if closed and (headless or (kind_turn is not None and kind_turn.sync_after)):
+                    # recall.md's finally: a run nobody started watching (or of a kind that
+                    # asks, a recall) ends with a session_sync, so late observers re-read
+                    # history and state at once. Same fields as the attach-time frame, plus
+                    # which turn just ended.
                     sync = SessionSync(
                         busy=False,
                         policy=self._loaded.policy,

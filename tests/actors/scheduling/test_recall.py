@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from tests.support.agents import SeeingAgent
-from tests.support.mock_node import DAY, T0, node
+from tests.support.mock_node import DAY, T0, node, once
 from turnstile.actors.scheduling.recall import (
     cancel_recall,
     get_recall,
@@ -417,6 +417,84 @@ async def test_list_shows_every_recall_of_the_session_with_its_status(autojump_c
             (pending["recall_id"], "recurring", "pending", "2026-11-21T12:25:01Z", 900),
         ]
         assert listed["recalls"][2]["internal_comment"] == "poll"
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_every_recall_run_ends_with_a_session_sync_watched_or_not(autojump_clock):
+    """recall.md's finally: session_sync after every recall run, even one a client watched
+    from its start (any turn nobody watched ends with one anyway); a watched cron run or user
+    turn needs none."""
+    async with node(agent=SeeingAgent()) as n:  # n.seen watches s from the start
+        session = n.registry.ref("session:s")
+        await session.ask(Submit(content="hello"))
+        await n.seen.until(b'"stream_end"')
+        made = await ok(
+            tools_for(n),
+            "schedule_recall",
+            call_type="once",
+            when="in 1h",
+            additional_context_message=TODO,
+        )
+        await n.seen.until(b'"session_sync"')
+        types = [e.type for e in await n.store.read_events("s")]
+        assert types.count("session_sync") == 1 and types[-2:] == ["stream_end", "session_sync"]
+        sync = (await n.store.read_events("s"))[-1].payload
+        recall_input = [i for i in await n.store.list_inputs("s") if i.source == "recall"]
+        assert sync == {
+            "busy": False,
+            "policy": "enqueue",
+            "queued": 0,
+            "input_id": recall_input[0].id,
+            "status": "completed",
+        }
+        assert n.clock.now() == T0 + timedelta(hours=1)
+        assert made["recall_id"] == recall_input[0].payload["recall_id"]
+        await session.ask(Submit(content="a user turn"))
+        await n.seen.until(b'"stream_end"', 3)
+        await n.add(
+            schedule=once(n.clock.now() + timedelta(minutes=1)),
+            deliver={"prompt": "digest", "source": "cron"},
+        )
+        await n.seen.until(b'"stream_end"', 4)
+        await settle(n)
+        assert [e.source for e in await n.store.list_inputs("s")][-1] == "cron"
+        assert [e.type for e in await n.store.read_events("s")].count("session_sync") == 1
+
+
+async def test_manage_recall_reaches_the_users_other_sessions(autojump_clock):
+    """recall.md: manage_recall's session_id names another session of the same user; another
+    user's session of that name is not reached (it answers as a name nobody uses)."""
+    async with node() as n:
+        for key, owner in (("ada/t", "ada"), ("bob/u", "bob")):
+            await n.store.create_session(key, owner)
+            await ok(
+                tools_for(n, key),
+                "schedule_recall",
+                call_type="recurring",
+                interval_seconds=900,
+                additional_context_message="poll",
+            )
+        theirs = await get_recall(n.store, "bob/u")
+        call = tools_for(n)  # from ada's session s
+        listed = await ok(call, "manage_recall", action="list", session_id="t")
+        (only,) = listed["recalls"]
+        assert listed["pending_recall_id"] == only["recall_id"]
+        assert (await ok(call, "manage_recall", action="list"))["recalls"] == []  # s's own
+        skipped = await ok(call, "manage_recall", action="skip", session_id="t")
+        assert skipped["action"] == "skipped"
+        assert skipped["trigger_at"] == "2026-11-21T12:30:00Z"
+        cancelled = await ok(call, "manage_recall", action="cancel", session_id="t")
+        assert (cancelled["action"], cancelled["status"]) == ("cancelled", "cancelled")
+        assert await get_recall(n.store, "ada/t") is None
+        # bob's session is not ada's to reach, by its name or by its key
+        for name in ("u", "bob/u", "../bob/u"):
+            for action in ("cancel", "skip", "list"):
+                result = await call("manage_recall", action=action, session_id=name)
+                assert result.error == {
+                    "code": "not_found",
+                    "message": f"no session with id {name!r}",
+                }, (name, action)
+        assert await get_recall(n.store, "bob/u") == theirs  # untouched
 
 
 async def test_another_session_is_not_found(autojump_clock):
