@@ -230,6 +230,7 @@ class ToolRegistry:
         arguments: dict[str, Any],
         *,
         approved: bool = False,
+        ask_approval: bool = True,
         background: bool = False,
         idempotency_key: str | None = None,
     ) -> ToolResult:
@@ -237,7 +238,9 @@ class ToolRegistry:
 
         ``approved``: a person already approved this very call (a module's background action
         that the runtime resumes as a task), so an APPROVE policy does not ask twice; only the
-        runtime sets it. ``background``: the call runs as a background task (``ToolCall``).
+        runtime sets it. ``ask_approval=False``: an APPROVE call is not put to a person; it
+        comes back at once, not run, as ``requires_approval`` (``run_parallel``'s actions, as
+        the reference has it). ``background``: the call runs as a background task (``ToolCall``).
         ``idempotency_key``: the call's key, handed to the tool in its ``ToolCall``.
 
         ``name`` may also be the function name a model knows the tool by (``clock__now``):
@@ -278,13 +281,11 @@ class ToolRegistry:
                     },
                 )
         if policy is Policy.APPROVE and not approved:
-            if self.approver is None:
+            if self.approver is None or not ask_approval:
+                why = "and nobody can give it here" if ask_approval else "(not asked for here)"
                 return ToolResult(
                     ok=False,
-                    error={
-                        "code": "requires_approval",
-                        "message": f"{name} needs approval and nobody can give it here",
-                    },
+                    error={"code": "requires_approval", "message": f"{name} needs approval {why}"},
                 )
             if not await self.approver(call, name, arguments):
                 return ToolResult(

@@ -3,8 +3,10 @@ reference).
 
 ``run_parallel`` runs 1–50 tool calls at once; each is independent (one failing does not cancel
 the others), results come back in input order, and every call goes through the registry — its
-policy (an ``APPROVE`` action waits for its approval; ``BLOCK`` is refused) and its module's
-concurrency limit apply exactly as for a direct call. Total time is about the slowest action.
+policy and its module's concurrency limit apply exactly as for a direct call, except that an
+``APPROVE`` action is not put to a person: it comes back at once, not run, as
+``requires_approval`` (as in the reference: the call never waits on a person, and the model calls
+that action on its own to ask). ``BLOCK`` is refused. Total time is about the slowest action.
 
 The ``background_*`` tools drive the background actor (``actors.execution.background``): start
 a tool and get a ``task_id`` at once, then status, result, cancel, list, or wait (timeout
@@ -103,11 +105,23 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
             # (not by when it starts: the actions run at once).
             key = None if call.idempotency_key is None else f"{call.idempotency_key}.{index + 1}"
             outcome = await registry.call(
-                call.session_id, call.owner, action.name, action.params, idempotency_key=key
+                call.session_id,
+                call.owner,
+                action.name,
+                action.params,
+                ask_approval=False,
+                idempotency_key=key,
             )
             entry: dict[str, Any] = {"index": index, "name": action.name, "success": outcome.ok}
             if outcome.ok:
                 entry["data"] = outcome.data
+            elif outcome.error and outcome.error.get("code") == "requires_approval":
+                entry["requires_approval"] = True
+                entry["error"] = {
+                    "code": "requires_approval",
+                    "message": f"{action.name} needs approval, which run_parallel does not ask "
+                    "for: call it on its own and the user is asked",
+                }
             else:
                 entry["error"] = outcome.error
             results[index] = entry
@@ -116,12 +130,15 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
             for index, action in enumerate(args.actions):
                 nursery.start_soon(one, index, action)
         succeeded = sum(1 for r in results if r and r["success"])
-        return {
+        pending = sum(1 for r in results if r and r.get("requires_approval"))
+        summary: dict[str, Any] = {
             "total": len(results),
             "succeeded": succeeded,
-            "failed": len(results) - succeeded,
-            "results": results,
+            "failed": len(results) - succeeded - pending,
         }
+        if pending:
+            summary["requires_approval"] = pending
+        return {**summary, "results": results}
 
     async def background_run(call: ToolCall, args: BackgroundRun) -> dict[str, Any]:
         _refuse_nesting(args.name, "background_run")

@@ -57,7 +57,9 @@ async def test_a_call_waiting_for_approval_does_not_stop_the_connection(tmp_path
             assert slow == {"type": "result", "id": "slow", "ok": True, "data": {"text": "hi"}}
 
 
-async def test_a_run_parallel_waiting_for_approval_does_not_stop_the_connection(tmp_path):
+async def test_a_run_parallel_with_an_action_that_needs_approval_answers_at_once(tmp_path):
+    """The action that needs approval comes back as requires_approval, not run and not asked
+    (run_parallel waited for a person before, up to the approval timeout)."""
     async with running_node(tmp_path, policies=POLICIES) as node:
         await new_session(node, "c")
         async with connect(node) as client:
@@ -74,19 +76,16 @@ async def test_a_run_parallel_waiting_for_approval_does_not_stop_the_connection(
                 tool="run_parallel",
                 arguments={"actions": actions},
             )
-            asked = await client.expect("approval_required", tool="echo")
-
-            await client.send(type="send", session_id="c", content="meanwhile", client_msg_id="m")
-            await client.expect("ack", client_msg_id="m")
-            await client.send(type="call", id="quick", session_id="c", tool="clock.now")
-            assert (await client.expect("result", id="quick"))["ok"] is True
-
-            await client.send(type="approve", session_id="c", approval_id=asked["approval_id"])
-            await client.expect("approval", approval_id=asked["approval_id"])
             par = await client.expect("result", id="par")
             assert par["ok"] is True
-            assert (par["data"]["total"], par["data"]["succeeded"]) == (2, 2)
-            assert par["data"]["results"][0]["data"] == {"text": "one"}
+            data = par["data"]
+            assert (data["total"], data["succeeded"], data["requires_approval"]) == (2, 1, 1)
+            assert data["results"][0]["requires_approval"] is True
+            assert data["results"][0]["error"]["code"] == "requires_approval"
+            assert data["results"][1]["success"] is True
+            assert not [f for f in client.events("c") if f["type"] == "approval_required"]
+            async with node.http() as http:
+                assert (await http.get("/sessions/c/approvals")).json() == {"approvals": []}
 
 
 async def test_a_closed_connection_cancels_its_calls_and_withdraws_their_approvals(tmp_path):

@@ -87,6 +87,22 @@ async def test_block_and_unapprovable_calls_never_run_the_tool():
     assert ran == []
 
 
+async def test_a_call_that_may_not_ask_comes_back_as_requires_approval():
+    asked = []
+
+    async def approver(call, name, arguments):
+        asked.append(name)
+        return True
+
+    registry, ran = make(approver=approver)
+    result = await registry.call("s", "ada", "fs.write", {"path": "x"}, ask_approval=False)
+    assert result.error == {
+        "code": "requires_approval",
+        "message": "fs.write needs approval (not asked for here)",
+    }
+    assert asked == [] and ran == []
+
+
 async def test_approver_decides_and_sees_the_call():
     asked = []
 

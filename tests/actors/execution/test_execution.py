@@ -124,6 +124,66 @@ async def test_the_call_s_idempotency_key_reaches_the_actions_it_runs(autojump_c
         await n.seen.until(b'"stream_end"')  # the task's completion turn
 
 
+async def test_run_parallel_answers_at_once_for_an_action_that_needs_approval(autojump_clock):
+    """An APPROVE action in run_parallel is not put to a person: it comes back at once, not run,
+    as requires_approval, and the others run (the whole call waited for the approval before)."""
+    running = Running(policies={"slow.write": "APPROVE"})
+    asked: list[str] = []
+
+    async def approver(call, name, arguments):
+        asked.append(name)
+        await trio.sleep_forever()  # nobody answers
+
+    async def write(call, params: Nap):
+        raise AssertionError("an action that needs approval ran")
+
+    running.tools.register("slow.write", Nap, write, "Write.")
+    running.tools.approver = approver
+    async with running as (n, call):
+        start = trio.current_time()
+        result = await call(
+            "run_parallel",
+            actions=[
+                {"name": "slow.nap", "params": {"seconds": 2}},
+                {"name": "slow.write", "params": {"seconds": 0}},
+                {"name": "slow.guarded", "params": {"seconds": 0}},
+            ],
+        )
+        assert trio.current_time() - start == 2  # the slowest action, not an approval's wait
+        assert asked == []
+        assert result.ok, result.error
+        assert result.data == {
+            "total": 3,
+            "succeeded": 1,
+            "failed": 1,
+            "requires_approval": 1,
+            "results": [
+                {"index": 0, "name": "slow.nap", "success": True, "data": {"slept": 2, "pad": ""}},
+                {
+                    "index": 1,
+                    "name": "slow.write",
+                    "success": False,
+                    "requires_approval": True,
+                    "error": {
+                        "code": "requires_approval",
+                        "message": "slow.write needs approval, which run_parallel does not ask "
+                        "for: call it on its own and the user is asked",
+                    },
+                },
+                {
+                    "index": 2,
+                    "name": "slow.guarded",
+                    "success": False,
+                    "error": {"code": "blocked", "message": "slow.guarded is blocked by policy"},
+                },
+            ],
+        }
+        # called on its own, the same action is put to a person
+        with trio.move_on_after(60):
+            await call("slow.write", seconds=0)
+        assert asked == ["slow.write"]
+
+
 async def test_run_parallel_bounds_and_no_nesting(autojump_clock):
     async with Running() as (n, call):
         too_many = await call("run_parallel", actions=[{"name": "slow.nap"}] * 51)
