@@ -6,8 +6,11 @@ with ``next_run``), plus a ``description`` that says how the text was understood
 echoed back (``"tomorrow at 09:00 UTC — 2026-11-22T09:00:00Z"``). It never reads the clock:
 ``now`` is always given. Input is matched case- and accent-insensitively.
 
-Grammar (``T`` is a time of day: ``9am``, ``9:30pm``, ``17:30``, ``9h``, ``17h30``, ``noon``,
-``midnight``, ``midi``, ``minuit``; ``D`` a weekday: ``monday``/``mon``/``lundi``...)
+Grammar (``T`` is a time of day: ``9am``, ``9:30pm``, ``17:30``, ``9h``, ``17h30``,
+``9 heures``, ``noon``, ``midnight``, ``midi``, ``minuit``, and half or a quarter past or to
+one of those: ``half past 4``, ``a quarter to 9pm``, ``quarter past noon``, ``9 heures et
+demie``, ``3 heures et quart``, ``9 heures moins le quart``, ``midi et demi``, ``minuit moins le
+quart``; ``D`` a weekday: ``monday``/``mon``/``lundi``...)
 
 ==================================  =====================================================
 form                                examples
@@ -15,18 +18,27 @@ form                                examples
 relative delay                      ``in 5m``, ``5m``, ``2h 15m``, ``in 2h15m``, ``in 3 hours``,
                                     ``in 90 seconds``, ``in 2 weeks``, ``in an hour``,
                                     ``dans 30 minutes``, ``dans 1 jour``, ``dans 1h30``
+halves, quarters, decimals          ``in half an hour``, ``in a quarter of an hour``,
+                                    ``in an hour and a half``, ``in 2 and a half hours``,
+                                    ``in 1.5 hours``, ``dans une demi-heure``,
+                                    ``dans un quart d'heure``, ``dans une heure et demie``,
+                                    ``dans 2 heures et quart``, ``dans 1,5 heure``
 day and time                        ``tomorrow at 9am``, ``tomorrow 9:30``, ``today at 17:30``,
                                     ``next Monday at 10am``, ``on Friday at 8pm``,
                                     ``demain à 9h30``, ``aujourd'hui à 18h``,
                                     ``lundi prochain à 10h``, ``2026-11-22 at 9am``,
                                     ``9am tomorrow``
-time alone                          ``at 17:30``, ``17:30``, ``à 17h30``
+time alone                          ``at 17:30``, ``17:30``, ``à 17h30``, ``at half past 4pm``,
+                                    ``à midi et demi``, ``à 9 heures moins le quart``
 ISO 8601                            ``2026-11-22T09:00:00Z``, ``2026-11-22T09:00:00+01:00``,
                                     ``2026-11-22T09:00``, ``2026-11-22 09:00``
 a date with a month name            ``November 22 at 9am``, ``le 22 novembre à 9h``
                                     (through ``dateparser``, guarded; see below)
 every N minutes / hours             ``every 5 minutes``, ``every hour``, ``every 2 hours``,
-                                    ``hourly``, ``toutes les 5 minutes``, ``toutes les heures``
+                                    ``hourly``, ``every half hour``, ``every quarter hour``,
+                                    ``every 0.5 hours``, ``toutes les 5 minutes``,
+                                    ``toutes les heures``, ``toutes les demi-heures``,
+                                    ``tous les quarts d'heure``
 every day / weekday / D at T        ``every day at 9am``, ``daily at 9am``,
                                     ``every weekday at 8:30``, ``every weekend at 10am``,
                                     ``every Monday and Thursday at 10am``,
@@ -43,13 +55,31 @@ Choices worth knowing:
 * A bare ``9h`` or ``17h30`` is refused as ambiguous (a delay in English, a time of day in
   French): ``in 9h``/``dans 9h`` is a delay, ``at 9h``/``à 9h`` a time. ``5m`` and ``2h 15m``
   are delays.
+* An hour without am/pm is on the 24-hour clock, as in ``4:30``: ``half past 4`` and ``à 4
+  heures et demie`` are 04:30 (the echo says so); ``half past 4pm`` or ``half past 16`` is
+  16:30. A bare hour (``at 4``) is still not a time.
+* Half past, a quarter past and a quarter to are clock readings on the day named: ``a quarter
+  to midnight`` and ``minuit moins le quart`` are 23:45 of that day (while ``midnight`` alone
+  is 00:00 at its start, as before).
+* Refused as ambiguous, saying why: ``9 heures et demie``, ``une heure et demie`` or ``9h et
+  quart`` with no ``dans`` or ``à`` (a delay or a time of day); ``half 4`` (4:30 in British
+  English, 3:30 in German or Dutch usage) and ``quarter of 9`` (8:45 in American English), when
+  the rest of the text is a time; a decimal separator followed by three digits (``1,500``,
+  ``1.500``: thousands or a decimal?). ``0.125`` is not ambiguous.
+* Delays count whole seconds: halves, quarters and decimals are exact (``in 1.5 hours`` is 5,400
+  seconds, ``in 0.125 hours`` 7m 30s), and a delay that does not come to whole seconds
+  (``in half a second``, ``in 1.23456 hours``) is refused, never rounded. Numbers are digits,
+  ``a``/``an``/``one``/``un``/``une``: ``two and a half hours`` is not read.
 * A time alone (``at 17:30``) means today if that is still in the future, else tomorrow.
   ``today at T`` in the past is an error, not tomorrow.
 * ``on Friday``/``Friday`` means today if today is Friday and the time is still ahead, else the
   coming Friday; ``next Friday``/``vendredi prochain`` is the first Friday after today.
 * Days and weeks in delays are exact multiples of 24 hours, whatever DST does.
 * ``every N minutes`` needs N to divide 60 and ``every N hours`` N to divide 24, otherwise the
-  runs would drift at the hour or at midnight; such schedules need an explicit cron.
+  runs would drift at the hour or at midnight; such schedules need an explicit cron. A
+  fractional interval is converted first and follows the same rules: ``every half hour`` is
+  every 30 minutes, ``every 1.5 hours`` is refused as ``every 90 minutes`` is, and one that is
+  not whole minutes (``every 2.5 minutes``) is refused.
 * Errors are ``InvalidArgument`` with ``field="when"`` (``"timezone"`` or
   ``"timezone_offset"`` for those arguments) and say why: empty or over-long text, a time of
   day that does not exist (``25:00``), a zero delay, an instant in the past or more than ten
@@ -66,7 +96,10 @@ behaviour.
 ``dateparser`` is only a fallback for dates written with a day number and a month name, which
 the grammar above does not cover. It is called with ``RELATIVE_BASE`` set to ``now`` (so it
 never reads the clock either) and its answer is rejected when the text has no time of day,
-or when it is ``now`` itself or in the past, which is what it returns for much garbage.
+or when it is ``now`` itself or in the past, which is what it returns for much garbage. It is
+given the time of day as this module reads it (``November 22 at half past 4pm`` goes to it as
+``November 22 at 16:30``): it does not know every form above, and drops what it does not know
+rather than failing.
 
 This module is the public surface; the words and patterns are in ``_timewords``, the forms
 (tried in the order of the table above, ISO and cron first) in ``_timeforms``.
