@@ -13,7 +13,11 @@ request past the model's context window.
 
 What the servers are sent follows OpenAI's request rules: tools are advertised under
 ``function_name(name)`` (``clock.now`` as ``clock__now``) and mapped back; every ``tool``
-message answers the assistant ``tool_calls`` id right before it. What they send back may vary:
+message answers the assistant ``tool_calls`` id right before it. What the runtime tells the
+session (a background task's end, a watcher's escalation, a job's delivery: ``source``
+``notification``) is a ``system`` message, as the execution-primitives reference injects it;
+cron, recall, heartbeat and webhook inputs are ``user`` messages labelled ``[cron] …`` and so
+on. What they send back may vary:
 tool-call arguments split over chunks, parallel calls told apart by ``index`` (or by position
 where a server omits it), a missing call ``id`` (one is made up), ``reasoning`` or
 ``reasoning_content``, a final chunk with no choices and the ``usage``, arguments as an object
@@ -335,8 +339,17 @@ def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+#: The source of what the runtime tells the session (a background task's end, a watcher's
+#: escalation, a job's delivery): each text says what it is ("[BACKGROUND TASK COMPLETED] …").
+NOTIFICATION_SOURCE = "notification"
+
+
 def _user_message(source: str | None, content: str) -> dict[str, Any]:
-    """An input as a user message; non-user sources are labelled so the model can tell."""
+    """An input as a message. A notification is a system message, as the execution-primitives
+    reference injects it: the runtime speaking, not the user. Other non-user sources (cron,
+    recall, heartbeat, webhook) are user messages labelled so the model can tell."""
+    if source == NOTIFICATION_SOURCE:
+        return {"role": "system", "content": content}
     if source and source != "user":
         content = f"[{source}] {content}"
     return {"role": "user", "content": content}

@@ -144,6 +144,7 @@ async def test_history_sources_and_injections_become_messages(standin, agent):
         HistoryEntry(role="tool", content='{"ok": true}', tool="remind", arguments={"at": "9"}),
         HistoryEntry(role="tool", content="[]", tool="list", arguments={}, call_id="call_h"),
         HistoryEntry(role="assistant", content="Done.", status="completed"),
+        HistoryEntry(role="user", content="[WATCHER UPDATE] up", source="notification"),
         HistoryEntry(role="user", content="nightly report", source="cron"),
     ]
     standin.script(
@@ -196,13 +197,27 @@ async def test_history_sources_and_injections_become_messages(standin, agent):
         },
         {"role": "tool", "tool_call_id": "call_h", "content": "[]"},
         {"role": "assistant", "content": "Done."},
+        {"role": "system", "content": "[WATCHER UPDATE] up"},
         {"role": "user", "content": "[cron] nightly report"},
         {"role": "user", "content": "[recall] it is 9"},
         {"role": "user", "content": "early"},
     ]
     assert second[: len(first)] == first
-    assert second[len(first) :][-1] == {"role": "user", "content": "[notification] job done"}
-    assert [m["role"] for m in second[len(first) :]] == ["assistant", "tool", "user"]
+    # what the runtime tells the session reaches the model as a system message (reference)
+    assert second[len(first) :][-1] == {"role": "system", "content": "job done"}
+    assert [m["role"] for m in second[len(first) :]] == ["assistant", "tool", "system"]
+
+
+async def test_a_turn_a_notification_starts_sends_it_as_a_system_message(standin, agent):
+    """A background result, a watcher's escalation or a job's delivery that reaches an idle
+    session starts a turn of its own: the model gets it as a system message, not as the user's
+    words (it was ``{"role": "user", "content": "[notification] …"}``)."""
+    standin.script(text_stream("Your download is done."))
+    done = "[BACKGROUND TASK COMPLETED] task_id=bg-1, tool=http.download, elapsed=2.0s"
+    turn = FakeTurn(done, source="notification")
+    assert await agent.run_turn(turn) == "Your download is done."
+    (request,) = standin.requests
+    assert request.body["messages"] == [{"role": "system", "content": done}]
 
 
 async def test_bad_tool_arguments_are_reported_to_the_model(standin, agent):
