@@ -5,7 +5,7 @@ Example::
     host = "127.0.0.1"
     port = 8765
     store = "sqlite:///turnstile.db"
-    agent = "scripted"                 # or "openai"
+    agent = "demo"                     # or "scripted" (echo), "openai"
     allowed_origins = ["http://localhost:5173"]
 
     [[users]]
@@ -100,7 +100,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Port = 8765
     store: str = "sqlite:///turnstile.db"
-    agent: Literal["scripted", "openai"] = "scripted"
+    agent: Literal["demo", "scripted", "openai"] = "demo"
     idle_timeout: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     users: list[UserConfig] = msgspec.field(default_factory=list)

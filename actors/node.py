@@ -53,6 +53,7 @@ from starlette.applications import Starlette
 
 from turnstile.actors.config import Config
 from turnstile.actors.console.feature import ConsoleFeature
+from turnstile.actors.demo import DemoAgent
 from turnstile.actors.execution.feature import ExecutionFeature
 from turnstile.actors.feature import Feature, NodeContext, start_order
 from turnstile.actors.memory.feature import MemoryFeature
@@ -100,6 +101,8 @@ def make_agent(config: Config) -> Agent:
     """The agent the config names."""
     if config.agent == "openai":
         return OpenAIAgent.from_config(config.openai)
+    if config.agent == "demo":
+        return DemoAgent(token_delay=config.scripted.token_delay)
     return ScriptedAgent(token_delay=config.scripted.token_delay)
 
 

@@ -111,7 +111,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ScriptedConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """Options of the built-in scripted agent."""
+    """Options of the built-in agents without a model, `demo` and `scripted`."""
 
     token_delay: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
 
@@ -184,7 +184,7 @@ class SharedConfig(Protocol):
     host: str
     port: Port
     store: str
-    agent: Literal["scripted", "openai"]
+    agent: Literal["demo", "scripted", "openai"]
     idle_timeout: float
     allowed_origins: list[str]
     users: list[UserConfig]

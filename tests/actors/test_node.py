@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from turnstile.actors.config import Config, ScriptedConfig
+from turnstile.actors.demo import DemoAgent
 from turnstile.actors.node import make_agent, recover
 from turnstile.actors.scheduling.schema import SCHEDULING
 from turnstile.actors.scheduling.store import JobStore
@@ -13,8 +14,10 @@ from turnstile.runtime.store import open_store
 
 
 def test_the_config_chooses_the_agent():
-    scripted = make_agent(Config(scripted=ScriptedConfig(token_delay=0.5)))
-    assert isinstance(scripted, ScriptedAgent) and scripted.token_delay == 0.5
+    demo = make_agent(Config(scripted=ScriptedConfig(token_delay=0.5)))  # the default
+    assert isinstance(demo, DemoAgent) and demo.token_delay == 0.5
+    scripted = make_agent(Config(agent="scripted", scripted=ScriptedConfig(token_delay=0.5)))
+    assert type(scripted) is ScriptedAgent and scripted.token_delay == 0.5
     openai = make_agent(
         Config(agent="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
     )

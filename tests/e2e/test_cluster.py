@@ -68,7 +68,8 @@ class Serving:
     async def start(self) -> Serving:
         try:
             self.process, url = await launch(
-                ["--config", str(self.config), "--dev-token", TOKEN], stderr=self.log.open("ab")
+                ["--config", str(self.config), "--dev-token", TOKEN, "--agent", "scripted"],
+                stderr=self.log.open("ab"),
             )
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}: {self.log.read_text()[-2000:]}") from None

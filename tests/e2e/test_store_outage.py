@@ -37,7 +37,7 @@ async def served(pg_dsn):
         pg_schema(pg_dsn) as (url, schema),
         open_tcp_proxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy,
     ):
-        config = Config(port=0, store=proxy.rewrite(url))
+        config = Config(port=0, store=proxy.rewrite(url), agent="scripted")
         async with open_node(config, tokens=TOKENS) as node:
             served = Node(url=node.url, ws_url=node.url.replace("http://", "ws://") + "/ws")
             database = (

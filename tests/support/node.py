@@ -37,6 +37,9 @@ class Node:
 
 @asynccontextmanager
 async def running_node(tmp_path, agent=None, **config: Any) -> AsyncIterator[Node]:
+    """A node on ``tmp_path``: the scripted agent (its echo, ``You said: …``, is what the tests
+    read) unless ``agent`` (an agent) or ``config`` (``agent="openai"``) names another."""
+    config.setdefault("agent", "scripted")
     settings = Config(port=0, store=f"sqlite:///{tmp_path}/node.db", **config)
     async with open_node(settings, tokens=TOKENS, agent=agent) as node:
         yield Node(url=node.url, ws_url=node.url.replace("http://", "ws://") + "/ws")

@@ -41,9 +41,11 @@ async def launch(
 
 async def start_server(db: str, token: str, *args: str) -> tuple[trio.Process, Node]:
     """``turnstile serve`` on ``sqlite:///db`` with ``token`` as its dev token and ``args``
-    (e.g. ``--config FILE``); returns once it says where it serves."""
+    (e.g. ``--config FILE``), the scripted agent unless ``args`` names one; returns once it
+    says where it serves."""
+    agent = [] if "--agent" in args else ["--agent", "scripted"]
     process, url = await launch(
-        [*args, "--port", "0", "--store", f"sqlite:///{db}", "--dev-token", token]
+        [*agent, *args, "--port", "0", "--store", f"sqlite:///{db}", "--dev-token", token]
     )
     return process, Node(url=url, ws_url=url.replace("http://", "ws://") + "/ws")
 

@@ -37,6 +37,7 @@ TOKEN = "alice-console-token-0123456789"
 #: Seconds per streamed word: a 20-word answer takes about 1.6 s, long enough to watch.
 TOKEN_DELAY = 0.08
 CONFIG = f"""
+agent = "scripted"
 policies = {{ "echo" = "APPROVE" }}
 
 [scripted]
