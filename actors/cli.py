@@ -476,9 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--store", help="sqlite:///path or postgresql://… (default sqlite:///turnstile.db)"
     )
-    serve.add_argument("--agent", choices=["scripted", "openai"], help="default scripted")
+    serve.add_argument(
+        "--agent",
+        choices=["demo", "scripted", "openai"],
+        help="default demo (no model: a few requests, README); scripted echoes",
+    )
     serve.add_argument("--dev-token", help="token of a single 'dev' user (or TURNSTILE_DEV_TOKEN)")
-    serve.add_argument("--token-delay", type=float, help="scripted agent: seconds per word")
+    serve.add_argument("--token-delay", type=float, help="demo, scripted: seconds per word")
     serve.set_defaults(func=_serve)
 
     attach = sub.add_parser("attach", help="attach a terminal to a session")
