@@ -40,7 +40,7 @@ from turnstile.actors.feature import NodeContext
 from turnstile.actors.sessions.actor import ShapedTurn
 from turnstile.actors.sessions.agents.base import HistoryEntry, TurnInput
 from turnstile.runtime.actor import ActorRef
-from turnstile.runtime.errors import InvalidArgument, PlacedElsewhere, StoreError
+from turnstile.runtime.errors import InvalidArgument, NotFound, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import ClusterView
 
@@ -166,7 +166,17 @@ class ExecutionFeature:
 
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""
-        register_discovery_tools(node.tools)
+
+        async def hidden(session_key: str) -> frozenset[str]:
+            """The tools the session's model is not told of (its groups turned off)."""
+            assert self.shaper.shaper is not None, "built below, before any tool is called"
+            try:
+                metadata = (await node.store.get_session(session_key)).metadata
+            except NotFound:  # a client's call for no session: the node's settings
+                metadata = {}
+            return self.shaper.shaper.hidden_for(metadata)
+
+        register_discovery_tools(node.tools, hidden)
         settings = node.section("execution", ExecutionConfig)
         self.shaper.shaper = shaper = TurnShaper(
             node.tools, node.clock, settings, node.hooks.tool_profiles

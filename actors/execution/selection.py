@@ -6,9 +6,13 @@ choice, made here from ``[execution]`` (``actors.execution.settings.ExecutionCon
 session, ``metadata.execution``:
 
 * **groups**, as in the execution-primitives reference: the primitives (``run_parallel``,
-  ``background_*``) are always in the turn; ``watchers`` adds the ``watch_*`` tools,
-  ``scheduler`` the scheduling tools, a ``default_channel`` adds ``send_notification``;
-  ``direct_tools`` names any other tool to carry;
+  ``background_*``) are always in the turn; ``watchers = true`` adds the ``watch_*`` tools,
+  ``scheduler = true`` the scheduling tools, a ``default_channel`` adds ``send_notification``;
+  ``direct_tools`` names any other tool to carry. ``watchers = false`` or ``scheduler = false``
+  hides the group from the model altogether, as the reference's "no awareness": its tools are
+  neither carried nor indexed, ``tool_search`` does not answer with them, ``tool_run`` and the
+  turn refuse them, and the prompt does not mention them (``ToolSelection.hidden``). Left unset,
+  a group is like any other tool;
 * **compact mode** (``tool_mode = "compact"``, the default): every other tool is left out of
   the call and listed by name, with a few words each, in the description of ``tool_search``,
   which answers with full schemas on demand; ``tool_run`` runs a tool by name (as do
@@ -19,9 +23,9 @@ session, ``metadata.execution``:
   schemas are carried directly, and every other tool — the discovery tools included — is
   refused in that turn.
 
-Every registered tool stays reachable in every mode: either its schema is in the turn or its
-name is in ``tool_search``'s index (``ToolSelection.indexed``); the unit tests check both
-against the node's full registry.
+Every registered tool stays reachable in every mode, hidden groups aside: either its schema is
+in the turn or its name is in ``tool_search``'s index (``ToolSelection.indexed``); the unit
+tests check both against the node's full registry.
 
 ``TurnShaper`` puts it together for the session actor: the tools, the default system prompt
 (``actors.sessions.agents.prompt``) with the session's time zone and the clock's time, and the
@@ -35,7 +39,7 @@ spread over modules.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -49,6 +53,7 @@ from turnstile.actors.sessions.agents.prompt import build_system_prompt, session
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import InvalidArgument, TurnstileError
 from turnstile.tools.registry import ToolCall, ToolRegistry
+from turnstile.tools.spec import tool_name
 
 __all__ = [
     "DISCOVERY",
@@ -57,6 +62,7 @@ __all__ = [
     "ToolCallFailed",
     "ToolSelection",
     "TurnShaper",
+    "hidden_tools",
     "register_discovery_tools",
     "schema_chars",
     "select_tools",
@@ -97,8 +103,11 @@ GROUPS: dict[str, frozenset[str]] = {
     ),
     "notifications": frozenset({"send_notification"}),
 }
+#: Every tool of a group that can be turned off (the store is read only for those).
+_GROUPED = GROUPS["watchers"] | GROUPS["scheduler"]
 #: The discovery tools of compact mode.
 DISCOVERY = ("tool_search", "tool_run")
+DISCOVERY_SET = frozenset(DISCOVERY)
 
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
@@ -108,8 +117,8 @@ class ExecutionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     ``metadata.execution`` may set, each key overriding the node's."""
 
     tool_mode: Literal["compact", "direct"] = "compact"
-    watchers: bool = False
-    scheduler: bool = False
+    watchers: bool | None = None
+    scheduler: bool | None = None
     default_channel: str = ""
     direct_tools: tuple[str, ...] = ()
     tool_profile: str = "full"
@@ -122,11 +131,25 @@ class ToolSelection(msgspec.Struct, frozen=True, kw_only=True):
         tools: the specs the turn carries (full schemas), sorted by name.
         indexed: the tools left out and listed in ``tool_search``'s index instead.
         allowed: the tools the turn may call; None for every tool.
+        hidden: the tools of the groups turned off (``watchers = false``...), of which the
+            model is told nothing and which it may not call.
     """
 
     tools: list[ToolSpec]
     indexed: tuple[str, ...] = ()
     allowed: frozenset[str] | None = None
+    hidden: frozenset[str] = frozenset()
+
+
+def hidden_tools(settings: ExecutionSettings) -> frozenset[str]:
+    """The tools of the groups ``settings`` turns off (``watchers = false``,
+    ``scheduler = false``)."""
+    hidden: frozenset[str] = frozenset()
+    if settings.watchers is False:
+        hidden |= GROUPS["watchers"]
+    if settings.scheduler is False:
+        hidden |= GROUPS["scheduler"]
+    return hidden
 
 
 def schema_chars(specs: Iterable[ToolSpec]) -> int:
@@ -174,10 +197,15 @@ def select_tools(
                 field="tool_profile",
             )
         allowed = profiles[settings.tool_profile]
+    hidden = hidden_tools(settings)
     if allowed is not None:
-        return ToolSelection(tools=[s for s in specs if s.name in allowed], allowed=allowed)
+        allowed -= hidden
+        return ToolSelection(
+            tools=[s for s in specs if s.name in allowed], allowed=allowed, hidden=hidden
+        )
+    specs = [s for s in specs if s.name not in hidden]
     if settings.tool_mode == "direct":
-        return ToolSelection(tools=[s for s in specs if s.name not in DISCOVERY])
+        return ToolSelection(tools=[s for s in specs if s.name not in DISCOVERY], hidden=hidden)
     direct = set(GROUPS["primitives"]) | set(settings.direct_tools)
     if settings.watchers:
         direct |= GROUPS["watchers"]
@@ -188,7 +216,7 @@ def select_tools(
     carried = [s for s in specs if s.name in direct]
     rest = [s for s in specs if s.name not in direct and s.name not in DISCOVERY]
     if not rest:
-        return ToolSelection(tools=carried)
+        return ToolSelection(tools=carried, hidden=hidden)
     by_name = {s.name: s for s in specs}
     for name in DISCOVERY:
         spec = by_name.get(name)
@@ -198,7 +226,7 @@ def select_tools(
             spec = msgspec.structs.replace(spec, description=spec.description + "\n" + _index(rest))
         carried.append(spec)
     carried.sort(key=lambda s: s.name)
-    return ToolSelection(tools=carried, indexed=tuple(s.name for s in rest))
+    return ToolSelection(tools=carried, indexed=tuple(s.name for s in rest), hidden=hidden)
 
 
 #: How the index labels each group's tools (the rest are ``more``).
@@ -268,11 +296,24 @@ class ToolRun(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 MAX_SEARCH_RESULTS = 10
 
 
-def register_discovery_tools(registry: ToolRegistry) -> None:
-    """Register ``tool_search`` and ``tool_run`` (compact mode's way to every tool)."""
+def register_discovery_tools(
+    registry: ToolRegistry, hidden: Callable[[str], Awaitable[frozenset[str]]] | None = None
+) -> None:
+    """Register ``tool_search`` and ``tool_run`` (compact mode's way to every tool).
+
+    Args:
+        registry: every tool.
+        hidden: the tools a session's model is not told of, by session key (its settings'
+            ``TurnShaper.hidden_for``): ``tool_search`` does not answer with them (a name asked
+            for is ``unknown``) and ``tool_run`` answers as for a name that is no tool.
+    """
+
+    async def hidden_for(session_key: str) -> frozenset[str]:
+        return frozenset() if hidden is None else await hidden(session_key)
 
     async def search(call: ToolCall, args: ToolSearch) -> dict[str, Any]:
-        specs = {s.name: s for s in registry.specs() if s.name not in DISCOVERY}
+        left_out = DISCOVERY_SET | await hidden_for(call.session_id)
+        specs = {s.name: s for s in registry.specs() if s.name not in left_out}
         if not args.names and not args.query:
             raise InvalidArgument("give names or a query", field="names")
         found = [specs[n] for n in dict.fromkeys(args.names) if n in specs]
@@ -293,6 +334,11 @@ def register_discovery_tools(registry: ToolRegistry) -> None:
     async def run(call: ToolCall, args: ToolRun) -> Any:
         if args.name in DISCOVERY:
             raise InvalidArgument(f"{args.name} cannot be run through tool_run", field="name")
+        names = {args.name, tool_name(args.name)}
+        if names & _GROUPED and names & await hidden_for(call.session_id):
+            # what a name that is not a tool answers: the model learns nothing of the group
+            unknown = {"code": "unknown_tool", "message": f"no tool named {args.name!r}"}
+            raise ToolCallFailed(unknown)
         result = await registry.call(  # the same call under another name: the same key
             call.session_id,
             call.owner,
@@ -399,15 +445,25 @@ class TurnShaper:
             return self.settings
         return merged
 
+    def hidden_for(self, metadata: Mapping[str, Any]) -> frozenset[str]:
+        """The tools a session's model is not told of (its groups turned off), for the
+        session's ``metadata``."""
+        return hidden_tools(self.settings_for(metadata))
+
     def select(
         self, settings: ExecutionSettings, allowed: frozenset[str] | None = None
     ) -> ToolSelection:
-        """The turn's tools (cached: the registry does not change once the node runs)."""
+        """The turn's tools (cached: the registry does not change once the node runs). With a
+        group turned off and no profile, the turn may call every tool but that group's."""
         specs = self.registry.specs()
         key = (settings, allowed, len(specs))
         found = self._cache.get(key)
         if found is None:
-            found = self._cache[key] = select_tools(specs, settings, self.profiles, allowed)
+            found = select_tools(specs, settings, self.profiles, allowed)
+            if found.hidden and found.allowed is None:
+                callable_ = frozenset(self.registry.names()) - found.hidden
+                found = msgspec.structs.replace(found, allowed=callable_)
+            self._cache[key] = found
         return found
 
     def shape(
@@ -434,6 +490,7 @@ class TurnShaper:
                 now=self.clock.now(),
                 timezone=session_timezone(dict(metadata), self.config.timezone),
                 default_channel=settings.default_channel,
+                hidden=selection.hidden,
             )
         spent = (
             estimate_tokens(prompt or "")

@@ -18,9 +18,13 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
         tool_mode: ``compact`` — the primitives' schemas plus ``tool_search``, whose
             description indexes every other tool (full schemas on demand, run with
             ``tool_run``); ``direct`` — every selected tool's full schema in every call.
-        watchers: give the ``watch_*`` tools' schemas in every turn (``execution.watchers``).
-        scheduler: give the scheduling tools' schemas in every turn (``schedule_*``,
-            ``remember``, ``cron``, recalls, heartbeats, checks; ``execution.scheduler``).
+        watchers: the ``watch_*`` tools (``execution.watchers``): ``True``, their schemas in
+            every turn; ``False``, the model is not told of them at all (not carried, not in
+            ``tool_search``'s index or answers, refused by ``tool_run`` and as a direct call,
+            not in the prompt), as the reference has it; unset (None), like any other tool
+            (indexed in compact mode).
+        scheduler: the scheduling tools (``schedule_*``, ``remember``, ``cron``, recalls,
+            heartbeats, checks; ``execution.scheduler``), the same three ways.
         default_channel: an output channel the prompt names as the default for notifications,
             jobs and watchers; setting it gives ``send_notification``'s schema in every turn.
         direct_tools: more tools whose full schemas every turn carries (``"http.get"``).
@@ -36,8 +40,8 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
     """
 
     tool_mode: Literal["compact", "direct"] = "compact"
-    watchers: bool = False
-    scheduler: bool = False
+    watchers: bool | None = None
+    scheduler: bool | None = None
     default_channel: str = ""
     direct_tools: list[str] = msgspec.field(default_factory=list)
     tool_profile: str = "full"

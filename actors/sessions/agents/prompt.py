@@ -7,7 +7,9 @@ heartbeat's checklist). As in the execution-primitives reference's EXECUTION PRI
 section, it says what ``run_parallel`` and the ``background_*`` tools are for and that results
 arrive by themselves, so the model does not spend calls polling. The watcher, scheduler and
 notification paragraphs appear only when the turn carries those tools' schemas (a group left
-out of the turn stays reachable through ``tool_search``, and the prompt says so).
+out of the turn stays reachable through ``tool_search``, and the prompt says so); a group turned
+off (``hidden``: ``[execution] watchers = false``) is not mentioned at all, not even among what
+arrives by itself.
 
 The time section gives the session's time zone and the current time from the runtime's clock
 (``Clock.now``), to the minute; it comes last so that the rest is a stable prefix for servers
@@ -36,10 +38,8 @@ keep working meanwhile. background_status, background_result, background_cancel,
 background_list and background_wait manage tasks."""
 
 _ARRIVE = """\
-Background results, watcher updates and scheduled jobs arrive by themselves, as messages \
-starting [BACKGROUND TASK COMPLETED], [BACKGROUND TASK FAILED], [WATCHER UPDATE] or \
-[SCHEDULED …]. Do not poll for them with background_status, background_wait or \
-watch_status: carry on, and act on the message when it comes."""
+{kinds} arrive by themselves, as messages starting {markers}. Do not poll for them with \
+{pollers}: carry on, and act on the message when it comes."""
 
 _WATCHERS = """\
 - watch_start: keep checking a tool every interval seconds in the background and hear only \
@@ -54,8 +54,10 @@ manage jobs."""
 
 _NOTIFY = """\
 - send_notification: reach the user outside this conversation. The default channel is \
-{channel!r}: use it for notifications unless the user names another. Jobs and watchers \
-deliver there too unless you give another output_channel (remember comes back here)."""
+{channel!r}: use it for notifications unless the user names another."""
+
+_NOTIFY_OUTPUTS = """\
+ {outputs} deliver there too unless you give another output_channel{remember}."""
 
 _DISCOVERY = """\
 More tools than the ones listed are available: tool_search's description indexes them. Call \
@@ -76,12 +78,18 @@ def session_timezone(metadata: dict, default: str = "UTC") -> str:
     return "UTC"
 
 
+def _listed(items: list[str], last: str) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (``last``: ``and`` or ``or``)."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
 def build_system_prompt(
     *,
     tools: Collection[str],
     now: datetime,
     timezone: str = "UTC",
     default_channel: str = "",
+    hidden: Collection[str] = (),
 ) -> str:
     """The default system prompt for a turn.
 
@@ -90,6 +98,8 @@ def build_system_prompt(
         now: the current time (aware; naive is taken as UTC), from the runtime's clock.
         timezone: the session's time zone (IANA name, ``UTC`` or ``UTC±HH:MM``).
         default_channel: the output channel to name for notifications ('' for none).
+        hidden: tools the model is not told of (a group turned off): with ``watch_start``
+            among them nothing is said of watchers, with ``schedule_once`` nothing of jobs.
 
     Returns:
         the prompt text.
@@ -102,9 +112,33 @@ def build_system_prompt(
         parts.append(_WATCHERS)
     if "schedule_once" in tools or "remember" in tools:
         parts.append(_SCHEDULER)
+    watchers = "watch_start" not in hidden
+    scheduler = "schedule_once" not in hidden
     if default_channel and "send_notification" in tools:
-        parts.append(_NOTIFY.format(channel=default_channel))
-    parts.append(_ARRIVE)
+        notify = _NOTIFY.format(channel=default_channel)
+        outputs = [name for name, shown in (("jobs", scheduler), ("watchers", watchers)) if shown]
+        if outputs:
+            remember = " (remember comes back here)" if scheduler else ""
+            listed = _listed(outputs, "and")
+            notify += _NOTIFY_OUTPUTS.format(outputs=listed.capitalize(), remember=remember)
+        parts.append(notify)
+    kinds, markers = ["Background results"], ["[BACKGROUND TASK COMPLETED]"]
+    markers.append("[BACKGROUND TASK FAILED]")
+    pollers = ["background_status", "background_wait"]
+    if watchers:
+        kinds.append("watcher updates")
+        markers.append("[WATCHER UPDATE]")
+        pollers.append("watch_status")
+    if scheduler:
+        kinds.append("scheduled jobs")
+        markers.append("[SCHEDULED …]")
+    parts.append(
+        _ARRIVE.format(
+            kinds=_listed(kinds, "and"),
+            markers=_listed(markers, "or"),
+            pollers=_listed(pollers, "or"),
+        )
+    )
     if "tool_search" in tools:
         parts.append(_DISCOVERY)
     when = utc(now)

@@ -187,6 +187,65 @@ async def test_groups_and_profiles_from_the_config(tmp_path):
         assert agent.results[-1].error["code"] == "not_allowed"
 
 
+async def test_groups_turned_off_are_hidden_from_the_model(tmp_path):
+    """The reference's ``execution.watchers: false`` / ``scheduler: false``: the model has no
+    awareness of those tools. Not carried, not in tool_search's index or answers, not run by
+    tool_run or called directly, not in the prompt; a session may turn a group back on (or
+    off on a node that leaves it unset)."""
+    agent = RecordingAgent()
+    off = GROUPS["watchers"] | GROUPS["scheduler"]
+    execution = ExecutionConfig(watchers=False, scheduler=False)
+    async with node(tmp_path, agent, execution=execution) as http:
+        agent.calls = [
+            ("tool_search", {"names": ["watch_start", "remember", "clock.now"]}),
+            ("tool_search", {"query": "watch"}),
+            ("tool_search", {"query": "schedule"}),
+            ("tool_run", {"name": "watch_list", "params": {}}),
+            ("tool_run", {"name": "schedule_list", "params": {}}),
+            ("watch_list", {}),
+            ("tool_run", {"name": "clock.now", "params": {}}),
+        ]
+        turn = await turn_of(http, agent, "s")
+        carried = {s.name for s in turn.tools}
+        assert not off & carried and not off & indexed_names(turn)
+        assert "tool_search" in carried and "clock.now" in indexed_names(turn)
+        prompt = turn.input.system_prompt
+        for word in ("watch", "WATCHER", "SCHEDULED", "schedule", "remember"):
+            assert word not in prompt, word
+        by_names, watch_query, schedule_query, run_watch, run_schedule, direct, clock = (
+            agent.results
+        )
+        assert [t["name"] for t in by_names.data["tools"]] == ["clock.now"]
+        assert by_names.data["unknown"] == ["watch_start", "remember"]
+        assert not off & {t["name"] for t in watch_query.data["tools"]}
+        assert not off & {t["name"] for t in schedule_query.data["tools"]}
+        assert run_watch.error == {"code": "unknown_tool", "message": "no tool named 'watch_list'"}
+        assert run_schedule.error["code"] == "unknown_tool"
+        assert direct.error["code"] == "not_allowed"
+        assert clock.ok, clock.error
+
+        # a session of its own: watchers on, for it only
+        meta = {"execution": {"watchers": True}}
+        agent.calls = [("tool_run", {"name": "watch_list", "params": {}})]
+        turn = await turn_of(http, agent, "watching", metadata=meta)
+        assert GROUPS["watchers"] <= {s.name for s in turn.tools}
+        assert not GROUPS["scheduler"] & ({s.name for s in turn.tools} | indexed_names(turn))
+        assert "[WATCHER UPDATE]" in turn.input.system_prompt
+        assert agent.results[-1].ok, agent.results[-1].error
+
+    agent = RecordingAgent()
+    (tmp_path / "default").mkdir()
+    async with node(tmp_path / "default", agent) as http:  # unset: indexed like any tool
+        turn = await turn_of(http, agent, "s")
+        assert off <= indexed_names(turn)
+        meta = {"execution": {"scheduler": False}}
+        agent.calls = [("tool_search", {"names": ["schedule_once", "watch_start"]})]
+        turn = await turn_of(http, agent, "quiet", metadata=meta)
+        assert not GROUPS["scheduler"] & indexed_names(turn)
+        assert GROUPS["watchers"] <= indexed_names(turn)
+        assert agent.results[-1].data["unknown"] == ["schedule_once"]
+
+
 async def test_jobs_and_watchers_made_without_a_channel_deliver_to_the_default_one(tmp_path):
     """The reference's ``default_channel``: the output of jobs and watchers whose creator named
     no channel (a session may choose its own); a channel named in the call wins, and a recall
@@ -287,6 +346,23 @@ def test_compact_mode_indexes_what_it_leaves_out():
         "more: http.get."
     )
     assert "Index" not in tools.specs()[-1].description  # the registered spec is untouched
+
+
+def test_a_group_turned_off_is_neither_carried_nor_indexed():
+    tools = registry("run_parallel", "watch_start", "schedule_once", "http.get")
+    off = ExecutionSettings(watchers=False)
+    chosen = select_tools(tools.specs(), off, {"full": None})
+    assert [s.name for s in chosen.tools] == ["run_parallel", "tool_run", "tool_search"]
+    assert chosen.indexed == ("http.get", "schedule_once")
+    assert chosen.hidden == GROUPS["watchers"]
+    assert "watch" not in chosen.tools[-1].description
+    direct = select_tools(
+        tools.specs(), ExecutionSettings(tool_mode="direct", scheduler=False), {"full": None}
+    )
+    assert [s.name for s in direct.tools] == ["http.get", "run_parallel", "watch_start"]
+    profile = frozenset({"watch_start", "http.get"})
+    restricted = select_tools(tools.specs(), off, {"full": None}, allowed=profile)
+    assert restricted.allowed == {"http.get"}
 
 
 def test_nothing_left_out_means_no_discovery_tools():

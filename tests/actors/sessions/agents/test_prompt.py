@@ -38,6 +38,28 @@ def test_paragraphs_follow_the_tools_the_turn_carries(tools, present, absent):
         assert text not in prompt
 
 
+def test_a_group_turned_off_is_not_mentioned():
+    full = build_system_prompt(tools={"send_notification"}, now=NOW, default_channel="ops")
+    assert "[WATCHER UPDATE]" in full and "[SCHEDULED …]" in full and "watch_status" in full
+    assert "Jobs and watchers deliver there too" in full
+    hidden = {"watch_start", "watch_status", "schedule_once", "remember"}
+    prompt = build_system_prompt(
+        tools={"send_notification"}, now=NOW, default_channel="ops", hidden=hidden
+    )
+    for word in ("watch", "WATCHER", "SCHEDULED", "schedule", "Jobs", "remember"):
+        assert word not in prompt, word
+    assert (
+        "Background results arrive by themselves, as messages starting [BACKGROUND TASK "
+        "COMPLETED] or [BACKGROUND TASK FAILED]. Do not poll for them with background_status "
+        "or background_wait: carry on, and act on the message when it comes."
+    ) in prompt
+    watchers_only = build_system_prompt(
+        tools={"send_notification"}, now=NOW, default_channel="ops", hidden={"schedule_once"}
+    )
+    assert "Watchers deliver there too unless you give another output_channel." in watchers_only
+    assert "SCHEDULED" not in watchers_only and "[WATCHER UPDATE]" in watchers_only
+
+
 def test_a_default_channel_is_named():
     prompt = build_system_prompt(tools={"send_notification"}, now=NOW, default_channel="ops")
     assert "The default channel is 'ops'" in prompt
