@@ -473,6 +473,9 @@ class SchedulerActor(Actor):
         detail = {"prompt": spec.prompt, "late_seconds": round(late, 6)}
         if spec.instruction:  # a recall's self-instruction, for the run record
             detail["instruction"] = spec.instruction
+        variables = spec.prompt_variables(job.id)
+        if variables is not None:  # a cron prompt's template variables, for the run record
+            detail["prompt_variables"] = variables
         if extra:
             detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
         turn_input = (spec.source or job.kind, payload)

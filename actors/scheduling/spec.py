@@ -294,6 +294,21 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
         """(recall) the self-instruction, kept in the run record too."""
         return self.deliver.get("instruction")
 
+    def prompt_variables(self, job_id: str) -> dict[str, Any] | None:
+        """(cron) The variables its trigger template (``cron.trigger@v1``:
+        ``cron.render_trigger``) rendered the delivered prompt from, kept in each run record
+        beside the rendered prompt (cron-session-binding.md): ``job_id``, ``name``,
+        ``version``, ``prompt`` (the text as given). None for a job without a named prompt."""
+        if not isinstance(self.prompt_name, str) or not isinstance(self.prompt_text, str):
+            return None
+        version = self.prompt_version if isinstance(self.prompt_version, int) else 1
+        return {
+            "job_id": job_id,
+            "name": self.prompt_name,
+            "version": version,
+            "prompt": self.prompt_text,
+        }
+
 
 def job_spec(job: Job) -> JobSpec:
     """The spec of ``job``, decoded.

@@ -247,6 +247,10 @@ class StreamEnd(SessionEvent, tag="stream_end", kw_only=True, frozen=True):
         text: the agent's answer (may be empty).
         error: (``failed``) a short message; the traceback stays in the run record.
         usage: the tokens used, when the agent's server reported them.
+        source: the source of the input the turn answered, when it is not ``user`` (so the
+            answer renders as a cron job's or a recall's).
+        job_id: (scheduled inputs but recalls) the job whose firing the turn answered.
+        label: with ``job_id``, the job's label (a ``cron`` job's name), when it has one.
     """
 
     input_id: int
@@ -254,6 +258,9 @@ class StreamEnd(SessionEvent, tag="stream_end", kw_only=True, frozen=True):
     text: str
     error: str | UnsetType = UNSET
     usage: TokenUsage | UnsetType = UNSET
+    source: str | UnsetType = UNSET
+    job_id: str | UnsetType = UNSET
+    label: str | UnsetType = UNSET
 
 
 class SessionSync(SessionEvent, tag="session_sync", kw_only=True, frozen=True):

@@ -19,6 +19,8 @@ from turnstile.runtime.store import EventRecord, Store
 
 __all__ = [
     "TRANSCRIPT_EVENTS",
+    "answer_entry",
+    "answer_origin",
     "history_from_events",
     "input_entry",
     "load_history",
@@ -51,21 +53,55 @@ async def load_history(store: Store, session_id: str, keep: int) -> list[History
 def input_entry(start: dict[str, Any]) -> HistoryEntry:
     """The transcript entry of a turn's input, from its ``stream_start`` payload.
 
-    A scheduled input keeps what triggered it: ``is_recall`` for a recall, else the job, its
-    run and (cron) its prompt reference as ``cron_job_id``, ``cron_run_id``,
-    ``cron_prompt_ref`` (cron-session-binding.md), so a later turn and the history route
-    know which firing the entry stands for.
+    A scheduled input keeps what triggered it: ``is_recall`` for a recall, else the
+    cron-turn marker and the job, its name, its run and (cron) its prompt reference as
+    ``cron_turn``, ``cron_job_id``, ``cron_job_name``, ``cron_run_id``, ``cron_prompt_ref``
+    (cron-session-binding.md), so a later turn and the history route know which firing the
+    entry stands for.
     """
     job_id, run_id, ref = start.get("job_id"), start.get("run_id"), start.get("prompt_ref")
+    label = start.get("label")
     from_job = isinstance(job_id, str) and not start.get("is_recall")
     return HistoryEntry(
         role="user",
         content=start.get("content", ""),
         source=start.get("source"),
         is_recall=bool(start.get("is_recall")),
+        cron_turn=from_job,
         cron_job_id=job_id if from_job else None,
+        cron_job_name=label if from_job and isinstance(label, str) and label else None,
         cron_run_id=run_id if from_job and isinstance(run_id, int) else None,
         cron_prompt_ref=ref if from_job and isinstance(ref, dict) else None,
+    )
+
+
+def answer_origin(start: dict[str, Any]) -> dict[str, Any]:
+    """What a turn's ``stream_end`` says of the input it answered, from the turn's
+    ``stream_start`` payload: its source when not ``user``, and a scheduled job's id and
+    label (not a recall's: its entry is marked ``is_recall`` instead), so the answer renders
+    as the job's (cron-session-binding.md: "source metadata suitable for rendering")."""
+    source = start.get("source")
+    if not isinstance(source, str) or source == "user":
+        return {}
+    origin: dict[str, Any] = {"source": source}
+    job_id, label = start.get("job_id"), start.get("label")
+    if isinstance(job_id, str) and not start.get("is_recall"):
+        origin["job_id"] = job_id
+        if isinstance(label, str) and label:
+            origin["label"] = label
+    return origin
+
+
+def answer_entry(end: dict[str, Any]) -> HistoryEntry:
+    """The transcript entry of a turn's answer, from its ``stream_end`` payload."""
+    job_id, label = end.get("job_id"), end.get("label")
+    return HistoryEntry(
+        role="assistant",
+        content=end.get("text") or end.get("error") or "",
+        status=end.get("status"),
+        source=end.get("source"),
+        cron_job_id=job_id if isinstance(job_id, str) else None,
+        cron_job_name=label if isinstance(job_id, str) and isinstance(label, str) else None,
     )
 
 
@@ -92,13 +128,7 @@ def history_from_events(events: list[EventRecord]) -> list[HistoryEntry]:
                 )
             )
         elif event.type == "stream_end":
-            out.append(
-                HistoryEntry(
-                    role="assistant",
-                    content=p.get("text") or p.get("error") or "",
-                    status=p.get("status"),
-                )
-            )
+            out.append(answer_entry(p))
     return out
 
 

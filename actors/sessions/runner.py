@@ -41,7 +41,7 @@ from turnstile.actors.sessions.event_types import (
     TokenUsage,
 )
 from turnstile.actors.sessions.events import Closure, EventLog
-from turnstile.actors.sessions.history import input_entry
+from turnstile.actors.sessions.history import answer_entry, answer_origin, input_entry
 from turnstile.actors.sessions.ids import public_id
 from turnstile.actors.sessions.inputs import InputPayloadError, TurnPayload
 from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
@@ -273,6 +273,7 @@ class TurnRunner:
             )
             stored = await host.emit(start, durable=False)
             self._remember(input_entry(stored))
+            turn.origin = answer_origin(stored)
             history = [] if kind_turn.fresh_history else list(self.history[:-1])
             context = TurnContext(
                 host, turn, turn_input, history, self.services.tools, self.services.on_usage
@@ -366,6 +367,7 @@ class TurnRunner:
             )
         status, text, error = outcome.status, outcome.text, outcome.error
         events: list[tuple[str, dict[str, Any]]] = []
+        answer: HistoryEntry | None = None
         if not outcome.suppressed:
             end = StreamEnd(
                 input_id=turn.item.id,
@@ -373,11 +375,13 @@ class TurnRunner:
                 text=text,
                 error=msgspec.UNSET if error is None else error,
                 usage=usage,
-            )
+                **turn.origin,
+            ).stored()
+            answer = answer_entry(end[1])
             if turn.buffer is not None:  # still held back: it goes with the buffer
-                turn.buffer.append(end.stored())
+                turn.buffer.append(end)
             else:
-                events.append(end.stored())
+                events.append(end)
         state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
             status, "interrupted"
         )
@@ -390,12 +394,8 @@ class TurnRunner:
         # The stream_end, the input's state and the kind's settlement commit together: a
         # crash leaves all of them or none, so recovery never closes an ended turn again.
         await self._close_until_stored(events, closure)
-        if not outcome.suppressed:
-            self._remember(
-                HistoryEntry(
-                    role="assistant", content=text if text else (error or ""), status=status
-                )
-            )
+        if answer is not None:
+            self._remember(answer)
         # Injections the agent never took are not lost: they become turns of their own.
         for entry in turn.injections:
             await self._enqueue(entry.source or "user", entry.content, {"was_injected": True})

@@ -69,6 +69,7 @@ class Turn:
         "tool_calls",
         "allowed",
         "usage",
+        "origin",
     )
 
     def __init__(self, item: InboxItem) -> None:
@@ -83,6 +84,8 @@ class Turn:
         self.allowed: frozenset[str] | None = None
         #: Tokens the turn's model calls used, summed; None when the agent reported none.
         self.usage: Usage | None = None
+        #: What its ``stream_end`` says of the input it answers (``history.answer_origin``).
+        self.origin: dict[str, Any] = {}
 
     def cancel(self, status: str) -> None:
         self.cancel_status = status

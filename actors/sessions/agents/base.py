@@ -95,14 +95,21 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     Attributes:
         role: ``user`` (any input, see ``source``), ``assistant`` or ``tool``.
         content: the text (for ``tool``: the JSON result).
-        source: for ``user`` entries, where the input came from.
+        source: for ``user`` entries, where the input came from; for ``assistant`` entries, the
+            source of the input the turn answered, when it is not ``user`` (a UI renders a
+            cron job's or a recall's answer as such).
         tool: for ``tool`` entries, the tool's name.
         arguments: for ``tool`` entries, the arguments it was called with.
         call_id: for ``tool`` entries, the model's id for the call (if any).
         status: for ``assistant`` entries, how the turn ended.
         is_recall: for ``user`` entries, the input is a recall the agent scheduled for itself
             (its self-instruction reached the agent as a system message, not as this entry).
-        cron_job_id: for ``user`` entries from a scheduled job, the job.
+        cron_turn: for ``user`` entries, the input is a scheduled job's firing (a cron
+            turn's trigger, the reference's ``_cron_turn``), not words the user typed.
+        cron_job_id: for ``user`` entries from a scheduled job, the job; for ``assistant``
+            entries, the job whose firing the turn answered.
+        cron_job_name: with ``cron_job_id``, the job's name (a ``cron`` job's prompt name,
+            another job's label), when it has one.
         cron_run_id: for ``user`` entries from a scheduled job, the run record of this firing.
         cron_prompt_ref: for ``user`` entries from a ``cron`` job, the versioned prompt
             reference (``{"name", "version", "sha256", "template"}``).
@@ -116,7 +123,9 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     call_id: str | None = None
     status: str | None = None
     is_recall: bool = False
+    cron_turn: bool = False
     cron_job_id: str | None = None
+    cron_job_name: str | None = None
     cron_run_id: int | None = None
     cron_prompt_ref: dict[str, Any] | None = None
 

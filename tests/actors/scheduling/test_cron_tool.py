@@ -17,6 +17,7 @@ from turnstile.actors.scheduling.cron import (
     bound_automations,
     cancel_bound_automations,
     register_cron_tool,
+    render_trigger,
 )
 from turnstile.actors.scheduling.spec import job_spec
 from turnstile.actors.scheduling.store import JobStore
@@ -83,6 +84,9 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
         assert (start["job_id"], start["run_id"]) == (job_id, run.id)
         assert run.state == "turn_completed"
         assert run.detail["prompt"] == trigger  # the full rendered prompt, in the run record
+        variables = {"job_id": job_id, "name": "daily-monitor", "version": 1, "prompt": MONITOR}
+        assert run.detail["prompt_variables"] == variables  # ... and what it was rendered from
+        assert render_trigger(**variables) == trigger
         assert run.detail["status"] == "completed"
         (item,) = await n.store.list_inputs("s")
         assert item.source == "cron" and item.payload["cron_job_name"] == "daily-monitor"
@@ -94,10 +98,25 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
         }
         assert "prompt_text" not in item.payload  # the job holds the prompt, not every input
         # the transcript entry carries the trigger's metadata (cron-session-binding.md)
-        entry = history_from_events(await n.store.read_events("s"))[0]
+        entry, answer = history_from_events(await n.store.read_events("s"))
         assert (entry.role, entry.content, entry.is_recall) == ("user", trigger, False)
+        assert (entry.cron_turn, entry.cron_job_name) == (True, "daily-monitor")
         assert (entry.cron_job_id, entry.cron_run_id) == (job_id, run.id)
         assert entry.cron_prompt_ref == item.payload["prompt_ref"]
+        # the answer is the turn's ordinary assistant entry, with its source, for rendering
+        assert (answer.role, answer.content, answer.status) == (
+            "assistant",
+            f"reply:{trigger}",
+            "completed",
+        )
+        assert (answer.source, answer.cron_job_id, answer.cron_job_name) == (
+            "cron",
+            job_id,
+            "daily-monitor",
+        )
+        assert not answer.cron_turn and answer.cron_run_id is None
+        end = n.ends()[0]
+        assert (end["source"], end["job_id"], end["label"]) == ("cron", job_id, "daily-monitor")
         await trio.sleep(DAY - 1)
         await n.seen.until(b'"stream_end"', 2)
         assert n.clock.now() == T0 + timedelta(days=1, hours=1)
@@ -106,8 +125,8 @@ async def test_cron_add_binds_the_job_to_the_session_and_each_run_is_a_trigger_t
             T0 + timedelta(hours=1),
             T0 + timedelta(days=1, hours=1),
         ]
-        # the next cron turn's agent reads the same entry in its history
-        assert n.agent.histories[-1][0] == entry
+        # the next cron turn's agent reads the same entries in its history
+        assert n.agent.histories[-1][:2] == [entry, answer]
 
 
 async def test_a_recurring_phrase_in_the_sessions_timezone_and_a_derived_name(autojump_clock):

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile.actors.sessions.history import history_from_events, load_history
+from turnstile.actors.sessions.history import (
+    answer_entry,
+    answer_origin,
+    history_from_events,
+    input_entry,
+    load_history,
+)
 from turnstile.runtime.store import open_store
 
 
@@ -47,3 +53,35 @@ async def test_an_empty_log_and_nothing_kept(store_url):
         await store.append_events("s", turn(0, deltas=3))
         assert await load_history(store, "s", 0) == []
         assert [e.content for e in await load_history(store, "s", 200)] == ["q0", '{"n":0}', "a0"]
+
+
+@pytest.mark.parametrize(
+    ("start", "origin"),
+    [
+        ({"source": "user", "content": "hi"}, {}),
+        ({"source": "webhook", "content": "CI failed"}, {"source": "webhook"}),
+        (
+            {"source": "recall", "content": "[RECALL]", "job_id": "rc_1", "is_recall": True},
+            {"source": "recall"},
+        ),
+        (
+            {"source": "cron", "content": "[CRON]", "job_id": "j1", "run_id": 4, "label": "daily"},
+            {"source": "cron", "job_id": "j1", "label": "daily"},
+        ),
+        (
+            {"source": "schedule", "content": "x", "job_id": "j2"},
+            {"source": "schedule", "job_id": "j2"},
+        ),
+    ],
+)
+def test_an_answer_carries_the_source_of_the_input_it_answered(start, origin):
+    """cron-session-binding.md: the assistant entry carries its source, for rendering; a
+    user's turn's answer carries none (``user`` is the default reading)."""
+    assert answer_origin(start) == origin
+    end = {"input_id": 1, "status": "completed", "text": "done", **origin}
+    entry = answer_entry(end)
+    assert (entry.role, entry.content, entry.source) == ("assistant", "done", origin.get("source"))
+    assert (entry.cron_job_id, entry.cron_job_name) == (origin.get("job_id"), origin.get("label"))
+    user = input_entry({"input_id": 1, **start})
+    assert user.cron_turn == ("job_id" in origin)
+    assert user.cron_job_name == (origin.get("label") if "job_id" in origin else None)
