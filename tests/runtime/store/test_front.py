@@ -9,11 +9,16 @@ import pytest
 from turnstile.runtime.store import base, front, ops
 
 #: The parts of the front, each with the operations of its area.
-AREAS = [
-    module
-    for module in {inspect.getmodule(cls) for cls in front.Store.__mro__}
-    if module is not None and module.__name__.startswith("turnstile.runtime.store.")
-]
+#: (Sorted: a set's order differs between processes, and pytest-xdist's workers must collect
+#: the same tests in the same order.)
+AREAS = sorted(
+    (
+        module
+        for module in {inspect.getmodule(cls) for cls in front.Store.__mro__}
+        if module is not None and module.__name__.startswith("turnstile.runtime.store.")
+    ),
+    key=lambda module: module.__name__,
+)
 
 
 def _operations(module) -> list[ops.Operation]:
