@@ -39,6 +39,7 @@ from turnstile.actors.execution.tools import register_execution_tools, register_
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.sessions.actor import ShapedTurn
 from turnstile.actors.sessions.agents.base import HistoryEntry, TurnInput
+from turnstile.actors.sessions.history import unified_history
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import InvalidArgument, NotFound, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
@@ -121,6 +122,13 @@ class ExecutionFeature:
         node.hooks.resolve_approval = approvals.answer
         node.hooks.approval_heard = approvals.poke
         node.hooks.shaper = self.shaper  # what it stands for is built in ``ready``
+        if node.section("execution", ExecutionConfig).unified_session:
+            keep = node.config.limits.history_entries
+
+            async def unified(owner: str, key: str, input_id: int) -> list[HistoryEntry]:
+                return await unified_history(node.store, owner, key, input_id, keep)
+
+            node.hooks.turn_history = unified
 
         self.lost = LostTasks(node.store, node.clock, tell)
         sweeps: trio.MemorySendChannel[ClusterView | None]

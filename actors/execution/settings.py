@@ -37,6 +37,11 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
             schemas, history, input, and the turn's own tool calls and results; four
             characters a token); long tool results are cut and the oldest history goes first
             (see ``actors.sessions.agents.context``).
+        unified_session: a user's sessions are one conversation (cron-session-binding.md's
+            ``unified_session``): each turn sees the history of all its owner's sessions,
+            merged in time order (``actors.sessions.history.unified_history``), while every
+            input, event, job and watcher stays bound to the concrete session it belongs to.
+            Node-wide, not per session.
     """
 
     tool_mode: Literal["compact", "direct"] = "compact"
@@ -48,3 +53,4 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
     default_prompt: bool = True
     timezone: str = "UTC"
     max_context_tokens: Annotated[int, msgspec.Meta(ge=1000)] = 32_000
+    unified_session: bool = False

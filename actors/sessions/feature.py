@@ -64,6 +64,7 @@ class SessionsFeature:
             shaper=hooks.shaper,
             scheduled_turns=trio.CapacityLimiter(limits.max_concurrent_scheduled_turns),
             turn_context=hooks.turn_context,
+            turn_history=hooks.turn_history,
             placement=node.placement,
         )
         hooks.scheduled_turns = services.scheduled_turns

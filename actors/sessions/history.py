@@ -6,6 +6,9 @@ stand for its entries, one each, so it is rebuilt from the log at start-up (``lo
 and by the history route (``history_from_events``). Start-up reads only those events, from
 the newest back, until it has the entries it keeps: a long session's deltas (most of its log)
 and its old turns are never read (``Store.read_events_back``).
+
+``unified_history`` is the ``unified_session`` mode's history (``[execution] unified_session``,
+after cron-session-binding.md): a user's sessions as one conversation.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 import msgspec
 
 from turnstile.actors.sessions.agents.base import HistoryEntry, ToolResult
+from turnstile.actors.sessions.ids import is_derived
+from turnstile.runtime.errors import NotFound
 from turnstile.runtime.store import EventRecord, Store
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "input_entry",
     "load_history",
     "tool_result_text",
+    "unified_history",
 ]
 
 
@@ -48,6 +54,45 @@ async def load_history(store: Store, session_id: str, keep: int) -> list[History
             break  # the log's start
         before = page[-1].seq
     return history_from_events(newest_first[:keep][::-1])
+
+
+#: A unified history reads the transcripts of at most this many of the owner's sessions (the
+#: most recently active, the turn's own always among them): a bound on each turn's reads.
+UNIFIED_SESSIONS = 20
+
+
+async def unified_history(
+    store: Store, owner: str, key: str, input_id: int, keep: int
+) -> list[HistoryEntry]:
+    """The history a turn of ``owner``'s session ``key`` sees in the ``unified_session`` mode:
+    the owner's sessions as one conversation, their transcripts merged in the order their
+    events were stored, the last ``keep`` entries, without the entries of the turn's own
+    input (``input_id``, what the agent answers).
+
+    Derived sessions (a dedicated heartbeat's) are left out, and so is every other owner's
+    session: the sessions are listed by owner. At most ``UNIFIED_SESSIONS`` sessions are read,
+    the most recently active. A session deleted meanwhile is skipped.
+    """
+    if keep <= 0:
+        return []
+    sessions, after = [], None
+    while True:
+        page = await store.list_sessions(owner=owner, limit=100, after_id=after)
+        sessions += [s for s in page if s.owner == owner and not is_derived(s.id)]
+        if len(page) < 100:
+            break
+        after = page[-1].id
+    sessions.sort(key=lambda s: s.updated_at, reverse=True)
+    keys = [key, *(s.id for s in sessions if s.id != key)][:UNIFIED_SESSIONS]
+    records: list[EventRecord] = []
+    for each in keys:
+        try:
+            found = await store.read_events_back(each, TRANSCRIPT_EVENTS, limit=min(keep, 1000))
+        except NotFound:
+            continue
+        records += [r for r in found if not (each == key and r.payload.get("input_id") == input_id)]
+    records.sort(key=lambda r: (r.ts, r.session_id, r.seq))
+    return history_from_events(records[-keep:])
 
 
 def input_entry(start: dict[str, Any]) -> HistoryEntry:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnstile.actors.sessions.agents.base import HistoryEntry
 from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 
 __all__ = ["SessionHooks"]
@@ -43,6 +44,10 @@ class SessionHooks:
             feature registers the kinds of input it writes when it starts (scheduling: cron,
             once, recall, heartbeat, check; webhooks: webhook); sessions' own are there from
             the start.
+        turn_history: ``async (owner, session_key, input_id) -> [HistoryEntry]``: the history
+            a turn sees instead of its session's own (the ``unified_session`` mode:
+            ``history.unified_history``); None for the session's own. One that raises is
+            logged and the turn gets its session's own history.
         turn_context: ``async (owner, session_key) -> str | None``, each called as a turn
             starts: a system message for the turn (``TurnInput.system_messages``, in this
             order), or None for nothing. Called on every turn start, so each must be cheap
@@ -65,4 +70,5 @@ class SessionHooks:
     shaper: Any = None
     input_kinds: InputKinds = field(default_factory=session_kinds)
     turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)
+    turn_history: Callable[[str, str, int], Awaitable[list[HistoryEntry]]] | None = None
     scheduled_turns: Any = None

@@ -274,7 +274,7 @@ class TurnRunner:
             stored = await host.emit(start, durable=False)
             self._remember(input_entry(stored))
             turn.origin = answer_origin(stored)
-            history = [] if kind_turn.fresh_history else list(self.history[:-1])
+            history = [] if kind_turn.fresh_history else await self._history_before(item)
             context = TurnContext(
                 host, turn, turn_input, history, self.services.tools, self.services.on_usage
             )
@@ -478,6 +478,20 @@ class TurnRunner:
             system_prompt=shaped.system_prompt,
             context_tokens=shaped.context_tokens,
         )
+
+    async def _history_before(self, item: InboxItem) -> list[HistoryEntry]:
+        """The history the turn of ``item`` sees: the session's own, or what
+        ``services.turn_history`` gives instead (the ``unified_session`` mode). A hook that
+        fails is logged and the session's own is used: the turn still runs."""
+        own = list(self.history[:-1])
+        unify = self.services.turn_history
+        if unify is None:
+            return own
+        try:
+            return await unify(self._loaded.owner, self.session_id, item.id)
+        except Exception:
+            log.exception("the history of session %s's turn failed", self.session_id)
+            return own
 
     async def _add_context(self, context: TurnContext) -> None:
         """Give the turn the system messages the features add (``hooks.turn_context``).

@@ -136,6 +136,9 @@ class SessionServices:
     #: ``async (owner, session_key) -> str | None``: system messages for each turn
     #: (``SessionHooks.turn_context``).
     turn_context: list[Callable[[str, str], Awaitable[str | None]]] = field(default_factory=list)
+    #: ``async (owner, session_key, input_id) -> [HistoryEntry]``: the history a turn sees
+    #: instead of its session's own (``SessionHooks.turn_history``); None for its own.
+    turn_history: Callable[[str, str, int], Awaitable[list[HistoryEntry]]] | None = None
     #: With several nodes: the placement whose lease each activation holds; its lease epoch
     #: fences the session's writes (``runtime.placement``). None on one node.
     placement: LeasePlacement | None = None

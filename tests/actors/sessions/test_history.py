@@ -12,6 +12,7 @@ from turnstile.actors.sessions.history import (
     history_from_events,
     input_entry,
     load_history,
+    unified_history,
 )
 from turnstile.runtime.store import open_store
 
@@ -85,3 +86,28 @@ def test_an_answer_carries_the_source_of_the_input_it_answered(start, origin):
     user = input_entry({"input_id": 1, **start})
     assert user.cron_turn == ("job_id" in origin)
     assert user.cron_job_name == (origin.get("label") if "job_id" in origin else None)
+
+
+async def test_a_unified_history_merges_one_owners_sessions_in_order(store_url):
+    """``unified_history`` on both backends: the owner's sessions' transcripts in the order
+    they were stored, without the turn's own input, derived sessions or another owner's."""
+    async with open_store(store_url) as store:
+        for key, owner in (
+            ("ada/a", "ada"),
+            ("ada/b", "ada"),
+            ("bob/a", "bob"),
+            ("ada/a.heartbeat", "ada"),
+        ):
+            await store.create_session(key, owner)
+        await store.append_events("ada/a", turn(1, deltas=2))
+        await store.append_events("bob/a", turn(2, deltas=0))
+        await store.append_events("ada/a.heartbeat", turn(3, deltas=0))
+        await store.append_events("ada/b", turn(4, deltas=1))
+        await store.append_events("ada/a", turn(5, deltas=0)[:2])  # the running turn's start
+        merged = await unified_history(store, "ada", "ada/a", 5, keep=200)
+        assert [e.content for e in merged] == ["q1", '{"n":1}', "a1", "q4", '{"n":4}', "a4"]
+        assert [e.content for e in await unified_history(store, "ada", "ada/a", 5, 2)] == [
+            '{"n":4}',
+            "a4",
+        ]
+        assert await unified_history(store, "ada", "ada/a", 5, 0) == []
