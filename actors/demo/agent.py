@@ -25,7 +25,9 @@ cancel <id>                               ``manage_recall`` (``rc_…``), ``back
 
 Every tool it calls is ``AUTO`` under the default policies (``http.get`` is, and so the
 watcher and the background task may run it); a policy that asks for approval makes the call
-wait for a person, as with a model, and a refusal is answered with the tool's own message.
+wait for a person, as with a model, and a refusal is answered with the tool's own message
+and where policies are set; a URL the http module's guard refuses (loopback, private
+addresses) is answered with how to allow it.
 
 What comes back by itself is answered too: a recall it scheduled (``⏰ Reminder: stretch``),
 a scheduled notification (``🔔 standup``), a watcher's escalation and a background task's
@@ -143,12 +145,31 @@ class DemoAgent(ScriptedAgent):
 # -- requests ------------------------------------------------------------------------------------
 
 
+#: Codes of a refusal by a tool policy (``[policies]``), and the hint the answer adds.
+_POLICY_CODES = ("blocked", "denied", "unwatchable_tool")
+_POLICY_HINT = " (a tool policy: see [policies] in the config, docs/tools.md)"
+#: The http module's guard refuses loopback and private addresses unless allowed.
+_ADDRESS_HINT = (
+    " (loopback and private addresses are refused unless [modules.http] allowed_hosts or"
+    " allowed_networks allows them, docs/tools.md)"
+)
+
+
+def _hint(code: str, message: str) -> str:
+    if code in _POLICY_CODES:
+        return _POLICY_HINT
+    if code == "blocked_address" or message.startswith("refusing "):
+        return _ADDRESS_HINT
+    return ""
+
+
 def _failed(tool: str, result: ToolResult, lang: Lang) -> str:
     error = result.error or {}
-    message = error.get("message") or error.get("code") or "unknown error"
+    code = str(error.get("code") or "")
+    message = str(error.get("message") or code or "unknown error")
     if lang == "fr":
-        return f"{tool} a échoué : {message}"
-    return f"{tool} failed: {message}"
+        return f"{tool} a échoué : {message}{_hint(code, message)}"
+    return f"{tool} failed: {message}{_hint(code, message)}"
 
 
 async def _remind(turn: TurnContext, request: Request) -> str:
@@ -424,7 +445,8 @@ def _answer(kind: str, head: str, body: str, payload: dict[str, Any]) -> str:
         number = int(check.group(1)) if check else 0
         error = re.search(r"^Error: (.*)$", body, re.MULTILINE)
         if error:
-            return f"👀 {label}: check #{number} failed: {error.group(1)}"
+            reason = error.group(1)
+            return f"👀 {label}: check #{number} failed: {reason}{_hint('', reason)}"
         if number == 1:
             seen = _http_summary(body)
             return f"👀 {label}: first look taken ({seen}); I will say when it changes."
@@ -434,7 +456,8 @@ def _answer(kind: str, head: str, body: str, payload: dict[str, Any]) -> str:
     if kind == "BACKGROUND TASK COMPLETED":
         return f"📦 Task {task} ({tool}) done in {elapsed}: {_http_summary(body)}"
     if kind == "BACKGROUND TASK FAILED":
-        return f"📦 Task {task} ({tool}) failed: {body.removeprefix('Error: ')}"
+        reason = body.removeprefix("Error: ")
+        return f"📦 Task {task} ({tool}) failed: {reason}{_hint('', reason)}"
     return f"📦 Task {task} ({tool}) was cancelled."
 
 

@@ -187,6 +187,47 @@ async def test_anything_else_is_echoed_with_what_the_demo_can_do(tmp_path):
         )
 
 
+async def test_tool_policies_apply_to_the_demos_calls(tmp_path):
+    policies = {"schedule_cron": "APPROVE", "memory.save": "BLOCK"}
+    async with running_node(tmp_path, agent=DemoAgent(), policies=policies) as node:
+        await new_session(node, "demo")
+        async with connect(node) as client:
+            await client.send(type="attach", session_id="demo")
+            await client.expect("session_sync")
+            await client.send(
+                type="send", session_id="demo", content="every weekday at 9am say standup"
+            )
+            ack = await client.expect("ack")
+            asked = await client.expect("approval_required", tool="schedule_cron")
+            assert asked["arguments"]["cron"] == "every weekday at 9am"
+            await client.send(type="approve", session_id="demo", approval_id=asked["approval_id"])
+            end = await client.expect("stream_end", input_id=ack["input_id"])
+            assert end["text"].startswith("📅 Scheduled: “standup”, every weekday at 09:00 UTC")
+            end = await say(client, "remember that I like dark roast")
+            assert end["text"] == (
+                "memory failed: memory.save is blocked by policy (a tool policy: see [policies]"
+                " in the config, docs/tools.md)"
+            )
+
+
+async def test_a_loopback_url_is_refused_with_how_to_allow_it(tmp_path):
+    async with running_node(tmp_path, agent=DemoAgent()) as node:  # default http settings
+        await new_session(node, "demo")
+        async with connect(node) as client:
+            await client.send(type="attach", session_id="demo")
+            await client.expect("session_sync")
+            end = await say(client, "fetch http://127.0.0.1:9/status in the background")
+            assert end["text"].startswith("📦 Fetching http://127.0.0.1:9/status")
+            failed = await client.expect(
+                lambda f: f["type"] == "stream_end" and "failed" in f["text"]
+            )
+            assert failed["text"].endswith(
+                "failed: refusing 127.0.0.1 (loopback address) for host '127.0.0.1' (loopback"
+                " and private addresses are refused unless [modules.http] allowed_hosts or"
+                " allowed_networks allows them, docs/tools.md)"
+            )
+
+
 # -- on the mock clock ---------------------------------------------------------------------------
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)  # a Saturday

@@ -94,6 +94,18 @@ async def test_background_tasks_done_and_failed_and_two_in_one_input():
     ]
 
 
+async def test_a_refused_address_says_how_to_allow_it():
+    refused = (
+        "[BACKGROUND TASK FAILED] task_id=bg-1, tool=http.get, elapsed=0.0s\n"
+        "Error: refusing 127.0.0.1 (loopback address) for host 'localhost'"
+    )
+    assert await answer("notification", refused) == (
+        "📦 Task bg-1 (http.get) failed: refusing 127.0.0.1 (loopback address) for host"
+        " 'localhost' (loopback and private addresses are refused unless [modules.http]"
+        " allowed_hosts or allowed_networks allows them, docs/tools.md)"
+    )
+
+
 async def test_a_notice_as_a_system_message_is_answered_too():
     reply = await answer("notification", "(background work finished)", system_messages=(DONE,))
     assert reply == "📦 Task bg-a1b2c3d4 (http.get) done in 1.2s: HTTP 200, 1256 bytes"
