@@ -1,7 +1,8 @@
 """The ``turnstile`` command.
 
 * ``serve`` — run a node (store, session actors, gateway) until Ctrl-C / SIGTERM.
-* ``attach SESSION`` — a terminal client: type messages, watch turns stream.
+* ``attach SESSION`` — a terminal client: type messages, watch turns stream (on
+  ``turnstile.client``, ``client/terminal.py``).
 * ``sessions`` — list your sessions.
 * ``jobs [list|show|cancel]``, ``watchers [list|show|pause|resume|stop]`` — your scheduled jobs
   and watchers, from a running node (``actors/clients.py``).
@@ -225,7 +226,7 @@ def _watchers(args: argparse.Namespace, token: str) -> int:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from turnstile.runtime.attach import attach
+    from turnstile.client.terminal import attach
 
     token = _client_token(args)
     if not token:

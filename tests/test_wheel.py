@@ -60,10 +60,12 @@ INSTALLED_AS = {
     "runtime": "turnstile.runtime",
     "tools": "turnstile.tools",
     "actors": "turnstile.actors",
+    "protocol": "turnstile.protocol",
+    "client": "turnstile.client",
 }
 
 #: Top-level names that must never be in the wheel.
-NOT_INSTALLED = {"runtime", "tools", "actors", "bench", "tests"}
+NOT_INSTALLED = {"runtime", "tools", "actors", "protocol", "client", "bench", "tests"}
 
 #: Not copied for the build: VCS data, environments, build output, caches, scratch space.
 _SKIP_AT_ROOT = {".git", ".venv", "venv", "build", "dist", "workspace"}
@@ -139,7 +141,7 @@ def _copy_source(destination: Path) -> Path:
 
 
 def _decoy_directory(destination: Path) -> Path:
-    for name in ("runtime", "tools", "actors"):
+    for name in ("runtime", "tools", "actors", "protocol", "client"):
         package = destination / name
         package.mkdir(parents=True)
         (package / "__init__.py").write_text(
@@ -263,7 +265,9 @@ def test_every_installed_module_imports_from_the_installed_environment(installed
                 "prefix": os.path.realpath(sys.prefix),
                 "files": files,
                 "old_names": sorted(
-                    m for m in sys.modules if m.split(".")[0] in ("runtime", "tools", "actors")
+                    m
+                    for m in sys.modules
+                    if m.split(".")[0] in ("runtime", "tools", "actors", "protocol", "client")
                 ),
             }))
             """,

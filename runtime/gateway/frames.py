@@ -1,7 +1,8 @@
 """The WebSocket protocol's frames (version 1): JSON objects tagged by ``type``.
 
-Client → server frames are strict (unknown fields are errors) and bounded; server → client
-frames are built here too, so ``docs/protocol.md`` has one place to be checked against.
+The frames' Structs live in ``turnstile.protocol`` (shared with ``turnstile.client``, which
+must not load the server) and are re-exported here; this module adds what only the node does:
+decoding client frames with the codec's limits, and encoding events, answers and errors.
 """
 
 from __future__ import annotations
@@ -9,11 +10,30 @@ from __future__ import annotations
 import logging
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
-from turnstile.runtime.codec import MAX_JSON_DEPTH, ClientMessage, Codec
+from turnstile.protocol.frames import (
+    MAX_SEQ,
+    PROTOCOL_VERSION,
+    SESSION_ID_PATTERN,
+    TOPIC_PATTERN,
+    ApproveFrame,
+    AttachFrame,
+    CallFrame,
+    ClientFrame,
+    ClientMsgId,
+    DenyFrame,
+    DetachFrame,
+    SendFrame,
+    SessionId,
+    SetPolicyFrame,
+    StopFrame,
+    SubscribeFrame,
+    UnsubscribeFrame,
+)
+from turnstile.runtime.codec import MAX_JSON_DEPTH, Codec
 from turnstile.runtime.errors import (
     AlreadyExists,
     ConflictError,
@@ -53,108 +73,8 @@ __all__ = [
     "error_frame",
 ]
 
-PROTOCOL_VERSION = 1
-
-#: What a session id (and any id a client puts in a URL) may be: 1-128 of ``A-Z a-z 0-9 _ . : -``.
-#: Anchored with ``\A`` and ``\Z``: msgspec applies patterns with ``re.search``, and ``$``
-#: also matches before a trailing newline, which let ``"s1\n"`` through.
-SESSION_ID_PATTERN = r"\A[A-Za-z0-9_.:-]{1,128}\Z"
 _ID = re.compile(SESSION_ID_PATTERN)
 
-#: The largest ``seq`` (the store's 64-bit signed integer).
-MAX_SEQ = 2**63 - 1
-
-SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SESSION_ID_PATTERN)]
-ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
-#: A user topic's name (``runtime.gateway.topics``): a short lowercase word (``memory``).
-TOPIC_PATTERN = r"\A[a-z][a-z0-9_.-]{0,63}\Z"
-TopicName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=TOPIC_PATTERN)]
-ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-
-
-class AttachFrame(ClientMessage, tag="attach"):
-    """Watch a session. With ``after_seq``, first replay every event after it."""
-
-    session_id: SessionId
-    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] | None = None
-
-
-class DetachFrame(ClientMessage, tag="detach"):
-    """Stop watching a session."""
-
-    session_id: SessionId
-
-
-class SendFrame(ClientMessage, tag="send"):
-    """A user message; acknowledged with ``ack`` once it is stored."""
-
-    session_id: SessionId
-    content: str
-    client_msg_id: ClientMsgId | None = None
-
-
-class StopFrame(ClientMessage, tag="stop"):
-    """Cancel the session's running turn (it closes as ``stopped``)."""
-
-    session_id: SessionId
-
-
-class CallFrame(ClientMessage, tag="call"):
-    """Invoke a tool or primitive by name; answered by ``result`` with the same ``id``."""
-
-    id: ClientMsgId
-    session_id: SessionId
-    tool: ToolName
-    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class SetPolicyFrame(ClientMessage, tag="set_policy"):
-    """Set what happens to user messages sent during a turn."""
-
-    session_id: SessionId
-    policy: str
-
-
-class ApproveFrame(ClientMessage, tag="approve"):
-    """Approve a pending tool call (``approval_required``)."""
-
-    session_id: SessionId
-    approval_id: ClientMsgId
-
-
-class DenyFrame(ClientMessage, tag="deny"):
-    """Refuse a pending tool call."""
-
-    session_id: SessionId
-    approval_id: ClientMsgId
-
-
-class SubscribeFrame(ClientMessage, tag="subscribe"):
-    """Receive the user's events of a topic (``runtime.gateway.topics``). With ``after_seq``,
-    first replay what the topic's log holds after it."""
-
-    topic: TopicName
-    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] | None = None
-
-
-class UnsubscribeFrame(ClientMessage, tag="unsubscribe"):
-    """Stop receiving a topic's events."""
-
-    topic: TopicName
-
-
-ClientFrame = (
-    AttachFrame
-    | DetachFrame
-    | SendFrame
-    | StopFrame
-    | CallFrame
-    | SetPolicyFrame
-    | ApproveFrame
-    | DenyFrame
-    | SubscribeFrame
-    | UnsubscribeFrame
-)
 CLIENT_FRAMES: Codec[ClientFrame] = Codec(ClientFrame, max_depth=MAX_JSON_DEPTH)
 
 
