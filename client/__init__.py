@@ -1,0 +1,92 @@
+"""A Python client of a Turnstile node (``docs/client.md``): async, for trio and asyncio.
+
+    async with open_client("http://127.0.0.1:8765", token) as client:
+        session = await client.create_session()
+        async with client.attach(session.id) as stream:
+            await stream.send("hello")
+            async for event in stream:
+                if isinstance(event.data, StreamEnd):
+                    print(event.data.text)
+                    break
+
+It speaks the protocol with its own Structs (``turnstile.protocol``, the features' session
+events) and loads no part of the server (an import contract checks it).
+"""
+
+from turnstile.actors.execution.events import ApprovalRequired, ApprovalResolved
+from turnstile.actors.notifications.events import Notification
+from turnstile.actors.scheduling.events import JobUpdate, RecallUpdate
+from turnstile.actors.sessions.event_types import (
+    SessionEvent,
+    SessionSync,
+    StreamDelta,
+    StreamEnd,
+    StreamStart,
+    ThinkingDelta,
+    ToolCalled,
+    ToolStarted,
+    TurnQueued,
+)
+from turnstile.actors.watchers.events import WatcherUpdate
+from turnstile.client._client import Client, open_client
+from turnstile.client._errors import (
+    BadRequest,
+    Conflict,
+    ConnectionLost,
+    Forbidden,
+    LimitExceeded,
+    NotFound,
+    PlacedElsewhere,
+    ServerError,
+    SessionDeleted,
+    StoreUnavailable,
+    ToolError,
+    TurnstileClientError,
+    Unauthorized,
+)
+from turnstile.client._events import Event, UnknownEvent
+from turnstile.client._stream import SessionStream, StreamStatistics, new_client_msg_id
+from turnstile.protocol import Ack, ApprovalDecided
+
+__all__ = [
+    "open_client",
+    "Client",
+    "SessionStream",
+    "StreamStatistics",
+    "new_client_msg_id",
+    # what comes back
+    "Event",
+    "UnknownEvent",
+    "Ack",
+    "ApprovalDecided",
+    # the session events most clients read
+    "SessionEvent",
+    "TurnQueued",
+    "StreamStart",
+    "ThinkingDelta",
+    "StreamDelta",
+    "ToolStarted",
+    "ToolCalled",
+    "StreamEnd",
+    "SessionSync",
+    "ApprovalRequired",
+    "ApprovalResolved",
+    "JobUpdate",
+    "RecallUpdate",
+    "WatcherUpdate",
+    "Notification",
+    # errors
+    "TurnstileClientError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "SessionDeleted",
+    "Conflict",
+    "PlacedElsewhere",
+    "LimitExceeded",
+    "ServerError",
+    "StoreUnavailable",
+    "ToolError",
+    "ConnectionLost",
+]

@@ -1,0 +1,427 @@
+"""``Client``: a node's HTTP API and its WebSocket sessions, for one user's token."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+import msgspec
+from httpx_ws import aconnect_ws
+
+from turnstile.client._errors import (
+    ConnectionLost,
+    TurnstileClientError,
+    error_for,
+)
+from turnstile.client._events import Event, decode_event
+from turnstile.client._stream import SessionStream, new_client_msg_id
+from turnstile.protocol.sessions import (
+    ListedSession,
+    MessageAccepted,
+    SessionList,
+    SessionView,
+    Stopped,
+)
+
+__all__ = ["Client", "open_client"]
+
+T = TypeVar("T")
+
+#: The largest frame the client accepts from the node (a tool's result can be large).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+class _Events(msgspec.Struct):
+    events: list[dict[str, Any]]
+
+
+class Client:
+    """A node's API for one user: REST calls, and ``attach`` for a session's live events.
+
+    Made by ``open_client`` (which closes it); works under trio and asyncio (anyio).
+    Every method raises ``TurnstileClientError`` (by the node's error code: ``NotFound``,
+    ``Conflict`` …) when the node refuses, and ``ConnectionLost`` when it cannot be reached.
+
+    Args:
+        http: the httpx client, with the node's ``base_url`` and the ``Authorization`` header.
+    """
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    @property
+    def url(self) -> str:
+        """The node's base URL."""
+        return str(self._http.base_url).rstrip("/")
+
+    # ---- the WebSocket ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def attach(
+        self,
+        session_id: str,
+        *,
+        after_seq: int | None = None,
+        max_buffer: int = 1024,
+        reconnect_attempts: int = 8,
+    ) -> AsyncIterator[SessionStream]:
+        """Attach to a session over a WebSocket of its own, for as long as the block runs.
+
+        The stream reconnects when its connection drops and resumes after the last event it
+        received: no event is missed or seen twice (``SessionStream``).
+
+        Args:
+            session_id: the session (yours).
+            after_seq: first replay the events after this ``seq``; None: live events only.
+            max_buffer: events kept for a reader that is behind (>= 1).
+            reconnect_attempts: connections tried in a row after a drop before the stream
+                fails with ``ConnectionLost`` (>= 0).
+
+        Raises:
+            NotFound: no such session (or not yours).
+            Unauthorized: the token is refused.
+            ConnectionLost: the node cannot be reached.
+        """
+        stream = SessionStream(
+            self._connect,
+            session_id,
+            after_seq=after_seq,
+            max_buffer=max_buffer,
+            reconnect_attempts=reconnect_attempts,
+        )
+        async with _unwrapped(), anyio.create_task_group() as tasks:
+            await tasks.start(stream.run, tasks)
+            try:
+                yield stream
+            finally:
+                tasks.cancel_scope.cancel()
+
+    def _connect(self) -> Any:
+        return aconnect_ws(
+            "/ws",
+            self._http,
+            max_message_size_bytes=MAX_FRAME_BYTES,
+        )
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Any route of the API: its JSON answer (None for an answer without a body).
+
+        Raises:
+            TurnstileClientError: the node's error answer, by its code.
+            ConnectionLost: the node could not be reached.
+        """
+        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        try:
+            response = await self._http.request(
+                method, path, params=query, json=json, headers=headers
+            )
+        except httpx.TransportError as exc:
+            raise ConnectionLost(f"cannot reach the node at {self.url}: {exc!r}") from None
+        if response.is_success:
+            return response.json() if response.content else None
+        raise _http_error(response)
+
+    async def _typed(self, kind: type[T], method: str, path: str, **kwargs: Any) -> T:
+        return msgspec.convert(await self.request(method, path, **kwargs), kind)
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``status``, ``version``, ``protocol``."""
+        answer: dict[str, Any] = await self.request("GET", "/healthz")
+        return answer
+
+    # sessions
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        policy: str | None = None,
+    ) -> SessionView:
+        """``POST /sessions``: a new session (named at random when ``session_id`` is None).
+
+        Raises:
+            BadRequest: a malformed id or policy.
+            LimitExceeded: too many sessions.
+        """
+        body: dict[str, Any] = {}
+        if session_id is not None:
+            body["id"] = session_id
+        if metadata is not None:
+            body["metadata"] = metadata
+        if policy is not None:
+            body["policy"] = policy
+        return await self._typed(SessionView, "POST", "/sessions", json=body)
+
+    async def list_sessions(
+        self, *, limit: int | None = None, after: str | None = None, has_recall: bool | None = None
+    ) -> list[ListedSession]:
+        """``GET /sessions``: your sessions, by id (a page of ``limit``, after ``after``)."""
+        params = {"limit": limit, "after": after, "has_recall": has_recall}
+        answer = await self._typed(SessionList, "GET", "/sessions", params=params)
+        return answer.sessions
+
+    async def get_session(self, session_id: str) -> SessionView:
+        """``GET /sessions/{id}``.
+
+        Raises:
+            NotFound: no such session of yours.
+        """
+        return await self._typed(SessionView, "GET", f"/sessions/{session_id}")
+
+    async def delete_session(self, session_id: str, *, confirm: bool = False) -> None:
+        """``DELETE /sessions/{id}``: the session and everything it owns.
+
+        Raises:
+            Conflict: ``blocked_by_automations`` (``details["automations"]``) unless
+                ``confirm``, which cancels them first.
+            NotFound: no such session of yours.
+        """
+        await self.request("DELETE", f"/sessions/{session_id}", params={"confirm": confirm})
+
+    async def history(self, session_id: str) -> list[dict[str, Any]]:
+        """``GET /sessions/{id}/history``: the transcript, oldest first (last 1,000 entries)."""
+        answer: list[dict[str, Any]] = (
+            await self.request("GET", f"/sessions/{session_id}/history")
+        )["history"]
+        return answer
+
+    async def events(self, session_id: str, *, after_seq: int = 0) -> list[Event]:
+        """``GET /sessions/{id}/events``: stored events after ``after_seq`` (up to 1,000)."""
+        page = await self._typed(
+            _Events, "GET", f"/sessions/{session_id}/events", params={"after_seq": after_seq}
+        )
+        return [decode_event(frame) for frame in page.events]
+
+    async def post_message(
+        self, session_id: str, content: str, *, client_msg_id: str | None = None
+    ) -> MessageAccepted:
+        """``POST /sessions/{id}/messages`` with an ``Idempotency-Key`` (made when
+        ``client_msg_id`` is None): posted again with the same key, the node answers the first
+        post again and starts no second turn.
+
+        Raises:
+            Conflict: ``busy`` (policy ``reject``), ``idempotency_key_reused``.
+        """
+        key = client_msg_id or new_client_msg_id()
+        return await self._typed(
+            MessageAccepted,
+            "POST",
+            f"/sessions/{session_id}/messages",
+            json={"content": content},
+            headers={"Idempotency-Key": key},
+        )
+
+    async def stop(self, session_id: str) -> bool:
+        """``POST /sessions/{id}/stop``: whether a turn was running (it ends ``stopped``)."""
+        return (await self._typed(Stopped, "POST", f"/sessions/{session_id}/stop")).stopped
+
+    # approvals
+
+    async def approvals(self, session_id: str) -> list[dict[str, Any]]:
+        """``GET /sessions/{id}/approvals``: pending approvals (``approval_id``, ``tool``)."""
+        answer = await self.request("GET", f"/sessions/{session_id}/approvals")
+        return list(answer["approvals"])
+
+    async def approve(self, approval_id: str) -> dict[str, Any]:
+        """``POST /approvals/{id}/approve``: ``approval_id``, ``decision``, ``session_id``."""
+        answer: dict[str, Any] = await self.request("POST", f"/approvals/{approval_id}/approve")
+        return answer
+
+    async def deny(self, approval_id: str) -> dict[str, Any]:
+        """``POST /approvals/{id}/deny``."""
+        answer: dict[str, Any] = await self.request("POST", f"/approvals/{approval_id}/deny")
+        return answer
+
+    # jobs
+
+    async def jobs(
+        self, *, session_id: str | None = None, state: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``GET /jobs``: your scheduled jobs (of one session, in one state)."""
+        answer = await self.request("GET", "/jobs", params={"session": session_id, "state": state})
+        return list(answer["jobs"])
+
+    async def get_job(self, job_id: str) -> dict[str, Any]:
+        """``GET /jobs/{id}``: ``job`` and its last 100 ``runs``."""
+        answer: dict[str, Any] = await self.request("GET", f"/jobs/{job_id}")
+        return answer
+
+    async def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """``POST /jobs/{id}/cancel``: the job, cancelled."""
+        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/cancel")
+        return answer
+
+    # watchers
+
+    async def create_watcher(self, session_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """``POST /sessions/{id}/watchers`` with a ``watch_start`` spec: the watcher."""
+        answer: dict[str, Any] = await self.request(
+            "POST", f"/sessions/{session_id}/watchers", json=spec
+        )
+        return answer
+
+    async def watchers(self, session_id: str | None = None) -> dict[str, Any]:
+        """``GET /watchers`` (or one session's): ``watchers``, ``total``, ``running``,
+        ``paused``."""
+        path = "/watchers" if session_id is None else f"/sessions/{session_id}/watchers"
+        answer: dict[str, Any] = await self.request("GET", path)
+        return answer
+
+    async def get_watcher(self, watcher_id: str) -> dict[str, Any]:
+        """``GET /watchers/{id}``: its status and recent checks."""
+        answer: dict[str, Any] = await self.request("GET", f"/watchers/{watcher_id}")
+        return answer
+
+    async def stop_watcher(self, watcher_id: str) -> None:
+        """``DELETE /watchers/{id}``."""
+        await self.request("DELETE", f"/watchers/{watcher_id}")
+
+    async def pause_watcher(self, watcher_id: str) -> dict[str, Any]:
+        """``POST /watchers/{id}/pause``: the watcher."""
+        answer: dict[str, Any] = await self.request("POST", f"/watchers/{watcher_id}/pause")
+        return answer
+
+    async def resume_watcher(self, watcher_id: str) -> dict[str, Any]:
+        """``POST /watchers/{id}/resume``: the watcher."""
+        answer: dict[str, Any] = await self.request("POST", f"/watchers/{watcher_id}/resume")
+        return answer
+
+    # background tasks, recalls, heartbeats
+
+    async def tasks(self, session_id: str) -> dict[str, Any]:
+        """``GET /sessions/{id}/tasks``: the session's background tasks."""
+        answer: dict[str, Any] = await self.request("GET", f"/sessions/{session_id}/tasks")
+        return answer
+
+    async def cancel_task(self, session_id: str, task_id: str) -> dict[str, Any]:
+        """``POST /sessions/{id}/tasks/{task_id}/cancel``."""
+        answer: dict[str, Any] = await self.request(
+            "POST", f"/sessions/{session_id}/tasks/{task_id}/cancel"
+        )
+        return answer
+
+    async def recall(self, session_id: str) -> dict[str, Any] | None:
+        """``GET /sessions/{id}/recall``: the pending recall, or None."""
+        answer = await self.request("GET", f"/sessions/{session_id}/recall")
+        recall: dict[str, Any] | None = answer["recall"]
+        return recall
+
+    async def cancel_recall(self, session_id: str) -> dict[str, Any]:
+        """``DELETE /sessions/{id}/recall``: the cancelled recall.
+
+        Raises:
+            NotFound: none is pending.
+        """
+        answer: dict[str, Any] = await self.request("DELETE", f"/sessions/{session_id}/recall")
+        return answer
+
+    async def heartbeat(self, session_id: str) -> dict[str, Any]:
+        """``GET /sessions/{id}/heartbeat``: its settings and latest runs."""
+        answer: dict[str, Any] = await self.request("GET", f"/sessions/{session_id}/heartbeat")
+        return answer
+
+    # memory
+
+    async def facts(self, **params: Any) -> dict[str, Any]:
+        """``GET /memory/facts``: your long-term memory's facts (``docs/memory.md``)."""
+        answer: dict[str, Any] = await self.request("GET", "/memory/facts", params=params)
+        return answer
+
+    async def search_memory(self, query: str, **params: Any) -> dict[str, Any]:
+        """``GET /memory/search?q=``: the facts that match ``query``."""
+        answer: dict[str, Any] = await self.request(
+            "GET", "/memory/search", params={"q": query, **params}
+        )
+        return answer
+
+    async def put_fact(self, fact: dict[str, Any]) -> dict[str, Any]:
+        """``PUT /memory/facts``: save a fact (``category``, ``key``, ``value`` …)."""
+        answer: dict[str, Any] = await self.request("PUT", "/memory/facts", json=fact)
+        return answer
+
+    async def memory_summary(self) -> dict[str, Any]:
+        """``GET /memory/summary``."""
+        answer: dict[str, Any] = await self.request("GET", "/memory/summary")
+        return answer
+
+
+@asynccontextmanager
+async def open_client(
+    url: str,
+    token: str,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> AsyncIterator[Client]:
+    """A ``Client`` of the node at ``url`` for the user whose bearer token is ``token``.
+
+    Args:
+        url: the node's base URL (``http://127.0.0.1:8765``).
+        token: the user's bearer token.
+        transport: an httpx transport (tests); None talks to ``url`` over the network.
+    """
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"),
+        headers={"Authorization": f"Bearer {token}"},
+        transport=transport,
+        timeout=httpx.Timeout(30.0),
+    ) as http:
+        yield Client(http)
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _http_error(response: httpx.Response) -> TurnstileClientError:
+    """The exception for an error answer (``{"error": {code, message, field}}``)."""
+    try:
+        body = response.json()
+        error = body["error"]
+        code, message = str(error["code"]), str(error.get("message", ""))
+        field = error.get("field")
+    except (ValueError, KeyError, TypeError):
+        code = "not_found" if response.status_code == 404 else f"http_{response.status_code}"
+        body, message, field = {}, response.text.strip()[:200] or response.reason_phrase, None
+    details = {k: v for k, v in body.items() if k != "error"} if isinstance(body, dict) else {}
+    return error_for(code, message, field=field, status=response.status_code, details=details)
+
+
+@asynccontextmanager
+async def _unwrapped() -> AsyncIterator[None]:
+    """Raise the one exception a task group wrapped in a group as it is, so ``except
+    NotFound`` works around ``async with client.attach(…)``; several stay a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        cancelled = anyio.get_cancelled_exc_class()
+        real = [e for e in leaves if not isinstance(e, cancelled)]
+        if len(real) == 1:
+            raise real[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for inner in group.exceptions:
+        if isinstance(inner, BaseExceptionGroup):
+            found.extend(_leaves(inner))
+        else:
+            found.append(inner)
+    return found
