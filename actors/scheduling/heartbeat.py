@@ -6,8 +6,10 @@ Its turn gets the heartbeat system-prompt segment with the checklist, an optiona
 override and token cap, and a restricted tool profile (the reference's):
 
 * ``heartbeat`` (default) — look and report: ``filesystem.read``/``list``, ``http.get``, the
-  listing and status tools (schedules, watchers, background tasks), ``schedule_check``,
-  ``cancel_scheduled`` and ``send_notification``; nothing that writes or runs commands;
+  reference's read-only shell commands (``shell.read``: an allowlist of commands that only
+  look, every argument checked, no shell), the listing and status tools (schedules, watchers,
+  background tasks), ``schedule_check``, ``cancel_scheduled`` and ``send_notification``;
+  nothing that writes or runs any other command;
 * ``heartbeat_active`` — the above plus writes (``filesystem.write``, ``http.post``,
   ``http.download``) and the tools that schedule work;
 * ``full`` — every tool.
@@ -74,6 +76,7 @@ _LOOK_AND_REPORT = frozenset(
         "filesystem.read",
         "filesystem.list",
         "http.get",
+        "shell.read",
         "schedule_list",
         "schedule_status",
         "list_schedule",

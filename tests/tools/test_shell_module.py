@@ -172,7 +172,8 @@ async def test_run_command_is_reusable(tmp_path):
 async def test_policies_are_data(tmp_path):
     registry = ToolRegistry()
     register_shell_module(registry, ShellConfig(), Sandbox(tmp_path))
-    assert POLICIES == {"shell.run": "BLOCK"}
+    assert POLICIES == {"shell.run": "BLOCK", "shell.read": "AUTO"}
     assert registry.policy_of("shell.run") is Policy.BLOCK
+    assert registry.policy_of("shell.read") is Policy.AUTO
     blocked = await registry.call("s", "ada", "shell.run", {"command": ["true"]})
     assert blocked.error["code"] == "blocked"

@@ -1,4 +1,6 @@
-"""The shell module: ``shell.run`` runs one program and returns its exit code and output.
+"""The shell module: ``shell.run`` runs one program and returns its exit code and output;
+``shell.read`` runs only the read-only commands of an allowlist, every argument checked
+(``shell_read``: the heartbeat profile's read commands).
 
 Despite the name there is no shell: the command is an argv list, or a string split with
 ``shlex`` (POSIX rules: quotes group, backslashes escape) — never ``sh -c``. ``$HOME``, ``;``,
@@ -42,6 +44,7 @@ import trio
 
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.tools.modules.filesystem import Sandbox, Target
+from turnstile.tools.modules.shell_read import ReadParams, check_read_command, find_program
 from turnstile.tools.policy import Policy
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
@@ -56,8 +59,9 @@ __all__ = [
 
 KiB = 1024
 
-#: Default policy per action: a program can do anything the node's user can.
-POLICIES: dict[str, str] = {"shell.run": "BLOCK"}
+#: Default policy per action: a program can do anything the node's user can; ``shell.read``
+#: runs only the read-only commands of its allowlist (``shell_read``), which change nothing.
+POLICIES: dict[str, str] = {"shell.run": "BLOCK", "shell.read": "AUTO"}
 
 #: Seconds the output pipes are still read after the program exits and its group is killed.
 PIPE_GRACE_SECONDS = 1.0
@@ -342,11 +346,45 @@ class ShellModule:
     async def handle(self, call: ToolCall, params: RunParams) -> dict[str, Any]:
         return await self.run(params)
 
+    async def read(self, params: ReadParams) -> dict[str, Any]:
+        """Check ``params`` against the read-only allowlist (``shell_read``) and run it as
+        ``run`` would, in the workspace root (or ``cwd``), with no caller environment."""
+        argv = self.argv(params.command)
+        timeout = params.timeout or self.config.default_timeout
+        if timeout > self.config.max_timeout:
+            raise InvalidArgument(
+                f"timeout may be at most {self.config.max_timeout:g} seconds", field="timeout"
+            )
+        env = self.environment({})
+
+        def checked() -> tuple[Target, list[str]]:
+            target = self.sandbox.resolve(params.cwd, field="cwd")
+            os.close(self.sandbox.open_dir(target.parts, field="cwd"))  # exists, a directory
+            run = check_read_command(argv, self.sandbox, target.rel)
+            run[0] = find_program(argv[0], env.get("PATH", ""), self.sandbox.root)
+            return target, run
+
+        target, run = await trio.to_thread.run_sync(checked)
+        async with self.limiter:
+            result = await run_command(
+                run,
+                cwd=target.real,
+                env=env,
+                timeout=timeout,
+                max_output_bytes=self.config.max_output_bytes,
+            )
+        result["cwd"] = target.rel
+        return result
+
+    async def handle_read(self, call: ToolCall, params: ReadParams) -> dict[str, Any]:
+        return await self.read(params)
+
 
 def register_shell_module(
     registry: ToolRegistry, config: ShellConfig, sandbox: Sandbox
 ) -> ShellModule:
-    """Register ``shell.run``; ``sandbox`` is the filesystem module's (for ``cwd``)."""
+    """Register ``shell.run`` and ``shell.read``; ``sandbox`` is the filesystem module's (for
+    ``cwd`` and ``shell.read``'s paths)."""
     module = ShellModule(config, sandbox)
     registry.register(
         "shell.run",
@@ -355,5 +393,15 @@ def register_shell_module(
         "Run a program (argv list, or a string split into words — no shell features) in a "
         "directory under the workspace root; returns exit code, stdout and stderr.",
         policy=Policy(POLICIES["shell.run"]),
+    )
+    registry.register(
+        "shell.read",
+        ReadParams,
+        module.handle_read,
+        "Run one read-only command (no shell, no writes): ls, cat, head, tail, wc, grep, find, "
+        "stat, du, df, date, uptime, uname, whoami, id, hostname, nproc, free, ps, pwd, with "
+        "the options each allows; paths inside the workspace root. Anything else is refused "
+        "with command_not_allowed, saying what is allowed.",
+        policy=Policy(POLICIES["shell.read"]),
     )
     return module

@@ -302,6 +302,7 @@ async def test_the_runs_are_listed_with_what_each_found(autojump_clock):
 def test_the_heartbeat_profile_looks_and_reports_and_the_active_one_writes():
     look = HEARTBEAT_PROFILES["heartbeat"]
     assert {"filesystem.read", "filesystem.list", "http.get", "send_notification"} <= look
+    assert "shell.read" in look  # the reference's read-only shell commands, not the shell
     assert not {"filesystem.write", "http.post", "shell.run", "run_parallel"} & look
     active = HEARTBEAT_PROFILES["heartbeat_active"]
     assert look < active and {"filesystem.write", "http.download"} <= active
