@@ -23,7 +23,7 @@ from turnstile.tools.registry import ToolRegistry
 COMMANDS = ", ".join(sorted(READ_COMMANDS))
 LS = "-l, -a, -A, -h, -t, -r, -R, -1, -S, -d, -F, -i, -n"
 GREP = (
-    "-i, -n, -r, -R, -l, -L, -c, -v, -E, -F, -w, -x, -H, -h, -o, -s, -I, -q, --color=never, "
+    "-i, -n, -r, -l, -L, -c, -v, -E, -F, -w, -x, -H, -h, -o, -s, -I, -q, --color=never, "
     "--exclude, --exclude-dir, --include, -A, -B, -C, -e, -m"
 )
 
@@ -139,6 +139,7 @@ def test_allowed_commands_get_their_paths_resolved(root, argv, expected):
             ["ls", "--", "x"],
             f"ls does not allow the option '--' (allowed: {LS})",
         ),
+        (["grep", "-R", "x"], f"grep does not allow the option '-R' (allowed: {GREP})"),
         (
             ["ls", "--hyperlink"],
             f"ls does not allow the option '--hyperlink' (allowed: {LS})",
@@ -211,6 +212,10 @@ async def test_read_commands_run_without_a_shell(root):
     assert (root / "notes.txt").exists()
     outside = await call(command="cat ../secret.txt")
     assert outside.error["code"] == "path_outside_root"
+    # a recursive grep does not follow a symlink out of the workspace (-R is not allowed)
+    os.symlink(root.parent, root / "up")
+    recursive = await call(command="grep -r outside .")
+    assert "outside" not in recursive.data["stdout"] and recursive.data["exit_code"] == 1
     unbalanced = await call(command="cat 'notes.txt")
     assert unbalanced.error["field"] == "command"
 

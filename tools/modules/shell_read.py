@@ -118,7 +118,7 @@ READ_COMMANDS: dict[str, ReadCommand] = {
     "tail": ReadCommand(short="qv", valued={"-n": _signed_count, "-c": _signed_count}),
     "wc": ReadCommand(short="lwcmL"),
     "grep": ReadCommand(
-        short="inrRlLcvEFwxHhosIq",
+        short="inrlLcvEFwxHhosIq",  # not -R: it follows symlinks out of the workspace
         flags=frozenset({"--color=never"}),
         valued={
             "-e": _text,
