@@ -198,6 +198,7 @@ class SessionStream:
         self._overflowed = False
         self._sync: SessionSyncFrame | None = None
         self._connects = 0
+        self._attached_once = False
         self._call_ids = itertools.count(1)
         self._tasks: TaskGroup | None = None
 
@@ -369,21 +370,18 @@ class SessionStream:
         Raises (before ``started``): the attach's refusal, or ``ConnectionLost``.
         """
         self._tasks = tasks
-        started = False
         failures = 0
         try:
             while True:
                 try:
-                    await self._connect_once(task_status if not started else None)
-                    started = True
-                    failures = 0
+                    await self._connect_once(task_status)
                 except _Refused as refused:
-                    if not started:
+                    if not self._attached_once:
                         raise refused.error from None
                     self._fail(refused.error)
                     return
                 except _Dropped as dropped:
-                    if not started:
+                    if not self._attached_once:
                         raise ConnectionLost(str(dropped)) from None
                     if self._failure is not None:
                         return
@@ -399,7 +397,7 @@ class SessionStream:
             self._send_events.close()
             self._set_link(None)
 
-    async def _connect_once(self, task_status: TaskStatus[None] | None) -> None:
+    async def _connect_once(self, task_status: TaskStatus[None]) -> None:
         """One connection, from opening to its end: raises ``_Dropped`` when it ends,
         ``_Refused`` when the node refuses the attach."""
         attached = False
@@ -422,7 +420,8 @@ class SessionStream:
                         else:
                             attached = True
                             self._set_link(link)
-                            if task_status is not None:
+                            if not self._attached_once:
+                                self._attached_once = True
                                 task_status.started()
                             await link.dropped.wait()
                     tasks.cancel_scope.cancel()

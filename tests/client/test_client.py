@@ -1,0 +1,276 @@
+"""``turnstile.client`` against a real node (hypercorn on loopback, the real gateway): a turn's
+events typed and gap-free, reconnecting without a gap or a duplicate when the connection is
+killed mid-stream (a TCP proxy between the client and the node resets it), a message resent
+with its idempotency key after its ``ack`` was lost, the REST routes, errors by their codes,
+and the same client under asyncio.
+
+Nothing sleeps to synchronise: each test waits for the events it expects, on a second stream
+attached straight to the node when it needs to know what the node did meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+import trio
+
+from tests.support.agents import GatedAgent
+from tests.support.node import ALICE, BOB, running_node
+from tests.support.tcpproxy import open_tcp_proxy
+from turnstile.client import (
+    Ack,
+    BadRequest,
+    Conflict,
+    Event,
+    NotFound,
+    SessionStream,
+    StreamDelta,
+    StreamEnd,
+    StreamStart,
+    ToolCalled,
+    ToolError,
+    TurnQueued,
+    Unauthorized,
+    open_client,
+)
+
+#: a hang guard per test (real clock, 2 loaded cores), not a promise
+WAIT = 60
+
+
+async def read_until(stream: SessionStream, done: Callable[[Event], bool]) -> list[Event]:
+    """The stream's events up to and including the first for which ``done`` is true."""
+    seen: list[Event] = []
+    async for event in stream:
+        seen.append(event)
+        if done(event):
+            return seen
+    raise AssertionError(f"the stream ended before the event expected: {seen}")
+
+
+def ends(input_id: int | None) -> Callable[[Event], bool]:
+    return lambda e: isinstance(e.data, StreamEnd) and e.data.input_id == input_id
+
+
+def proxied(url: str, port: int) -> str:
+    return f"http://127.0.0.1:{port}" if urlsplit(url).port else url
+
+
+async def test_a_turn_streams_as_typed_events_with_gap_free_seqs(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            session = await client.create_session("s1")
+            assert (session.id, session.owner, session.last_seq) == ("s1", "alice", 0)
+            async with client.attach("s1") as stream:
+                assert stream.last_seq == 0
+                ack = await stream.send("hello there")
+                assert isinstance(ack, Ack) and ack.input_id == 1
+                assert ack.client_msg_id and ack.client_msg_id.startswith("tsc-")
+                events = await read_until(stream, ends(ack.input_id))
+                assert await stream.call("echo", {"text": "hi"}) == {"text": "hi"}
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert isinstance(events[0].data, TurnQueued)
+            start = events[1].data
+            assert isinstance(start, StreamStart)
+            assert (start.source, start.content) == ("user", "hello there")
+            text = "".join(e.data.text for e in events if isinstance(e.data, StreamDelta))
+            end = events[-1].data
+            assert isinstance(end, StreamEnd)
+            assert (end.status, end.text, text) == ("completed", "You said: hello there", text)
+            assert text == "You said: hello there"
+            assert {e.session_id for e in events} == {"s1"}
+            # the same events over HTTP, typed the same
+            assert await client.events("s1") == events
+            assert await client.history("s1") == [
+                {"role": "user", "content": "hello there", "source": "user"},
+                {"role": "assistant", "content": "You said: hello there", "status": "completed"},
+            ]
+
+
+async def test_attach_after_seq_replays_what_was_missed_then_goes_on_live(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            await client.create_session("s1")
+            first = await client.post_message("s1", "one")
+            async with client.attach("s1", after_seq=0) as stream:
+                replayed = await read_until(stream, ends(first.input_id))
+                second = await stream.send("two")
+                live = await read_until(stream, ends(second.input_id))
+            seqs = [e.seq for e in replayed + live]
+            assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_a_connection_killed_mid_stream_resumes_without_gap_or_duplicate(tmp_path):
+    """The proxy resets the stream's connection in the middle of a turn and refuses new ones
+    while that turn ends and another runs; once it lets them through, the stream attaches again
+    after the last seq it had and reads exactly what the node stored, once, in order."""
+    gated = GatedAgent()
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path, agent=gated) as node,
+            open_tcp_proxy("127.0.0.1", urlsplit(node.url).port or 80) as proxy,
+            open_client(f"http://127.0.0.1:{proxy.port}", ALICE) as through_proxy,
+            open_client(node.url, ALICE) as direct,
+        ):
+            await direct.create_session("s1")
+            async with (
+                direct.attach("s1", after_seq=0) as reference,
+                through_proxy.attach("s1", after_seq=0, reconnect_attempts=1000) as stream,
+            ):
+                first = await stream.send("wait:first")
+                before = await read_until(
+                    stream, lambda e: isinstance(e.data, StreamStart)
+                )  # the turn is running
+
+                await proxy.cut()  # mid-stream: the connection is reset, new ones refused
+                gated.gate("wait:first").set()
+                second = await direct.post_message("s1", "second")
+                expected = await read_until(reference, ends(second.input_id))
+                proxy.heal()
+
+                after = await read_until(stream, ends(second.input_id))
+                assert stream.statistics().connects >= 2
+            got = before + after
+            assert [e.seq for e in got] == list(range(1, len(got) + 1))
+            assert got == expected
+            assert [e.type for e in got].count("stream_end") == 2
+            assert first.input_id is not None
+
+
+async def test_a_message_whose_ack_was_lost_is_sent_again_and_stored_once(tmp_path):
+    """The proxy drops what the node sends back, so the ``send`` reaches the node and its
+    ``ack`` never comes; then it resets the connection. The stream sends the message again on
+    the new connection with the same ``client_msg_id``: the node answers the first ``ack``
+    again and runs one turn."""
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path) as node,
+            open_tcp_proxy("127.0.0.1", urlsplit(node.url).port or 80) as proxy,
+            open_client(f"http://127.0.0.1:{proxy.port}", ALICE) as through_proxy,
+            open_client(node.url, ALICE) as direct,
+        ):
+            await direct.create_session("s1")
+            async with (
+                direct.attach("s1", after_seq=0) as reference,
+                through_proxy.attach("s1", reconnect_attempts=1000) as stream,
+            ):
+                proxy.half_open("down")
+                acks: list[Ack] = []
+
+                async def send() -> None:
+                    acks.append(await stream.send("only once", client_msg_id="m-1"))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send)
+                    stored = await read_until(reference, lambda e: e.type == "stream_end")
+                    proxy.heal()
+                    proxy.reset()  # the ack is lost with the connection
+                assert stream.statistics().connects == 2
+            (ack,) = acks
+            (end,) = [e.data for e in stored if isinstance(e.data, StreamEnd)]
+            assert (ack.input_id, ack.client_msg_id) == (end.input_id, "m-1")
+            starts = [e for e in await direct.events("s1") if isinstance(e.data, StreamStart)]
+            assert [s.data.content for s in starts] == ["only once"]  # type: ignore[union-attr]
+
+
+async def test_errors_are_exceptions_carrying_the_protocols_codes(tmp_path):
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path) as node,
+            open_client(node.url, ALICE) as alice,
+            open_client(node.url, BOB) as bob,
+            open_client(node.url, "not-a-token") as nobody,
+        ):
+            await alice.create_session("mine", policy="reject")
+            with pytest.raises(NotFound) as found:
+                await bob.get_session("mine")  # another user's is like one that is not there
+            assert (found.value.code, found.value.status) == ("not_found", 404)
+            with pytest.raises(NotFound) as found:
+                async with bob.attach("mine"):
+                    pass
+            assert (found.value.code, found.value.status) == ("not_found", None)
+            with pytest.raises(Unauthorized) as refused:
+                await nobody.list_sessions()
+            assert refused.value.code == "unauthorized"
+            with pytest.raises(Unauthorized):
+                async with nobody.attach("mine"):
+                    pass
+            with pytest.raises(BadRequest) as bad:
+                await alice.create_session("x.heartbeat")
+            assert (bad.value.code, bad.value.field) == ("invalid_argument", "id")
+            async with alice.attach("mine") as stream:
+                with pytest.raises(ToolError) as tool:
+                    await stream.call("no.such.tool")
+                assert tool.value.code == "unknown_tool"
+                with pytest.raises(ToolError) as tool:
+                    await stream.call("echo", {"txt": "a typo"})
+                assert tool.value.code == "bad_arguments"
+                await stream.send("a", client_msg_id="k")
+                with pytest.raises(Conflict) as reused:
+                    await stream.send("b", client_msg_id="k")
+                assert (reused.value.code, reused.value.field) == (
+                    "idempotency_key_reused",
+                    "client_msg_id",
+                )
+                with pytest.raises(BadRequest) as bad:
+                    await stream.set_policy("sometimes")
+                assert bad.value.code in ("invalid_argument", "bad_message")
+            with pytest.raises(Conflict) as reused:
+                await alice.post_message("mine", "c", client_msg_id="k")
+            assert (reused.value.code, reused.value.status) == ("idempotency_key_reused", 409)
+
+
+async def test_the_rest_routes(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            assert (await client.health())["protocol"] == 1
+            created = await client.create_session(metadata={"k": "v"})
+            assert created.metadata == {"k": "v"}
+            assert [s.id for s in await client.list_sessions()] == [created.id]
+            posted = await client.post_message(created.id, "hi", client_msg_id="p1")
+            again = await client.post_message(created.id, "hi", client_msg_id="p1")
+            assert posted == again  # the same answer, no second turn
+            async with client.attach(created.id, after_seq=0) as stream:
+                await read_until(stream, ends(posted.input_id))
+            assert await client.stop(created.id) is False
+            assert await client.jobs() == []
+            assert (await client.watchers())["watchers"] == []
+            assert await client.approvals(created.id) == []
+            assert await client.recall(created.id) is None
+            await client.delete_session(created.id)
+            assert await client.list_sessions() == []
+
+
+async def test_a_tool_call_shows_in_the_stream(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            await client.create_session("s1")
+            async with client.attach("s1") as stream:
+                ack = await stream.send('/call echo {"text":"x"}')
+                events = await read_until(stream, ends(ack.input_id))
+            (called,) = [e.data for e in events if isinstance(e.data, ToolCalled)]
+            assert (called.tool, called.ok, called.result) == ("echo", True, {"text": "x"})
+
+
+async def test_the_client_works_under_asyncio(tmp_path):
+    """The same client in a thread running an asyncio loop (anyio's asyncio backend), against
+    a node running on trio."""
+
+    async with running_node(tmp_path) as node:
+
+        async def on_asyncio() -> str:
+            async with open_client(node.url, ALICE) as client:
+                session = await client.create_session()
+                async with client.attach(session.id) as stream:
+                    ack = await stream.send("from asyncio")
+                    events = await read_until(stream, ends(ack.input_id))
+            end = events[-1].data
+            assert isinstance(end, StreamEnd)
+            return end.text
+
+        with trio.fail_after(WAIT):
+            text = await trio.to_thread.run_sync(lambda: anyio.run(on_asyncio, backend="asyncio"))
+    assert text == "You said: from asyncio"
