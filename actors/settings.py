@@ -46,6 +46,11 @@ class UserConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: control characters, which would only confuse logs).
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@+-]+\Z")]
     token: Annotated[str, msgspec.Meta(min_length=16)]
+    #: the user's own address: email channels with ``user_resolver = "users"`` send there
+    #: when a notification names no ``to_address`` (docs/tools.md, output channels)
+    email: Annotated[
+        str, msgspec.Meta(max_length=254, pattern=r"^(|[^@\s,;<>\"]+@[^@\s,;<>\"]+)\Z")
+    ] = ""
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True):

@@ -66,6 +66,7 @@ from turnstile.actors.notifications.config import (
     NotificationFailed,
     NotifierConfig,
     UnknownChannel,
+    UserResolver,
     WebhookPost,
     _Notification,
     _one_line,
@@ -113,9 +114,13 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         tell_session: ``async (session_id, message)`` that reaches a session another node
             holds (``NodeContext.tell_session``): a notification for it is buffered here and
             its ``Inject`` stored as the session's input there. None: one node.
+        user_resolver: ``async (user) -> address or None``, the email address of a session's
+            owner, for email channels with a ``user_resolver`` (the feature passes the
+            ``[[users]]`` ``email`` lookup).
 
     Raises:
-        ValueError: a webhook channel is configured but no ``webhook_post`` given.
+        ValueError: a webhook channel is configured but no ``webhook_post`` given, or an
+            email channel has a ``user_resolver`` but no ``user_resolver`` is given.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         *,
         webhook_post: WebhookPost | None = None,
         tell_session: Callable[[str, Any], Awaitable[Any]] | None = None,
+        user_resolver: UserResolver | None = None,
     ) -> None:
         config = config or NotifierConfig()
         self.store = store
@@ -139,7 +145,10 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         self.channels: dict[str, ChannelConfig] = dict(sorted(channels.items()))
         if webhook_post is None and any(c.type == "webhook" for c in config.channels):
             raise ValueError("webhook channels need a webhook_post")
+        if user_resolver is None and any(c.user_resolver for c in config.channels):
+            raise ValueError("channels with a user_resolver need one")
         self.webhook_post = webhook_post
+        self.user_resolver = user_resolver
         self.limiter = trio.CapacityLimiter(config.max_concurrency)
         self._locks = {}
 
@@ -161,7 +170,17 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         self._recipients(config, output_config or {})
         return config
 
-    def _recipients(self, channel: ChannelConfig, output_config: Mapping[str, Any]) -> tuple:
+    def _recipients(
+        self,
+        channel: ChannelConfig,
+        output_config: Mapping[str, Any],
+        owner: str | None = None,
+        owner_address: str | None = None,
+    ) -> tuple:
+        """The recipients of an email: ``output_config.to_address`` (checked against ``to``
+        and ``allowed_recipients``), else the session owner's own address when the channel
+        resolves users (``owner_address``; checking a job's channel at its creation, before
+        any address is looked up, ``owner`` is None and that is enough), else ``to``."""
         allowed = OUTPUT_CONFIG_KEYS[channel.type]
         for key in output_config:
             if key not in allowed:
@@ -175,9 +194,18 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             return ()
         wanted = output_config.get("to_address")
         if wanted is None:
+            if channel.user_resolver and owner_address:
+                return (owner_address,)
+            if channel.user_resolver and owner is None:
+                return tuple(channel.to)  # a job's check: the address is found when it fires
             if not channel.to:
+                whose = (
+                    f"user {owner!r} has no email address ([[users]] email) and "
+                    if channel.user_resolver
+                    else ""
+                )
                 raise InvalidArgument(
-                    f"channel {channel.name!r} has no default recipient; "
+                    f"{whose}channel {channel.name!r} has no default recipient; "
                     "give output_config.to_address",
                     field="output_config.to_address",
                 )
@@ -229,6 +257,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         source: str,
         truncate: bool,
         idempotency_key: str | None = None,
+        owner_address: str | None = None,
     ) -> _Notification:
         config = self.channels.get(channel)
         if config is None:
@@ -272,7 +301,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
                 f"{self.config.max_structured_bytes}",
                 field="structured_data",
             )
-        recipients = self._recipients(config, output_config or {})
+        recipients = self._recipients(config, output_config or {}, owner, owner_address)
         if idempotency_key is None:
             note_id = f"ntf-{uuid.uuid4().hex[:12]}"
         else:  # the same notification when its turn runs again: the same id
@@ -336,6 +365,15 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             NotificationFailed: the delivery failed and so did (or may not) the fallback.
             NotFound: the session does not exist (``llm_notification``).
         """
+        owner_address = None
+        config = self.channels.get(channel)
+        if (
+            config is not None
+            and config.user_resolver
+            and self.user_resolver is not None
+            and "to_address" not in (output_config or {})
+        ):
+            owner_address = await self.user_resolver(owner)
         note = self._prepare(
             session_id,
             owner,
@@ -349,6 +387,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
             source=source,
             truncate=truncate,
             idempotency_key=idempotency_key,
+            owner_address=owner_address,
         )
         config = note.channel
         if config.type == LLM:

@@ -11,7 +11,9 @@
   The POST itself is injected (``WebhookPost``): the node passes
   ``notifications.tools.guarded_webhook_post``, which goes through the SSRF guard
   (``tools.netguard``) with the http module's allow-list.
-* ``log`` — one JSON object per line, appended to ``path`` from a worker thread.
+* ``log`` — one line per notification (a JSON object, or text with ``format = "text"``),
+  appended to ``path`` from a worker thread and/or logged to the Python logger
+  ``logger_name`` at ``level`` (the reference's ``logger_name``, ``level``, ``format``).
 * ``email`` — ``smtplib`` in a worker thread (STARTTLS or implicit TLS, optional login).
 
 A failed delivery raises ``_DeliveryFailed`` with its reason; ``Notifier.notify`` then falls
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import smtplib
 import ssl
 from datetime import datetime
@@ -109,16 +112,23 @@ class ExternalChannelsMixin(NotifierBase):
         )
 
     async def _deliver_log(self, note: _Notification) -> dict[str, Any]:
-        path = note.channel.path
-        line = json.dumps({**note.record(), "owner": note.owner}, ensure_ascii=False) + "\n"
-        async with self._lock(f"path:{path}"):  # one line at a time per file
-            try:
-                await trio.to_thread.run_sync(_append_line, path, line)
-            except OSError as exc:
-                raise _DeliveryFailed(
-                    f"cannot write {path}: {exc.strerror or type(exc).__name__}"
-                ) from None
-        return {"path": path}
+        config = note.channel
+        text = _log_line(note)
+        out: dict[str, Any] = {}
+        if config.logger_name:
+            level = logging.getLevelName(config.level.upper())
+            logging.getLogger(config.logger_name).log(level, "%s", text)
+            out["logger"] = config.logger_name
+        if path := config.path:
+            async with self._lock(f"path:{path}"):  # one line at a time per file
+                try:
+                    await trio.to_thread.run_sync(_append_line, path, text + "\n")
+                except OSError as exc:
+                    raise _DeliveryFailed(
+                        f"cannot write {path}: {exc.strerror or type(exc).__name__}"
+                    ) from None
+            out["path"] = path
+        return out
 
     async def _deliver_email(self, note: _Notification) -> dict[str, Any]:
         config = note.channel
@@ -145,6 +155,19 @@ class ExternalChannelsMixin(NotifierBase):
         if refused:
             out["refused"] = sorted(refused)
         return out
+
+
+def _log_line(note: _Notification) -> str:
+    """A log channel's line for ``note``, without its line break: the JSON record (with the
+    owner), or ``[priority] title: message (session …, from source)`` on one line."""
+    if note.channel.format == "json":
+        return json.dumps({**note.record(), "owner": note.owner}, ensure_ascii=False)
+    title = f"{note.title}: " if note.title else ""
+    message = note.message.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return (
+        f"[{note.priority}] {title}{message} "
+        f"(session {note.session_id}, user {note.owner}, from {note.source}, id {note.id})"
+    )
 
 
 def _append_line(path: str, line: str) -> None:

@@ -35,6 +35,15 @@ OUTPUT_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "log": (),
     "email": ("to_address",),
 }
+#: What a log channel's ``level`` may be (``logging``'s names, any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: How a log channel writes a notification: one JSON object, or one line of text.
+LOG_FORMATS = ("json", "text")
+#: Where an email channel's ``user_resolver`` finds the session owner's address: ``users``,
+#: the node's ``[[users]]`` ``email``.
+USER_RESOLVERS = ("users",)
+#: ``async (user) -> address or None``: the email address of a session's owner.
+UserResolver = Callable[[str], Awaitable[str | None]]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ADDRESS = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\"]+|[^@\s,;<>\"]+@localhost")
 
@@ -86,7 +95,12 @@ class ChannelConfig:
         timeout: webhook and email — seconds per attempt.
         retries: webhook — attempts after the first, on 5xx / connection errors / timeouts.
         backoff_seconds: webhook — the first wait between attempts, doubled each time.
-        path: log — the file to append JSON lines to (its directory must exist).
+        path: log — the file to append lines to (its directory must exist).
+        logger_name: log — a Python logger to log each notification to (``logging``), as
+            well as or instead of ``path``; the host application's handlers take it from there.
+        level: log — the level of those records (``DEBUG`` … ``CRITICAL``).
+        format: log — ``json`` (one JSON object a line, the default) or ``text`` (one
+            human-readable line: priority, title, message, session).
         host, port: email — the SMTP server.
         from_address: email — the sender.
         to: email — default recipients.
@@ -97,6 +111,8 @@ class ChannelConfig:
             ``to``: exact (case-insensitive) or a whole domain as ``*@example.com``.
         subject_prefix: email — put before every subject.
         helo_name: email — the name announced in EHLO (no DNS lookup of our own name).
+        user_resolver: email — ``users``: with no ``output_config.to_address``, send to the
+            session owner's own address (``[[users]] email``), before ``to``.
     """
 
     name: str
@@ -119,6 +135,10 @@ class ChannelConfig:
     allowed_recipients: tuple[str, ...] = ()
     subject_prefix: str = ""
     helo_name: str = "localhost"
+    logger_name: str = ""
+    level: str = "INFO"
+    format: str = "json"
+    user_resolver: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -151,8 +171,19 @@ class ChannelConfig:
                 if any(c in f"{name}{value}" for c in "\r\n\x00"):
                     raise ValueError(f"channel {self.name!r}: header {name!r} has a line break")
         elif self.type == "log":
-            if not self.path:
-                raise ValueError(f"channel {self.name!r}: a log channel needs a path")
+            if not self.path and not self.logger_name:
+                raise ValueError(
+                    f"channel {self.name!r}: a log channel needs a path or a logger_name"
+                )
+            if self.level.upper() not in LOG_LEVELS:
+                raise ValueError(
+                    f"channel {self.name!r}: level must be one of {', '.join(LOG_LEVELS)}, "
+                    f"got {self.level!r}"
+                )
+            if self.format not in LOG_FORMATS:
+                raise ValueError(
+                    f"channel {self.name!r}: format must be json or text, got {self.format!r}"
+                )
         elif self.type == "email":
             if not self.host or not self.from_address:
                 raise ValueError(f"channel {self.name!r}: email needs host and from_address")
@@ -163,6 +194,13 @@ class ChannelConfig:
             for address in (self.from_address, *self.to):
                 if not _ADDRESS.fullmatch(address):
                     raise ValueError(f"channel {self.name!r}: not an address: {address!r}")
+            if self.user_resolver and self.user_resolver not in USER_RESOLVERS:
+                raise ValueError(
+                    f"channel {self.name!r}: user_resolver must be 'users', "
+                    f"got {self.user_resolver!r}"
+                )
+        if self.user_resolver and self.type != "email":
+            raise ValueError(f"channel {self.name!r}: only an email channel has a user_resolver")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import trio
 
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.notifications.actor import ChannelConfig, Notifier, NotifierConfig
+from turnstile.actors.notifications.config import UserResolver
 from turnstile.actors.notifications.routes import notification_routes
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.notifications.tools import guarded_webhook_post, register_notify_tools
@@ -86,7 +87,18 @@ def make_notifier(node: NodeContext) -> Notifier:
             NetPolicy(tuple(http.allowed_hosts), tuple(http.allowed_networks))
         ),
         tell_session=node.tell_session if node.placement is not None else None,
+        user_resolver=users_email(node),
     )
+
+
+def users_email(node: NodeContext) -> UserResolver:
+    """The ``users`` resolver of email channels: a user's ``[[users]]`` ``email``."""
+    addresses = {user.name: user.email for user in node.config.users if user.email}
+
+    async def resolve(user: str) -> str | None:
+        return addresses.get(user)
+
+    return resolve
 
 
 async def purge_expired(store: Store, every: float = 3600.0) -> None:

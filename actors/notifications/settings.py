@@ -25,7 +25,10 @@ class ChannelSettings(msgspec.Struct, forbid_unknown_fields=True):
     timeout: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
     backoff_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.5
-    path: str = ""  # log
+    path: str = ""  # log: a file, and/or
+    logger_name: str = ""  # a Python logger
+    level: str = "INFO"
+    format: Literal["json", "text"] = "json"
     host: str = ""  # email
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
     from_address: str = ""
@@ -37,6 +40,7 @@ class ChannelSettings(msgspec.Struct, forbid_unknown_fields=True):
     allowed_recipients: list[str] = msgspec.field(default_factory=list)
     subject_prefix: str = ""
     helo_name: str = "localhost"
+    user_resolver: Literal["", "users"] = ""  # email: the session owner's [[users]] email
 
 
 class NotificationsConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -17,13 +17,20 @@ from turnstile.tools.netguard import NetPolicy
 LOCAL = NetPolicy(allowed_hosts=("127.0.0.1",))
 
 
-def make_notifier(n, *channels, policy=LOCAL, resolver=None, backend=None, **config) -> Notifier:
+def make_notifier(
+    n, *channels, policy=LOCAL, resolver=None, backend=None, user_resolver=None, **config
+) -> Notifier:
     async def ask(session_id, message):
         return await n.registry.ref(f"session:{session_id}").ask(message)
 
     post = guarded_webhook_post(policy, resolver=resolver, backend=backend)
     return Notifier(
-        n.store, n.clock, ask, NotifierConfig(channels=tuple(channels), **config), webhook_post=post
+        n.store,
+        n.clock,
+        ask,
+        NotifierConfig(channels=tuple(channels), **config),
+        webhook_post=post,
+        user_resolver=user_resolver,
     )
 
 

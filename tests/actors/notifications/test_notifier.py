@@ -13,6 +13,7 @@ import email
 import email.policy
 import functools
 import json
+import logging
 from datetime import timedelta
 from http import HTTPStatus
 
@@ -23,6 +24,8 @@ import trio.testing
 from tests.support.mock_node import DAY, T0, node
 from tests.support.notifier import NoSockets, events, make_notifier
 from tests.support.sessions import Recorder
+from turnstile.actors.config import load_config
+from turnstile.actors.node import open_node
 from turnstile.actors.notifications.actor import (
     MAX_MESSAGE_CHARS,
     ChannelConfig,
@@ -33,6 +36,7 @@ from turnstile.actors.notifications.actor import (
     notification_text,
 )
 from turnstile.actors.sessions.actor import Attach, Detach, Submit
+from turnstile.actors.sessions.ids import session_key
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
 from turnstile.tools.netguard import NetPolicy
 
@@ -676,6 +680,48 @@ async def test_log_lines_are_json(tmp_path):
     assert records[0]["id"] == first["notification_id"]
 
 
+async def test_a_log_channel_logs_to_a_logger_at_its_level_as_text(tmp_path, caplog):
+    """The reference's log channel: ``logger_name``, ``level`` and ``format``."""
+    audit = ChannelConfig(
+        name="audit", type="log", logger_name="acme.audit", level="warning", format="text"
+    )
+    path = tmp_path / "both.jsonl"
+    both = ChannelConfig(name="both", type="log", logger_name="acme.json", path=str(path))
+    caplog.set_level(logging.DEBUG, logger="acme")
+    async with node() as n:
+        notifier = make_notifier(n, audit, both)
+        result = await notifier.notify(
+            "s", "ada", "audit", "disk at 91%\nsda1", title="Disk", priority="high"
+        )
+        assert (result["logger"], result["delivered"], result["fallback"]) == (
+            "acme.audit",
+            True,
+            False,
+        )
+        assert "path" not in result
+        second = await notifier.notify("s", "ada", "both", "json line")
+        assert (second["logger"], second["path"]) == ("acme.json", str(path))
+    text, json_record = caplog.records
+    assert (text.name, text.levelname) == ("acme.audit", "WARNING")
+    assert text.getMessage() == (
+        "[high] Disk: disk at 91%\\nsda1 (session s, user ada, from tool, id "
+        f"{result['notification_id']})"
+    )
+    assert (json_record.name, json_record.levelname) == ("acme.json", "INFO")
+    logged = json.loads(json_record.getMessage())
+    assert logged["message"] == "json line" and logged["owner"] == "ada"
+    assert json.loads(path.read_text(encoding="utf-8")) == logged
+
+
+def test_a_log_channel_is_checked():
+    with pytest.raises(ValueError, match="a log channel needs a path or a logger_name"):
+        ChannelConfig(name="audit", type="log")
+    with pytest.raises(ValueError, match="level must be one of DEBUG, INFO, WARNING"):
+        ChannelConfig(name="audit", type="log", logger_name="x", level="LOUD")
+    with pytest.raises(ValueError, match="format must be json or text, got 'xml'"):
+        ChannelConfig(name="audit", type="log", logger_name="x", format="xml")
+
+
 async def test_an_unwritable_log_falls_back(tmp_path):
     path = tmp_path / "missing" / "notifications.jsonl"
     async with node() as n:
@@ -745,6 +791,62 @@ async def test_email_reaches_the_smtp_server(nursery):
     assert '"version": "2.3.1"' in body
 
 
+async def test_email_goes_to_the_session_owner_through_the_user_resolver(nursery):
+    """The reference's ``user_resolver``: with no ``to_address``, the owner's own address
+    (before the channel's ``to``); an explicit ``to_address`` still wins; a user without an
+    address gets the channel's ``to``, or an error naming what to configure."""
+    smtp = FakeSMTP()
+    port = await serve(nursery, smtp.handle)
+    asked: list[str] = []
+
+    async def users(user: str) -> str | None:
+        asked.append(user)
+        return {"ada": "ada@example.net"}.get(user)
+
+    async with node() as n:
+        resolving = mailer(port, user_resolver="users")
+        bare = ChannelConfig(
+            name="bare",
+            type="email",
+            host="127.0.0.1",
+            port=port,
+            from_address="bot@turnstile.test",
+            timeout=5,
+            user_resolver="users",
+        )
+        notifier = make_notifier(n, resolving, bare, user_resolver=users)
+        mine = await notifier.notify("s", "ada", "mail", "yours")
+        assert mine["recipients"] == ["ada@example.net"]
+        named = await notifier.notify(
+            "s", "ada", "mail", "named", output_config={"to_address": "ops@example.com"}
+        )
+        assert named["recipients"] == ["ops@example.com"]
+        unknown = await notifier.notify("s", "bob", "mail", "to the default")
+        assert unknown["recipients"] == ["ops@example.com"]
+        with pytest.raises(InvalidArgument) as nobody:
+            await notifier.notify("s", "bob", "bare", "to nobody")
+        assert str(nobody.value) == (
+            "user 'bob' has no email address ([[users]] email) and channel 'bare' has no "
+            "default recipient; give output_config.to_address"
+        )
+        notifier.check_channel("bare")  # a job for it: the address is found when it fires
+    assert asked == ["ada", "bob", "bob"]
+    assert [[r.upper() for r in m["to"]] for m in smtp.mails] == [
+        ["RCPT TO:<ADA@EXAMPLE.NET>"],
+        ["RCPT TO:<OPS@EXAMPLE.COM>"],
+        ["RCPT TO:<OPS@EXAMPLE.COM>"],
+    ]
+
+
+def test_a_user_resolver_is_for_email_and_must_be_given():
+    with pytest.raises(ValueError, match="only an email channel has a user_resolver"):
+        ChannelConfig(name="audit", type="log", path="x", user_resolver="users")
+    with pytest.raises(ValueError, match="user_resolver must be 'users', got 'ldap'"):
+        mailer(25, user_resolver="ldap")
+    with pytest.raises(ValueError, match="channels with a user_resolver need one"):
+        Notifier(None, None, None, NotifierConfig(channels=(mailer(25, user_resolver="users"),)))
+
+
 async def test_email_failures_fall_back(nursery):
     smtp = FakeSMTP(reject_mail=True)
     port = await serve(nursery, smtp.handle)
@@ -774,3 +876,52 @@ async def test_two_nodes_buffering_for_one_session_at_once_keep_both(autojump_cl
         await n.registry.ref("session:t").ask(Attach(subscriber=client))
         assert await first.deliver_buffered("t") == 2
         assert sorted(e["message"] for e in events(client, "notification")) == ["from a", "from b"]
+
+
+async def test_a_node_reads_the_log_channel_and_the_user_resolver_from_its_config(
+    nursery, tmp_path, caplog
+):
+    """``[channels.*]`` ``logger_name``, ``level``, ``format`` and ``user_resolver``, and
+    ``[[users]] email``, from a config file to ``send_notification`` on a running node."""
+    smtp = FakeSMTP()
+    port = await serve(nursery, smtp.handle)
+    path = tmp_path / "turnstile.toml"
+    path.write_text(
+        f"""
+store = "sqlite:///{tmp_path}/node.db"
+port = 0
+
+[[users]]
+name = "ada"
+token = "ada-token-0123456789"
+email = "ada@example.net"
+
+[channels.app]
+type = "log"
+logger_name = "acme.app"
+level = "ERROR"
+format = "text"
+
+[channels.mail]
+type = "email"
+host = "127.0.0.1"
+port = {port}
+from_address = "bot@turnstile.test"
+user_resolver = "users"
+"""
+    )
+    config = load_config(path)
+    caplog.set_level(logging.INFO, logger="acme")
+    async with open_node(config) as running:
+        session = await running.directory.create_session("ada")
+        key = session_key("ada", session.id)
+        for channel in ("app", "mail"):
+            sent = await running.tools.call(
+                key, "ada", "send_notification", {"channel": channel, "message": "hello"}
+            )
+            assert sent.ok and not sent.data["fallback"], sent
+    (record,) = caplog.records
+    assert (record.name, record.levelname) == ("acme.app", "ERROR")
+    assert record.getMessage().startswith("[normal] hello (session ")
+    (mail,) = smtp.mails
+    assert [r.upper() for r in mail["to"]] == ["RCPT TO:<ADA@EXAMPLE.NET>"]
