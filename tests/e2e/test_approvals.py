@@ -1,41 +1,71 @@
-"""Tool policies over the real gateway: BLOCK refuses, APPROVE waits for a person."""
+"""Tool policies over the real gateway: BLOCK refuses, APPROVE waits for a person (through
+``turnstile.client``: the stream's approve, the REST routes' deny)."""
 
 from __future__ import annotations
 
-from tests.support.node import BOB, connect, new_session, running_node
+import pytest
+import trio
+
+from tests.support.node import ALICE, BOB, new_session, running_node
+from turnstile.client import (
+    ApprovalRequired,
+    ApprovalResolved,
+    Event,
+    NotFound,
+    SessionStream,
+    StreamEnd,
+    ToolError,
+    open_client,
+)
 
 POLICIES = {"echo": "APPROVE", "clock.*": "BLOCK"}
+WAIT = 60
+
+
+async def next_of(stream: SessionStream, kind: type) -> Event:
+    """The stream's next event whose data is a ``kind``."""
+    async for event in stream:
+        if isinstance(event.data, kind):
+            return event
+    raise AssertionError(f"the stream ended before a {kind.__name__}")
 
 
 async def test_approve_and_deny_over_the_websocket_and_block(tmp_path):
-    async with running_node(tmp_path, policies=POLICIES) as node:
-        await new_session(node, "p")
-        async with connect(node) as client:
-            await client.send(type="attach", session_id="p")
-            await client.send(type="send", session_id="p", content='/call echo {"text": "hi"}')
-            asked = await client.expect("approval_required", tool="echo")
-            assert asked["arguments"] == {"text": "hi"} and asked["expires_at"].endswith("Z")
-            await client.send(type="approve", session_id="p", approval_id=asked["approval_id"])
-            decided = await client.expect("approval", approval_id=asked["approval_id"])
-            assert decided["decision"] == "approved"
-            await client.expect("approval_resolved", decision="approved", by="alice")
-            end = await client.expect("stream_end")
-            assert end["text"] == 'echo returned {"text": "hi"}'
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path, policies=POLICIES) as node,
+            open_client(node.url, ALICE) as alice,
+            open_client(node.url, BOB) as bob,
+        ):
+            await new_session(node, "p")
+            async with alice.attach("p") as stream:
+                await stream.send('/call echo {"text": "hi"}')
+                asked = (await next_of(stream, ApprovalRequired)).data
+                assert asked.tool == "echo"
+                assert asked.arguments == {"text": "hi"} and asked.expires_at.endswith("Z")
+                decided = await stream.approve(asked.approval_id)
+                assert (decided.approval_id, decided.decision) == (asked.approval_id, "approved")
+                resolved = (await next_of(stream, ApprovalResolved)).data
+                assert (resolved.decision, resolved.by) == ("approved", "alice")
+                end = (await next_of(stream, StreamEnd)).data
+                assert end.text == 'echo returned {"text": "hi"}'
 
-            await client.send(type="send", session_id="p", content='/call echo {"text": "no"}')
-            asked = await client.expect("approval_required", tool="echo")
-            async with node.http() as http, node.http(BOB) as bob:
-                pending = (await http.get("/sessions/p/approvals")).json()["approvals"]
-                assert [a["approval_id"] for a in pending] == [asked["approval_id"]]
-                stranger = await bob.post(f"/approvals/{asked['approval_id']}/deny")
-                assert stranger.status_code == 404  # not bob's to decide
-                denied = await http.post(f"/approvals/{asked['approval_id']}/deny")
-                assert denied.json()["decision"] == "denied"
-            end = await client.expect("stream_end", text="echo failed: echo was not approved")
+                await stream.send('/call echo {"text": "no"}')
+                asked = (await next_of(stream, ApprovalRequired)).data
+                assert asked.tool == "echo"
+                pending = await alice.approvals("p")
+                assert [a["approval_id"] for a in pending] == [asked.approval_id]
+                with pytest.raises(NotFound) as stranger:
+                    await bob.deny(asked.approval_id)  # not bob's to decide
+                assert stranger.value.status == 404
+                denied = await alice.deny(asked.approval_id)
+                assert denied["decision"] == "denied"
+                end = (await next_of(stream, StreamEnd)).data
+                assert end.text == "echo failed: echo was not approved"
 
-            await client.send(type="call", id="b", session_id="p", tool="clock.now")
-            blocked = await client.expect("result", id="b")
-            assert blocked["error"] == {
-                "code": "blocked",
-                "message": "clock.now is blocked by policy",
-            }
+                with pytest.raises(ToolError) as blocked:
+                    await stream.call("clock.now")
+                assert (blocked.value.code, blocked.value.message) == (
+                    "blocked",
+                    "clock.now is blocked by policy",
+                )
