@@ -503,16 +503,21 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = sub.add_parser(
         "jobs",
-        help="your scheduled jobs: list, show one with its runs, cancel one",
+        help="your scheduled jobs: list, show one with its runs, pause, resume, cancel one",
         parents=[client],
     )
-    jobs.add_argument("action", nargs="?", default="list", choices=["list", "show", "cancel"])
-    jobs.add_argument("id", nargs="?", metavar="JOB", help="the job (show, cancel)")
+    jobs.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "show", "pause", "resume", "cancel"],
+    )
+    jobs.add_argument("id", nargs="?", metavar="JOB", help="the job (show, pause, resume, cancel)")
     jobs.add_argument("--session", help="list: only this session's jobs")
     jobs.add_argument(
         "--state",
-        choices=["active", "paused", "completed", "cancelled"],
-        help="list: only jobs in this state",
+        choices=["active", "paused", "completed", "failed", "cancelled"],
+        help="list: only jobs in this state (failed: the last run failed)",
     )
     jobs.set_defaults(func=_client(_jobs))
 

@@ -6,7 +6,7 @@ with a user's bearer token, so it sees and changes exactly what that user could 
 
 * ``sessions`` lists the user's sessions;
 * ``jobs [list] [--session S] [--state STATE]`` lists the scheduled jobs, ``jobs show JOB`` one
-  with its run records, ``jobs cancel JOB`` cancels one;
+  with its run records, ``jobs pause|resume|cancel JOB`` change one;
 * ``watchers [list] [--session S]`` lists the watchers, ``watchers show W`` one with its recent
   checks, ``watchers pause|resume|stop W`` change one.
 
@@ -271,7 +271,7 @@ def _jobs(client: NodeClient, args: Any, out: TextIO) -> Any:
         ]
         _print_table(out, ["RUN", "SCHEDULED FOR", "STATE", "INPUT", "UPDATED"], rows, {0, 3})
         return None
-    body = client.request("POST", f"/jobs/{args.id}/cancel")  # cancel
+    body = client.request("POST", f"/jobs/{args.id}/{action}")  # pause, resume, cancel
     if args.json:
         return body
     print(f"job {body['id']} is {body['state']}", file=out)
@@ -391,7 +391,7 @@ def run_sessions(args: Any, token: str, *, out=None, err=None, transport=None) -
 
 
 def run_jobs(args: Any, token: str, *, out=None, err=None, transport=None) -> int:
-    """``turnstile jobs [list|show|cancel]``; its exit status."""
+    """``turnstile jobs [list|show|pause|resume|cancel]``; its exit status."""
     return _run(f"jobs {args.action}", _jobs, args, token, out, err, transport)
 
 

@@ -89,6 +89,8 @@ GROUPS: dict[str, frozenset[str]] = {
             "schedule_once",
             "schedule_cron",
             "schedule_cancel",
+            "schedule_pause",
+            "schedule_resume",
             "schedule_list",
             "schedule_status",
             "remember",

@@ -71,7 +71,9 @@ from turnstile.actors.scheduling.messages import (
     AddJob,
     Begin,
     CancelJob,
+    PauseJob,
     RescheduleJob,
+    ResumeJob,
     SchedulerLimits,
     validate_spec,
 )
@@ -91,7 +93,7 @@ from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
-from turnstile.runtime.errors import InvalidArgument, NotFound, StoreError
+from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
 from turnstile.runtime.metrics import Metrics
 from turnstile.runtime.store import Store
 from turnstile.runtime.timerwheel import TimerWheel
@@ -105,7 +107,9 @@ __all__ = [
     "AddJob",
     "Begin",
     "CancelJob",
+    "PauseJob",
     "RescheduleJob",
+    "ResumeJob",
     "next_occurrence",
     "in_active_hours",
 ]
@@ -264,6 +268,10 @@ class SchedulerActor(Actor):
                 return await self._cancel(message)
             case RescheduleJob():
                 return await self._reschedule(message)
+            case PauseJob():
+                return await self._pause(message)
+            case ResumeJob():
+                return await self._resume(message)
             case Begin():
                 return self._begin()
         raise InvalidArgument(f"scheduler cannot handle {type(message).__name__}")
@@ -320,6 +328,54 @@ class SchedulerActor(Actor):
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
         await self._job_update(job, "rescheduled", entry.spec.label)
+        return job
+
+    async def _owned(self, job_id: str, session_id: str | None) -> Job:
+        job = await self.jobs.get_job(job_id)
+        if session_id is not None and job.session_id != session_id:
+            raise NotFound(f"no job with id {job_id!r}")
+        if job.state not in ("active", "paused"):
+            raise ConflictError(f"job {job.id!r} is {job.state}; only a pending job can change")
+        return job
+
+    async def _pause(self, msg: PauseJob) -> Job:
+        job = await self._owned(msg.job_id, msg.session_id)
+        if job.state == "active":
+            # A compare-and-set on the state: a fire that completes the job first wins (the
+            # pause is then a conflict, read below), and a fire that already read the job loses
+            # its own (state = 'active') and re-reads it. next_fire_at stays, to show what
+            # was next.
+            moved = await self.jobs.transition_job(job.id, "active", "paused")
+            if moved is None:  # changed meanwhile: as it is now (completed: ConflictError)
+                return await self._owned(job.id, None)
+            job = moved
+            await self._job_update(job, "paused", _label(job, self.entries.get(job.id)))
+        entry = self.entries.pop(job.id, None)
+        if entry is not None and entry.handle is not None:
+            self.wheel.cancel(entry.handle)
+        return job
+
+    async def _resume(self, msg: ResumeJob) -> Job:
+        job = await self._owned(msg.job_id, msg.session_id)
+        if job.state == "active":
+            return job
+        entry = self._entry(job)
+        if entry is None:
+            raise ConflictError(f"job {job.id!r} cannot fire again: its spec is unreadable")
+        now = self.clock.now()
+        after = job.next_fire_at
+        if after is None or after <= now:
+            # what fell due while it was paused is not run: a recurring job goes on from its
+            # next occurrence, a one-off job fires now
+            after = next_occurrence(entry.spec.schedule, now, entry.cron) or now
+        moved = await self.jobs.transition_job(job.id, "paused", "active", next_fire_at=after)
+        if moved is None:  # resumed or cancelled meanwhile (another node): as it is now
+            return await self._owned(job.id, None)
+        job = moved
+        entry.job = job
+        self.entries[job.id] = entry
+        self._index(entry, self._due_at(entry))
+        await self._job_update(job, "resumed", entry.spec.label)
         return job
 
     # -- the wheel --

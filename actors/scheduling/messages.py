@@ -24,7 +24,9 @@ __all__ = [
     "AddJob",
     "Begin",
     "CancelJob",
+    "PauseJob",
     "RescheduleJob",
+    "ResumeJob",
     "SchedulerLimits",
     "validate_spec",
 ]
@@ -106,6 +108,31 @@ class Begin(Message, tag="begin_scheduler", kw_only=True):
 
 class CancelJob(Message, tag="cancel_job", kw_only=True):
     """Cancel a job; answers the stored ``Job``. ``session_id`` must own it when given."""
+
+    job_id: str
+    session_id: str | None = None
+
+
+class PauseJob(Message, tag="pause_job", kw_only=True):
+    """Pause an active job: it fires nothing until resumed, and keeps its runs and count.
+    Answers the stored ``Job`` (a paused one as it is). ``session_id`` must own it when given.
+
+    Raises:
+        ConflictError: the job is done (``completed`` or ``cancelled``).
+    """
+
+    job_id: str
+    session_id: str | None = None
+
+
+class ResumeJob(Message, tag="resume_job", kw_only=True):
+    """Resume a paused job; answers the stored ``Job`` (an active one as it is). What fell
+    due while it was paused is not run: a recurring job goes on from its next occurrence after
+    now, a one-off job whose time passed fires at once.
+
+    Raises:
+        ConflictError: the job is done (``completed`` or ``cancelled``).
+    """
 
     job_id: str
     session_id: str | None = None

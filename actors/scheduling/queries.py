@@ -34,6 +34,7 @@ __all__ = [
     "GET_RUN",
     "LIST_JOBS",
     "LIST_RUNS",
+    "TRANSITION_JOB",
     "UPDATE_JOB",
     "UPDATE_RUN",
     "job_record",
@@ -234,6 +235,17 @@ UPDATE_JOB = ops.row(
     " state = CASE WHEN :set_state THEN :state::text ELSE state END,"
     " next_fire_at = CASE WHEN :set_next_fire_at THEN :next_fire_at::timestamptz"
     " ELSE next_fire_at END, updated_at = :now WHERE id = :id RETURNING *",
+    decode=job_record,
+    writes=True,
+)
+#: ``(id, expected, state, set_next_fire_at, next_fire_at, now)``: the job moved from state
+#: ``expected`` to ``state`` (a compare-and-set on the state), or None when it was not in it.
+TRANSITION_JOB = ops.row(
+    "transition_job",
+    "UPDATE jobs SET state = :state::text,"
+    " next_fire_at = CASE WHEN :set_next_fire_at THEN :next_fire_at::timestamptz"
+    " ELSE next_fire_at END, updated_at = :now WHERE id = :id AND state = :expected::text"
+    " RETURNING *",
     decode=job_record,
     writes=True,
 )

@@ -1,6 +1,6 @@
 """The scheduling feature's HTTP endpoints: the caller's jobs (all of them, or a session's),
-one job with its runs, cancelling a job, the session's pending recall (read, cancel, skip) and
-its heartbeat (settings and runs).
+one job with its runs, cancelling, pausing and resuming a job, the session's pending recall
+(read, cancel, skip) and its heartbeat (settings and runs).
 
 Every endpoint checks that the caller owns the session (another user's is ``404``) and answers
 with session names, never keys. Each route describes its answers for the API document
@@ -15,11 +15,12 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from turnstile.actors.feature import NodeContext
-from turnstile.actors.scheduling.actor import CancelJob
+from turnstile.actors.scheduling.actor import CancelJob, PauseJob, ResumeJob
 from turnstile.actors.scheduling.heartbeat import heartbeat_view
 from turnstile.actors.scheduling.recall import cancel_recall, get_recall, skip_recall
 from turnstile.actors.scheduling.records import Job, JobRun
 from turnstile.actors.scheduling.store import JobStore
+from turnstile.actors.scheduling.tools import job_status
 from turnstile.actors.sessions.ids import public_id, public_view, session_key
 from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import NotFound
@@ -33,10 +34,11 @@ _PAGE = 1000
 
 
 class JobsQuery(msgspec.Struct, forbid_unknown_fields=True):
-    """``GET /jobs``'s query string: only one session's jobs, only jobs in one state."""
+    """``GET /jobs``'s query string: only one session's jobs, only jobs in one state
+    (``failed``: an active or completed job whose last run failed, as ``schedule_list``)."""
 
     session: SessionId | None = None
-    state: Literal["active", "paused", "completed", "cancelled"] | None = None
+    state: Literal["active", "paused", "completed", "failed", "cancelled"] | None = None
 
 
 class JobList(msgspec.Struct):
@@ -144,6 +146,8 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
     async def all_jobs(request: ApiRequest) -> Any:
         query = decode_query(request.query, JobsQuery)
         states = None if query.state is None else [query.state]
+        if query.state == "failed":
+            states = ["active", "completed"]
         if query.session is not None:
             keys = [await node.directory.owned_key(request.user, query.session)]
         else:
@@ -157,7 +161,15 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
         jobs = []
         for key in keys:
             jobs += await job_store.list_jobs(session_id=key, states=states)
+        if query.state == "failed":
+            jobs = [job for job in jobs if await _failed(job)]
         return JobList(jobs=[_public_job(job) for job in jobs])
+
+    async def _failed(job: Job) -> bool:
+        if not job.run_count:
+            return False
+        runs = await job_store.list_runs(job.id, limit=1)
+        return job_status(job, runs[0] if runs else None) == "failed"
 
     async def owned_job(request: ApiRequest) -> Job:
         """The caller's job named in the path; another user's is not found, like none."""
@@ -182,6 +194,14 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
         job = await owned_job(request)
         cancelled = await scheduler.ask(CancelJob(job_id=job.id, session_id=job.session_id))
         return _public_job(cancelled)
+
+    async def pause_job(request: ApiRequest) -> Any:
+        job = await owned_job(request)
+        return _public_job(await scheduler.ask(PauseJob(job_id=job.id, session_id=job.session_id)))
+
+    async def resume_job(request: ApiRequest) -> Any:
+        job = await owned_job(request)
+        return _public_job(await scheduler.ask(ResumeJob(job_id=job.id, session_id=job.session_id)))
 
     async def read_recall(request: ApiRequest) -> Any:
         recall = await get_recall(store, await owned(request))
@@ -235,6 +255,25 @@ def scheduling_routes(node: NodeContext, scheduler: ActorRef) -> list[HttpRoute]
             summary="Cancel a job: it fires no more (a job already done is answered as it is)",
             response=Job,
             errors=(404,),
+        ),
+        HttpRoute(
+            "POST",
+            "/jobs/{id}/pause",
+            pause_job,
+            summary="Pause a job: it fires nothing until resumed (a paused one answers as it is)",
+            response=Job,
+            errors=(404, 409),
+            description="409 when the job is done (completed or cancelled).",
+        ),
+        HttpRoute(
+            "POST",
+            "/jobs/{id}/resume",
+            resume_job,
+            summary="Resume a paused job from its next occurrence (none missed meanwhile is run)",
+            response=Job,
+            errors=(404, 409),
+            description="409 when the job is done (completed or cancelled). A one-off job whose "
+            "time passed while it was paused fires at once.",
         ),
         HttpRoute(
             "GET",

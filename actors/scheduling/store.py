@@ -27,6 +27,7 @@ from turnstile.actors.scheduling.queries import (
     GET_RUN,
     LIST_JOBS,
     LIST_RUNS,
+    TRANSITION_JOB,
     UPDATE_JOB,
     UPDATE_RUN,
     no_job,
@@ -218,6 +219,29 @@ class JobStore:
         if job is None:
             raise no_job(id)
         return job
+
+    async def transition_job(
+        self,
+        id: str,
+        expected: str,
+        state: str,
+        *,
+        next_fire_at: datetime | None | UnsetType = UNSET,
+    ) -> Job | None:
+        """Move a job from state ``expected`` to ``state`` (and set ``next_fire_at``, if
+        given) in one compare-and-set on its state: a pause never lands on a job a fire just
+        completed. Returns the job as stored after it, or None when it was not in ``expected``
+        (or does not exist)."""
+        unset = isinstance(next_fire_at, UnsetType)
+        return await self.store.run(
+            TRANSITION_JOB,
+            id=id,
+            expected=_check_job_state(expected),
+            state=_check_job_state(state),
+            set_next_fire_at=not unset,
+            next_fire_at=None if unset else self._optional_time(next_fire_at, "next_fire_at"),
+            now=self._now(),
+        )
 
     async def delete_job(self, id: str) -> None:
         """Delete a job and its runs (inbox items it enqueued stay).

@@ -1,6 +1,11 @@
 """The scheduling primitives: schedule_once, schedule_cron, schedule_cancel, schedule_list,
 schedule_status and remember (names, parameters and responses as in the execution-primitives
-reference).
+reference), and schedule_pause / schedule_resume.
+
+A job's ``status`` is its state (``active``, ``paused``, ``completed``, ``cancelled``), except
+that a job whose last run failed is ``failed`` (the reference's states: ``active``, ``paused``,
+``completed``, ``failed``) while it is not paused or cancelled; ``next_run_at`` says whether it
+fires again, and ``last_run_status`` gives its last run's own state.
 
 Every tool works for the calling session only: a job of another session is "not found". Time
 expressions are parsed deterministically (``timeexpr``) in the call's ``timezone`` /
@@ -30,8 +35,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnstile.actors.scheduling.actor import AddJob, CancelJob
-from turnstile.actors.scheduling.records import Job
+from turnstile.actors.scheduling.actor import AddJob, CancelJob, PauseJob, ResumeJob
+from turnstile.actors.scheduling.records import Job, JobRun
 from turnstile.actors.scheduling.spec import JobSpec, MisfirePolicy, Schedule, job_spec
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.scheduling.timeexpr import When, parse_when
@@ -85,11 +90,15 @@ class JobRef(msgspec.Struct, forbid_unknown_fields=True):
     job_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-class ListJobs(msgspec.Struct, forbid_unknown_fields=True):
-    """Arguments of ``schedule_list``: ``status`` filters on a job state (a failed *run* is a
-    run's state, shown by ``schedule_status``; the job goes on)."""
+#: What ``schedule_list`` filters on: the reference's four, and ``cancelled``.
+JobStatus = Literal["active", "paused", "completed", "failed", "cancelled"]
 
-    status: Literal["active", "paused", "completed", "cancelled"] | None = None
+
+class ListJobs(msgspec.Struct, forbid_unknown_fields=True):
+    """Arguments of ``schedule_list``: ``status`` filters on a job's status (see the module
+    docstring: ``failed`` is a job whose last run failed)."""
+
+    status: JobStatus | None = None
 
 
 class Remember(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -133,15 +142,38 @@ def _deliver(args: _Common, source: str, channel: str, check_channel=None) -> di
     return deliver
 
 
-def _job_view(job: Job, spec: JobSpec | None = None) -> dict[str, Any]:
-    """A job as the scheduling tools show it (``spec``: the job's, if already decoded)."""
+#: The run state of a run whose turn failed (``records.RUN_STATES``).
+FAILED_RUN = "turn_failed"
+
+
+def job_status(job: Job, last_run: JobRun | None) -> str:
+    """A job's status as the tools show it: its state, or ``failed`` when its last run failed
+    and it is neither paused nor cancelled."""
+    if (
+        last_run is not None
+        and last_run.state == FAILED_RUN
+        and job.state
+        in (
+            "active",
+            "completed",
+        )
+    ):
+        return "failed"
+    return job.state
+
+
+def _job_view(
+    job: Job, spec: JobSpec | None = None, last_run: JobRun | None = None
+) -> dict[str, Any]:
+    """A job as the scheduling tools show it (``spec``: the job's, if already decoded;
+    ``last_run``: its latest run record, if it has one)."""
     spec = spec or job_spec(job)
     schedule = spec.schedule
     view: dict[str, Any] = {
         "job_id": job.id,
         "schedule_type": schedule.type,
         "label": spec.label,
-        "status": job.state,
+        "status": job_status(job, last_run),
         "run_count": job.run_count,
         "action_type": spec.action_type,
         "output_channel": spec.output_channel,
@@ -155,6 +187,9 @@ def _job_view(job: Job, spec: JobSpec | None = None) -> dict[str, Any]:
         view["tool_name"] = spec.tool_name
     if spec.understood:
         view["understood"] = spec.understood
+    if last_run is not None:
+        view["last_run_at"] = _iso(last_run.scheduled_for)
+        view["last_run_status"] = last_run.state
     return view
 
 
@@ -244,27 +279,43 @@ def register_scheduling_tools(
         job = await scheduler.ask(CancelJob(job_id=args.job_id, session_id=call.session_id))
         return {"job_id": job.id, "status": job.state}
 
+    async def last_run(job: Job) -> JobRun | None:
+        """The job's latest run record; none read for a job that never delivered a turn."""
+        if not job.run_count:
+            return None
+        runs = await JobStore(store).list_runs(job.id, limit=1)
+        return runs[0] if runs else None
+
     async def schedule_list(call: ToolCall, args: ListJobs) -> dict[str, Any]:
         jobs = await JobStore(store).list_jobs(session_id=call.session_id)
         views = []
         for job in jobs:
-            if args.status is not None and job.state != args.status:
+            if args.status is not None and args.status not in (job.state, "failed"):
+                continue  # the job's state rules it out before its runs are read
+            view = _job_view(job, last_run=await last_run(job))
+            if args.status is not None and view["status"] != args.status:
                 continue
-            view = _job_view(job)
-            if job.run_count:  # when it last fired (its latest run record)
-                last = await JobStore(store).list_runs(job.id, limit=1)
-                view["last_run_at"] = _iso(last[0].scheduled_for) if last else None
             views.append(view)
         counts: dict[str, int] = {}
         for view in views:
             counts[view["status"]] = counts.get(view["status"], 0) + 1
         return {"jobs": views, "total": len(views), **counts}
 
+    async def schedule_pause(call: ToolCall, args: JobRef) -> dict[str, Any]:
+        await owned_job(call, args.job_id)
+        job = await scheduler.ask(PauseJob(job_id=args.job_id, session_id=call.session_id))
+        return _job_view(job, last_run=await last_run(job))
+
+    async def schedule_resume(call: ToolCall, args: JobRef) -> dict[str, Any]:
+        await owned_job(call, args.job_id)
+        job = await scheduler.ask(ResumeJob(job_id=args.job_id, session_id=call.session_id))
+        return _job_view(job, last_run=await last_run(job))
+
     async def schedule_status(call: ToolCall, args: JobRef) -> dict[str, Any]:
         job = await owned_job(call, args.job_id)
         runs = await JobStore(store).list_runs(job.id, limit=20)
         spec = job_spec(job)
-        view = _job_view(job, spec)
+        view = _job_view(job, spec, runs[0] if runs else None)
         view["max_runs"] = spec.max_runs
         view["misfire"] = spec.misfire
         view["created_at"] = _iso(job.created_at)
@@ -280,8 +331,6 @@ def register_scheduling_tools(
             }
             for run in runs
         ]
-        if runs:
-            view["last_run_at"] = _iso(runs[0].scheduled_for)
         return view
 
     async def remember(call: ToolCall, args: Remember) -> dict[str, Any]:
@@ -314,7 +363,23 @@ def register_scheduling_tools(
     )
     registry.register("schedule_cancel", JobRef, schedule_cancel, "Cancel an active job.")
     registry.register(
-        "schedule_list", ListJobs, schedule_list, "List this session's jobs, by status."
+        "schedule_pause",
+        JobRef,
+        schedule_pause,
+        "Pause a job: it fires nothing until resumed (keeps its runs).",
+    )
+    registry.register(
+        "schedule_resume",
+        JobRef,
+        schedule_resume,
+        "Resume a paused job from its next occurrence (what fell due while paused is not run).",
+    )
+    registry.register(
+        "schedule_list",
+        ListJobs,
+        schedule_list,
+        "List this session's jobs, by status (active, paused, completed, failed: the last run "
+        "failed, cancelled).",
     )
     registry.register(
         "schedule_status",

@@ -240,7 +240,48 @@ async def test_every_job_of_yours_listed_filtered_and_cancelled_over_http(tmp_pa
             active = (await http.get("/jobs", params={"state": "active"})).json()["jobs"]
             assert [j["id"] for j in active] == [ids["b"]]
 
+            # pause and resume, as for watchers; a job that is done cannot change (409)
+            assert (await bob.post(f"/jobs/{ids['b']}/pause")).status_code == 404
+            paused = await http.post(f"/jobs/{ids['b']}/pause")
+            assert paused.status_code == 200, paused.text
+            assert paused.json()["state"] == "paused" and paused.json()["next_fire_at"]
+            listed = (await http.get("/jobs", params={"state": "paused"})).json()["jobs"]
+            assert [j["id"] for j in listed] == [ids["b"]]
+            resumed = await http.post(f"/jobs/{ids['b']}/resume")
+            assert resumed.status_code == 200 and resumed.json()["state"] == "active"
+            done = await http.post(f"/jobs/{ids['a']}/resume")
+            assert done.status_code == 409 and done.json()["error"]["code"] == "conflict"
+            assert (await http.get("/jobs", params={"state": "failed"})).json() == {"jobs": []}
+
             bad = await http.get("/jobs", params={"state": "sleeping"})
             assert bad.status_code == 400 and bad.json()["error"]["field"] == "state"
             missing = await http.get("/jobs", params={"session": "nope"})
             assert missing.status_code == 404
+
+
+async def test_a_job_whose_last_run_failed_is_listed_as_failed(tmp_path):
+    """``GET /jobs?state=failed``: jobs whose last run failed (``schedule_list``'s ``failed``)."""
+    async with running_node(tmp_path) as node:
+        await new_session(node, "f")
+        async with connect(node) as client:
+            await client.send(type="attach", session_id="f")
+            await client.expect("session_sync")
+            arguments = {"when": "in 1s", "action_type": "llm_prompt", "prompt": "/fail nope"}
+            await client.send(
+                type="call", id="j", session_id="f", tool="schedule_once", arguments=arguments
+            )
+            result = await client.expect("result", id="j")
+            assert result["ok"] is True, result
+            await client.expect("stream_end", status="failed")
+            await client.send(
+                type="call", id="l", session_id="f", tool="schedule_list", arguments={}
+            )
+            listed = await client.expect("result", id="l")
+        job_id = result["data"]["job_id"]
+        assert [j["status"] for j in listed["data"]["jobs"]] == ["failed"]
+        async with node.http() as http:
+            # the run record settles with the turn, in its closing transaction
+            failed = (await http.get("/jobs", params={"state": "failed"})).json()["jobs"]
+            assert [(j["id"], j["state"]) for j in failed] == [(job_id, "completed")]
+            completed = (await http.get("/jobs", params={"state": "completed"})).json()["jobs"]
+            assert [j["id"] for j in completed] == [job_id]

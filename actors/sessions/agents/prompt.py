@@ -49,8 +49,8 @@ watch_pause, watch_resume, watch_status, watch_list and watch_history manage wat
 _SCHEDULER = """\
 - schedule_once, schedule_cron, remember: do something later or on a schedule ("in 5m", \
 "tomorrow at 9am", a cron expression); when the job fires its output comes to this session \
-(or to the output_channel you name). schedule_list, schedule_status and schedule_cancel \
-manage jobs."""
+(or to the output_channel you name). schedule_list, schedule_status, schedule_pause, \
+schedule_resume and schedule_cancel manage jobs."""
 
 _NOTIFY = """\
 - send_notification: reach the user outside this conversation. The default channel is \

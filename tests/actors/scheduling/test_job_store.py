@@ -85,6 +85,22 @@ async def test_update_and_delete_job(jobs, clock):
         await jobs.get_job("j1")
 
 
+async def test_transition_job_is_a_compare_and_set_on_the_state(jobs, clock):
+    """What pausing and resuming a job use: a pause never lands on a job a fire completed."""
+    await jobs.create_job("j1", kind="cron", spec={}, next_fire_at=T0)
+    paused = await jobs.transition_job("j1", "active", "paused")
+    assert (paused.state, paused.next_fire_at) == ("paused", T0)
+    assert await jobs.transition_job("j1", "active", "paused") is None  # not active now
+    resumed = await jobs.transition_job("j1", "paused", "active", next_fire_at=T0 + H)
+    assert (resumed.state, resumed.next_fire_at) == ("active", T0 + H)
+    await jobs.update_job("j1", state="completed", next_fire_at=None)
+    assert await jobs.transition_job("j1", "active", "paused") is None
+    assert (await jobs.get_job("j1")).state == "completed"
+    assert await jobs.transition_job("nope", "active", "paused") is None
+    with pytest.raises(ValueError, match=r"^unknown job state 'asleep'$"):
+        await jobs.transition_job("j1", "completed", "asleep")
+
+
 async def test_due_jobs(jobs):
     await jobs.create_job("late", kind="once", spec={}, next_fire_at=T0 + 2 * H)
     await jobs.create_job("b", kind="once", spec={}, next_fire_at=T0)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 import trio
 import trio.testing
 
+from tests.support.agents import GatedAgent
 from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.tools import register_scheduling_tools
+from turnstile.actors.sessions.agents.base import AgentError
 from turnstile.runtime.errors import InvalidArgument
 from turnstile.tools.registry import ToolRegistry
 
@@ -73,14 +76,120 @@ async def test_schedule_cron_in_a_timezone_and_list_status_cancel(autojump_clock
         listed = (await call("schedule_list")).data
         assert (listed["total"], listed["active"]) == (1, 1)
         assert listed["jobs"][0]["last_run_at"] == "2026-11-23T09:00:00Z"
-        # Only job states filter: "failed" is a run's state (schedule_status), not a job's.
+        assert listed["jobs"][0]["last_run_status"] == "turn_completed"
         assert (await call("schedule_list", status="active")).data["total"] == 1
-        refused = await call("schedule_list", status="failed")
+        assert (await call("schedule_list", status="failed")).data["total"] == 0
+        refused = await call("schedule_list", status="sleeping")
         assert (refused.error["code"], refused.error["field"]) == ("bad_arguments", "$.status")
         cancelled = await call("schedule_cancel", job_id=job["job_id"])
         assert cancelled.data == {"job_id": job["job_id"], "status": "cancelled"}
         await trio.sleep(7 * DAY)
         assert len(n.starts()) == 1
+
+
+class FailingAgent(GatedAgent):
+    """Fails every turn whose input says ``boom``."""
+
+    async def run_turn(self, turn) -> str:
+        if "boom" in turn.input.content:
+            raise AgentError("it went boom")
+        return await super().run_turn(turn)
+
+
+@pytest.mark.guard(3 * DAY)
+async def test_schedule_list_filters_on_every_state_a_failed_run_makes_a_failed_job(
+    autojump_clock,
+):
+    """The reference's states (active, paused, completed, failed) and cancelled: a job whose
+    last run failed is ``failed``; the filter was refused before."""
+    async with node(agent=FailingAgent()) as n:
+        call = await tools_for(n)
+
+        async def make(tool, **arguments) -> str:
+            made = await call(tool, action_type="llm_prompt", **arguments)
+            assert made.ok, made.error
+            return made.data["job_id"]
+
+        ids = {
+            "failed": await make("schedule_once", when="in 1h", prompt="boom"),
+            "completed": await make("schedule_once", when="in 1h", prompt="fine"),
+            "active": await make("schedule_cron", cron="every day at 9am", prompt="daily"),
+            "paused": await make("schedule_cron", cron="every day at 10am", prompt="later"),
+            "cancelled": await make("schedule_once", when="in 5h", prompt="never"),
+        }
+        failing = await make("schedule_cron", cron="every day at 1pm", prompt="boom daily")
+        assert (await call("schedule_pause", job_id=ids["paused"])).ok
+        assert (await call("schedule_cancel", job_id=ids["cancelled"])).ok
+        await trio.sleep(2 * 3600)  # both one-off jobs ran, and the daily boom at 13:00
+        await n.seen.until(b'"stream_end"', 3)
+        listed = (await call("schedule_list")).data
+        status = {job["job_id"]: job["status"] for job in listed["jobs"]}
+        assert status == {**{job_id: name for name, job_id in ids.items()}, failing: "failed"}
+        assert (listed["total"], listed["failed"], listed["active"]) == (6, 2, 1)
+        by_id = {job["job_id"]: job for job in listed["jobs"]}
+        assert by_id[failing]["last_run_status"] == "turn_failed"
+        assert "next_run_at" in by_id[failing]  # failed, and fires again tomorrow
+        assert "next_run_at" not in by_id[ids["failed"]]
+        for name in ("active", "paused", "completed", "cancelled"):
+            only = (await call("schedule_list", status=name)).data
+            assert [job["job_id"] for job in only["jobs"]] == [ids[name]], name
+        failed = (await call("schedule_list", status="failed")).data
+        assert {job["job_id"] for job in failed["jobs"]} == {ids["failed"], failing}
+        shown = (await call("schedule_status", job_id=ids["failed"])).data
+        assert (shown["status"], shown["last_run_status"]) == ("failed", "turn_failed")
+
+
+@pytest.mark.guard(5 * DAY)
+async def test_a_job_is_paused_and_resumed(autojump_clock):
+    async with node() as n:
+        call = await tools_for(n)
+        daily = (await call("schedule_cron", cron="every day at 9am", prompt="standup")).data
+        paused = await call("schedule_pause", job_id=daily["job_id"])
+        assert paused.ok, paused.error
+        assert (paused.data["status"], paused.data["next_run_at"]) == (
+            "paused",
+            "2026-11-22T09:00:00Z",
+        )
+        again = await call("schedule_pause", job_id=daily["job_id"])
+        assert again.data["status"] == "paused"  # a paused job answers as it is
+        await trio.sleep(2 * DAY)  # two 9 o'clocks pass: nothing fires
+        assert n.starts() == []
+        resumed = await call("schedule_resume", job_id=daily["job_id"])
+        assert resumed.ok, resumed.error
+        # from its next occurrence after now (14:00 on the 23rd): the missed ones are not run
+        assert (resumed.data["status"], resumed.data["next_run_at"]) == (
+            "active",
+            "2026-11-24T09:00:00Z",
+        )
+        await trio.sleep(DAY)
+        await n.seen.until(b'"stream_end"')
+        assert [s["content"] for s in n.starts()] == [
+            f"[SCHEDULED NOTIFICATION] job_id={daily['job_id']}\nstandup"
+        ]
+
+        # a one-off job whose time passes while it is paused fires when it is resumed
+        once = (await call("schedule_once", when="in 1h", prompt="tea")).data
+        await call("schedule_pause", job_id=once["job_id"])
+        await trio.sleep(3 * 3600)
+        assert len(n.starts()) == 1
+        assert (await call("schedule_resume", job_id=once["job_id"])).data["status"] == "active"
+        await n.seen.until(b'"stream_start"', 2)
+        assert n.starts()[-1]["content"].endswith("\ntea")
+        frames = [json.loads(f) for f in n.seen.frames if b'"job_update"' in f]
+        updates = [f["event"] for f in frames]
+        assert updates.count("paused") == 2 and updates.count("resumed") == 2
+
+        # a job that is done cannot change; another session's job is not found
+        await trio.testing.wait_all_tasks_blocked()
+        done = await call("schedule_pause", job_id=once["job_id"])
+        assert done.error == {
+            "code": "conflict",
+            "message": f"job {once['job_id']!r} is completed; only a pending job can change",
+        }
+        registry = ToolRegistry()
+        register_scheduling_tools(registry, n.scheduler, n.store, n.clock)
+        other = await registry.call("t", "ada", "schedule_resume", {"job_id": daily["job_id"]})
+        assert other.error["code"] == "not_found"
 
 
 @pytest.mark.guard(2 * DAY)
