@@ -44,7 +44,7 @@ from turnstile.client._errors import (
     TurnstileClientError,
     Unauthorized,
 )
-from turnstile.client._events import Event, UnknownEvent
+from turnstile.client._events import Event, UnknownEvent, decode_event
 from turnstile.client._stream import SessionStream, StreamStatistics, new_client_msg_id
 from turnstile.protocol import Ack, ApprovalDecided
 
@@ -57,6 +57,7 @@ __all__ = [
     # what comes back
     "Event",
     "UnknownEvent",
+    "decode_event",
     "Ack",
     "ApprovalDecided",
     # the session events most clients read

@@ -17,7 +17,14 @@ from turnstile.client._errors import (
     error_for,
 )
 from turnstile.client._events import Event, decode_event
-from turnstile.client._stream import SessionStream, new_client_msg_id
+from turnstile.client._stream import (
+    SessionStream,
+    call_result,
+    connection_error,
+    decode_answer,
+    new_client_msg_id,
+)
+from turnstile.protocol import CallFrame, ErrorFrame, Result, ServerFrame
 from turnstile.protocol.sessions import (
     ListedSession,
     MessageAccepted,
@@ -29,6 +36,8 @@ from turnstile.protocol.sessions import (
 __all__ = ["Client", "open_client"]
 
 T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
 
 #: The largest frame the client accepts from the node (a tool's result can be large).
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -98,6 +107,36 @@ class Client:
                 yield stream
             finally:
                 tasks.cancel_scope.cancel()
+
+    async def call(
+        self, session_id: str, tool: str, arguments: dict[str, Any] | None = None
+    ) -> Any:
+        """Call a tool or primitive by name as the session, without attaching to it (its
+        events are not received: notifications it sends stay buffered for a later attach), over
+        a WebSocket opened for the call.
+
+        Raises:
+            ToolError: the tool answered ``ok: false``.
+            NotFound: no such session of yours.
+            ConnectionLost: the node could not be reached, or the connection dropped first.
+        """
+        frame = CallFrame(id="call", session_id=session_id, tool=tool, arguments=arguments or {})
+        answer: ServerFrame | None = None
+        try:
+            async with self._connect() as ws:
+                await ws.send_text(_encoder.encode(frame).decode())
+                while answer is None:
+                    found = decode_answer(await ws.receive_text())
+                    if isinstance(found, Result | ErrorFrame) and found.id == "call":
+                        answer = found
+                    elif isinstance(found, ErrorFrame) and found.code == "unauthorized":
+                        answer = found  # refused before the call was read
+        except BaseException as exc:
+            reason = connection_error(exc)
+            if reason is None:
+                raise
+            raise ConnectionLost(f"the connection to the node dropped: {reason}") from None
+        return call_result(answer)
 
     def _connect(self) -> Any:
         return aconnect_ws(

@@ -29,6 +29,7 @@ from httpx_ws import HTTPXWSException
 from turnstile.client._errors import (
     ConnectionLost,
     SessionDeleted,
+    StoreUnavailable,
     ToolError,
     TurnstileClientError,
     error_for,
@@ -60,7 +61,14 @@ from turnstile.protocol import (
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-__all__ = ["SessionStream", "StreamStatistics", "new_client_msg_id"]
+__all__ = [
+    "SessionStream",
+    "StreamStatistics",
+    "call_result",
+    "connection_error",
+    "decode_answer",
+    "new_client_msg_id",
+]
 
 _encoder = msgspec.json.Encoder()
 _frames = msgspec.json.Decoder()
@@ -93,6 +101,8 @@ class StreamStatistics(msgspec.Struct, frozen=True):
         last_seq: the ``seq`` of the last event received (None before the first attach).
         connects: connections opened so far (1 + reconnects).
         buffered: events received and not read yet.
+        dropped: events dropped because the reader was a full buffer behind (each is read
+            again from the node once the reader has caught up).
         busy: whether a turn ran at the last attach (its ``session_sync``).
         policy: the session's policy at the last attach.
     """
@@ -101,6 +111,7 @@ class StreamStatistics(msgspec.Struct, frozen=True):
     last_seq: int | None
     connects: int
     buffered: int
+    dropped: int
     busy: bool | None
     policy: str | None
 
@@ -199,6 +210,7 @@ class SessionStream:
         self._sync: SessionSyncFrame | None = None
         self._connects = 0
         self._attached_once = False
+        self._dropped = 0
         self._call_ids = itertools.count(1)
         self._tasks: TaskGroup | None = None
 
@@ -216,6 +228,7 @@ class SessionStream:
             last_seq=self._last_seq,
             connects=self._connects,
             buffered=self._events.statistics().current_buffer_used,
+            dropped=self._dropped,
             busy=None if self._sync is None else self._sync.busy,
             policy=None if self._sync is None else self._sync.policy,
         )
@@ -350,17 +363,7 @@ class SessionStream:
         waiter = _Waiter()
         link.calls[call_id] = waiter
         await self._write(link, frame)
-        answer = await waiter.wait()
-        if isinstance(answer, ErrorFrame):
-            raise _error(answer)
-        assert isinstance(answer, Result)
-        if not answer.ok:
-            error = answer.error
-            code = error.code if error is not None else "tool_failed"
-            raise ToolError(
-                code, error.message if error else "", field=error.field if error else None
-            )
-        return answer.data
+        return call_result(await waiter.wait())
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -378,20 +381,25 @@ class SessionStream:
                 except _Refused as refused:
                     if not self._attached_once:
                         raise refused.error from None
-                    self._fail(refused.error)
+                    if not isinstance(refused.error, StoreUnavailable):
+                        self._fail(refused.error)
+                        return
+                    dropped = _Dropped(str(refused.error), attached=False)
+                except _Dropped as caught:
+                    dropped = caught
+                else:
+                    continue
+                if not self._attached_once:
+                    raise ConnectionLost(str(dropped)) from None
+                if self._failure is not None:
                     return
-                except _Dropped as dropped:
-                    if not self._attached_once:
-                        raise ConnectionLost(str(dropped)) from None
-                    if self._failure is not None:
-                        return
-                    if dropped.attached:
-                        failures = 0
-                    if failures >= self._reconnect_attempts:
-                        self._fail(ConnectionLost(f"{dropped}; gave up reconnecting"))
-                        return
-                    await anyio.sleep(_BACKOFF[min(failures, len(_BACKOFF) - 1)])
-                    failures += 1
+                if dropped.attached:
+                    failures = 0
+                if failures >= self._reconnect_attempts:
+                    self._fail(ConnectionLost(f"{dropped}; gave up reconnecting"))
+                    return
+                await anyio.sleep(_BACKOFF[min(failures, len(_BACKOFF) - 1)])
+                failures += 1
         finally:
             self._closed = True
             self._send_events.close()
@@ -426,7 +434,7 @@ class SessionStream:
                             await link.dropped.wait()
                     tasks.cancel_scope.cancel()
         except BaseException as exc:
-            reason = _connection_error(exc)
+            reason = connection_error(exc)
             if reason is None:
                 raise
             raise _Dropped(reason, attached) from None
@@ -449,7 +457,7 @@ class SessionStream:
             while True:
                 self._dispatch(link, await link.ws.receive_text())
         except BaseException as exc:
-            reason = _connection_error(exc)
+            reason = connection_error(exc)
             if reason is None:
                 raise
             error = ConnectionLost(f"the connection to the node dropped: {reason}")
@@ -503,6 +511,7 @@ class SessionStream:
             self._send_events.send_nowait(event)
         except anyio.WouldBlock:
             # the reader is a full buffer behind: keep what it has, attach again once read
+            self._dropped += 1
             self._resyncing = True
             self._overflowed = True
             return
@@ -526,6 +535,12 @@ class SessionStream:
             )
         except ConnectionLost:
             return  # the new connection attaches after the last event kept
+        except StoreUnavailable:
+            link = self._link  # the node's problem: a new connection attaches later
+            if link is not None:
+                link.drop(ConnectionLost("the node's store is unavailable"))
+                self._signal()
+            return
         except TurnstileClientError as exc:
             self._fail(exc)
             return
@@ -559,7 +574,7 @@ class SessionStream:
                 async with link.send_lock:
                     await link.ws.send_text(text)
         except BaseException as exc:
-            reason = _connection_error(exc)
+            reason = connection_error(exc)
             if reason is None:
                 raise
             link.drop(ConnectionLost(f"the connection to the node dropped: {reason}"))
@@ -609,6 +624,39 @@ class _Dropped(Exception):
         self.attached = attached
 
 
+def call_result(answer: ServerFrame) -> Any:
+    """What a call's answer (``result`` or ``error`` with its ``id``) returned.
+
+    Raises:
+        ToolError: the tool answered ``ok: false``.
+        TurnstileClientError: the node refused the call (by its code).
+    """
+    if isinstance(answer, ErrorFrame):
+        raise _error(answer)
+    assert isinstance(answer, Result)
+    if not answer.ok:
+        error = answer.error
+        code = error.code if error is not None else "tool_failed"
+        raise ToolError(code, error.message if error else "", field=error.field if error else None)
+    return answer.data
+
+
+def decode_answer(text: str) -> ServerFrame | None:
+    """A server answer frame, or None for anything else (an event, a frame this client does
+    not know)."""
+    try:
+        frame = _frames.decode(text)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(frame, dict) or "ts" in frame:
+        return None
+    try:
+        answer: ServerFrame = msgspec.convert(frame, ServerFrame)
+    except msgspec.ValidationError:
+        return None
+    return answer
+
+
 def _error(frame: ErrorFrame) -> TurnstileClientError:
     details: dict[str, Any] = {}
     if frame.last_seq is not None:
@@ -616,11 +664,11 @@ def _error(frame: ErrorFrame) -> TurnstileClientError:
     return error_for(frame.code, frame.message, field=frame.field, details=details)
 
 
-def _connection_error(exc: BaseException) -> str | None:
+def connection_error(exc: BaseException) -> str | None:
     """Why a connection failed, when ``exc`` (or every error of a group) says it did."""
     if isinstance(exc, BaseExceptionGroup):
         reasons = [
-            _connection_error(inner)
+            connection_error(inner)
             for inner in exc.exceptions
             if not isinstance(inner, anyio.get_cancelled_exc_class())
         ]

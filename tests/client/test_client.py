@@ -10,6 +10,7 @@ attached straight to the node when it needs to know what the node did meanwhile.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ import trio
 
 from tests.support.agents import GatedAgent
 from tests.support.node import ALICE, BOB, running_node
+from tests.support.polling import eventually
 from tests.support.tcpproxy import open_tcp_proxy
 from turnstile.client import (
     Ack,
@@ -55,8 +57,8 @@ def ends(input_id: int | None) -> Callable[[Event], bool]:
     return lambda e: isinstance(e.data, StreamEnd) and e.data.input_id == input_id
 
 
-def proxied(url: str, port: int) -> str:
-    return f"http://127.0.0.1:{port}" if urlsplit(url).port else url
+async def stream_dropped(stream: SessionStream) -> bool:
+    return stream.statistics().dropped > 0
 
 
 async def test_a_turn_streams_as_typed_events_with_gap_free_seqs(tmp_path):
@@ -174,6 +176,26 @@ async def test_a_message_whose_ack_was_lost_is_sent_again_and_stored_once(tmp_pa
             assert (ack.input_id, ack.client_msg_id) == (end.input_id, "m-1")
             starts = [e for e in await direct.events("s1") if isinstance(e.data, StreamStart)]
             assert [s.data.content for s in starts] == ["only once"]  # type: ignore[union-attr]
+
+
+async def test_a_reader_a_full_buffer_behind_loses_nothing(tmp_path):
+    """A buffer of two events and a reader that reads nothing until the turn is over: the
+    stream drops what does not fit, then attaches again after the last event it kept, on the
+    same connection, and the reader gets every event once."""
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            await client.create_session("s1")
+            async with (
+                client.attach("s1", after_seq=0) as reference,
+                client.attach("s1", after_seq=0, max_buffer=2) as stream,
+            ):
+                ack = await stream.send("hello there")
+                expected = await read_until(reference, ends(ack.input_id))
+                assert len(expected) > 2
+                await eventually(functools.partial(stream_dropped, stream))
+                got = await read_until(stream, ends(ack.input_id))
+                assert stream.statistics().connects == 1
+            assert got == expected
 
 
 async def test_errors_are_exceptions_carrying_the_protocols_codes(tmp_path):

@@ -104,7 +104,9 @@ async def test_a_deeply_nested_frame_gets_an_error_frame_and_the_connection_keep
                 "bad_message",
                 "malformed JSON: invalid UTF-8",
             )
-            await client.send(type="attach", session_id="s1", after_seq=2**63)
+            await client.send_raw(
+                json.dumps({"type": "attach", "session_id": "s1", "after_seq": 2**63})
+            )
             error = await client.expect("error")
             assert (error["code"], error["field"]) == ("bad_message", "$.after_seq")
             await client.send(type="call", id="c2", session_id="s1", tool="echo", arguments={})
@@ -150,7 +152,7 @@ async def test_ids_with_a_trailing_newline_are_refused_everywhere(tmp_path):
             listed = (await http.get("/sessions")).json()["sessions"]
             assert [s["id"] for s in listed] == ["nl-test"]
         async with connect(node) as client:
-            await client.send(type="attach", session_id="nl-test\n")
+            await client.send_raw(json.dumps({"type": "attach", "session_id": "nl-test\n"}))
             error = await client.expect("error")
             assert (error["code"], error["field"]) == ("bad_message", "$.session_id")
 

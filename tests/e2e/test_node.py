@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.node import connect, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
+from turnstile.client import StreamEnd, open_client
 
 
 async def test_node_serves_health_metrics_and_json_404s_on_loopback(tmp_path):
@@ -18,13 +19,19 @@ async def test_node_serves_health_metrics_and_json_404s_on_loopback(tmp_path):
             assert missing.status_code == 404
             assert missing.json() == {"error": {"code": "not_found", "message": "no route /nope"}}
         await new_session(node, "m1")
-        async with connect(node) as client, node.http() as http:
-            await client.send(type="attach", session_id="m1")
-            await client.expect("session_sync")
-            assert (
-                await http.post("/sessions/m1/messages", json={"content": "hi"})
-            ).status_code == 202
-            await client.expect("stream_end", status="completed")
+        async with (
+            open_client(node.url, ALICE) as client,
+            client.attach("m1") as stream,
+            node.http() as http,
+        ):
+            posted = await client.post_message("m1", "hi")  # 202, or it raises
+            async for event in stream:
+                if isinstance(event.data, StreamEnd):
+                    assert (event.data.input_id, event.data.status) == (
+                        posted.input_id,
+                        "completed",
+                    )
+                    break
             metrics = (await http.get("/metrics")).text.splitlines()
     assert "turnstile_sessions_active 1.0" in metrics
     assert "turnstile_inputs_total 1.0" in metrics

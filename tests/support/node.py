@@ -1,4 +1,14 @@
-"""A real node (hypercorn + Starlette + SQLite) on loopback, and a real trio-websocket client.
+"""A real node (hypercorn + Starlette + SQLite) on loopback, and a WebSocket client that keeps
+every frame it received, for the tests of the protocol itself.
+
+The frames it sends are the protocol's own Structs (``turnstile.protocol``): ``send(type=...,
+**fields)`` builds one and fails on a frame no client could build (a test of what the node does
+with such a frame says so with ``send_raw``). Every frame it receives is checked against the
+Structs ``turnstile.client`` reads it with: a server answer (``ack``, ``result``, ``error`` …)
+against ``turnstile.protocol``'s, a session event of a known type against its feature's Struct;
+so every end-to-end test also checks that the client understands what the node sends. Tests
+read the frames as dicts, as they arrive. Tests that only drive sessions use
+``turnstile.client`` itself.
 
 Nothing here sleeps to synchronise: tests wait for the frames they expect.
 """
@@ -12,11 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 import trio
 from trio_websocket import open_websocket_url
 
 from turnstile.actors.config import Config
 from turnstile.actors.node import open_node
+from turnstile.client import UnknownEvent, decode_event
+from turnstile.protocol import ClientFrame, ServerFrame
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789abc"
@@ -54,7 +67,14 @@ class Client:
         self._matched: set[int] = set()
 
     async def send(self, **frame: Any) -> None:
-        await self.ws.send_message(json.dumps(frame))
+        """Send ``frame`` (``type`` and its fields) as the protocol's Struct.
+
+        Raises:
+            msgspec.ValidationError: no client frame has these fields and values (use
+                ``send_raw`` to send one on purpose).
+        """
+        struct = msgspec.convert(frame, ClientFrame)  # type: ignore[arg-type]
+        await self.ws.send_message(_encoder.encode(struct).decode())
 
     async def send_raw(self, text: str) -> None:
         await self.ws.send_message(text)
@@ -75,7 +95,7 @@ class Client:
                         self._matched.add(index)
                         return frame
                 checked = len(self.frames)
-                self.frames.append(json.loads(await self.ws.get_message()))
+                self.frames.append(checked_frame(json.loads(await self.ws.get_message())))
 
     def events(self, session_id: str) -> list[dict]:
         """The session events received so far (frames with a seq), in arrival order: not the
@@ -88,6 +108,43 @@ class Client:
             and "seq" in f
             and (f["type"] != "session_sync" or "input_id" in f)
         ]
+
+
+_encoder = msgspec.json.Encoder()
+#: The ``type`` of every server answer ``turnstile.protocol`` has a Struct for.
+_ANSWERS = {t.__struct_config__.tag for t in ServerFrame.__args__}  # type: ignore[attr-defined]
+
+
+def checked_frame(frame: Any) -> Any:
+    """``frame``, once ``turnstile.client`` reads it as what it is.
+
+    Raises:
+        AssertionError: a server answer or a session event of a known type that does not match
+            its Struct.
+    """
+    if not isinstance(frame, dict):
+        return frame
+    kind = frame.get("type")
+    if "ts" in frame and "seq" in frame and "session_id" in frame:
+        try:
+            event = decode_event(frame)
+        except msgspec.ValidationError as exc:
+            raise AssertionError(
+                f"an event frame the client cannot read ({exc}): {frame}"
+            ) from None
+        if isinstance(event.data, UnknownEvent):
+            from turnstile.actors.sessions.event_types import event_types
+
+            if kind in event_types():
+                raise AssertionError(f"a {kind!r} event that does not match its Struct: {frame}")
+    elif kind in _ANSWERS:
+        try:
+            msgspec.convert(frame, ServerFrame)  # type: ignore[arg-type]
+        except msgspec.ValidationError as exc:
+            raise AssertionError(
+                f"a {kind!r} frame the client cannot read ({exc}): {frame}"
+            ) from None
+    return frame
 
 
 @asynccontextmanager
