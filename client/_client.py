@@ -299,6 +299,24 @@ class Client:
         answer: dict[str, Any] = await self.request("GET", f"/jobs/{job_id}")
         return answer
 
+    async def pause_job(self, job_id: str) -> dict[str, Any]:
+        """``POST /jobs/{id}/pause``: the job, paused (it fires nothing until resumed).
+
+        Raises:
+            Conflict: the job is completed or cancelled.
+        """
+        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/pause")
+        return answer
+
+    async def resume_job(self, job_id: str) -> dict[str, Any]:
+        """``POST /jobs/{id}/resume``: the job, active again from its next occurrence.
+
+        Raises:
+            Conflict: the job is completed or cancelled.
+        """
+        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/resume")
+        return answer
+
     async def cancel_job(self, job_id: str) -> dict[str, Any]:
         """``POST /jobs/{id}/cancel``: the job, cancelled."""
         answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/cancel")

@@ -259,11 +259,22 @@ async def test_the_rest_routes(tmp_path):
                 await read_until(stream, ends(posted.input_id))
             assert await client.stop(created.id) is False
             assert await client.jobs() == []
+            scheduled = await client.call(
+                created.id, "schedule_once", {"when": "in 2 hours", "prompt": "later"}
+            )
+            (job,) = await client.jobs(session_id=created.id)
+            assert job["id"] == scheduled["job_id"]
+            assert (await client.pause_job(job["id"]))["state"] == "paused"
+            assert (await client.resume_job(job["id"]))["state"] == "active"
+            assert (await client.cancel_job(job["id"]))["state"] == "cancelled"
+            assert (await client.get_job(job["id"]))["job"]["state"] == "cancelled"
             assert (await client.watchers())["watchers"] == []
             assert await client.approvals(created.id) == []
             assert await client.recall(created.id) is None
             await client.delete_session(created.id)
             assert await client.list_sessions() == []
+            with pytest.raises(NotFound):
+                await client.get_session(created.id)
 
 
 async def test_a_tool_call_shows_in_the_stream(tmp_path):
