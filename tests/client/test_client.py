@@ -28,6 +28,7 @@ from turnstile.client import (
     Conflict,
     Event,
     NotFound,
+    SessionDeleted,
     SessionStream,
     StreamDelta,
     StreamEnd,
@@ -196,6 +197,23 @@ async def test_a_reader_a_full_buffer_behind_loses_nothing(tmp_path):
                 got = await read_until(stream, ends(ack.input_id))
                 assert stream.statistics().connects == 1
             assert got == expected
+
+
+async def test_a_deleted_session_ends_the_stream_after_its_events(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            await client.create_session("gone")
+            async with client.attach("gone") as stream:
+                ack = await stream.send("last words")
+                await client.delete_session("gone")
+                got = [event async for event in stream]  # ends when the session is gone
+                assert [e.seq for e in got] == list(range(1, len(got) + 1))
+                assert ack.input_id == 1
+                with pytest.raises(SessionDeleted) as deleted:
+                    await stream.receive()
+                assert deleted.value.code == "not_found"
+                with pytest.raises(SessionDeleted):
+                    await stream.send("anyone?")
 
 
 async def test_errors_are_exceptions_carrying_the_protocols_codes(tmp_path):
