@@ -33,7 +33,11 @@ from turnstile.actors.execution.background import (
 from turnstile.actors.execution.background_schema import BACKGROUND
 from turnstile.actors.execution.routes import execution_routes
 from turnstile.actors.execution.schema import EXECUTION
-from turnstile.actors.execution.selection import TurnShaper, register_discovery_tools
+from turnstile.actors.execution.selection import (
+    TurnShaper,
+    may_be_hidden,
+    register_discovery_tools,
+)
 from turnstile.actors.execution.settings import ExecutionConfig
 from turnstile.actors.execution.tools import register_execution_tools, register_shell_background
 from turnstile.actors.feature import NodeContext
@@ -44,6 +48,7 @@ from turnstile.runtime.actor import ActorRef
 from turnstile.runtime.errors import InvalidArgument, NotFound, PlacedElsewhere, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.runtime.store import ClusterView
+from turnstile.tools.spec import tool_name
 
 __all__ = ["ExecutionFeature"]
 
@@ -64,6 +69,7 @@ class ExecutionFeature:
         self.approvals: ApprovalDesk | None = None
         self.lost: LostTasks | None = None
         self.shaper = _ShaperOnceReady()
+        self._node: NodeContext | None = None
         self._passes: trio.MemoryReceiveChannel[ClusterView | None] | None = None
 
     async def start(self, node: NodeContext) -> None:
@@ -111,7 +117,8 @@ class ExecutionFeature:
             return task.view(trio.current_time())
 
         node.start_background = start_background
-        register_execution_tools(tools, background)
+        self._node = node
+        register_execution_tools(tools, background, hidden=self._hidden_names)
         register_shell_background(tools, background)
 
         async def end(key: str) -> None:
@@ -172,19 +179,28 @@ class ExecutionFeature:
                         "closing lost background tasks and approvals failed (next sweep): %s", exc
                     )
 
+    async def _hidden(self, session_key: str) -> frozenset[str]:
+        """The tools the session's model is not told of (its groups turned off)."""
+        shaper, node = self.shaper.shaper, self._node
+        if shaper is None or node is None:  # before ready: no turn runs yet
+            return frozenset()
+        try:
+            metadata = (await node.store.get_session(session_key)).metadata
+        except NotFound:  # a client's call for no session: the node's settings
+            metadata = {}
+        return shaper.hidden_for(metadata)
+
+    async def _hidden_names(self, session_key: str, names: Sequence[str]) -> frozenset[str]:
+        """Those of ``names`` the session's model is not told of (run_parallel's actions,
+        background_run's tool); the store is read only when one may be."""
+        if not may_be_hidden(names):
+            return frozenset()
+        hidden = await self._hidden(session_key)
+        return frozenset(name for name in names if {name, tool_name(name)} & hidden)
+
     async def ready(self, node: NodeContext) -> None:
         """Every feature's tools are registered: index them and choose per turn from them."""
-
-        async def hidden(session_key: str) -> frozenset[str]:
-            """The tools the session's model is not told of (its groups turned off)."""
-            assert self.shaper.shaper is not None, "built below, before any tool is called"
-            try:
-                metadata = (await node.store.get_session(session_key)).metadata
-            except NotFound:  # a client's call for no session: the node's settings
-                metadata = {}
-            return self.shaper.shaper.hidden_for(metadata)
-
-        register_discovery_tools(node.tools, hidden)
+        register_discovery_tools(node.tools, self._hidden)
         settings = node.section("execution", ExecutionConfig)
         self.shaper.shaper = shaper = TurnShaper(
             node.tools, node.clock, settings, node.hooks.tool_profiles

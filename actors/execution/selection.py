@@ -63,6 +63,7 @@ __all__ = [
     "ToolSelection",
     "TurnShaper",
     "hidden_tools",
+    "may_be_hidden",
     "register_discovery_tools",
     "schema_chars",
     "select_tools",
@@ -141,6 +142,12 @@ class ToolSelection(msgspec.Struct, frozen=True, kw_only=True):
     indexed: tuple[str, ...] = ()
     allowed: frozenset[str] | None = None
     hidden: frozenset[str] = frozenset()
+
+
+def may_be_hidden(names: Iterable[str]) -> bool:
+    """Whether any of ``names`` (``module.action`` or function names) belongs to a group that
+    can be turned off: only then is a session's metadata worth reading."""
+    return any({name, tool_name(name)} & _GROUPED for name in names)
 
 
 def hidden_tools(settings: ExecutionSettings) -> frozenset[str]:

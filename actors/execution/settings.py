@@ -20,8 +20,9 @@ class ExecutionConfig(msgspec.Struct, forbid_unknown_fields=True):
             ``tool_run``); ``direct`` — every selected tool's full schema in every call.
         watchers: the ``watch_*`` tools (``execution.watchers``): ``True``, their schemas in
             every turn; ``False``, the model is not told of them at all (not carried, not in
-            ``tool_search``'s index or answers, refused by ``tool_run`` and as a direct call,
-            not in the prompt), as the reference has it; unset (None), like any other tool
+            ``tool_search``'s index or answers, refused by ``tool_run``, ``run_parallel``,
+            ``background_run`` and as a direct call, not in the prompt), as the reference
+            has it; unset (None), like any other tool
             (indexed in compact mode).
         scheduler: the scheduling tools (``schedule_*``, ``remember``, ``cron``, recalls,
             heartbeats, checks; ``execution.scheduler``), the same three ways.

@@ -17,6 +17,7 @@ any node; only the node running a task can cancel it (elsewhere ``cancelled`` is
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -91,16 +92,44 @@ def _refuse_nesting(name: str, where: str) -> None:
         raise InvalidArgument(f"{name} cannot run inside {where}", field="name")
 
 
-def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> None:
-    """Register ``run_parallel`` and the ``background_*`` tools (composite: they run others)."""
+#: ``async (session key, tool names) -> the names among them the session's model is not told
+#: of`` (``[execution] watchers = false`` …; the execution feature's).
+HiddenNames = Callable[[str, Sequence[str]], Awaitable[frozenset[str]]]
+
+
+def _unknown(name: str) -> dict[str, str]:
+    """What a name that is no tool answers (``ToolRegistry.call``)."""
+    return {"code": "unknown_tool", "message": f"no tool named {name!r}"}
+
+
+def register_execution_tools(
+    registry: ToolRegistry, background: ActorRef, hidden: HiddenNames | None = None
+) -> None:
+    """Register ``run_parallel`` and the ``background_*`` tools (composite: they run others).
+
+    ``hidden``: tools of a group turned off for the session are answered as no tool at all,
+    as ``tool_run`` does (the model is not told of them).
+    """
     registry.composite |= PRIMITIVES
+
+    async def hidden_among(call: ToolCall, names: Sequence[str]) -> frozenset[str]:
+        return frozenset() if hidden is None else await hidden(call.session_id, names)
 
     async def run_parallel(call: ToolCall, args: RunParallel) -> dict[str, Any]:
         for action in args.actions:
             _refuse_nesting(action.name, "run_parallel")
         results: list[dict[str, Any] | None] = [None] * len(args.actions)
+        unseen = await hidden_among(call, [action.name for action in args.actions])
 
         async def one(index: int, action: Action) -> None:
+            if action.name in unseen:
+                results[index] = {
+                    "index": index,
+                    "name": action.name,
+                    "success": False,
+                    "error": _unknown(action.name),
+                }
+                return
             # Each action's key is the run_parallel call's, by the action's place in the list
             # (not by when it starts: the actions run at once).
             key = None if call.idempotency_key is None else f"{call.idempotency_key}.{index + 1}"
@@ -142,7 +171,7 @@ def register_execution_tools(registry: ToolRegistry, background: ActorRef) -> No
 
     async def background_run(call: ToolCall, args: BackgroundRun) -> dict[str, Any]:
         _refuse_nesting(args.name, "background_run")
-        if args.name not in registry.names():
+        if args.name not in registry.names() or await hidden_among(call, [args.name]):
             raise InvalidArgument(f"no tool named {args.name!r}", field="name")
         task = await background.ask(
             StartTask(

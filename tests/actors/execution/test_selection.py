@@ -204,6 +204,8 @@ async def test_groups_turned_off_are_hidden_from_the_model(tmp_path):
             ("tool_run", {"name": "schedule_list", "params": {}}),
             ("watch_list", {}),
             ("tool_run", {"name": "clock.now", "params": {}}),
+            ("run_parallel", {"actions": [{"name": "watch_list"}, {"name": "clock.now"}]}),
+            ("background_run", {"name": "schedule_list"}),
         ]
         turn = await turn_of(http, agent, "s")
         carried = {s.name for s in turn.tools}
@@ -212,9 +214,17 @@ async def test_groups_turned_off_are_hidden_from_the_model(tmp_path):
         prompt = turn.input.system_prompt
         for word in ("watch", "WATCHER", "SCHEDULED", "schedule", "remember"):
             assert word not in prompt, word
-        by_names, watch_query, schedule_query, run_watch, run_schedule, direct, clock = (
-            agent.results
-        )
+        (
+            by_names,
+            watch_query,
+            schedule_query,
+            run_watch,
+            run_schedule,
+            direct,
+            clock,
+            parallel,
+            background,
+        ) = agent.results
         assert [t["name"] for t in by_names.data["tools"]] == ["clock.now"]
         assert by_names.data["unknown"] == ["watch_start", "remember"]
         assert not off & {t["name"] for t in watch_query.data["tools"]}
@@ -223,6 +233,17 @@ async def test_groups_turned_off_are_hidden_from_the_model(tmp_path):
         assert run_schedule.error["code"] == "unknown_tool"
         assert direct.error["code"] == "not_allowed"
         assert clock.ok, clock.error
+        hidden_action, clock_action = parallel.data["results"]
+        assert hidden_action["error"] == {
+            "code": "unknown_tool",
+            "message": "no tool named 'watch_list'",
+        }
+        assert clock_action["success"] is True
+        assert background.error == {
+            "code": "invalid_argument",
+            "message": "no tool named 'schedule_list'",
+            "field": "name",
+        }
 
         # a session of its own: watchers on, for it only
         meta = {"execution": {"watchers": True}}
