@@ -16,14 +16,15 @@ __all__ = ["JobUpdate", "RecallUpdate"]
 
 
 class JobUpdate(SessionEvent, tag="job_update", kw_only=True, frozen=True):
-    """A job of the session was scheduled, fired, cancelled, rescheduled, missed or skipped
-    outside its active hours.
+    """A job of the session was scheduled, fired, cancelled, rescheduled, paused, resumed,
+    missed or skipped outside its active hours.
 
     Attributes:
         job_id: the job.
         kind: its kind (``once``, ``cron``, ``recall``, ``heartbeat``, ``check``…).
-        event: what happened (``scheduled``, ``fired``, ``cancelled``, ``rescheduled``, or the
-            run state of an occurrence that ran no turn, such as ``missed``).
+        event: what happened (``scheduled``, ``fired``, ``cancelled``, ``rescheduled``,
+            ``paused``, ``resumed``, or the run state of an occurrence that ran no turn, such
+            as ``missed``).
         state: the job's state now (``active``, ``paused``, ``completed``, ``cancelled``).
         label: its label; may be empty.
         next_fire_at: its next occurrence (ISO 8601), or None.
