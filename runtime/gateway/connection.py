@@ -37,6 +37,19 @@ from typing import Any
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from turnstile.protocol import (
+    Ack,
+    Attached,
+    Detached,
+    ErrorFrame,
+    PolicySet,
+    SessionDeleted,
+    SessionSyncFrame,
+    Stopping,
+    Subscribed,
+    TopicSync,
+    Unsubscribed,
+)
 from turnstile.runtime.errors import (
     DecodeError,
     InvalidArgument,
@@ -58,6 +71,7 @@ from turnstile.runtime.gateway.frames import (
     StopFrame,
     SubscribeFrame,
     UnsubscribeFrame,
+    encode_answer,
     encode_event,
     encode_frame,
     encode_topic_event,
@@ -188,13 +202,14 @@ class Connection:
         if sub is None or self._closed:
             return
         self._push(
-            encode_frame(
-                "error",
-                code="lagged",
-                message=f"dropped from session {session_id!r}; re-attach with "
-                f"after_seq={sub.last_sent} to catch up",
-                session_id=session_id,
-                last_seq=sub.last_sent,
+            encode_answer(
+                ErrorFrame(
+                    code="lagged",
+                    message=f"dropped from session {session_id!r}; re-attach with "
+                    f"after_seq={sub.last_sent} to catch up",
+                    session_id=session_id,
+                    last_seq=sub.last_sent,
+                )
             )
         )
 
@@ -202,7 +217,7 @@ class Connection:
         sub = self.subscriptions.pop(session_id, None)
         if sub is None or self._closed:
             return
-        self._push(encode_frame("session_deleted", session_id=session_id, last_seq=sub.last_sent))
+        self._push(encode_answer(SessionDeleted(session_id=session_id, last_seq=sub.last_sent)))
 
     # -- the TopicSubscriber protocol (called by UserTopics.publish, never blocks) --
 
@@ -214,13 +229,14 @@ class Connection:
         if sub is None or self._closed:
             return
         self._push(
-            encode_frame(
-                "error",
-                code="lagged",
-                message=f"dropped from topic {topic!r}; subscribe again with "
-                f"after_seq={sub.last_sent} to catch up",
-                topic=topic,
-                last_seq=sub.last_sent,
+            encode_answer(
+                ErrorFrame(
+                    code="lagged",
+                    message=f"dropped from topic {topic!r}; subscribe again with "
+                    f"after_seq={sub.last_sent} to catch up",
+                    topic=topic,
+                    last_seq=sub.last_sent,
+                )
             )
         )
 
@@ -374,12 +390,12 @@ class Connection:
                     await self._subscribe(frame)
                 case UnsubscribeFrame():
                     self._unsubscribe(frame.topic)
-                    await self._put(encode_frame("unsubscribed", topic=frame.topic))
+                    await self._put(encode_answer(Unsubscribed(topic=frame.topic)))
                 case AttachFrame():
                     await self._attach(frame)
                 case DetachFrame():
                     await self._detach(frame.session_id)
-                    await self._put(encode_frame("detached", session_id=frame.session_id))
+                    await self._put(encode_answer(Detached(session_id=frame.session_id)))
                 case SendFrame():
                     # client_msg_id is the input's idempotency key: a resend (after a
                     # reconnect) gets the first ack again and starts no second turn.
@@ -392,25 +408,26 @@ class Connection:
                         "client_msg_id",
                     )
                     await self._put(
-                        encode_frame(
-                            "ack",
-                            session_id=frame.session_id,
-                            client_msg_id=frame.client_msg_id,
-                            input_id=submitted.input_id,
-                            injected=submitted.injected or None,
+                        encode_answer(
+                            Ack(
+                                session_id=frame.session_id,
+                                client_msg_id=frame.client_msg_id,
+                                input_id=submitted.input_id,
+                                injected=submitted.injected,
+                            )
                         )
                     )
                 case StopFrame():
                     stopped = await self.backend.stop(self.user, frame.session_id)
                     await self._put(
-                        encode_frame("stopping", session_id=frame.session_id, running=stopped)
+                        encode_answer(Stopping(session_id=frame.session_id, running=stopped))
                     )
                 case SetPolicyFrame():
                     policy = await self.backend.set_policy(
                         self.user, frame.session_id, frame.policy
                     )
                     await self._put(
-                        encode_frame("policy", session_id=frame.session_id, policy=policy)
+                        encode_answer(PolicySet(session_id=frame.session_id, policy=policy))
                     )
                 case ApproveFrame() | DenyFrame():
                     decided = await self.backend.resolve_approval(
@@ -440,7 +457,7 @@ class Connection:
             raise
         if frame.after_seq is None or frame.after_seq > info.last_seq:
             sub.last_sent = info.last_seq  # live from here on (nothing to replay)
-        await self._put(encode_frame("attached", session_id=session_id, last_seq=info.last_seq))
+        await self._put(encode_answer(Attached(session_id=session_id, last_seq=info.last_seq)))
         if frame.after_seq is not None:
             after = sub.last_sent
             while self.subscriptions.get(session_id) is sub:
@@ -456,14 +473,15 @@ class Connection:
         if self.subscriptions.get(session_id) is not sub:
             return  # dropped while replaying (lagged or deleted)
         await self._put(
-            encode_frame(
-                "session_sync",
-                session_id=session_id,
-                seq=sub.last_sent,
-                busy=info.busy,
-                policy=info.policy,
-                queued=info.queued,
-                current_input_id=info.current_input_id,
+            encode_answer(
+                SessionSyncFrame(
+                    session_id=session_id,
+                    seq=sub.last_sent,
+                    busy=info.busy,
+                    policy=info.policy,
+                    queued=info.queued,
+                    current_input_id=info.current_input_id,
+                )
             )
         )
         for seq, event_frame, offered_at in sub.pending:
@@ -492,9 +510,7 @@ class Connection:
         reset = after is not None and not head.pruned_seq <= after <= head.last_seq
         if after is None or reset:
             sub.last_sent = head.last_seq  # live from here on (nothing to replay)
-        await self._put(
-            encode_frame("subscribed", topic=name, last_seq=head.last_seq, reset=reset or None)
-        )
+        await self._put(encode_answer(Subscribed(topic=name, last_seq=head.last_seq, reset=reset)))
         if after is not None and not reset:
             while self.topic_subscriptions.get(name) is sub:
                 page = await log.read(self.user, sub.last_sent, 500)
@@ -507,7 +523,7 @@ class Connection:
                     sub.last_sent = event.seq
         if self.topic_subscriptions.get(name) is not sub:
             return  # dropped while replaying (lagged, or unsubscribed)
-        await self._put(encode_frame("topic_sync", topic=name, seq=sub.last_sent))
+        await self._put(encode_answer(TopicSync(topic=name, seq=sub.last_sent)))
         for seq, event_frame, offered_at in sub.pending:
             if seq > sub.last_sent:
                 await self._put(event_frame, offered_at)

@@ -27,6 +27,7 @@ from turnstile.protocol.frames import (
     DenyFrame,
     DetachFrame,
     SendFrame,
+    ServerFrameBase,
     SessionId,
     SetPolicyFrame,
     StopFrame,
@@ -64,6 +65,7 @@ __all__ = [
     "UnsubscribeFrame",
     "ClientFrame",
     "CLIENT_FRAMES",
+    "encode_answer",
     "encode_event",
     "public_error",
     "is_server_error",
@@ -89,6 +91,12 @@ _encoder = msgspec.json.Encoder()
 def encode_frame(type_: str, **fields: Any) -> bytes:
     """A server frame: ``{"type": type_, **fields}`` as JSON bytes (None fields dropped)."""
     return _encoder.encode({"type": type_, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def encode_answer(frame: ServerFrameBase) -> bytes:
+    """A server answer (``turnstile.protocol``'s Struct) as JSON bytes: the Struct the client
+    decodes it with is the one it was built from."""
+    return _encoder.encode(frame)
 
 
 def encode_event(session_id: str, event: EventRecord) -> bytes:
