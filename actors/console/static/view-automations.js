@@ -1,4 +1,4 @@
-// Automations of one session: scheduled jobs with their run records, watchers (state, last
+// Automations of one session: scheduled jobs with their run records (pause/resume), watchers (state, last
 // result, history, pause/resume/stop), the heartbeat (settings, enable/disable, runs),
 // background tasks and the notifications buffered for the next client.
 
@@ -113,6 +113,16 @@ export async function mount(root, { link, arg, navigate }) {
         },
         open ? "Hide runs" : "Runs",
       );
+      // A heartbeat has its own switch (below); other pending jobs pause and resume here.
+      const path = `/jobs/${seg(job.id)}`;
+      const change =
+        job.kind === "heartbeat"
+          ? ""
+          : job.state === "active"
+            ? h("button", { type: "button", onclick: () => act("Pause", () => api("POST", `${path}/pause`)) }, `Pause ${job.id}`)
+            : job.state === "paused"
+              ? h("button", { type: "button", onclick: () => act("Resume", () => api("POST", `${path}/resume`)) }, `Resume ${job.id}`)
+              : "";
       rows.push(
         h(
           "tr",
@@ -122,7 +132,7 @@ export async function mount(root, { link, arg, navigate }) {
           h("td", { "data-label": "Schedule" }, schedule(job)),
           h("td", { "data-label": "State" }, pill(job.state)),
           h("td", { "data-label": "Next" }, job.next_fire_at ? time(job.next_fire_at) : "—"),
-          h("td", { "data-label": "Runs" }, String(job.run_count), " ", toggle),
+          h("td", { "data-label": "Runs" }, String(job.run_count), " ", toggle, change ? [" ", change] : ""),
         ),
       );
       if (open) {

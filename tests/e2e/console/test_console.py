@@ -226,6 +226,30 @@ def test_pause_a_watcher_from_the_automations_view(browser, console_node):
     expect(card.locator(".history ol.checks li")).to_have_count(1)
 
 
+def test_pause_and_resume_a_job_from_the_automations_view(browser, console_node):
+    new_session(console_node, "scheduled")
+    arguments = {"cron": "every day at 9am", "prompt": "standup", "label": "standup"}
+    with api(console_node) as http:
+        sent = http.post(
+            "/sessions/scheduled/messages",
+            json={"content": "/call schedule_cron " + json.dumps(arguments)},
+        )
+        assert sent.status_code == 202, sent.text
+    page = open_page(browser, console_node, "#/automations/scheduled")
+    row = page.locator("tr[data-job]")
+    expect(row).to_have_count(1, timeout=15_000)  # once the turn made it (a refresh later)
+    job_id = row.get_attribute("data-job")
+    expect(row.locator(".pill")).to_have_text("active")
+    row.get_by_role("button", name=f"Pause {job_id}").click()
+    expect(row.locator(".pill")).to_have_text("paused")
+    with api(console_node) as http:
+        assert http.get(f"/jobs/{job_id}").json()["job"]["state"] == "paused"
+    row.get_by_role("button", name=f"Resume {job_id}").click()
+    expect(row.locator(".pill")).to_have_text("active")
+    expect(row.get_by_role("button", name=f"Pause {job_id}")).to_be_visible()
+    assert page.errors == []
+
+
 def test_reload_mid_stream_shows_no_gap_and_no_duplicate(browser, console_node):
     new_session(console_node, "reload")
     page = open_page(browser, console_node, "#/sessions/reload")
