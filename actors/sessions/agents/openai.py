@@ -72,6 +72,7 @@ CONFIG_KEYS = {
     "timeout",
     "max_retries",
     "include_usage",
+    "notification_role",
 }
 MALFORMED = "model server sent malformed data"
 CUT = "model server cut the answer off mid-stream"
@@ -112,6 +113,9 @@ class OpenAIAgent:
         max_retries: how often a refused (429, 5xx) or unreachable call is tried again.
         include_usage: ask for the token counts at the end of each stream
             (``stream_options.include_usage``); turn off for a server that refuses the option.
+        notification_role: how a notification reaches the model: ``system`` (the reference's
+            system message), or ``user`` (a user message labelled ``[notification]``) for a
+            server whose chat template takes a system message only at the start.
         transport: an httpx2 transport (for tests or custom networking).
 
     Raises:
@@ -131,6 +135,7 @@ class OpenAIAgent:
         timeout: float = 120.0,
         max_retries: int = 2,
         include_usage: bool = True,
+        notification_role: str = "system",
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         if max_tool_rounds < 0:
@@ -139,6 +144,8 @@ class OpenAIAgent:
             raise ValueError("timeout must be > 0")
         if not 0 <= max_retries <= 10:
             raise ValueError("max_retries must be between 0 and 10")
+        if notification_role not in ("system", "user"):
+            raise ValueError(f"notification_role must be system or user, got {notification_role!r}")
         base_url = base_url or _env("TURNSTILE_OPENAI_BASE_URL", "OPENAI_BASE_URL")
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.model = model or _env("TURNSTILE_OPENAI_MODEL", "OPENAI_MODEL") or DEFAULT_MODEL
@@ -148,6 +155,7 @@ class OpenAIAgent:
         self.timeout = timeout
         self.max_retries = max_retries
         self.include_usage = include_usage
+        self.notification_role = notification_role
         self._transport = transport
         self._client: openai.AsyncOpenAI | None = None
 
@@ -212,10 +220,11 @@ class OpenAIAgent:
         # What the node's features add for this turn (memory's summary), each on its own.
         messages.extend({"role": "system", "content": m} for m in turn.input.system_messages)
         history_start = len(messages)
+        role = self.notification_role
         for entry in turn.history:
-            messages.extend(_history_messages(entry))
+            messages.extend(_history_messages(entry, role))
         history_end = len(messages)
-        messages.append(_user_message(turn.input.source, turn.input.content))
+        messages.append(_user_message(turn.input.source, turn.input.content, role))
         tools = [_tool_json(spec) for spec in turn.tools]
         tools_tokens = estimate_tokens(json.dumps(tools)) if tools else 0
         names = {function_name(spec.name): spec.name for spec in turn.tools}
@@ -223,7 +232,9 @@ class OpenAIAgent:
         last_text = ""
         while True:
             # Inputs that arrived since the last call (mid-turn messages, background results).
-            messages.extend(_user_message(e.source, e.content) for e in turn.take_injections())
+            messages.extend(
+                _user_message(e.source, e.content, role) for e in turn.take_injections()
+            )
             if turn.input.context_tokens is not None:  # the call as a whole within the budget
                 history_end -= fit_messages(
                     messages,
@@ -344,21 +355,26 @@ def _new_call_id() -> str:
 NOTIFICATION_SOURCE = "notification"
 
 
-def _user_message(source: str | None, content: str) -> dict[str, Any]:
+def _user_message(
+    source: str | None, content: str, notification_role: str = "system"
+) -> dict[str, Any]:
     """An input as a message. A notification is a system message, as the execution-primitives
-    reference injects it: the runtime speaking, not the user. Other non-user sources (cron,
-    recall, heartbeat, webhook) are user messages labelled so the model can tell."""
-    if source == NOTIFICATION_SOURCE:
+    reference injects it: the runtime speaking, not the user (``notification_role = "user"``:
+    a labelled user message). Other non-user sources (cron, recall, heartbeat, webhook) are
+    user messages labelled so the model can tell."""
+    if source == NOTIFICATION_SOURCE and notification_role == "system":
         return {"role": "system", "content": content}
     if source and source != "user":
         content = f"[{source}] {content}"
     return {"role": "user", "content": content}
 
 
-def _history_messages(entry: HistoryEntry) -> list[dict[str, Any]]:
+def _history_messages(
+    entry: HistoryEntry, notification_role: str = "system"
+) -> list[dict[str, Any]]:
     """A transcript entry as messages; a tool entry is its own call and answer, in order."""
     if entry.role == "user":
-        return [_user_message(entry.source, entry.content)]
+        return [_user_message(entry.source, entry.content, notification_role)]
     if entry.role == "assistant":
         return [{"role": "assistant", "content": entry.content}] if entry.content else []
     call = _ToolCall(

@@ -220,6 +220,26 @@ async def test_a_turn_a_notification_starts_sends_it_as_a_system_message(standin
     assert request.body["messages"] == [{"role": "system", "content": done}]
 
 
+async def test_notifications_may_be_labelled_user_messages_for_strict_templates(standin):
+    """``notification_role = "user"``: for a server whose chat template refuses a system
+    message after the first, a notification is a user message labelled ``[notification]``."""
+    standin.script(text_stream("ok"))
+    agent = OpenAIAgent.from_config(
+        {"base_url": standin.base_url, "max_retries": 0, "notification_role": "user"}
+    )
+    history = [HistoryEntry(role="user", content="[WATCHER UPDATE] up", source="notification")]
+    turn = FakeTurn("[BACKGROUND TASK COMPLETED] bg-1", source="notification", history=history)
+    assert await agent.run_turn(turn) == "ok"
+    await agent.aclose()
+    (request,) = standin.requests
+    assert request.body["messages"] == [
+        {"role": "user", "content": "[notification] [WATCHER UPDATE] up"},
+        {"role": "user", "content": "[notification] [BACKGROUND TASK COMPLETED] bg-1"},
+    ]
+    with pytest.raises(ValueError, match="^notification_role must be system or user, got 'x'$"):
+        OpenAIAgent(notification_role="x")
+
+
 async def test_bad_tool_arguments_are_reported_to_the_model(standin, agent):
     standin.script(
         Stream(
