@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # a meta path finder is about ten lines of "BuildBackendWarning" that need no action. Kept in a
   # log, shown only when the install fails.
   log=".venv/install.log"
-  echo "installing turnstile into .venv (once; pip's output in $log)" >&2
+  echo "installing turnstile into .venv (pip's output: $log)" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   if ! .venv/bin/python -m pip install --quiet -e "$spec" >"$log" 2>&1; then
     cat "$log" >&2
