@@ -114,7 +114,7 @@ def _exit_status(exc: BaseException, url: str) -> int:
         print(f"\n[{error.message}]", file=sys.stderr)
         return 1
     if isinstance(error, ConnectionLost):
-        print(f"turnstile attach: {url}: {error.message}", file=sys.stderr)
+        print(f"turnstile attach: cannot reach the node at {url}: {error.message}", file=sys.stderr)
         return 1
     print(f"turnstile attach: {error}", file=sys.stderr)
     return 1 if error.status is not None and error.status >= 500 else 2
