@@ -89,12 +89,17 @@ class ToolCall:
     the node sends it on (the http module's ``Idempotency-Key`` header, the webhook
     notifications), so a receiver that honours it does the work once. None outside a turn
     (a client's ``call`` frame, a watcher's check).
+
+    ``ask_approval``: false when the caller said an ``APPROVE`` call is not put to a person
+    (``ToolRegistry.call``, ``run_parallel``); a tool that runs others through the registry
+    (the ``memory`` tool's actions) passes it on.
     """
 
     session_id: str
     owner: str
     background: bool = False
     idempotency_key: str | None = None
+    ask_approval: bool = True
 
 
 #: Asks a person to approve a call: ``(call, tool name, arguments) -> approved``.
@@ -261,7 +266,7 @@ class ToolRegistry:
                 error["field"] = exc.field
             return ToolResult(ok=False, error=error)
         policy = self.policies.decide(name, tool.policy)
-        call = ToolCall(session_id, owner, background, idempotency_key)
+        call = ToolCall(session_id, owner, background, idempotency_key, ask_approval)
         if policy is Policy.BLOCK:
             return ToolResult(
                 ok=False, error={"code": "blocked", "message": f"{name} is blocked by policy"}

@@ -222,6 +222,7 @@ def register_memory_tools(tools: ToolRegistry, memory: Memory) -> None:
             arguments,
             background=call.background,
             idempotency_key=call.idempotency_key,
+            ask_approval=call.ask_approval,  # run_parallel's forget is not put to a person
         )
         if not result.ok:
             raise ActionFailed(result.error or {})

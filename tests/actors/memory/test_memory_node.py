@@ -162,6 +162,16 @@ async def test_the_memory_tool_applies_each_actions_policy(store_url):
             assert answer.status_code == 200
         assert results[0].error == {"code": "denied", "message": "memory.forget was not approved"}
         assert (await call("ada", "s1", "memory", {"action": "list"})).data["total"] == 1
+        # run_parallel puts no action to a person: a forget comes back at once, not run
+        forget = {"name": "memory", "params": {"action": "forget", "key": "city"}}
+        answer = await call("ada", "s1", "run_parallel", {"actions": [forget]})
+        assert answer.ok, answer.error
+        (entry,) = answer.data["results"]
+        assert entry["requires_approval"] is True and entry["success"] is False
+        assert (await http.get("/sessions/s1/approvals", headers=auth(ADA))).json() == {
+            "approvals": []
+        }
+        assert (await call("ada", "s1", "memory", {"action": "list"})).data["total"] == 1
 
 
 async def test_forget_asks_a_person_first(store_url):
