@@ -1,4 +1,6 @@
-"""The scripted agent: deterministic, no model server, the default for ``turnstile serve``.
+"""The scripted agent: deterministic, no model server; what the tests and benchmarks run
+(``agent = "scripted"``). ``turnstile serve``'s default, the demo agent (``actors/demo``), is
+built on it and answers the commands below as it does.
 
 * Plain text: streams a short echo reply word by word ("You said: …").
 * ``/call <tool> <json>``: calls the tool with the JSON object as arguments and reports the
