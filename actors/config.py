@@ -52,6 +52,7 @@ import msgspec
 
 from turnstile.actors.console.settings import ConsoleConfig
 from turnstile.actors.execution.settings import ExecutionConfig
+from turnstile.actors.mcp.settings import McpConfig, McpServerConfig
 from turnstile.actors.memory.settings import MemoryConfig
 from turnstile.actors.notifications.settings import ChannelSettings, NotificationsConfig
 from turnstile.actors.scheduling.settings import HeartbeatDefaults
@@ -80,6 +81,8 @@ __all__ = [
     "HeartbeatDefaults",
     "HttpModuleConfig",
     "Limits",
+    "McpConfig",
+    "McpServerConfig",
     "MemoryConfig",
     "ModulesConfig",
     "NodeConfig",
@@ -119,6 +122,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
     webhooks: WebhooksConfig = msgspec.field(default_factory=WebhooksConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
 
 

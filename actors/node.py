@@ -2,7 +2,7 @@
 
 A node is a store, a root supervisor, the registry of session actors, a tool registry, the
 features (sessions, scheduling, watchers, notifications, execution, memory, webhooks, the
-console by default) and, unless told otherwise, the HTTP/WebSocket gateway on
+console and MCP by default) and, unless told otherwise, the HTTP/WebSocket gateway on
 ``config.host:config.port``.
 ``turnstile serve``, the bench scenarios and the tests all build their node here; so can an
 application that embeds Turnstile::
@@ -56,6 +56,7 @@ from turnstile.actors.console.feature import ConsoleFeature
 from turnstile.actors.demo import DemoAgent
 from turnstile.actors.execution.feature import ExecutionFeature
 from turnstile.actors.feature import Feature, NodeContext, start_order
+from turnstile.actors.mcp.feature import McpFeature
 from turnstile.actors.memory.feature import MemoryFeature
 from turnstile.actors.notifications.feature import NotificationsFeature
 from turnstile.actors.recovery import close_cut_off, recover, release_all
@@ -123,6 +124,7 @@ def default_features(agent: Agent) -> list[Feature]:
         MemoryFeature(),
         WebhooksFeature(),
         ConsoleFeature(),
+        McpFeature(),
     ]
 
 

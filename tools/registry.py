@@ -19,6 +19,11 @@ so no turn carries it and ``tool_search`` does not list it) but stays callable b
 its own policy: another tool fronts it (the memory feature offers one ``memory`` tool with an
 ``action`` and runs ``memory.save`` … through the registry).
 
+A tool whose parameters are not a msgspec type (a tool another program describes, such as an MCP
+server's) is registered with ``schema=``, the JSON Schema a model is shown, and ``params=dict``:
+its arguments reach the handler as a dict, and its precheck validates them against the schema.
+Such tools can come and go while the node runs (``unregister``; ``version`` counts the changes).
+
 After a call succeeds, the registry's *observers* see it (``ToolRegistry.observers``): a feature
 that reacts to what a tool did, without the tool knowing the feature (the webhooks feature binds
 a session to the pull request an ``http.post`` to GitHub's API opened). Observers run before the
@@ -119,7 +124,7 @@ class Tool:
 
     name: str
     description: str
-    params: type[msgspec.Struct]
+    params: type[msgspec.Struct] | type[dict[str, Any]]
     handler: Callable[[ToolCall, Any], Awaitable[Any]]
     codec: Codec[Any]
     schema: dict[str, Any]
@@ -149,21 +154,29 @@ class ToolRegistry:
         self.composite: set[str] = set()
         #: Called after every call that succeeded (see the module docstring).
         self.observers: list[Observer] = []
+        #: Grows at every ``register`` and ``unregister``: whoever caches what it derived from
+        #: the tools compares it.
+        self.version = 0
 
     def register(
         self,
         name: str,
-        params: type[msgspec.Struct],
+        params: type[msgspec.Struct] | type[dict[str, Any]],
         handler: Callable[[ToolCall, Any], Awaitable[Any]],
         description: str,
         policy: Policy = Policy.AUTO,
         precheck: Precheck | None = None,
         *,
         offered: bool = True,
+        schema: dict[str, Any] | None = None,
     ) -> None:
         """Add a tool; ``policy`` is its default (reads AUTO, writes APPROVE or BLOCK).
 
         ``offered=False``: a model is not offered it (see the module docstring).
+
+        ``schema``: the JSON Schema of the parameters as a model sees it, for a tool whose
+        ``params`` is ``dict`` (its precheck validates the arguments; see the module
+        docstring). Required with ``params=dict``, refused otherwise.
 
         ``precheck``, if given, runs before approval is asked (see the module docstring); it
         should be cheap and side-effect free, and the handler must still check everything
@@ -182,18 +195,31 @@ class ToolRegistry:
             )
         if name in self._tools:
             raise ValueError(f"tool {name!r} is already registered")
+        if (schema is None) != (params is not dict):
+            raise ValueError("schema must be given for params=dict, and only for it")
         self._tools[name] = Tool(
             name,
             description,
             params,
             handler,
             Codec(params),
-            parameters_schema(params),
+            parameters_schema(params) if schema is None else schema,  # type: ignore[arg-type]
             Policy(policy),
             precheck,
             offered,
         )
         self._specs = None
+        self.version += 1
+
+    def unregister(self, name: str) -> None:
+        """Remove a tool (one whose provider withdrew it); calls already running finish.
+
+        Raises:
+            KeyError: no such tool.
+        """
+        del self._tools[name]
+        self._specs = None
+        self.version += 1
 
     def validate(self, name: str, arguments: dict[str, Any]) -> None:
         """Check ``arguments`` against ``name``'s parameters without running it.

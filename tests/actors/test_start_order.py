@@ -56,6 +56,7 @@ DEFAULT_ORDER = [
     "memory",
     "webhooks",
     "console",
+    "mcp",
 ]
 
 
@@ -66,6 +67,7 @@ def test_the_default_features_start_sessions_first_and_notifications_before_thei
     assert names(start_order(features[::-1])) == [
         "console",
         "sessions",
+        "mcp",
         "webhooks",
         "memory",
         "execution",
