@@ -317,7 +317,7 @@ async def _list(turn: TurnContext, lang: Lang) -> str:
     for recall in (recalls.data or {}).get("recalls", []) if recalls.ok else []:
         if recall.get("recall_id") == pending:
             note = recall.get("internal_comment") or recall.get("additional_context_message")
-            at = recall.get("trigger_at")
+            at = re.sub(r"\.\d+(?=Z$)", "", str(recall.get("trigger_at")))  # whole seconds
             lines.append(f"- ⏰ {pending}: “{note}” — {at}")
     for job in (jobs.data or {}).get("jobs", []) if jobs.ok else []:
         if job.get("job_id") == pending or str(job.get("job_id", "")).startswith("rc_"):

@@ -117,3 +117,84 @@ async def test_a_notice_folded_into_a_users_turn():
     reply = await DemoAgent().run_turn(turn)
     assert reply.startswith("You said: hello\n")
     assert reply.endswith("\n📦 Task bg-a1b2c3d4 (http.get) done in 1.2s: HTTP 200, 1256 bytes")
+
+
+class Tools(Turn):
+    """A turn whose tools answer what the test gives, recording the calls."""
+
+    def __init__(self, content: str, answers: dict[str, ToolResult]) -> None:
+        super().__init__(TurnInput(input_id=1, source="user", content=content))
+        self.answers, self.calls = answers, []
+
+    async def call_tool(self, name, arguments, call_id=None) -> ToolResult:
+        self.calls.append((name, arguments))
+        return self.answers[name]
+
+
+async def test_whats_scheduled_lists_the_pending_recall_the_jobs_and_the_watchers():
+    turn = Tools(
+        "what's scheduled?",
+        {
+            "schedule_list": ToolResult(
+                ok=True,
+                data={
+                    "jobs": [
+                        {"job_id": "rc_1", "label": "stretch"},  # the recall, listed below
+                        {"job_id": "j1", "label": "standup", "understood": "every weekday"},
+                    ]
+                },
+            ),
+            "manage_recall": ToolResult(
+                ok=True,
+                data={
+                    "pending_recall_id": "rc_1",
+                    "recalls": [
+                        {"recall_id": "rc_0", "internal_comment": "old"},  # fired
+                        {
+                            "recall_id": "rc_1",
+                            "internal_comment": "stretch",
+                            "trigger_at": "2026-11-27T23:12:16.316220Z",
+                        },
+                    ],
+                },
+            ),
+            "watch_list": ToolResult(
+                ok=True,
+                data={
+                    "watchers": [
+                        {
+                            "watcher_id": "w1",
+                            "label": "https://x/",
+                            "interval": 30,
+                            "status": "paused",
+                        }
+                    ]
+                },
+            ),
+        },
+    )
+    reply = await DemoAgent().run_turn(turn)
+    assert [name for name, _ in turn.calls] == ["schedule_list", "manage_recall", "watch_list"]
+    assert reply.splitlines() == [
+        "Scheduled:",
+        "- ⏰ rc_1: “stretch” — 2026-11-27T23:12:16Z",
+        "- 📅 j1: “standup” — every weekday",
+        "- 👀 w1: https://x/ every 30 s (paused)",
+        "“cancel <id>” drops one.",
+    ]
+
+
+async def test_cancel_finds_what_the_id_names():
+    gone = ToolResult(ok=False, error={"code": "not_found", "message": "no job with id 'w1'"})
+    turn = Tools("cancel w1", {"schedule_cancel": gone, "watch_stop": ToolResult(ok=True)})
+    assert await DemoAgent().run_turn(turn) == "Cancelled w1."
+    assert turn.calls == [
+        ("schedule_cancel", {"job_id": "w1"}),
+        ("watch_stop", {"watcher_id": "w1"}),
+    ]
+    pending = ToolResult(ok=True, data={"pending_recall_id": "rc_2", "recalls": []})
+    turn = Tools("annule rc_1", {"manage_recall": pending})
+    assert await DemoAgent().run_turn(turn) == (
+        "Rien ici ne porte l'id rc_1 (« qu'est-ce qui est prévu » les liste)."
+    )
+    assert turn.calls == [("manage_recall", {"action": "list"})]  # not the other recall
