@@ -40,7 +40,19 @@ import msgspec
 from turnstile.actors.scheduling.timeexpr import parse_when
 from turnstile.runtime.errors import InvalidArgument
 
-__all__ = ["Request", "Kind", "Lang", "read_request", "time_kind", "interval_seconds"]
+__all__ = [
+    "MAX_REQUEST_CHARS",
+    "Request",
+    "Kind",
+    "Lang",
+    "read_request",
+    "time_kind",
+    "interval_seconds",
+]
+
+#: Longer text is no request (the requests are a line; the parser takes 200 characters of
+#: time): reading it would ask the parser once per word, on the session's turn.
+MAX_REQUEST_CHARS = 500
 
 Kind = Literal[
     "remind",
@@ -215,12 +227,15 @@ _SAY_LEAD = {
 
 
 def read_request(text: str) -> Request | None:
-    """The request ``text`` makes, or None when it is none the demo knows.
+    """The request ``text`` makes, or None when it is none the demo knows (or it is longer
+    than ``MAX_REQUEST_CHARS``).
 
     Args:
         text: what the user wrote.
     """
     original = " ".join(text.split()).rstrip(".!")
+    if len(original) > MAX_REQUEST_CHARS:
+        return None
     folded = _fold(original)
     for kind, lang, pattern in _PATTERNS:
         m = pattern.fullmatch(folded)

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile.actors.demo.phrases import Request, interval_seconds, read_request
+from turnstile.actors.demo.phrases import (
+    MAX_REQUEST_CHARS,
+    Request,
+    interval_seconds,
+    read_request,
+)
 
 R = Request
 
@@ -103,6 +108,15 @@ def test_read_request(text, expected):
 )
 def test_an_interval_is_read_as_the_parser_reads_a_delay(text, seconds):
     assert interval_seconds(text) == seconds
+
+
+def test_long_text_is_no_request():
+    when = " in 2 minutes"
+    filler = "x" * (MAX_REQUEST_CHARS - len("remind me to ") - len(when))
+    assert read_request(f"remind me to {filler}{when}") == R(
+        kind="remind", when="in 2 minutes", what=filler
+    )
+    assert read_request(f"remind me to {filler}y{when}") is None
 
 
 def test_what_is_no_interval():
