@@ -10,8 +10,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
 
+from tests.support.http import APP
 from turnstile.actors.config import Config
 from turnstile.actors.mcp import McpConfig, McpServerConfig
 from turnstile.actors.mcp.server import McpServer
@@ -63,3 +67,15 @@ async def until(server: McpServer, condition: Callable[[], bool]) -> None:
 async def session_key(node: Node, user: str = "alice", **metadata: Any) -> str:
     session = await node.directory.create_session(user, metadata=metadata or None)
     return f"{user}/{session.id}"
+
+
+@pytest.fixture
+async def site(nursery) -> str:
+    """The http module's test site on loopback (``tests.support.http.APP``): its base URL."""
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 0.1
+    (bind,) = await nursery.start(hypercorn_serve, APP, config)
+    return bind
