@@ -3,10 +3,15 @@ the scheduling parser delimits it, and what it leaves to the echo."""
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnstile.actors.demo.phrases import (
     MAX_REQUEST_CHARS,
+    Kind,
     Request,
     interval_seconds,
     read_request,
@@ -121,3 +126,17 @@ def test_long_text_is_no_request():
 
 def test_what_is_no_interval():
     assert interval_seconds("fortnightly-ish") is None
+
+
+WORDS = st.sampled_from(
+    "remind me to that in 2 minutes every weekday at 9am say watch fetch https://x the "
+    "background remember rappelle-moi de d' qu' dans tous les jours à 9h dis cancel rc_1 30 "
+    "seconds secondes tomorrow demain é ’ ? . , * @daily 0 2026-11-22T09:00 and tell".split()
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(WORDS, max_size=25).map(" ".join), st.text(max_size=600)))
+def test_any_text_is_read_or_left_without_an_error(text):
+    found = read_request(text)
+    assert found is None or found.kind in get_args(Kind)
