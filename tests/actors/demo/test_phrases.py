@@ -39,6 +39,15 @@ CASES = [
         "rappelle-moi de m’étirer dans 2 minutes",
         R(kind="remind", lang="fr", when="dans 2 minutes", what="m’étirer"),
     ),
+    # whatever the scheduling parser reads (halves and quarters: issue 24)
+    (
+        "remind me in half an hour to stretch",
+        R(kind="remind", when="in half an hour", what="stretch"),
+    ),
+    (
+        "rappelle-moi dans une demi-heure de boire",
+        R(kind="remind", lang="fr", when="dans une demi-heure", what="boire"),
+    ),
     (
         "remind me every weekday at 9am to stand up",
         R(kind="remind", when="every weekday at 9am", what="stand up", repeats=True),
@@ -109,7 +118,15 @@ def test_read_request(text, expected):
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30 seconds", 30), ("30 secondes", 30), ("minute", 60), ("2 minutes", 120), ("1h", 3600)],
+    [
+        ("30 seconds", 30),
+        ("30 secondes", 30),
+        ("minute", 60),
+        ("2 minutes", 120),
+        ("1h", 3600),
+        ("half a minute", 30),
+        ("quarter of an hour", 900),
+    ],
 )
 def test_an_interval_is_read_as_the_parser_reads_a_delay(text, seconds):
     assert interval_seconds(text) == seconds
