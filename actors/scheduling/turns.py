@@ -219,7 +219,19 @@ class ScheduledTurn(InputTurn):
                 return msgspec.structs.replace(
                     turn_input, system_segment=RECALL_PROMPT.format(instruction=instruction)
                 )
+        if self._notice():
+            return msgspec.structs.replace(turn_input, notice=True)
         return turn_input
+
+    def _notice(self) -> bool:
+        """A job's notification or tool result reaches the model as a system message, as the
+        execution-primitives reference delivers them; a prompt is for the agent to answer."""
+        action = self.action
+        return (
+            action is not None
+            and action.action_type in ("notification", "tool_call")
+            and not isinstance(action, (RecallFiring, HeartbeatRun))
+        )
 
     def start_fields(self) -> dict[str, Any]:
         """Which job and run the turn came from, and what kind of occurrence it is."""
@@ -242,6 +254,8 @@ class ScheduledTurn(InputTurn):
             start["is_recall"] = True
             if received.instruction:
                 start["instruction"] = received.instruction
+        if self._notice():
+            start["notice"] = True
         return start
 
     async def respond(
@@ -396,12 +410,8 @@ async def _scheduled_tool_call(context: TurnContext, action: ScheduledAction) ->
     if len(body) > TOOL_RESULT_CHARS:
         body = body[:TOOL_RESULT_CHARS] + f"… (truncated at {TOOL_RESULT_CHARS} chars)"
     head = f"job_id={action.job_id} tool={name} ok={str(result.ok).lower()}"
-    return TurnInput(
-        input_id=context.input.input_id,
-        source=context.input.source,
-        content=f"[SCHEDULED TOOL RESULT] {head}\n{body}",
-        payload=context.input.payload,
-    )
+    # the input as shaped (its notice flag included), with the result as its content
+    return msgspec.structs.replace(context.input, content=f"[SCHEDULED TOOL RESULT] {head}\n{body}")
 
 
 def register_scheduled_kinds(

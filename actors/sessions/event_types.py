@@ -109,6 +109,8 @@ class StreamStart(SessionEvent, tag="stream_start", kw_only=True, frozen=True):
         instruction: (recalls) the self-instruction the agent gets as a system message.
         rerun: (a turn run again after a crash cut it off, ``[limits] max_turn_reruns``)
             which time it runs again: 1, 2…
+        notice: (scheduled notifications and tool results) the input is the runtime telling
+            the agent something, given to a model as a system message (``TurnInput.notice``).
     """
 
     input_id: int
@@ -123,6 +125,7 @@ class StreamStart(SessionEvent, tag="stream_start", kw_only=True, frozen=True):
     is_recall: bool | UnsetType = UNSET
     instruction: str | UnsetType = UNSET
     rerun: int | UnsetType = UNSET
+    notice: bool | UnsetType = UNSET
 
 
 class ThinkingDelta(SessionEvent, tag="thinking_delta", kw_only=True, frozen=True):

@@ -117,6 +117,7 @@ def input_entry(start: dict[str, Any]) -> HistoryEntry:
         cron_job_name=label if from_job and isinstance(label, str) and label else None,
         cron_run_id=run_id if from_job and isinstance(run_id, int) else None,
         cron_prompt_ref=ref if from_job and isinstance(ref, dict) else None,
+        notice=start.get("notice") is True,
     )
 
 

@@ -75,6 +75,10 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
             prompts, tool schemas, history and the turn's own messages, tool results
             included; ``actors.sessions.agents.context``), from ``[execution]
             max_context_tokens``; None: no bound.
+        notice: the input is the runtime telling the agent something (a scheduled job's
+            notification or tool result), not words to answer as the user's: an agent that
+            tells roles apart gives it as a system message, as it does every input whose
+            ``source`` is ``notification`` (execution-primitives reference).
     """
 
     input_id: int
@@ -87,6 +91,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
     context_tokens: int | None = None
+    notice: bool = False
 
 
 class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -113,6 +118,8 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
         cron_run_id: for ``user`` entries from a scheduled job, the run record of this firing.
         cron_prompt_ref: for ``user`` entries from a ``cron`` job, the versioned prompt
             reference (``{"name", "version", "sha256", "template"}``).
+        notice: for ``user`` entries, the input was a notice from the runtime (a scheduled
+            job's notification or tool result, ``TurnInput.notice``).
     """
 
     role: Literal["user", "assistant", "tool"]
@@ -128,6 +135,7 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     cron_job_name: str | None = None
     cron_run_id: int | None = None
     cron_prompt_ref: dict[str, Any] | None = None
+    notice: bool = False
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -224,7 +224,8 @@ class OpenAIAgent:
         for entry in turn.history:
             messages.extend(_history_messages(entry, role))
         history_end = len(messages)
-        messages.append(_user_message(turn.input.source, turn.input.content, role))
+        source = NOTIFICATION_SOURCE if turn.input.notice else turn.input.source
+        messages.append(_user_message(source, turn.input.content, role))
         tools = [_tool_json(spec) for spec in turn.tools]
         tools_tokens = estimate_tokens(json.dumps(tools)) if tools else 0
         names = {function_name(spec.name): spec.name for spec in turn.tools}
@@ -374,7 +375,8 @@ def _history_messages(
 ) -> list[dict[str, Any]]:
     """A transcript entry as messages; a tool entry is its own call and answer, in order."""
     if entry.role == "user":
-        return [_user_message(entry.source, entry.content, notification_role)]
+        source = NOTIFICATION_SOURCE if entry.notice else entry.source
+        return [_user_message(source, entry.content, notification_role)]
     if entry.role == "assistant":
         return [{"role": "assistant", "content": entry.content}] if entry.content else []
     call = _ToolCall(

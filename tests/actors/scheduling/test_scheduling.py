@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.support.agents import GatedAgent
+from tests.support.agents import GatedAgent, SeeingAgent
 from tests.support.mock_node import DAY, T0, node
 from turnstile.actors.scheduling.tools import register_scheduling_tools
 from turnstile.actors.sessions.agents.base import AgentError
@@ -269,6 +269,38 @@ async def test_a_scheduled_tool_call_runs_the_tool_and_hands_the_agent_its_resul
         assert end["text"] == (
             f'reply:[SCHEDULED TOOL RESULT] job_id={job_id} tool=echo ok=true\n{{"text":"pong"}}'
         )
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_jobs_notification_and_tool_result_are_notices_its_prompt_is_not(autojump_clock):
+    """What a job delivers into the session reaches the model as the runtime speaking (a
+    system message, execution-primitives reference) when it is a notification or a tool's
+    result (``TurnInput.notice``, ``stream_start.notice``, the history entry's ``notice``); a
+    prompt is for the agent to answer, as the user's turn would be."""
+    from turnstile.runtime.clock import SystemClock
+    from turnstile.tools.builtin import register_builtin_tools
+
+    session_tools = ToolRegistry()
+    register_builtin_tools(session_tools, SystemClock())
+    agent = SeeingAgent()
+    async with node(tools=session_tools, agent=agent) as n:
+        call = await tools_for(n)
+        for arguments in (
+            {"when": "in 10m", "prompt": "stretch"},
+            {"when": "in 20m", "action_type": "tool_call", "tool_name": "echo",
+             "tool_params": {"text": "pong"}},
+            {"when": "in 30m", "action_type": "llm_prompt", "prompt": "plan the day"},
+        ):  # fmt: skip
+            assert (await call("schedule_once", **arguments)).ok
+        await trio.sleep(1800)
+        await n.seen.until(b'"stream_end"', 3)
+        notification, tool_result, prompt = agent.inputs
+        assert notification.content.startswith("[SCHEDULED NOTIFICATION]")
+        assert tool_result.content.startswith("[SCHEDULED TOOL RESULT]")
+        assert [i.notice for i in agent.inputs] == [True, True, False]
+        assert [s.get("notice") for s in n.starts()] == [True, True, None]
+        entries = [e for e in agent.histories[-1] if e.role == "user"]
+        assert [e.notice for e in entries] == [True, True]
 
 
 @pytest.mark.guard(2 * DAY)

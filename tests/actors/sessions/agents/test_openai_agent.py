@@ -220,6 +220,26 @@ async def test_a_turn_a_notification_starts_sends_it_as_a_system_message(standin
     assert request.body["messages"] == [{"role": "system", "content": done}]
 
 
+async def test_a_scheduled_notice_is_a_system_message_live_and_in_history(standin, agent):
+    """A job's notification or tool result (``TurnInput.notice``, ``HistoryEntry.notice``) is
+    the runtime speaking, as a background result is: a system message, not a user's words."""
+    standin.script(text_stream("noted"))
+    history = [
+        HistoryEntry(role="user", content="[SCHEDULED NOTIFICATION] a", source="cron", notice=True),
+        HistoryEntry(role="user", content="standup notes", source="cron", cron_turn=True),
+    ]
+    turn = FakeTurn("[SCHEDULED TOOL RESULT] job_id=j tool=clock ok=true", source="schedule")
+    turn.history = history
+    turn.input = msgspec.structs.replace(turn.input, notice=True)
+    assert await agent.run_turn(turn) == "noted"
+    (request,) = standin.requests
+    assert request.body["messages"] == [
+        {"role": "system", "content": "[SCHEDULED NOTIFICATION] a"},
+        {"role": "user", "content": "[cron] standup notes"},
+        {"role": "system", "content": "[SCHEDULED TOOL RESULT] job_id=j tool=clock ok=true"},
+    ]
+
+
 async def test_notifications_may_be_labelled_user_messages_for_strict_templates(standin):
     """``notification_role = "user"``: for a server whose chat template refuses a system
     message after the first, a notification is a user message labelled ``[notification]``."""
