@@ -431,18 +431,7 @@ class BackgroundActor(Actor):
                 payload={"background_tasks": [t.id for t in told]},
                 idempotency_key=batch.key,
             )
-            try:
-                await self.publish(first.session_id, notice)
-            except NotFound:
-                return  # the session is gone, and its tasks with it
-            except Exception as exc:
-                log.warning(
-                    "telling session %s of background task(s) %s failed (told after this"
-                    " node's end, or by a later sweep): %s",
-                    first.session_id,
-                    ", ".join(t.id for t in told),
-                    exc,
-                )
+            if not await self._tell(first.session_id, notice, told):
                 return
             recorded = [t.id for t in told if t.recorded]
             if self.store is None or not recorded:
@@ -463,6 +452,37 @@ class BackgroundActor(Actor):
                         first.session_id,
                         exc,
                     )
+
+    async def _tell(self, session_id: str, notice: Inject, told: list[BackgroundTask]) -> bool:
+        """Ask the session to store ``notice``; whether it did. A store that refuses it is
+        asked again every half second for up to ``_WRITE_GRACE`` (the notice's key makes it
+        one notice however often it is asked): the crash harness's ``--fault fail`` found a
+        single refused commit left the task untold while its node lived on, since only the
+        sweep after a node's end tells what a node did not."""
+        deadline = trio.current_time() + _WRITE_GRACE
+        while True:
+            try:
+                await self.publish(session_id, notice)
+                return True
+            except NotFound:
+                return False  # the session is gone, and its tasks with it
+            except StoreError as exc:
+                if trio.current_time() + 0.5 < deadline:
+                    log.info("telling session %s of its background tasks: %s (again)", session_id,
+                             exc)  # fmt: skip
+                    await trio.sleep(0.5)
+                    continue
+                failed: Exception = exc
+            except Exception as exc:
+                failed = exc
+            log.warning(
+                "telling session %s of background task(s) %s failed (told after this"
+                " node's end, or by a later sweep): %s",
+                session_id,
+                ", ".join(t.id for t in told),
+                failed,
+            )
+            return False
 
 
 class _Batch:

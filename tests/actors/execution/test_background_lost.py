@@ -28,6 +28,7 @@ from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.execution.queries import LIST
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.node import default_features, make_agent, open_node
+from turnstile.runtime.errors import StoreError
 
 TOKEN = "background-lost-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -213,3 +214,54 @@ async def test_a_node_that_stops_cleanly_leaves_its_tasks_to_the_next_sweep(stor
         status = await call(b, "ada/s", "background_status", task_id=task_id)
         assert status.data["status"] == "lost"
         assert len(await notices(b, "ada/s")) == 1
+
+
+class Quick:
+    """A feature with one tool, ``test.quick``, that answers at once."""
+
+    name = "quick"
+
+    async def start(self, node: NodeContext) -> None:
+        async def quick(call, args: NoArgs):
+            return {"done": True}
+
+        node.tools.register("test.quick", NoArgs, quick, "Answers at once.")
+
+    def routes(self, node: NodeContext) -> list:
+        return []
+
+
+async def test_a_notice_whose_commit_is_refused_is_asked_again_while_the_node_lives(tmp_path):
+    """Found by the crash harness's ``--fault fail`` (issue 23, scenario ``background``): the
+    commit that stores a task's notice in its session was refused once; the node lived on and
+    never asked again (only the sweep after a node's end tells what a node did not), so the
+    session was never told. It is now asked again within the task's write grace, under the
+    same key: told once."""
+    config = Config(store=f"sqlite:///{tmp_path}/node.db")
+    chosen = default_features(make_agent(config))
+    async with open_node(config, features=[*chosen[:-1], Quick(), chosen[-1]], serve=False) as node:
+        await node.directory.create_session("ada", session_id="s")
+        real = node.store.enqueue_keyed
+        refused: list[str] = []
+
+        async def refuse_once(session_id, source, payload, key, *args, **kwargs):
+            if source == "notification" and not refused:
+                refused.append(key)
+                raise StoreError("sqlite: transaction failed: refused by the test")
+            return await real(session_id, source, payload, key, *args, **kwargs)
+
+        node.store.enqueue_keyed = refuse_once
+        started = await call(node, "ada/s", "background_run", name="test.quick")
+        task_id = started.data["task_id"]
+        told = await eventually(lambda: notices(node, "ada/s"))
+        assert refused == [f"background:{task_id}"]
+        assert len(told) == 1 and told[0].startswith(
+            f"[BACKGROUND TASK COMPLETED] task_id={task_id}"
+        )
+
+        async def marked_told() -> bool:
+            (row,) = await node.store.run(LIST, session_key="ada/s", limit=10)
+            return row.notified_at is not None
+
+        await eventually(marked_told)
+        assert len(await notices(node, "ada/s")) == 1
