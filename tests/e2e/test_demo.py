@@ -3,8 +3,9 @@
 The first tests talk to it over a real WebSocket, on a real node on loopback, with a tiny
 HTTP site on 127.0.0.1 for the watcher and the background fetch: each request is carried out
 by the tool call a model would make (a ``tool_call`` frame with its arguments and result), and
-what comes back by itself (the watcher's first look, the fetch's end, a recall two seconds
-later) is answered in a turn of its own. The last ones run the node on trio's ``MockClock``
+what comes back by itself (the watcher's first look and a change 5 seconds later, the fetch's
+end, a recall two seconds later) is answered in a turn of its own; tool policies and the http
+module's guard apply to its calls. The last ones run the node on trio's ``MockClock``
 and drive it through the gateway's app over an ASGI transport, so that "in 2 minutes" and
 "every weekday at 9am" fire when they say, in milliseconds.
 """
@@ -35,6 +36,10 @@ class Site:
         self.version = 1
         self.port = 0
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/status"
+
     async def serve(self, nursery: trio.Nursery) -> None:
         listeners = await nursery.start(partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1"))
         self.port = listeners[0].socket.getsockname()[1]
@@ -62,7 +67,7 @@ async def demo_node(tmp_path):
             async with connect(node) as client:
                 await client.send(type="attach", session_id="demo")
                 await client.expect("session_sync")
-                yield client, f"http://127.0.0.1:{site.port}/status"
+                yield client, site
         nursery.cancel_scope.cancel()
 
 
@@ -74,7 +79,8 @@ async def say(client, text: str) -> dict:
 
 
 async def test_the_demo_carries_requests_out_through_tool_calls(tmp_path):
-    async with demo_node(tmp_path) as (client, url):
+    async with demo_node(tmp_path) as (client, site):
+        url = site.url
         end = await say(client, "remember that I like dark roast")
         saved = await client.expect("tool_call", tool="memory")
         assert saved["arguments"] == {
@@ -168,6 +174,21 @@ async def test_a_reminder_fires_into_the_session_over_the_websocket(tmp_path):
         reminder = await client.expect("stream_end", input_id=fired["input_id"])
         assert reminder["text"] == "⏰ Reminder: stretch"
         assert rid in fired["content"]
+
+
+async def test_a_watcher_tells_when_the_page_changes(tmp_path):
+    """On the real clock: the shortest interval a watcher takes, 5 seconds."""
+    async with demo_node(tmp_path) as (client, site):
+        url = site.url
+        await say(client, f"surveille {url} toutes les 5 secondes et préviens-moi quand ça change")
+        assert (await client.expect("tool_call", tool="watch_start"))["arguments"]["interval"] == 5
+        await client.expect(lambda f: f["type"] == "stream_end" and "first look" in f["text"])
+        site.version = 22  # "version 22": one byte more
+        changed = await client.expect(
+            lambda f: f["type"] == "stream_end" and "changed" in f["text"]
+        )
+        assert changed["text"].startswith(f"👀 {url} changed (check #")
+        assert changed["text"].endswith("): HTTP 200, 10 bytes")
 
 
 async def test_anything_else_is_echoed_with_what_the_demo_can_do(tmp_path):
