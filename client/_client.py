@@ -23,6 +23,7 @@ from turnstile.client._stream import (
     connection_error,
     decode_answer,
     new_client_msg_id,
+    why_failed,
 )
 from turnstile.protocol import CallFrame, ErrorFrame, Result, ServerFrame
 from turnstile.protocol.sessions import (
@@ -167,8 +168,14 @@ class Client:
             response = await self._http.request(
                 method, path, params=query, json=json, headers=headers
             )
+        except httpx.ConnectError as exc:
+            raise ConnectionLost(
+                f"cannot reach the node at {self.url}: {why_failed(exc)}"
+            ) from None
+        except httpx.TimeoutException:
+            raise ConnectionLost(f"the node at {self.url} did not answer in time") from None
         except httpx.TransportError as exc:
-            raise ConnectionLost(f"cannot reach the node at {self.url}: {exc!r}") from None
+            raise ConnectionLost(f"request to {self.url} failed: {exc!r}") from None
         if response.is_success:
             return response.json() if response.content else None
         raise _http_error(response)

@@ -68,6 +68,7 @@ __all__ = [
     "connection_error",
     "decode_answer",
     "new_client_msg_id",
+    "why_failed",
 ]
 
 _encoder = msgspec.json.Encoder()
@@ -664,6 +665,24 @@ def _error(frame: ErrorFrame) -> TurnstileClientError:
     return error_for(frame.code, frame.message, field=frame.field, details=details)
 
 
+def why_failed(exc: BaseException) -> str:
+    """Why a connection failed, in a few words ("connection refused" when anything in its
+    chain of causes says so: under anyio, httpx says "All connection attempts failed")."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        found = todo.pop()
+        if id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, ConnectionRefusedError) or "refused" in str(found).lower():
+            return "connection refused"
+        if isinstance(found, BaseExceptionGroup):
+            todo.extend(found.exceptions)
+        todo.extend(e for e in (found.__cause__, found.__context__) if e is not None)
+    return str(exc) or type(exc).__name__
+
+
 def connection_error(exc: BaseException) -> str | None:
     """Why a connection failed, when ``exc`` (or every error of a group) says it did."""
     if isinstance(exc, BaseExceptionGroup):
@@ -688,5 +707,5 @@ def connection_error(exc: BaseException) -> str | None:
             anyio.ClosedResourceError,
         ),
     ):
-        return str(exc) or type(exc).__name__
+        return why_failed(exc)
     return None

@@ -11,6 +11,7 @@ attached straight to the node when it needs to know what the node did meanwhile.
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from turnstile.client import (
     Ack,
     BadRequest,
     Conflict,
+    ConnectionLost,
     Event,
     NotFound,
     SessionDeleted,
@@ -261,6 +263,22 @@ async def test_errors_are_exceptions_carrying_the_protocols_codes(tmp_path):
             with pytest.raises(Conflict) as reused:
                 await alice.post_message("mine", "c", client_msg_id="k")
             assert (reused.value.code, reused.value.status) == ("idempotency_key_reused", 409)
+
+
+async def test_a_node_nobody_runs_is_connection_lost():
+    with socket.socket() as sock:  # a port nobody listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with trio.fail_after(WAIT):
+        async with open_client(url, ALICE) as client:
+            with pytest.raises(ConnectionLost) as lost:
+                await client.list_sessions()
+            assert lost.value.message == f"cannot reach the node at {url}: connection refused"
+            assert lost.value.code == "connection_lost"
+            with pytest.raises(ConnectionLost) as lost:
+                async with client.attach("s1"):
+                    pass
+            assert lost.value.message == "connection refused"
 
 
 async def test_the_rest_routes(tmp_path):
