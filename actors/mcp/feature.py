@@ -31,6 +31,7 @@ import trio
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.mcp.catalog import McpTool, catalog
 from turnstile.actors.mcp.egress import GuardProxy
+from turnstile.actors.mcp.endpoint import McpEndpoint
 from turnstile.actors.mcp.errors import McpBadArguments, McpNotAllowed, McpToolError
 from turnstile.actors.mcp.server import McpServer
 from turnstile.actors.mcp.settings import SERVER_NAME, McpConfig
@@ -61,6 +62,7 @@ class McpFeature:
         #: registered tool name -> the McpTool it stands for, per server
         self.registered: dict[str, dict[str, McpTool]] = {}
         self._node: NodeContext | None = None
+        self.endpoint: McpEndpoint | None = None
 
     async def start(self, node: NodeContext) -> None:
         config = node.section("mcp", McpConfig)
@@ -106,6 +108,11 @@ class McpFeature:
             self.registered[name] = {}
 
     async def open(self, node: NodeContext) -> None:
+        if node.section("mcp", McpConfig).endpoint:
+            self.endpoint = McpEndpoint(
+                node.directory, node.tools, node.config.limits.max_frame_bytes
+            )
+            node.start_soon(self.endpoint.run, name="mcp endpoint")
         if not self.servers:
             return
         assert self.proxy is not None
@@ -116,7 +123,9 @@ class McpFeature:
             server.want()
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
-        return ()
+        if self.endpoint is None:
+            return ()
+        return self.endpoint.routes()
 
     # -- the registry follows the servers' tool lists ------------------------------------
 

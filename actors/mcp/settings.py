@@ -77,6 +77,7 @@ class McpConfig(msgspec.Struct, forbid_unknown_fields=True):
         backoff_initial: seconds before a server that died is started again the first time;
             it doubles with each failure in a row.
         backoff_max: the longest wait between two starts.
+        endpoint: serve ``/mcp``, the node's sessions as an MCP server (docs/mcp.md).
     """
 
     servers: dict[str, McpServerConfig] = msgspec.field(default_factory=dict)
@@ -84,3 +85,4 @@ class McpConfig(msgspec.Struct, forbid_unknown_fields=True):
     allowed_networks: list[str] = msgspec.field(default_factory=list)
     backoff_initial: Seconds = 1.0
     backoff_max: Seconds = 60.0
+    endpoint: bool = True
