@@ -401,25 +401,57 @@ class Client:
     # memory
 
     async def facts(self, **params: Any) -> dict[str, Any]:
-        """``GET /memory/facts``: your long-term memory's facts (``docs/memory.md``)."""
+        """``GET /memory/facts``: your long-term memory's facts (``docs/memory.md``; ``limit``,
+        ``offset``, ``search``, ``category``, ``sort_by``, ``sort_order``)."""
         answer: dict[str, Any] = await self.request("GET", "/memory/facts", params=params)
         return answer
 
-    async def search_memory(self, query: str, **params: Any) -> dict[str, Any]:
-        """``GET /memory/search?q=``: the facts that match ``query``."""
+    async def search_memory(self, query: str, *, limit: int | None = None) -> dict[str, Any]:
+        """``GET /memory/search``: the facts that match ``query``, best first."""
         answer: dict[str, Any] = await self.request(
-            "GET", "/memory/search", params={"q": query, **params}
+            "GET", "/memory/search", params={"query": query, "limit": limit}
         )
         return answer
 
-    async def put_fact(self, fact: dict[str, Any]) -> dict[str, Any]:
-        """``PUT /memory/facts``: save a fact (``category``, ``key``, ``value`` …)."""
-        answer: dict[str, Any] = await self.request("PUT", "/memory/facts", json=fact)
+    async def put_fact(self, category: str, key: str, value: str, **fields: Any) -> dict[str, Any]:
+        """``PUT /memory/facts``: save a fact (``source``, ``confidence``, ``expires_days``
+        in ``fields``)."""
+        body = {"category": category, "key": key, "value": value, **fields}
+        answer: dict[str, Any] = await self.request("PUT", "/memory/facts", json=body)
+        return answer
+
+    async def forget_fact(self, key: str, *, category: str | None = None) -> dict[str, Any]:
+        """``DELETE /memory/facts``: forget the fact(s) under ``key``."""
+        answer: dict[str, Any] = await self.request(
+            "DELETE", "/memory/facts", params={"key": key, "category": category}
+        )
         return answer
 
     async def memory_summary(self) -> dict[str, Any]:
         """``GET /memory/summary``."""
         answer: dict[str, Any] = await self.request("GET", "/memory/summary")
+        return answer
+
+    async def put_memory_summary(self, content: str) -> dict[str, Any]:
+        """``PUT /memory/summary``."""
+        answer: dict[str, Any] = await self.request(
+            "PUT", "/memory/summary", json={"content": content}
+        )
+        return answer
+
+    async def memory_changes(
+        self, *, after_seq: int = 0, limit: int | None = None
+    ) -> dict[str, Any]:
+        """``GET /memory/changes``: the ``memory`` topic's events after ``after_seq``
+        (``changes``, ``last_seq``, ``pruned_seq``, ``reset``)."""
+        answer: dict[str, Any] = await self.request(
+            "GET", "/memory/changes", params={"after_seq": after_seq, "limit": limit}
+        )
+        return answer
+
+    async def delete_memory(self) -> dict[str, Any] | None:
+        """``DELETE /memory``: forget everything your memory holds."""
+        answer: dict[str, Any] | None = await self.request("DELETE", "/memory")
         return answer
 
 

@@ -313,6 +313,28 @@ async def test_the_rest_routes(tmp_path):
                 await client.get_session(created.id)
 
 
+async def test_the_memory_routes(tmp_path):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            saved = await client.put_fact("drinks", "coffee", "dark roast")
+            assert saved["fact"]["value"] == "dark roast"
+            facts = (await client.facts())["facts"]
+            assert [(f["category"], f["key"], f["value"]) for f in facts] == [
+                ("drinks", "coffee", "dark roast")
+            ]
+            found = await client.search_memory("coffee")
+            assert [f["key"] for f in found["facts"]] == ["coffee"]
+            await client.put_memory_summary("likes coffee")
+            assert (await client.memory_summary())["summary"] == "likes coffee"
+            changes = await client.memory_changes()
+            assert [c["type"] for c in changes["changes"]] == ["fact_saved", "summary_changed"]
+            assert (await client.memory_changes(after_seq=changes["last_seq"]))["changes"] == []
+            assert (await client.forget_fact("coffee", category="drinks")) == {"deleted": 1}
+            assert (await client.facts())["facts"] == []
+            deleted = await client.delete_memory()
+            assert deleted == {"deleted": {"facts": 0, "summary": 1, "sessions": 0}}
+
+
 async def test_a_tool_call_shows_in_the_stream(tmp_path):
     with trio.fail_after(WAIT):
         async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
