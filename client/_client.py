@@ -371,6 +371,13 @@ class Client:
         answer: dict[str, Any] = await self.request("GET", f"/sessions/{session_id}/tasks")
         return answer
 
+    async def get_task(self, session_id: str, task_id: str) -> dict[str, Any]:
+        """``GET /sessions/{id}/tasks/{task_id}``: a background task's status."""
+        answer: dict[str, Any] = await self.request(
+            "GET", f"/sessions/{session_id}/tasks/{task_id}"
+        )
+        return answer
+
     async def cancel_task(self, session_id: str, task_id: str) -> dict[str, Any]:
         """``POST /sessions/{id}/tasks/{task_id}/cancel``."""
         answer: dict[str, Any] = await self.request(

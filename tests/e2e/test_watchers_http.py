@@ -1,94 +1,123 @@
 """Watchers and background tasks over the real gateway: CRUD, ownership, escalation reaching
-the session."""
+the session (through ``turnstile.client``: its REST methods and a stream)."""
 
 from __future__ import annotations
 
-from tests.support.node import BOB, connect, new_session, running_node
+import pytest
+import trio
+
+from tests.support.node import ALICE, BOB, new_session, running_node
 from turnstile.actors.config import WatchersConfig
+from turnstile.client import (
+    LimitExceeded,
+    NotFound,
+    SessionStream,
+    StreamStart,
+    TurnstileClientError,
+    WatcherUpdate,
+    open_client,
+)
+
+WAIT = 60
+
+
+async def first(stream: SessionStream, kind: type, predicate=lambda data: True):
+    """The data of the stream's next event that is a ``kind`` and matches ``predicate``."""
+    async for event in stream:
+        if isinstance(event.data, kind) and predicate(event.data):
+            return event.data
+    raise AssertionError(f"the stream ended before a {kind.__name__}")
 
 
 async def test_watcher_crud_and_its_baseline_escalation(tmp_path):
-    async with running_node(tmp_path) as node:
-        await new_session(node, "w")
-        async with connect(node) as client, node.http() as http, node.http(BOB) as bob:
-            await client.send(type="attach", session_id="w")
-            await client.expect("session_sync")
-            spec = {
-                "tool": "echo",
-                "params": {"text": "steady"},
-                "interval": 60,
-                "label": "steady echo",
-                "notify_when": "on_change",
-            }
-            made = await http.post("/sessions/w/watchers", json=spec)
-            assert made.status_code == 201, made.text
-            wid = made.json()["watcher_id"]
-            # the first check sets the baseline and escalates: an event and a turn
-            update = await client.expect("watcher_update", watcher_id=wid)
-            assert update["watcher_id"] == wid
-            start = await client.expect(
-                lambda f: f.get("type") == "stream_start" and "[WATCHER UPDATE]" in f["content"]
-            )
-            assert f"watcher_id={wid}" in start["content"] and start["source"] == "notification"
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path) as node,
+            open_client(node.url, ALICE) as client,
+            open_client(node.url, BOB) as bob,
+        ):
+            await new_session(node, "w")
+            async with client.attach("w") as stream:
+                spec = {
+                    "tool": "echo",
+                    "params": {"text": "steady"},
+                    "interval": 60,
+                    "label": "steady echo",
+                    "notify_when": "on_change",
+                }
+                wid = (await client.create_watcher("w", spec))["watcher_id"]
+                # the first check sets the baseline and escalates: an event and a turn
+                update = await first(stream, WatcherUpdate, lambda u: u.watcher_id == wid)
+                assert update.watcher_id == wid
+                start = await first(stream, StreamStart, lambda s: "[WATCHER UPDATE]" in s.content)
+                assert f"watcher_id={wid}" in start.content and start.source == "notification"
 
-            listed = (await http.get("/sessions/w/watchers")).json()
-            assert [w["watcher_id"] for w in listed["watchers"]] == [wid]
-            every = (await http.get("/watchers")).json()  # all of Ann's, every session's
-            assert [(w["watcher_id"], w["session_id"]) for w in every["watchers"]] == [(wid, "w")]
-            assert (every["total"], every["running"], every["paused"]) == (1, 1, 0)
-            assert (await bob.get("/watchers")).json()["watchers"] == []
-            assert (await bob.get(f"/watchers/{wid}")).status_code == 404
-            assert (await bob.get("/sessions/w/watchers")).status_code == 404
-            assert (await http.post(f"/watchers/{wid}/pause")).json()["status"] == "paused"
-            assert (await http.post(f"/watchers/{wid}/resume")).json()["status"] == "running"
-            assert (await http.get(f"/watchers/{wid}")).json()["check_count"] >= 1
-            assert (await http.delete(f"/watchers/{wid}")).status_code == 200
-            assert (await http.get(f"/watchers/{wid}")).status_code == 404
+                listed = await client.watchers("w")
+                assert [w["watcher_id"] for w in listed["watchers"]] == [wid]
+                every = await client.watchers()  # all of Ann's, every session's
+                assert [(w["watcher_id"], w["session_id"]) for w in every["watchers"]] == [
+                    (wid, "w")
+                ]
+                assert (every["total"], every["running"], every["paused"]) == (1, 1, 0)
+                assert (await bob.watchers())["watchers"] == []
+                with pytest.raises(NotFound):
+                    await bob.get_watcher(wid)
+                with pytest.raises(NotFound):
+                    await bob.watchers("w")
+                assert (await client.pause_watcher(wid))["status"] == "paused"
+                assert (await client.resume_watcher(wid))["status"] == "running"
+                assert (await client.get_watcher(wid))["check_count"] >= 1
+                await client.stop_watcher(wid)  # raises unless the node accepted it
+                with pytest.raises(NotFound):
+                    await client.get_watcher(wid)
 
-            refused = await http.post(
-                "/sessions/w/watchers",
-                json={**spec, "notify_when": "on_threshold",
-                      "notify_config": {"expression": "result.text =="}},
-            )  # fmt: skip
-            assert refused.status_code == 400
-            assert refused.json()["error"]["code"] == "bad_expression"
+                with pytest.raises(TurnstileClientError) as refused:
+                    await client.create_watcher(
+                        "w",
+                        {**spec, "notify_when": "on_threshold",
+                         "notify_config": {"expression": "result.text =="}},
+                    )  # fmt: skip
+                assert (refused.value.status, refused.value.code) == (400, "bad_expression")
 
 
 async def test_background_tasks_over_http(tmp_path):
-    async with running_node(tmp_path) as node:
-        await new_session(node, "b")
-        async with connect(node) as client, node.http() as http, node.http(BOB) as bob:
-            await client.send(
-                type="call",
-                id="1",
-                session_id="b",
-                tool="background_run",
-                arguments={"name": "echo", "params": {"text": "later"}},
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path) as node,
+            open_client(node.url, ALICE) as client,
+            open_client(node.url, BOB) as bob,
+        ):
+            await new_session(node, "b")
+            started = await client.call(
+                "b", "background_run", {"name": "echo", "params": {"text": "later"}}
             )
-            task_id = (await client.expect("result", id="1"))["data"]["task_id"]
-            tasks = (await http.get("/sessions/b/tasks")).json()["tasks"]
+            task_id = started["task_id"]
+            tasks = (await client.tasks("b"))["tasks"]
             assert [t["task_id"] for t in tasks] == [task_id]
-            status = (await http.get(f"/sessions/b/tasks/{task_id}")).json()
+            status = await client.get_task("b", task_id)
             assert status["tool_name"] == "echo"
-            assert (await bob.get(f"/sessions/b/tasks/{task_id}")).status_code == 404
-            cancelled = await http.post(f"/sessions/b/tasks/{task_id}/cancel")
-            assert cancelled.status_code == 200 and "cancelled" in cancelled.json()
+            with pytest.raises(NotFound):
+                await bob.get_task("b", task_id)
+            cancelled = await client.cancel_task("b", task_id)
+            assert "cancelled" in cancelled
 
 
 async def test_the_watchers_section_of_the_config_bounds_a_session(tmp_path):
     """``[watchers] max_per_session`` reaches the watcher actor: the third watcher of a session
     that may have two is refused with a 4xx naming the limit, and another session may still
     start its own."""
-    async with running_node(tmp_path, watchers=WatchersConfig(max_per_session=2)) as node:
-        await new_session(node, "w")
-        await new_session(node, "v")
-        spec = {"tool": "echo", "params": {"text": "x"}, "interval": 60}
-        async with node.http() as http:
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path, watchers=WatchersConfig(max_per_session=2)) as node,
+            open_client(node.url, ALICE) as client,
+        ):
+            await new_session(node, "w")
+            await new_session(node, "v")
+            spec = {"tool": "echo", "params": {"text": "x"}, "interval": 60}
             for _ in range(2):
-                made = await http.post("/sessions/w/watchers", json=spec)
-                assert made.status_code == 201, made.text
-            refused = await http.post("/sessions/w/watchers", json=spec)
-            assert refused.status_code == 429, refused.text
-            error = refused.json()["error"]
-            assert error["code"] == "limit_exceeded" and "2" in error["message"]
-            assert (await http.post("/sessions/v/watchers", json=spec)).status_code == 201
+                await client.create_watcher("w", spec)  # raises unless the node accepted it
+            with pytest.raises(LimitExceeded) as refused:
+                await client.create_watcher("w", spec)
+            assert refused.value.status == 429
+            assert refused.value.code == "limit_exceeded" and "2" in refused.value.message
+            await client.create_watcher("v", spec)
