@@ -9,9 +9,10 @@ import pytest
 
 from tests.support.agents import ENV_VARS
 from tests.support.fake_openai import start_standin, text_stream
-from tests.support.node import connect, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
 from turnstile.actors.memory.injection import memory_message
 from turnstile.actors.sessions.agents import OpenAIAgent
+from turnstile.client import SessionStream, StreamEnd, open_client
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +28,13 @@ async def standin(nursery):
     assert standin.rejected == []
 
 
-async def turn(client, session_id: str, content: str, msg_id: str) -> dict:
-    await client.send(type="send", session_id=session_id, content=content, client_msg_id=msg_id)
-    ack = await client.expect("ack", client_msg_id=msg_id)
-    return await client.expect("stream_end", input_id=ack["input_id"])
+async def turn(stream: SessionStream, content: str, msg_id: str) -> StreamEnd:
+    """Send ``content`` and read the stream up to its turn's end."""
+    ack = await stream.send(content, client_msg_id=msg_id)
+    async for event in stream:
+        if isinstance(event.data, StreamEnd) and event.data.input_id == ack.input_id:
+            return event.data
+    raise AssertionError("the stream ended before the turn did")
 
 
 async def test_the_request_carries_the_memory_after_the_system_prompt_before_history(
@@ -43,14 +47,11 @@ async def test_the_request_carries_the_memory_after_the_system_prompt_before_his
     async with running_node(tmp_path, agent=agent) as node:
         await new_session(node, "s1")
         await new_session(node, "s2")
-        async with connect(node) as client:
-            await client.send(type="attach", session_id="s1")
-            assert (await turn(client, "s1", "hi", "m1"))["status"] == "completed"
-            async with node.http() as http:
-                put = await http.put("/memory/summary", json={"content": "Likes dark roast."})
-                assert put.status_code == 200
-            end = await turn(client, "s1", "coffee?", "m2")
-            assert (end["status"], end["text"]) == ("completed", "Dark roast, as usual.")
+        async with open_client(node.url, ALICE) as client, client.attach("s1") as stream:
+            assert (await turn(stream, "hi", "m1")).status == "completed"
+            await client.put_memory_summary("Likes dark roast.")  # raises unless accepted
+            end = await turn(stream, "coffee?", "m2")
+            assert (end.status, end.text) == ("completed", "Dark roast, as usual.")
     first, second = standin.requests
     assert [m["role"] for m in first.body["messages"]] == ["system", "user"]  # no summary yet
     messages = second.body["messages"]
