@@ -42,6 +42,7 @@ import msgspec
 
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import DecodeError, TurnstileError
+from turnstile.runtime.gateway.frames import public_error
 from turnstile.tools.policy import Policy, PolicyTable
 from turnstile.tools.spec import FUNCTION_NAME, ToolResult, ToolSpec, function_name, tool_name
 
@@ -342,8 +343,12 @@ class ToolRegistry:
 
 
 def _error(exc: TurnstileError) -> dict[str, Any]:
-    """A tool result's ``error`` for a typed error: its code, message and field."""
-    error = {"code": exc.code, "message": str(exc)}
-    if exc.field:
-        error["field"] = exc.field
+    """A tool result's ``error`` for a typed error: its code, message and field, as a client
+    may see them (``public_error``): a tool result reaches the model and every client watching
+    the session, so a store failure is its code and a fixed sentence, and the database's text
+    (driver, host, port, SQL) stays in the node's log, as on HTTP and the WebSocket."""
+    code, message, field = public_error(exc)
+    error = {"code": code, "message": message}
+    if field:
+        error["field"] = field
     return error

@@ -344,7 +344,16 @@ class MemorySave(Scenario):
     def check(self, snap: Snapshot, record: Record) -> list[str]:
         facts = [f for f in snap["memory_facts"] if f["key"] == "drink"]
         done = [r for r in snap["inbox"] if r["state"] == "done"]
-        if len(facts) > 1 or (done and not facts):
+        # a save whose commit the store refused (``--fault fail``) is a failed tool call the
+        # agent and the client see (the model may try again): kept nowhere, and said so
+        refused = any(
+            e["type"] == "tool_call"
+            and e["payload"].get("tool") == "memory.save"
+            and (e["payload"].get("error") or {}).get("code")
+            in ("store_error", "store_unavailable")
+            for e in snap["events"]
+        )
+        if len(facts) > 1 or (done and not facts and not (refused and self.refused_commits)):
             return [f"{len(facts)} facts saved, the turn {'done' if done else 'not done'}"]
         if facts and (facts[0]["owner"], facts[0]["value"]) != (OWNER, "tea"):
             return [f"the fact saved is {facts[0]}"]

@@ -7,7 +7,8 @@ from typing import Annotated
 import msgspec
 import pytest
 
-from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.errors import InvalidArgument, NotFound, StoreError, StoreUnavailable
+from turnstile.runtime.gateway.frames import STORE_FAILED
 from turnstile.tools.policy import Policy, PolicyTable
 from turnstile.tools.registry import ToolRegistry
 
@@ -155,3 +156,28 @@ async def test_observers_see_each_successful_call_and_cannot_break_it(caplog):
     assert not (await registry.call("ada/s", "ada", "shell.run", {"path": "a"})).ok
     assert not (await registry.call("ada/s", "ada", "fs.read", {"path": "a" * 11})).ok
     assert len(seen) == 1
+
+
+async def test_a_store_failure_reaches_the_model_without_the_databases_text(caplog):
+    """Found by the crash harness's ``--fault fail`` (issue 23): a tool whose write the store
+    refused came back with the driver's text ("sqlite: transaction failed: …"; on PostgreSQL
+    the host and port) in its result, which the model and every watching client see. It is
+    now the code and the fixed sentence HTTP and the WebSocket give; the log keeps the text.
+    A request's own error (a NotFound) and an unavailable store keep theirs."""
+    registry = ToolRegistry(PolicyTable(None))
+    raised: list[Exception] = []
+
+    async def failing(call, params):
+        raise raised[0]
+
+    registry.register("fs.read", Params, failing, "Read.")
+    raised.append(StoreError("connection to 10.0.0.7:5432 failed: INSERT INTO memory_facts"))
+    result = await registry.call("s", "ada", "fs.read", {"path": "x"})
+    assert result.error == {"code": "store_error", "message": STORE_FAILED}
+    assert "10.0.0.7:5432" in caplog.text  # kept in the node's log
+    raised[0] = StoreUnavailable()
+    result = await registry.call("s", "ada", "fs.read", {"path": "x"})
+    assert result.error == {"code": "store_unavailable", "message": str(StoreUnavailable())}
+    raised[0] = NotFound("no fact with key 'x'")
+    result = await registry.call("s", "ada", "fs.read", {"path": "x"})
+    assert result.error == {"code": "not_found", "message": "no fact with key 'x'"}
