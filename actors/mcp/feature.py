@@ -1,11 +1,15 @@
 """The MCP feature: tools from MCP servers, and (``/mcp``) the node's sessions as an MCP server.
 
 **Tools from MCP servers** (``[mcp.servers.<name>]``, ``actors.mcp.settings``). Each server is an
-``McpServer`` (``actors.mcp.server``) run by a task of the node's: started when the node opens,
-in the background (the node does not wait for it), its tools listed and registered as
-``<name>.<tool>`` (``actors.mcp.catalog`` says what is checked and left out), started again
-with backoff when it dies, listed again on ``tools/list_changed`` (the registry follows: tools
-gone are unregistered, new ones registered), stopped with the node. Several nodes each run
+``McpServer`` (``actors.mcp.server``) run by a task of the node's. Its tools are registered as
+``<name>.<tool>`` (``actors.mcp.catalog`` says what is checked and left out) from its last
+listing, which the store keeps (kv namespace ``mcp.tools``, with the ``command`` or ``url`` it
+came from): such a server is started on first use, the first call of one of its tools. A
+server without a kept listing (its first run, a new command) is started when the node opens,
+in the background (the node does not wait), since a model can call only the tools it was
+shown. Once running, it is started again with backoff when it dies, listed again on
+``tools/list_changed`` (the registry follows: tools gone are unregistered, new ones
+registered, the store keeps the new list), and stopped with the node. Several nodes each run
 their own.
 
 A registered MCP tool is a tool like any other: policies (default from its annotations),
@@ -36,7 +40,7 @@ from turnstile.actors.mcp.errors import McpBadArguments, McpNotAllowed, McpToolE
 from turnstile.actors.mcp.server import McpServer
 from turnstile.actors.mcp.settings import SERVER_NAME, McpConfig
 from turnstile.actors.mcp.stdio import find_command
-from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.errors import InvalidArgument, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.tools.netguard import NetPolicy
 from turnstile.tools.registry import ToolCall, ToolRegistry
@@ -47,6 +51,10 @@ log = logging.getLogger("turnstile.mcp")
 
 #: What an MCP tool's error message keeps of the server's text.
 MAX_ERROR_CHARS = 2_000
+#: The store's kv namespace where each server's last tool list is kept (key: its name).
+KEPT_TOOLS = "mcp.tools"
+#: A tool list larger than this (as JSON) is not kept: the server is started at each start.
+MAX_KEPT_BYTES = 1024 * 1024
 
 
 class McpFeature:
@@ -108,6 +116,10 @@ class McpFeature:
             self.registered[name] = {}
 
     async def open(self, node: NodeContext) -> None:
+        """Serve ``/mcp``; start the guard proxy and each server's task. A server whose tool
+        list the store keeps (from an earlier run with the same ``command`` or ``url``) gets
+        its tools registered from there and is started on first use; any other is started
+        now, in the background, to learn its tools."""
         if node.section("mcp", McpConfig).endpoint:
             self.endpoint = McpEndpoint(
                 node.directory, node.tools, node.config.limits.max_frame_bytes
@@ -120,7 +132,14 @@ class McpFeature:
         for server in self.servers.values():
             server.proxy_url = proxy_url
             node.start_soon(server.run, name=f"mcp server {server.name}")
-            server.want()
+            kept = await node.store.kv_get(KEPT_TOOLS, server.name)
+            if kept is not None and kept.get("origin") == _origin(server):
+                await self._register_all(server, kept.get("tools") or [])
+                log.info(
+                    "mcp server %s: tools from its last listing, started on first use", server.name
+                )
+            else:
+                server.want()
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.endpoint is None:
@@ -129,7 +148,23 @@ class McpFeature:
 
     # -- the registry follows the servers' tool lists ------------------------------------
 
-    def _publish(self, server: McpServer, listed: list[dict[str, Any]]) -> None:
+    async def _publish(self, server: McpServer, listed: list[dict[str, Any]]) -> None:
+        """A listing from the server: the registry follows it, and the store keeps it (what
+        passed the catalog), for the node's next start."""
+        assert self._node is not None
+        taken = await self._register_all(server, listed)
+        kept = {"origin": _origin(server), "tools": taken}
+        if len(msgspec.json.encode(kept)) <= MAX_KEPT_BYTES:
+            try:
+                await self._node.store.kv_put(KEPT_TOOLS, [(server.name, kept, None)])
+            except StoreError as exc:  # it is started at the next start instead
+                log.warning("mcp server %s: its tool list was not kept: %s", server.name, exc)
+
+    async def _register_all(
+        self, server: McpServer, listed: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Register the tools of ``listed`` that pass the catalog, unregister the server's
+        others; returns the entries that passed."""
         assert self._node is not None
         registry = self._node.tools
         found = catalog(server.name, listed)
@@ -151,6 +186,8 @@ class McpFeature:
                 continue
             mine[name] = tool
         log.info("mcp server %s: %d tool(s)", server.name, len(mine))
+        passed = {tool.mcp_name for tool in found.tools}
+        return [entry for entry in listed if entry.get("name") in passed]
 
     def _register(self, registry: ToolRegistry, server: McpServer, tool: McpTool) -> None:
         validator_class = jsonschema.validators.validator_for(
@@ -203,6 +240,12 @@ class McpFeature:
         narrowed = session_servers(session.metadata)
         if narrowed is not None and server not in narrowed:
             raise McpNotAllowed(f"mcp server {server!r} is not among this session's servers")
+
+
+def _origin(server: McpServer) -> str:
+    """What a kept tool list was listed from: a server configured otherwise lists anew."""
+    config = server.config
+    return msgspec.json.encode([config.command, config.url]).decode()
 
 
 def session_servers(metadata: Mapping[str, Any]) -> frozenset[str] | None:

@@ -1,7 +1,8 @@
 """One MCP server as the node runs it: started, listed, called, watched, started again.
 
 ``McpServer.run`` is the server's long-lived task (one per configured server, owned by the
-node's nursery). It waits until the server is wanted, then makes *attempts*: an attempt
+node's nursery). It waits until the server is wanted (``want``: its first use, or the node's
+start when its tools are not known yet), then makes *attempts*: an attempt
 starts the program (or opens the HTTP session), completes the MCP handshake and lists the
 tools (all within ``start_timeout``), publishes the tools, and then lives until the
 connection ends — the process exits, the transport breaks, a call finds the connection
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -71,7 +72,7 @@ class McpServer:
     Args:
         name: its name in the config (its tools' module).
         config: its section.
-        on_tools: called with the server and its listed tools (dicts as MCP describes them)
+        on_tools: awaited with the server and its listed tools (dicts as MCP describes them)
             after every listing.
         proxy_url: the guard proxy (``egress``); None without one.
         backoff: ``(initial, maximum)`` seconds between starts.
@@ -87,7 +88,7 @@ class McpServer:
         self,
         name: str,
         config: McpServerConfig,
-        on_tools: Callable[[McpServer, list[dict[str, Any]]], None],
+        on_tools: Callable[[McpServer, list[dict[str, Any]]], Awaitable[None]],
         *,
         proxy_url: str | None = None,
         backoff: tuple[float, float] = (1.0, 60.0),
@@ -126,6 +127,11 @@ class McpServer:
     def want(self) -> None:
         """Ask for the server to be started (its first use); idempotent."""
         self._wanted.set()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether it was asked to start (it runs, or starts, or will again after a wait)."""
+        return self._wanted.is_set()
 
     def status(self) -> dict[str, Any]:
         """Its state, for the log and the status route."""
@@ -267,7 +273,7 @@ class McpServer:
             cursor = page.get("nextCursor") if isinstance(page, dict) else None
             if not isinstance(cursor, str):
                 break
-        self.on_tools(self, [tool for tool in listed if isinstance(tool, dict)])
+        await self.on_tools(self, [tool for tool in listed if isinstance(tool, dict)])
         self.listings += 1
         self._notify()
 

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import os
 
-from tests.actors.mcp.conftest import ALICE, installed, mcp_node, mcp_server, session_key
+import msgspec
+
+from tests.actors.mcp.conftest import (
+    ALICE,
+    TOKENS,
+    installed,
+    mcp_node,
+    mcp_server,
+    session_key,
+)
 from tests.support.fake_openai import check_parameters
 from tests.support.node import Client
-from turnstile.actors.mcp import McpServerConfig
+from turnstile.actors.config import Config
+from turnstile.actors.mcp import McpConfig, McpServerConfig
+from turnstile.actors.node import open_node
 from turnstile.tools.policy import Policy
 
 
@@ -109,3 +120,30 @@ async def test_the_server_stops_with_the_node(tmp_path):
         pass
     else:
         raise AssertionError(f"the server (pid {process.pid}) outlived the node")
+
+
+async def test_a_server_whose_tools_are_known_is_started_on_first_use(tmp_path):
+    async with mcp_node(tmp_path, time_server()) as node:  # the first start lists them
+        assert mcp_server(node, "time").starts == 1
+    settings = Config(
+        port=0,
+        store=f"sqlite:///{tmp_path}/node.db",
+        agent="scripted",
+        mcp=McpConfig(servers=time_server()),
+    )
+    async with open_node(settings, tokens=TOKENS, serve=False) as node:
+        server = mcp_server(node, "time")
+        # its tools are there from the store, and nothing runs until one is called
+        assert "time.get_current_time" in node.tools.names()
+        assert (server.state, server.starts, server.process) == ("stopped", 0, None)
+        key = await session_key(node)
+        result = await node.tools.call(key, "alice", "time.get_current_time", {"timezone": "UTC"})
+        assert result.ok, result.error
+        assert (server.state, server.starts) == ("running", 1)
+    other = McpConfig(servers=time_server(call_timeout=5))  # options: the same server
+    moved = McpConfig(servers={"time": McpServerConfig(command=[installed("mcp-server-time")])})
+    for config, started in ((other, False), (moved, True)):
+        settings = msgspec.structs.replace(settings, mcp=config)
+        async with open_node(settings, tokens=TOKENS, serve=False) as node:
+            server = mcp_server(node, "time")
+            assert server.wanted is started  # another command lists anew
