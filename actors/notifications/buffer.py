@@ -51,7 +51,7 @@ from turnstile.actors.notifications.base import NotifierBase
 from turnstile.actors.notifications.config import LLM, ChannelConfig, _Notification
 from turnstile.actors.notifications.events import Notification, NotificationsDropped
 from turnstile.actors.sessions.actor import GetStatus, Inject, Publish
-from turnstile.runtime.errors import PlacedElsewhere
+from turnstile.runtime.errors import NotFound, PlacedElsewhere, StoreError
 
 log = logging.getLogger("turnstile.notifications")
 
@@ -60,6 +60,9 @@ _KEY_DIGITS = 20
 
 #: Shielded clean-up after a cancelled buffer delivery is bounded by this.
 CLEANUP_GRACE_SECONDS = 5.0
+#: how often an attach's delivery of the buffer is tried when the store refuses one of its
+#: writes (half a second more between each): each try finds what the one before published
+FLUSH_TRIES = 3
 #: the buffer's meta key naming the notifications a flush is publishing (``_flush``)
 _PUBLISHING = "publishing"
 
@@ -290,10 +293,24 @@ class SessionBufferMixin(NotifierBase):
             How many notifications were delivered.
         """
         async with self._lock(session_id):
-            try:
-                return await self._flush(session_id)
-            except PlacedElsewhere:  # (a client of a node that does not hold the session)
-                return 0  # nothing was published: the buffer waits for the holder's next attach
+            for attempt in range(1, FLUSH_TRIES + 1):
+                try:
+                    return await self._flush(session_id)
+                except PlacedElsewhere:  # (a client of a node that does not hold the session)
+                    return 0  # nothing was published: the buffer waits for the holder's attach
+                except StoreError as exc:
+                    # A refused write (issue 23's crash harness, ``--fault fail``) failed the
+                    # attach and left the buffer for the next one. Each step is safe to run
+                    # again: what a cut flush published is found and not published twice.
+                    if isinstance(exc, NotFound) or attempt == FLUSH_TRIES:
+                        raise
+                    log.warning(
+                        "delivering session %s's buffered notifications failed (trying again): %s",
+                        session_id,
+                        exc,
+                    )
+                    await trio.sleep(0.5 * attempt)
+            raise AssertionError("unreachable")
 
     async def buffered(self, session_id: str) -> tuple[list[Notification], int]:
         """What waits for a client to attach, without delivering or forgetting any of it.

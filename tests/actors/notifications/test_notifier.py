@@ -37,7 +37,7 @@ from turnstile.actors.notifications.actor import (
 )
 from turnstile.actors.sessions.actor import Attach, Detach, Submit
 from turnstile.actors.sessions.ids import session_key
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound
+from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
 from turnstile.tools.netguard import NetPolicy
 
 HOUR = 3600
@@ -306,6 +306,54 @@ class _DiesBeforeForgetting:
         if namespace.startswith("notify:"):
             raise RuntimeError("the node died here")
         return await self._store.kv_delete(namespace, keys)
+
+
+class _RefusesOnce:
+    """The store, but the ``at``-th write to a notification buffer (its items or its
+    bookkeeping) is refused once, as a failed commit is (issue 23's ``--fault fail``)."""
+
+    def __init__(self, store, at: int) -> None:
+        self._store, self._at, self._writes = store, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def _count(self, namespace: str) -> None:
+        if namespace.startswith("notify"):
+            self._writes += 1
+            if self._writes == self._at:
+                raise StoreError("sqlite: transaction failed: refused by the test")
+
+    async def kv_put(self, namespace, rows):
+        self._count(namespace)
+        return await self._store.kv_put(namespace, rows)
+
+    async def kv_delete(self, namespace, keys):
+        self._count(namespace)
+        return await self._store.kv_delete(namespace, keys)
+
+
+@pytest.mark.guard(DAY)
+@pytest.mark.parametrize("at", [1, 2, 3, 4])
+async def test_an_attach_whose_delivery_write_is_refused_delivers_once(autojump_clock, at):
+    """Found by the crash harness's ``--fault fail`` at every point (scenario
+    ``notification``): a refused write while an attach delivered the buffer (the delivered
+    mark, the publishing marker, forgetting the items, clearing the marker) failed the
+    attach, and the notification stayed buffered, or was published and stayed buffered too.
+    The delivery is tried again: the client gets it once, and the buffer is empty."""
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n)
+        await notifier.notify("t", "ada", "llm_notification", "once")
+        await trio.testing.wait_all_tasks_blocked()
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        notifier.store = _RefusesOnce(n.store, at)
+        await notifier.deliver_buffered("t")
+        assert notifier.store._writes >= at  # the refusal happened
+        assert [e["message"] for e in events(client, "notification")] == ["once"]
+        assert await n.store.kv_list("notify:t") == []
+        assert await n.store.kv_list("notify-meta:t") == [("delivered", {"seq": 1})]
 
 
 @pytest.mark.guard(DAY)
