@@ -417,8 +417,8 @@ class TurnShaper:
             raise InvalidArgument(
                 f"timezone {config.timezone!r} is not a time zone", field="$.execution.timezone"
             )
-        self._cache: dict[tuple[ExecutionSettings, frozenset[str] | None, int], ToolSelection]
-        self._cache = {}
+        self._cache: dict[tuple[ExecutionSettings, frozenset[str] | None], ToolSelection] = {}
+        self._version = -1  # the registry's version the cache was made from
 
     def _check(self, settings: ExecutionSettings, where: str) -> None:
         if settings.tool_profile not in self.profiles:
@@ -462,10 +462,14 @@ class TurnShaper:
     def select(
         self, settings: ExecutionSettings, allowed: frozenset[str] | None = None
     ) -> ToolSelection:
-        """The turn's tools (cached: the registry does not change once the node runs). With a
+        """The turn's tools (cached until the registry changes: an MCP server's tools come and
+        go while the node runs, and one that replaces another keeps their number). With a
         group turned off and no profile, the turn may call every tool but that group's."""
         specs = self.registry.specs()
-        key = (settings, allowed, len(specs))
+        if self._version != self.registry.version:
+            self._cache.clear()
+            self._version = self.registry.version
+        key = (settings, allowed)
         found = self._cache.get(key)
         if found is None:
             found = select_tools(specs, settings, self.profiles, allowed)

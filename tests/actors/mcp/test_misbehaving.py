@@ -11,6 +11,7 @@ import trio
 
 from tests.actors.mcp.conftest import MISBEHAVING, mcp_node, mcp_server, session_key, until
 from tests.support.fake_openai import check_parameters
+from turnstile.actors.config import ExecutionConfig
 from turnstile.actors.mcp import McpServerConfig
 from turnstile.actors.mcp.catalog import MAX_DESCRIPTION_CHARS
 from turnstile.tools.policy import Policy
@@ -215,3 +216,26 @@ async def test_servers_per_user_and_narrowed_by_a_sessions_metadata(tmp_path):
         assert (await node.tools.call(nothing, "alice", "ours.echo", {"text": "a"})).error[
             "code"
         ] == "not_allowed"
+
+
+async def test_a_turn_sees_a_tool_that_replaced_another(tmp_path):
+    """The turn shaper caches each turn's tools until the registry changes: a list_changed
+    that replaces one tool by another keeps their number, and the turn still sees the new."""
+    async with mcp_node(
+        tmp_path, misbehaving(), execution=ExecutionConfig(tool_mode="direct")
+    ) as node:
+        shaper = node.features["execution"].shaper.shaper
+        before = {spec.name for spec in shaper.select(shaper.settings).tools}
+        assert "misb.echo" in before
+        feature = node.features["mcp"]
+        server = mcp_server(node, "misb")
+        listed = [
+            {"name": "renamed", "inputSchema": {"type": "object"}}
+            if t == "echo"
+            else {"name": t, "inputSchema": {"type": "object"}}
+            for t in ("echo", "env", "crash", "hang", "freeze", "big", "fail", "add_tool", "meta")
+        ]
+        await feature._register_all(server, listed)
+        after = {spec.name for spec in shaper.select(shaper.settings).tools}
+        assert len(after) == len(before)
+        assert "misb.renamed" in after and "misb.echo" not in after
