@@ -5,12 +5,24 @@ buckets add up, and the labels are the bounded ones."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.node import connect, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
 from turnstile.actors.config import Config
 from turnstile.actors.node import open_node
+from turnstile.client import SessionStream, StreamEnd, StreamStart, open_client
+
+
+async def until(stream: SessionStream, matches: Callable[[Any], bool]) -> Any:
+    """The data of the stream's next event that ``matches``."""
+    async for event in stream:
+        if matches(event.data):
+            return event.data
+    raise AssertionError("the stream ended first")
 
 
 def families(text: str) -> dict:
@@ -30,18 +42,19 @@ def histogram_count(family, **labels: str) -> float:
 async def test_a_scrape_after_turns_has_turn_fire_and_delivery_histograms(tmp_path):
     async with running_node(tmp_path) as node:
         await new_session(node, "m")
-        async with connect(node) as client, node.http() as http:
-            await client.send(type="attach", session_id="m")
-            await client.expect("session_sync")
-            await client.send(type="send", session_id="m", content="hello")
-            await client.expect("stream_end", status="completed")
+        async with (
+            open_client(node.url, ALICE) as client,
+            client.attach("m") as stream,
+            node.http() as http,
+        ):
+            ack = await stream.send("hello")
+            end = await until(stream, lambda e: isinstance(e, StreamEnd))
+            assert (end.input_id, end.status) == (ack.input_id, "completed")
             arguments = {"call_type": "immediate", "additional_context_message": "check the log"}
-            await client.send(
-                type="call", id="r", session_id="m", tool="schedule_recall", arguments=arguments
-            )
-            assert (await client.expect("result", id="r"))["ok"] is True
-            await client.expect(lambda f: f["type"] == "stream_start" and f["source"] == "recall")
-            await client.expect("stream_end", status="completed")
+            await stream.call("schedule_recall", arguments)  # raises unless ok
+            await until(stream, lambda e: isinstance(e, StreamStart) and e.source == "recall")
+            end = await until(stream, lambda e: isinstance(e, StreamEnd))
+            assert end.status == "completed"
             response = await http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
