@@ -8,10 +8,19 @@ from functools import partial
 import trio
 
 from tests.support.http import read_request_head
-from tests.support.node import connect, new_session, running_node
+from tests.support.node import ALICE, new_session, running_node
 from turnstile.actors.config import FilesystemModuleConfig, HttpModuleConfig, ModulesConfig
+from turnstile.client import ApprovalRequired, SessionStream, StreamStart, open_client
 
 BODY = b"x" * 5000
+
+
+async def next_data(stream: SessionStream, kind: type, matches=lambda data: True):
+    """The data of the stream's next event that is a ``kind`` and ``matches``."""
+    async for event in stream:
+        if isinstance(event.data, kind) and matches(event.data):
+            return event.data
+    raise AssertionError(f"the stream ended before a {kind.__name__}")
 
 
 class GatedFileServer:
@@ -47,42 +56,31 @@ async def test_a_download_runs_in_the_background_and_notifies_the_session(tmp_pa
         url = f"http://127.0.0.1:{server.port}/big.zip"
         async with running_node(tmp_path, modules=modules) as node:
             await new_session(node, "dl")
-            async with connect(node) as client:
-                await client.send(type="attach", session_id="dl")
-                await client.expect("session_sync")
-                await client.send(
-                    type="call",
-                    id="d",
-                    session_id="dl",
-                    tool="http.download",
-                    arguments={"url": url, "destination": "in/big.zip", "create_parents": True},
-                )
-                asked = await client.expect("approval_required", tool="http.download")
-                await client.send(type="approve", session_id="dl", approval_id=asked["approval_id"])
-                started = await client.expect("result", id="d")
+            async with open_client(node.url, ALICE) as client, client.attach("dl") as stream:
+                calls: list = []
+
+                async def download() -> None:
+                    arguments = {"url": url, "destination": "in/big.zip", "create_parents": True}
+                    calls.append(await stream.call("http.download", arguments))
+
+                async with trio.open_nursery() as calling:
+                    calling.start_soon(download)  # it waits for the approval
+                    asked = await next_data(stream, ApprovalRequired)
+                    assert asked.tool == "http.download"
+                    await stream.approve(asked.approval_id)
+                (started,) = calls
                 # Answered while the server still holds the body: the download is a task.
-                assert started["ok"] is True, started
-                assert started["data"]["tool_name"] == "http.download"
-                assert started["data"]["status"] == "running"
-                task_id = started["data"]["task_id"]
+                assert started["tool_name"] == "http.download"
+                assert started["status"] == "running"
+                task_id = started["task_id"]
                 assert not (tmp_path / "ws" / "in" / "big.zip").exists()
                 server.gate.set()
-                notice = await client.expect(
-                    lambda f: (
-                        f.get("type") == "stream_start"
-                        and "[BACKGROUND TASK COMPLETED]" in f.get("content", "")
-                    )
+                notice = await next_data(
+                    stream, StreamStart, lambda s: "[BACKGROUND TASK COMPLETED]" in s.content
                 )
-                assert f"task_id={task_id}" in notice["content"]
-                assert "tool=http.download" in notice["content"]
-                await client.send(
-                    type="call",
-                    id="r",
-                    session_id="dl",
-                    tool="background_result",
-                    arguments={"task_id": task_id},
-                )
-                result = (await client.expect("result", id="r"))["data"]
+                assert f"task_id={task_id}" in notice.content
+                assert "tool=http.download" in notice.content
+                result = await stream.call("background_result", {"task_id": task_id})
                 assert result["status"] == "completed"
                 assert result["result"]["data"]["bytes"] == len(BODY)
             assert (tmp_path / "ws" / "in" / "big.zip").read_bytes() == BODY
