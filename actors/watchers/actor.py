@@ -376,24 +376,29 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         return watcher.summary_view()
 
     async def _stop(self, watchers: list[Watcher], announce: bool = True) -> None:
-        for watcher in watchers:
-            self._forget(watcher)
+        """Delete these watchers' rows, then forget them. A refused delete leaves them held
+        and running, so that asking again stops them: they were forgotten first before, and
+        the session delete's retry found nothing to delete and left the rows (issue 23's crash
+        harness, ``--fault fail``, scenario ``delete``). The write lock keeps a flush from
+        writing them back in between."""
         keys = [
             key
             for w in watchers
             for key in (w.id, *(f"{w.id}/h{k:02d}" for k in range(HISTORY_CHUNKS)))
         ]
         async with self._write_lock:
-            for w in watchers:
-                self._dirty.discard(w.id)
-            self._dirty_chunks = {c for c in self._dirty_chunks if c[0] in self.watchers}
             items = [(NAMESPACE, key) for key in keys]
             if self.share is not None and watchers:
-                self._gone.update(w.id for w in watchers)
                 items += [(INDEX, index_key(w.session_id, w.id)) for w in watchers]
             # one commit: a crash between the row and its index entry left the entry behind
             # (issue 23's crash harness, scenario ``delete`` on PostgreSQL)
             await self.store.kv_delete_items(items)
+            for watcher in watchers:
+                self._forget(watcher)
+                self._dirty.discard(watcher.id)
+            self._dirty_chunks = {c for c in self._dirty_chunks if c[0] in self.watchers}
+            if self.share is not None and watchers:
+                self._gone.update(w.id for w in watchers)
         if announce:
             for watcher in watchers:
                 watcher.state = "stopped"

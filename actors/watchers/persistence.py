@@ -111,11 +111,11 @@ class PersistenceMixin(WatcherBase):
         async with self._write_lock:  # after a flush under way, which would write them back
             # one held here already (adopted before its session went) stops too: its next
             # flush would write its rows back (the survivor's ``delete`` in the crash harness)
+            await self.store.kv_delete_items(items)
             for wid in dead:
                 held = self.watchers.get(wid)
                 if held is not None:
                     self._forget(held)
-            await self.store.kv_delete_items(items)
         for wid in dead:
             del states[wid]
             chunks.pop(wid, None)

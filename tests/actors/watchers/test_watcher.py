@@ -22,6 +22,7 @@ from tests.support.watchers import Probe, watching
 from turnstile.actors.sessions.actor import Submit
 from turnstile.actors.watchers.actor import (
     NAMESPACE,
+    DropSessionWatchers,
     GetWatcher,
     ListWatchers,
     PauseWatcher,
@@ -31,7 +32,7 @@ from turnstile.actors.watchers.actor import (
     backoff_delay,
 )
 from turnstile.actors.watchers.tools import watch_runner
-from turnstile.runtime.errors import InvalidArgument, NotFound
+from turnstile.runtime.errors import InvalidArgument, NotFound, StoreError
 
 
 def head(wid: str, label: str = "", tool: str = "probe.read") -> str:
@@ -520,6 +521,35 @@ async def test_a_held_watcher_whose_session_is_found_gone_stops_and_stays_delete
         assert len(w.probe.calls) == calls
         assert await w.n.store.kv_list(NAMESPACE) == []
         assert w.actor.watchers == {}
+
+
+@pytest.mark.guard(DAY)
+async def test_a_session_drop_whose_delete_is_refused_stops_them_when_asked_again(autojump_clock):
+    """Found by the crash harness's ``--fault fail`` at every point (scenario ``delete``): the
+    commit deleting a deleted session's watchers was refused; the session delete asks again
+    (``END_TRIES``), but the watchers had been forgotten before the delete, so the second ask
+    found none and their rows stayed for a session that no longer exists."""
+    async with watching() as w:
+        await w.start(interval=10)
+        await w.start(interval=10)
+        refused: list[int] = []
+
+        async def refuse_once(real, items):
+            if not refused:
+                refused.append(len(items))
+                raise StoreError("sqlite: transaction failed: refused by the test")
+            return await real(items)
+
+        w.actor.store = StoreWith(w.n.store, kv_delete_items=refuse_once)
+        with pytest.raises(StoreError):
+            await w.ref.ask(DropSessionWatchers(session_id="s"))
+        assert len(w.actor.watchers) == 2  # still held, and running: nothing was deleted
+        assert await w.ref.ask(DropSessionWatchers(session_id="s")) == 2
+        assert await w.n.store.kv_list(NAMESPACE) == []
+        calls = len(w.probe.calls)
+        await trio.sleep(60)
+        assert len(w.probe.calls) == calls
+        assert await w.n.store.kv_list(NAMESPACE) == []
 
 
 @pytest.mark.guard(DAY)
