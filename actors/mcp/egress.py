@@ -89,6 +89,12 @@ class GuardProxy:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, client: trio.SocketStream) -> None:
+        try:
+            await self._serve_one(client)
+        except Exception:  # one connection's trouble never stops the proxy
+            log.exception("mcp guard proxy: a connection failed")
+
+    async def _serve_one(self, client: trio.SocketStream) -> None:
         async with client:
             try:
                 with trio.fail_after(HEAD_TIMEOUT):
