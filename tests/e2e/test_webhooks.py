@@ -19,13 +19,14 @@ from tests.support.github import (
     standard,
     workflow_run_event,
 )
-from tests.support.node import ALICE, BOB, connect, new_session, running_node
+from tests.support.node import ALICE, BOB, new_session, running_node
 from turnstile.actors.webhooks.settings import (
     GitHubConfig,
     HookConfig,
     RepoConfig,
     WebhooksConfig,
 )
+from turnstile.client import SessionStream, StreamEnd, StreamStart, open_client
 
 DEPLOYS = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PR3 = "github:acme/app#3"
@@ -53,6 +54,14 @@ async def metrics(node) -> list[str]:
         return (await http.get("/metrics")).text.splitlines()
 
 
+async def next_data(stream: SessionStream, kind: type, matches=lambda data: True):
+    """The data of the stream's next event that is a ``kind`` and ``matches``."""
+    async for event in stream:
+        if isinstance(event.data, kind) and matches(event.data):
+            return event.data
+    raise AssertionError(f"the stream ended before a {kind.__name__}")
+
+
 async def bind(node, session: str, source: str, token: str = ALICE) -> None:
     async with node.http(token) as http:
         answer = await http.post(f"/sessions/{session}/bindings", json={"source": source})
@@ -64,17 +73,19 @@ async def test_a_failing_check_run_wakes_the_bound_session_with_what_failed(tmp_
     async with running_node(tmp_path, agent=agent, webhooks=webhooks()) as node:
         await new_session(node, "pr3")
         await bind(node, "pr3", PR3)
-        async with connect(node) as client, unsigned(node) as github:
-            await client.send(type="attach", session_id="pr3")
-            await client.expect("session_sync")
+        async with (
+            open_client(node.url, ALICE) as client,
+            client.attach("pr3") as stream,
+            unsigned(node) as github,
+        ):
             answer = await deliver(github, "check_run", check_run_event(conclusion="failure"))
             assert answer.status_code == 202
             assert answer.json() == {"accepted": True, "sessions": 1, "unrouted": False}
-            start = await client.expect("stream_start", source="webhook")
-            assert start["content"].startswith('[CI FAILED] Acme/App: check run "tests"')
-            await client.expect("stream_end", input_id=start["input_id"])
+            start = await next_data(stream, StreamStart, lambda s: s.source == "webhook")
+            assert start.content.startswith('[CI FAILED] Acme/App: check run "tests"')
+            await next_data(stream, StreamEnd, lambda e: e.input_id == start.input_id)
         (turn,) = agent.inputs
-        assert (turn.source, turn.content) == ("webhook", start["content"])
+        assert (turn.source, turn.content) == ("webhook", start.content)
         delivery = answer.request.headers["x-github-delivery"]
         assert turn.payload == {
             "type": "check_run_failed",
@@ -97,7 +108,7 @@ async def test_a_failing_check_run_wakes_the_bound_session_with_what_failed(tmp_
         }
         async with node.http() as http:
             history = (await http.get("/sessions/pr3/history")).json()["history"]
-        assert history[0] == {"role": "user", "content": start["content"], "source": "webhook"}
+        assert history[0] == {"role": "user", "content": start.content, "source": "webhook"}
 
 
 async def test_success_ping_and_other_events_wake_nobody(tmp_path):
@@ -164,11 +175,10 @@ async def test_a_redelivery_storm_over_real_http_makes_one_turn(tmp_path):
         statuses: list[int] = []
         limits = httpx.Limits(max_connections=100)
         async with (
-            connect(node) as client,
+            open_client(node.url, ALICE) as client,
+            client.attach("pr3") as stream,
             httpx.AsyncClient(base_url=node.url, limits=limits) as github,
         ):
-            await client.send(type="attach", session_id="pr3")
-            await client.expect("session_sync")
 
             async def one() -> None:
                 statuses.append((await github.post("/webhooks/github", **request)).status_code)
@@ -176,7 +186,7 @@ async def test_a_redelivery_storm_over_real_http_makes_one_turn(tmp_path):
             async with trio.open_nursery() as nursery:
                 for _ in range(100):
                     nursery.start_soon(one)
-            await client.expect("stream_end")
+            await next_data(stream, StreamEnd)
         assert sorted(statuses) == [200] * 99 + [202]
         async with node.http() as http:
             events = (await http.get("/sessions/pr3/events")).json()["events"]
@@ -190,19 +200,21 @@ async def test_a_standard_webhooks_delivery_is_routed_by_its_template(tmp_path):
         await new_session(node, "deploy-api")
         body = {"type": "deploy.failed", "service": "api", "error": "health check failed"}
         now = int(time.time())
-        async with connect(node) as client, unsigned(node) as sender:
-            await client.send(type="attach", session_id="deploy-api")
-            await client.expect("session_sync")
+        async with (
+            open_client(node.url, ALICE) as client,
+            client.attach("deploy-api") as stream,
+            unsigned(node) as sender,
+        ):
             request = standard(DEPLOYS, body, msg_id="msg_1", timestamp=now)
             answer = await sender.post("/webhooks/deploys", **request)
             assert (answer.status_code, answer.json()["sessions"]) == (202, 1)
-            start = await client.expect("stream_start", source="webhook")
+            start = await next_data(stream, StreamStart, lambda s: s.source == "webhook")
             # the same message again (a sender's retry): nothing more
             again = await sender.post("/webhooks/deploys", **request)
             assert again.json() == {"duplicate": True}
-            await client.expect("stream_end", input_id=start["input_id"])
-        assert start["content"].splitlines()[0] == "[WEBHOOK deploys] deploy.failed"
-        assert json.loads(start["content"].split("\n", 1)[1]) == body
+            await next_data(stream, StreamEnd, lambda e: e.input_id == start.input_id)
+        assert start.content.splitlines()[0] == "[WEBHOOK deploys] deploy.failed"
+        assert json.loads(start.content.split("\n", 1)[1]) == body
         (turn,) = agent.inputs
         assert turn.payload["data"] == body
         assert (turn.payload["hook"], turn.payload["delivery_id"]) == (
