@@ -218,10 +218,3 @@ async def test_read_commands_run_without_a_shell(root):
     assert "outside" not in recursive.data["stdout"] and recursive.data["exit_code"] == 1
     unbalanced = await call(command="cat 'notes.txt")
     assert unbalanced.error["field"] == "command"
-
-
-async def test_the_heartbeat_profile_may_read_but_not_run(root):
-    from turnstile.actors.scheduling.heartbeat import HEARTBEAT_PROFILES
-
-    look = HEARTBEAT_PROFILES["heartbeat"]
-    assert "shell.read" in look and "shell.run" not in look
