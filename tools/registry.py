@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from turnstile.tools.spec import FUNCTION_NAME, ToolResult, ToolSpec, function_n
 
 __all__ = [
     "Approver",
+    "Hider",
     "Observer",
     "Precheck",
     "ToolCall",
@@ -118,6 +119,9 @@ Precheck = Callable[[ToolCall, Any], Awaitable[None]]
 #: Sees a call that succeeded: ``(call, tool name, arguments, result data) -> None``.
 Observer = Callable[[ToolCall, str, dict[str, Any], Any], Awaitable[None]]
 
+#: ``(owner, session metadata) -> names`` of tools that session's model is not told of.
+Hider = Callable[[str, Mapping[str, Any]], frozenset[str]]
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -158,6 +162,11 @@ class ToolRegistry:
         #: Grows at every ``register`` and ``unregister``: whoever caches what it derived from
         #: the tools compares it.
         self.version = 0
+        #: ``(owner, session metadata) -> tool names`` a session's model is not told of (an MCP
+        #: server its user may not use): the turn shaper leaves them out of the turn and the
+        #: index, and the discovery tools answer as for no tool. Calls are refused by the
+        #: tools' own prechecks; this only keeps a model from being shown them.
+        self.hiders: list[Hider] = []
 
     def register(
         self,
@@ -238,6 +247,13 @@ class ToolRegistry:
             KeyError: no such tool.
         """
         return self.policies.decide(name, self._tools[name].policy)
+
+    def hidden_from(self, owner: str, metadata: Mapping[str, Any]) -> frozenset[str]:
+        """The tools the ``hiders`` keep from a session of ``owner`` with ``metadata``."""
+        hidden: frozenset[str] = frozenset()
+        for hider in self.hiders:
+            hidden |= hider(owner, metadata)
+        return hidden
 
     def names(self) -> list[str]:
         """Registered tool names, sorted."""

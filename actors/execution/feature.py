@@ -185,15 +185,15 @@ class ExecutionFeature:
         if shaper is None or node is None:  # before ready: no turn runs yet
             return frozenset()
         try:
-            metadata = (await node.store.get_session(session_key)).metadata
+            session = await node.store.get_session(session_key)
         except NotFound:  # a client's call for no session: the node's settings
-            metadata = {}
-        return shaper.hidden_for(metadata)
+            return shaper.hidden_for({})
+        return shaper.hidden_for(session.metadata, session.owner)
 
     async def _hidden_names(self, session_key: str, names: Sequence[str]) -> frozenset[str]:
         """Those of ``names`` the session's model is not told of (run_parallel's actions,
         background_run's tool); the store is read only when one may be."""
-        if not may_be_hidden(names):
+        if not may_be_hidden(names) and not (self._node and self._node.tools.hiders):
             return frozenset()
         hidden = await self._hidden(session_key)
         return frozenset(name for name in names if {name, tool_name(name)} & hidden)
@@ -234,8 +234,9 @@ class _ShaperOnceReady:
         turn_input: TurnInput,
         history: list[HistoryEntry],
         allowed: frozenset[str] | None,
+        owner: str | None = None,
     ) -> ShapedTurn:
         """``TurnShaper.shape``."""
         if self.shaper is None:
             raise RuntimeError("a turn was shaped before ExecutionFeature.ready built the shaper")
-        return self.shaper.shape(metadata, turn_input, history, allowed)
+        return self.shaper.shape(metadata, turn_input, history, allowed, owner)

@@ -186,6 +186,7 @@ def select_tools(
     settings: ExecutionSettings,
     profiles: Mapping[str, frozenset[str] | None],
     allowed: frozenset[str] | None = None,
+    hidden_more: frozenset[str] = frozenset(),
 ) -> ToolSelection:
     """Choose a turn's tools from every registered spec, as the module docstring describes.
 
@@ -194,6 +195,8 @@ def select_tools(
         settings: the node's settings with the session's overrides applied.
         profiles: tool profiles by name.
         allowed: the turn's own profile (a heartbeat's), which wins over ``tool_profile``.
+        hidden_more: more tools the model is not told of (``ToolRegistry.hidden_from``: an
+            MCP server the session's user may not use), hidden like a group turned off.
 
     Raises:
         InvalidArgument: ``tool_profile`` names no profile (field ``tool_profile``).
@@ -206,7 +209,7 @@ def select_tools(
                 field="tool_profile",
             )
         allowed = profiles[settings.tool_profile]
-    hidden = hidden_tools(settings)
+    hidden = hidden_tools(settings) | hidden_more
     if allowed is not None:
         allowed -= hidden
         return ToolSelection(
@@ -344,7 +347,8 @@ def register_discovery_tools(
         if args.name in DISCOVERY:
             raise InvalidArgument(f"{args.name} cannot be run through tool_run", field="name")
         names = {args.name, tool_name(args.name)}
-        if names & _GROUPED and names & await hidden_for(call.session_id):
+        maybe = names & _GROUPED or registry.hiders
+        if maybe and names & await hidden_for(call.session_id):
             # what a name that is not a tool answers: the model learns nothing of the group
             unknown = {"code": "unknown_tool", "message": f"no tool named {args.name!r}"}
             raise ToolCallFailed(unknown)
@@ -417,7 +421,9 @@ class TurnShaper:
             raise InvalidArgument(
                 f"timezone {config.timezone!r} is not a time zone", field="$.execution.timezone"
             )
-        self._cache: dict[tuple[ExecutionSettings, frozenset[str] | None], ToolSelection] = {}
+        self._cache: dict[
+            tuple[ExecutionSettings, frozenset[str] | None, frozenset[str]], ToolSelection
+        ] = {}
         self._version = -1  # the registry's version the cache was made from
 
     def _check(self, settings: ExecutionSettings, where: str) -> None:
@@ -454,13 +460,20 @@ class TurnShaper:
             return self.settings
         return merged
 
-    def hidden_for(self, metadata: Mapping[str, Any]) -> frozenset[str]:
+    def hidden_for(self, metadata: Mapping[str, Any], owner: str | None = None) -> frozenset[str]:
         """The tools a session's model is not told of (its groups turned off), for the
-        session's ``metadata``."""
-        return hidden_tools(self.settings_for(metadata))
+        session's ``metadata``; with its ``owner``, those the registry's hiders keep from
+        it too."""
+        hidden = hidden_tools(self.settings_for(metadata))
+        if owner is not None:
+            hidden |= self.registry.hidden_from(owner, metadata)
+        return hidden
 
     def select(
-        self, settings: ExecutionSettings, allowed: frozenset[str] | None = None
+        self,
+        settings: ExecutionSettings,
+        allowed: frozenset[str] | None = None,
+        hidden_more: frozenset[str] = frozenset(),
     ) -> ToolSelection:
         """The turn's tools (cached until the registry changes: an MCP server's tools come and
         go while the node runs, and one that replaces another keeps their number). With a
@@ -469,10 +482,10 @@ class TurnShaper:
         if self._version != self.registry.version:
             self._cache.clear()
             self._version = self.registry.version
-        key = (settings, allowed)
+        key = (settings, allowed, hidden_more)
         found = self._cache.get(key)
         if found is None:
-            found = select_tools(specs, settings, self.profiles, allowed)
+            found = select_tools(specs, settings, self.profiles, allowed, hidden_more)
             if found.hidden and found.allowed is None:
                 callable_ = frozenset(self.registry.names()) - found.hidden
                 found = msgspec.structs.replace(found, allowed=callable_)
@@ -485,6 +498,7 @@ class TurnShaper:
         turn_input: TurnInput,
         history: list[HistoryEntry],
         allowed: frozenset[str] | None,
+        owner: str | None = None,
     ) -> ShapedTurn:
         """Tools, default system prompt and history for one turn.
 
@@ -493,9 +507,12 @@ class TurnShaper:
             turn_input: what started the turn (its content counts against the budget).
             history: the transcript before the turn, oldest first.
             allowed: the turn's own tool profile (heartbeats), else None.
+            owner: the session's user: the registry's hiders keep tools from it
+                (``ToolRegistry.hidden_from``).
         """
         settings = self.settings_for(metadata)
-        selection = self.select(settings, allowed)
+        hidden_more = frozenset() if owner is None else self.registry.hidden_from(owner, metadata)
+        selection = self.select(settings, allowed, hidden_more)
         prompt = None
         if self.config.default_prompt:
             prompt = build_system_prompt(

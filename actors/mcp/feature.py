@@ -106,6 +106,7 @@ class McpFeature:
             raise InvalidArgument(str(exc), field="$.mcp.allowed_networks") from None
         if config.servers:
             self.proxy = GuardProxy(policy)
+            node.tools.hiders.append(self.hidden)
         for name, server in config.servers.items():
             self.servers[name] = McpServer(
                 name,
@@ -224,6 +225,19 @@ class McpFeature:
         )
 
     # -- who may use a server ---------------------------------------------------------------
+
+    def hidden(self, owner: str, metadata: Mapping[str, Any]) -> frozenset[str]:
+        """The tools a session of ``owner`` with ``metadata`` may not use, so its model is
+        not shown them (``ToolRegistry.hiders``); ``check_access`` refuses them anyway."""
+        narrowed = session_servers(metadata)
+        hidden: set[str] = set()
+        for name, server in self.servers.items():
+            users = server.config.users
+            if ("*" not in users and owner not in users) or (
+                narrowed is not None and name not in narrowed
+            ):
+                hidden.update(self.registered[name])
+        return frozenset(hidden)
 
     async def check_access(self, server: str, call: ToolCall) -> None:
         """Refuse a call by a user the server is not for, or in a session that narrows it

@@ -470,7 +470,10 @@ class TurnRunner:
         shaper = self.services.shaper
         if shaper is None:
             return
-        shaped = shaper.shape(self._loaded.metadata, context.input, context.history, turn.allowed)
+        loaded = self._loaded
+        shaped = shaper.shape(
+            loaded.metadata, context.input, context.history, turn.allowed, owner=loaded.owner
+        )
         turn.allowed = shaped.allowed
         context.tools, context.history = shaped.tools, shaped.history
         context.input = msgspec.structs.replace(

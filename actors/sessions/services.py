@@ -57,8 +57,10 @@ class TurnShaper(Protocol):
         turn_input: TurnInput,
         history: list[HistoryEntry],
         allowed: frozenset[str] | None,
+        owner: str | None = None,
     ) -> ShapedTurn:
-        """What the model sees this turn; ``allowed`` is the turn's own profile, if any."""
+        """What the model sees this turn; ``allowed`` is the turn's own profile, if any;
+        ``owner`` the session's user (tools may be kept from some users)."""
         ...
 
 

@@ -14,6 +14,7 @@ from tests.support.fake_openai import check_parameters
 from turnstile.actors.config import ExecutionConfig
 from turnstile.actors.mcp import McpServerConfig
 from turnstile.actors.mcp.catalog import MAX_DESCRIPTION_CHARS
+from turnstile.actors.sessions.agents.base import TurnInput
 from turnstile.tools.policy import Policy
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.05}
@@ -239,3 +240,41 @@ async def test_a_turn_sees_a_tool_that_replaced_another(tmp_path):
         after = {spec.name for spec in shaper.select(shaper.settings).tools}
         assert len(after) == len(before)
         assert "misb.renamed" in after and "misb.echo" not in after
+
+
+async def test_a_model_is_not_shown_the_servers_its_session_may_not_use(tmp_path):
+    servers = {
+        "mine": McpServerConfig(command=MISBEHAVING, users=["alice"]),
+        "ours": McpServerConfig(command=MISBEHAVING),
+    }
+    direct = ExecutionConfig(tool_mode="direct")
+    async with mcp_node(tmp_path, servers, execution=direct) as node:
+        shaper = node.features["execution"].shaper.shaper
+        turn = TurnInput(input_id=1, source="user", content="hi")
+
+        def shown(owner: str, metadata: dict) -> set[str]:
+            shaped = shaper.shape(metadata, turn, [], None, owner=owner)
+            names = {spec.name.partition(".")[0] for spec in shaped.tools if "." in spec.name}
+            return names & {"mine", "ours"}
+
+        assert shown("alice", {}) == {"mine", "ours"}
+        assert shown("bob", {}) == {"ours"}
+        assert shown("alice", {"mcp": {"servers": ["ours"]}}) == {"ours"}
+        assert shown("alice", {"mcp": {"servers": []}}) == set()
+        # tool_search and tool_run answer as for no tool; the turn refuses it too
+        bob = await session_key(node, "bob")
+        found = await node.tools.call(bob, "bob", "tool_search", {"names": ["mine.echo"]})
+        assert found.data == {"tools": [], "unknown": ["mine.echo"]}
+        searched = await node.tools.call(bob, "bob", "tool_search", {"query": "echo"})
+        assert {t["name"] for t in searched.data["tools"]} >= {"ours.echo"}
+        assert "mine.echo" not in {t["name"] for t in searched.data["tools"]}
+        run = await node.tools.call(
+            bob, "bob", "tool_run", {"name": "mine.echo", "params": {"text": "x"}}
+        )
+        assert run.error == {"code": "unknown_tool", "message": "no tool named 'mine.echo'"}
+        alice = await session_key(node)
+        found = await node.tools.call(alice, "alice", "tool_search", {"names": ["mine.echo"]})
+        assert [t["name"] for t in found.data["tools"]] == ["mine.echo"]
+        # compact mode's index, for the same two users
+        compact = shaper.select(shaper.settings, None, shaper.registry.hidden_from("bob", {}))
+        assert not [name for name in compact.indexed if name.startswith("mine.")]
