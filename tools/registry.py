@@ -23,6 +23,8 @@ A tool whose parameters are not a msgspec type (a tool another program describes
 server's) is registered with ``schema=``, the JSON Schema a model is shown, and ``params=dict``:
 its arguments reach the handler as a dict, and its precheck validates them against the schema.
 Such tools can come and go while the node runs (``unregister``; ``version`` counts the changes).
+A feature may keep tools from some sessions' models (``hiders``: an MCP server a user may not
+use); the turn shaper and the discovery tools ask ``hidden_from``.
 
 After a call succeeds, the registry's *observers* see it (``ToolRegistry.observers``): a feature
 that reacts to what a tool did, without the tool knowing the feature (the webhooks feature binds
