@@ -45,7 +45,14 @@ from turnstile.client._errors import (
     Unauthorized,
 )
 from turnstile.client._events import Event, UnknownEvent, decode_event
-from turnstile.client._stream import SessionStream, StreamStatistics, new_client_msg_id
+from turnstile.client._stream import (
+    SessionStream,
+    StreamStatistics,
+    TopicEvent,
+    TopicReset,
+    TopicStream,
+    new_client_msg_id,
+)
 from turnstile.protocol import Ack, ApprovalDecided
 
 __all__ = [
@@ -53,6 +60,9 @@ __all__ = [
     "Client",
     "SessionStream",
     "StreamStatistics",
+    "TopicStream",
+    "TopicEvent",
+    "TopicReset",
     "new_client_msg_id",
     # what comes back
     "Event",

@@ -19,6 +19,7 @@ from turnstile.client._errors import (
 from turnstile.client._events import Event, decode_event
 from turnstile.client._stream import (
     SessionStream,
+    TopicStream,
     call_result,
     connection_error,
     decode_answer,
@@ -98,6 +99,42 @@ class Client:
         stream = SessionStream(
             self._connect,
             session_id,
+            after_seq=after_seq,
+            max_buffer=max_buffer,
+            reconnect_attempts=reconnect_attempts,
+        )
+        async with _unwrapped(), anyio.create_task_group() as tasks:
+            await tasks.start(stream.run, tasks)
+            try:
+                yield stream
+            finally:
+                tasks.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        topic: str,
+        *,
+        after_seq: int | None = None,
+        max_buffer: int = 1024,
+        reconnect_attempts: int = 8,
+    ) -> AsyncIterator[TopicStream]:
+        """Your events of a user topic (``memory``) over a WebSocket of its own, for as long
+        as the block runs; reconnected as ``attach`` is, from the last ``seq`` received.
+
+        Args:
+            topic: the topic.
+            after_seq: first replay what the topic's log holds after it; None: live only.
+            max_buffer: events kept for a reader that is behind (>= 1).
+            reconnect_attempts: connections tried in a row after a drop (>= 0).
+
+        Raises:
+            NotFound: no such topic.
+            ConnectionLost: the node cannot be reached.
+        """
+        stream = TopicStream(
+            self._connect,
+            topic,
             after_seq=after_seq,
             max_buffer=max_buffer,
             reconnect_attempts=reconnect_attempts,

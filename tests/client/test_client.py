@@ -37,6 +37,8 @@ from turnstile.client import (
     StreamStart,
     ToolCalled,
     ToolError,
+    TopicEvent,
+    TopicReset,
     TurnQueued,
     Unauthorized,
     open_client,
@@ -365,3 +367,57 @@ async def test_the_client_works_under_asyncio(tmp_path):
         with trio.fail_after(WAIT):
             text = await trio.to_thread.run_sync(lambda: anyio.run(on_asyncio, backend="asyncio"))
     assert text == "You said: from asyncio"
+
+
+async def test_a_topic_replays_goes_live_and_resumes_after_a_cut(tmp_path):
+    """``subscribe("memory")``: what the log holds after ``after_seq``, then live events; the
+    connection cut while facts are saved, the stream reads exactly what the log has, once."""
+    with trio.fail_after(WAIT):
+        async with (
+            running_node(tmp_path) as node,
+            open_tcp_proxy("127.0.0.1", urlsplit(node.url).port or 80) as proxy,
+            open_client(f"http://127.0.0.1:{proxy.port}", ALICE) as through_proxy,
+            open_client(node.url, ALICE) as direct,
+        ):
+            await direct.put_fact("drinks", "coffee", "dark roast")
+            async with through_proxy.subscribe(
+                "memory", after_seq=0, reconnect_attempts=1000
+            ) as stream:
+                replayed = await stream.receive()
+                assert isinstance(replayed, TopicEvent)
+                assert (replayed.type, replayed.fields["fact"]["value"]) == (
+                    "fact_saved",
+                    "dark roast",
+                )
+                await direct.put_fact("food", "lunch", "soup")
+                live = await stream.receive()
+                assert isinstance(live, TopicEvent)
+                assert live.fields["fact"]["key"] == "lunch"
+
+                await proxy.cut()
+                await direct.put_fact("food", "dinner", "rice")
+                await direct.put_memory_summary("eats")
+                proxy.heal()
+                after = [await stream.receive(), await stream.receive()]
+                assert stream.statistics().connects >= 2
+            changes = (await direct.memory_changes())["changes"]
+            got = [replayed, live, *after]
+            assert all(isinstance(e, TopicEvent) for e in got)
+            assert [(e.seq, e.type) for e in got] == [(c["seq"], c["type"]) for c in changes]
+
+
+async def test_a_topic_resumed_beyond_its_log_says_reset_and_an_unknown_one_is_not_found(
+    tmp_path,
+):
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            async with client.subscribe("memory", after_seq=10_000) as stream:
+                reset = await stream.receive()
+                assert reset == TopicReset("memory", 0)
+                await client.put_fact("drinks", "tea", "green")
+                event = await stream.receive()
+                assert isinstance(event, TopicEvent) and event.type == "fact_saved"
+            with pytest.raises(NotFound) as missing:
+                async with client.subscribe("no-such-topic"):
+                    pass
+            assert missing.value.code == "not_found"
