@@ -191,6 +191,8 @@ class McpServer:
                             # watcher ends this attempt, with the exit status and stderr
                             with trio.move_on_after(EXIT_GRACE):
                                 await process.exited.wait()
+                            if process.exited.is_set() and self._reason is None:
+                                self._reason = f"the server {process.describe()}"
                         if self._reason is None:  # said before the transport's end says more
                             self._reason = _describe(exc)
                         raise
@@ -367,7 +369,10 @@ class McpServer:
             with trio.move_on_after(EXIT_GRACE):
                 await process.exited.wait()  # its watcher ends the connection, and this call
         if self._client is client:
-            self._fail(f"the connection broke during a call ({why})")
+            if process is not None and process.exited.is_set():  # before its watcher said so
+                self._fail(f"the server {process.describe()}")
+            else:
+                self._fail(f"the connection broke during a call ({why})")
         raise McpServerDied(f"mcp server {self.name!r} died during the call ({self._reason})")
 
     def _check_alive(self, client: Client) -> None:

@@ -7,8 +7,8 @@ Tools: ``echo {text}``, ``env`` (its environment), ``crash`` (exits with status 
 answering), ``hang`` (never answers, still answers pings), ``freeze`` (stops reading its
 stdin for good), ``big {chars}`` (a text that long), ``fail`` (``isError``), ``add_tool
 {name}`` (a new tool, announced with ``notifications/tools/list_changed``), ``meta`` (the
-``_meta`` of its request); plus, with ``--hostile``, tools with names and schemas a node must
-not take.
+``_meta`` of its request), ``cwd`` (its working directory); plus, with ``--hostile``, tools
+with names and schemas a node must not take.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"name": {"type": "string"}}},
     },
     {"name": "meta", "inputSchema": OBJECT, "annotations": {"readOnlyHint": True}},
+    {"name": "cwd", "inputSchema": OBJECT, "annotations": {"readOnlyHint": True}},
 ]
 HOSTILE = [
     {"name": "get-weather", "inputSchema": OBJECT},  # becomes get_weather
@@ -126,6 +127,8 @@ def main() -> None:
                 text = json.dumps(dict(os.environ))
             elif name == "big":
                 text = "a" * int(args.get("chars", 10))
+            elif name == "cwd":
+                text = os.getcwd()
             elif name == "meta":
                 text = json.dumps(params.get("_meta") or {})
             elif name == "add_tool":

@@ -99,7 +99,7 @@ async def test_hostile_names_and_schemas_are_mapped_or_left_out(tmp_path, caplog
         ):
             assert f"misb.{left_out}" not in names
         assert not any("x" * 100 in n for n in names)
-        assert len(names) == 9 + 4  # the ordinary nine and the four that pass
+        assert len(names) == 10 + 4  # the ordinary ten and the four that pass
         for spec in node.tools.specs():
             if spec.name.startswith("misb."):
                 check_parameters(spec.parameters)
@@ -138,7 +138,9 @@ async def test_a_stdio_server_gets_the_environment_it_is_given_and_nothing_else(
     monkeypatch.setenv("NODE_SECRET", "s3cret")
     servers = {
         "guarded": McpServerConfig(command=MISBEHAVING, env={"GREETING": "hi"}),
-        "bare": McpServerConfig(command=MISBEHAVING, egress="none", inherit_env=["PATH"]),
+        "bare": McpServerConfig(
+            command=MISBEHAVING, egress="none", inherit_env=["PATH"], cwd=str(tmp_path)
+        ),
     }
     async with mcp_node(tmp_path, servers) as node:
         key = await session_key(node)
@@ -157,6 +159,8 @@ async def test_a_stdio_server_gets_the_environment_it_is_given_and_nothing_else(
         env = json.loads(bare.data["text"])
         env.pop("LC_CTYPE", None)
         assert env == {"PATH": os.environ["PATH"]}
+        cwd = await node.tools.call(key, "alice", "bare.cwd", {})
+        assert cwd.data == {"text": str(tmp_path)}
 
 
 async def test_a_large_result_is_cut_and_says_so(tmp_path):
@@ -234,7 +238,18 @@ async def test_a_turn_sees_a_tool_that_replaced_another(tmp_path):
             {"name": "renamed", "inputSchema": {"type": "object"}}
             if t == "echo"
             else {"name": t, "inputSchema": {"type": "object"}}
-            for t in ("echo", "env", "crash", "hang", "freeze", "big", "fail", "add_tool", "meta")
+            for t in (
+                "echo",
+                "env",
+                "crash",
+                "hang",
+                "freeze",
+                "big",
+                "fail",
+                "add_tool",
+                "meta",
+                "cwd",
+            )
         ]
         await feature._register_all(server, listed)
         after = {spec.name for spec in shaper.select(shaper.settings).tools}
