@@ -41,10 +41,12 @@ def installed(program: str) -> str:
 async def mcp_node(
     tmp_path: Path, servers: dict[str, McpServerConfig], *, serve: bool = False, **config: Any
 ) -> AsyncIterator[Node]:
-    """A node running ``servers``; each is running, its tools registered, when this yields."""
+    """A node running ``servers`` (on SQLite in ``tmp_path`` unless ``store=`` says another);
+    each is running, its tools registered, when this yields."""
     mcp = McpConfig(servers=servers, **config.pop("mcp", {}))
     config.setdefault("agent", "scripted")
-    settings = Config(port=0, store=f"sqlite:///{tmp_path}/node.db", mcp=mcp, **config)
+    config.setdefault("store", f"sqlite:///{tmp_path}/node.db")
+    settings = Config(port=0, mcp=mcp, **config)
     async with open_node(settings, tokens=TOKENS, serve=serve) as node:
         with trio.fail_after(WAIT):
             for server in servers:

@@ -122,12 +122,13 @@ async def test_the_server_stops_with_the_node(tmp_path):
         raise AssertionError(f"the server (pid {process.pid}) outlived the node")
 
 
-async def test_a_server_whose_tools_are_known_is_started_on_first_use(tmp_path):
-    async with mcp_node(tmp_path, time_server()) as node:  # the first start lists them
+async def test_a_server_whose_tools_are_known_is_started_on_first_use(tmp_path, store_url):
+    # the first start lists them, and the store keeps the list (both backends)
+    async with mcp_node(tmp_path, time_server(), store=store_url) as node:
         assert mcp_server(node, "time").starts == 1
     settings = Config(
         port=0,
-        store=f"sqlite:///{tmp_path}/node.db",
+        store=store_url,
         agent="scripted",
         mcp=McpConfig(servers=time_server()),
     )
