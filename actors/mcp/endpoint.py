@@ -36,7 +36,7 @@ import trio
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from turnstile.runtime.errors import InvalidArgument, NotFound, TurnstileError
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, Reply
@@ -160,7 +160,7 @@ class McpEndpoint:
                     200: Reply(dict[str, Any], "the JSON-RPC answer"),
                     202: Reply(None, "a notification or a response, accepted"),
                 },
-                errors=(406, 413, 415),
+                errors=(400, 404, 406, 409, 413, 415),
             )
         ]
 
@@ -298,14 +298,62 @@ class _TurnEnds:
         self._changed.set()
 
 
+#: The API's error code for each status the SDK refuses a request with.
+_CODES = {
+    400: "bad_message",
+    403: "forbidden",
+    404: "not_found",
+    406: "bad_message",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "bad_message",
+    421: "bad_message",
+}
+
+
 class _Delegate(Response):
-    """An answer that is the SDK's ASGI app, with the user in the scope."""
+    """An answer that is the SDK's ASGI app, with the user in the scope.
+
+    The SDK refuses a request in its own words (a JSON-RPC error, or plain text such as
+    ``Invalid Content-Type header``); such an answer is rewritten into the API's error shape
+    (``{"error": {"code", "message"}}``, the same status), so ``/mcp`` answers like every
+    other route and as ``/openapi.json`` says. Successful answers go through untouched."""
 
     def __init__(self, manager: StreamableHTTPSessionManager, user: str) -> None:
         self.manager, self.user = manager, user
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.manager.handle_request({**scope, USER_KEY: self.user}, receive, send)
+        held: dict[str, Any] = {}
+        body = bytearray()
+
+        async def answer(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                held["status"] = message["status"]
+                return
+            if "status" not in held:
+                await send(message)
+                return
+            if message["type"] == "http.response.body":
+                body.extend(message.get("body", b"")[: 64 * 1024 - len(body)])
+                if not message.get("more_body", False):
+                    await send_error(held["status"], bytes(body))
+
+        async def send_error(status: int, text: bytes) -> None:
+            message = text.decode("utf-8", "replace").strip()
+            try:  # a JSON-RPC error: its message
+                message = str(json.loads(message)["error"]["message"])
+            except (ValueError, KeyError, TypeError):
+                pass
+            code = _CODES.get(status, "internal" if status >= 500 else "bad_message")
+            error = msgspec.json.encode({"error": {"code": code, "message": message[:1000]}})
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(error)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": error})
+
+        await self.manager.handle_request({**scope, USER_KEY: self.user}, receive, answer)
 
 
 def _takes_session_id(tools: ToolRegistry, name: str) -> bool:

@@ -120,3 +120,27 @@ async def test_mcp_serves_post_only(tmp_path):
             assert listed.status_code == 200, listed.text
             names = [tool["name"] for tool in json.loads(listed.text)["result"]["tools"]]
             assert "send_message" in names
+
+
+async def test_what_mcp_refuses_it_answers_in_the_apis_error_shape(tmp_path):
+    async with mcp_node(tmp_path, {}, serve=True) as node:
+        headers = {"Authorization": f"Bearer {ALICE}", "MCP-Protocol-Version": "2025-11-25"}
+        accept = {"Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(headers=headers) as http:
+            not_jsonrpc = await http.post(f"{node.url}/mcp", json={}, headers=accept)
+            assert not_jsonrpc.status_code == 400
+            error = not_jsonrpc.json()["error"]
+            assert error["code"] == "bad_message"
+            assert error["message"].startswith("Validation error")
+            text = await http.post(
+                f"{node.url}/mcp", content=b"x", headers={**accept, "Content-Type": "text/plain"}
+            )
+            assert text.status_code in (400, 415)
+            assert text.json()["error"]["code"] == "bad_message"
+            unacceptable = await http.post(
+                f"{node.url}/mcp",
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                headers={"Accept": "text/html"},
+            )
+            assert unacceptable.status_code == 406
+            assert unacceptable.json()["error"]["code"] == "bad_message"
