@@ -549,7 +549,7 @@ def start_extraction(node: Any, memory: Memory, model: Agent | None = None) -> E
         model = extraction_model(node.config.agent, node.config.openai)
     if model is None:
         log.info(
-            "memory extraction: off (the scripted agent and no [openai] base_url: no model to"
+            "memory extraction: off (a model-less agent and no [openai] base_url: no model to"
             " extract with)"
         )
         return None

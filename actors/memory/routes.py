@@ -331,7 +331,7 @@ def _extraction_info(node: NodeContext, extractor: Extractor | None) -> dict[str
         info["reason"] = (
             "[memory] extraction = false"
             if not config.extraction
-            else "no model server (the scripted agent and no [openai] base_url)"
+            else "no model server (a model-less agent and no [openai] base_url)"
         )
     return info
 

@@ -163,7 +163,7 @@ async def test_extraction_and_admins_across_users(tmp_path, capsys):
         lines = out.splitlines()
         assert code == 0
         assert lines[0] == (
-            "extraction off: no model server (the scripted agent and no [openai] base_url)"
+            "extraction off: no model server (a model-less agent and no [openai] base_url)"
         )
         assert lines[1].split() == [
             "SESSION",

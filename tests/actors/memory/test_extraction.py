@@ -200,7 +200,7 @@ async def test_extraction_is_off_with_the_scripted_agent_and_no_model_server(sto
         assert feature.extractor is None
     off = [r.getMessage() for r in caplog.records if "memory extraction" in r.getMessage()]
     assert off == [
-        "memory extraction: off (the scripted agent and no [openai] base_url: no model to"
+        "memory extraction: off (a model-less agent and no [openai] base_url: no model to"
         " extract with)"
     ]
 

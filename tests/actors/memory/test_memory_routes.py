@@ -43,7 +43,7 @@ async def test_extraction_state_says_which_sessions_the_sweep_takes(store_url):
             "enabled": False,
             "stale_after_minutes": 30,
             "interval_seconds": 300.0,
-            "reason": "no model server (the scripted agent and no [openai] base_url)",
+            "reason": "no model server (a model-less agent and no [openai] base_url)",
         }
 
         clock.at = T0 + 31 * MINUTE  # both idle long enough, neither extracted
