@@ -108,18 +108,26 @@ class McpFeature:
             self.proxy = GuardProxy(policy)
             node.tools.hiders.append(self.hidden)
         for name, server in config.servers.items():
-            self.servers[name] = McpServer(
+            mcp_server = self.servers[name] = McpServer(
                 name,
                 server,
                 self._publish,
                 backoff=(config.backoff_initial, config.backoff_max),
             )
             self.registered[name] = {}
+            # tools are registered in ``start``, like every feature's: those of the server's
+            # last listing, which the store keeps; it is then started on first use
+            kept = await node.store.kv_get(KEPT_TOOLS, name)
+            if kept is not None and kept.get("origin") == _origin(mcp_server):
+                await self._register_all(mcp_server, kept.get("tools") or [])
+                log.info("mcp server %s: tools from its last listing, started on first use", name)
+            else:
+                mcp_server.want()  # to learn its tools, once the node is open
 
     async def open(self, node: NodeContext) -> None:
         """Serve ``/mcp``; start the guard proxy and each server's task. A server whose tool
-        list the store keeps (from an earlier run with the same ``command`` or ``url``) gets
-        its tools registered from there and is started on first use; any other is started
+        list the store kept (from an earlier run with the same ``command`` or ``url``; its
+        tools were registered in ``start``) is started on first use; any other is started
         now, in the background, to learn its tools."""
         if node.section("mcp", McpConfig).endpoint:
             self.endpoint = McpEndpoint(
@@ -133,14 +141,6 @@ class McpFeature:
         for server in self.servers.values():
             server.proxy_url = proxy_url
             node.start_soon(server.run, name=f"mcp server {server.name}")
-            kept = await node.store.kv_get(KEPT_TOOLS, server.name)
-            if kept is not None and kept.get("origin") == _origin(server):
-                await self._register_all(server, kept.get("tools") or [])
-                log.info(
-                    "mcp server %s: tools from its last listing, started on first use", server.name
-                )
-            else:
-                server.want()
 
     def routes(self, node: NodeContext) -> Sequence[HttpRoute]:
         if self.endpoint is None:

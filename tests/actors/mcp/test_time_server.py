@@ -17,7 +17,7 @@ from tests.actors.mcp.conftest import (
 )
 from tests.support.fake_openai import check_parameters
 from tests.support.node import Client
-from turnstile.actors.config import Config
+from turnstile.actors.config import Config, ExecutionConfig
 from turnstile.actors.mcp import McpConfig, McpServerConfig
 from turnstile.actors.node import open_node
 from turnstile.tools.policy import Policy
@@ -141,6 +141,12 @@ async def test_a_server_whose_tools_are_known_is_started_on_first_use(tmp_path, 
         result = await node.tools.call(key, "alice", "time.get_current_time", {"timezone": "UTC"})
         assert result.ok, result.error
         assert (server.state, server.starts) == ("running", 1)
+    # registered as the node starts, like every feature's tools: [execution] may name them
+    carried = msgspec.structs.replace(
+        settings, execution=ExecutionConfig(direct_tools=["time.get_current_time"])
+    )
+    async with open_node(carried, tokens=TOKENS, serve=False) as node:
+        assert mcp_server(node, "time").starts == 0
     other = McpConfig(servers=time_server(call_timeout=5))  # options: the same server
     moved = McpConfig(servers={"time": McpServerConfig(command=[installed("mcp-server-time")])})
     for config, started in ((other, False), (moved, True)):
