@@ -78,6 +78,7 @@ from turnstile.runtime.registry import Registry
 from turnstile.runtime.server import WS_SEND_MANY, package_version, serve_app
 from turnstile.runtime.store import Store, TakeOver, open_store
 from turnstile.runtime.supervisor import open_supervisor
+from turnstile.runtime.tracing import open_tracing
 from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
 from turnstile.tools.modules.http import HttpConfig, StartBackground, register_http_module
@@ -247,6 +248,9 @@ async def open_node(
             port=config.port if serve else None,
         )
         async with (
+            # the OTEL_* variables (off unless they ask; docs/tracing.md): outermost, so that
+            # what the node traced until it closed is exported
+            open_tracing(service_version=package_version()),
             open_store(config.store, clock=clock, migrations=migrations, name=node_id) as store,
             _heartbeat_store(config.store, clock, node_id) as beat_store,
             open_membership(

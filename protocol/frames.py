@@ -29,6 +29,7 @@ __all__ = [
     "TOPIC_PATTERN",
     "SessionId",
     "ClientMsgId",
+    "Traceparent",
     "TopicName",
     "ToolName",
     "ClientFrameBase",
@@ -73,6 +74,9 @@ MAX_SEQ = 2**63 - 1
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SESSION_ID_PATTERN)]
 ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
+#: A W3C trace context ``traceparent`` (``00-<trace id>-<span id>-<flags>``); bounded here, and a
+#: malformed one is ignored by the node (the turn starts a trace of its own), as W3C asks.
+Traceparent = Annotated[str, msgspec.Meta(max_length=256)]
 #: A user topic's name: a short lowercase word (``memory``).
 TOPIC_PATTERN = r"\A[a-z][a-z0-9_.-]{0,63}\Z"
 TopicName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=TOPIC_PATTERN)]
@@ -106,11 +110,14 @@ class SendFrame(ClientFrameBase, tag="send"):
     """A user message; acknowledged with ``ack`` once it is stored.
 
     ``client_msg_id`` is the message's idempotency key in its session: sent again with the same
-    id, the same ``ack`` comes back and no second turn starts."""
+    id, the same ``ack`` comes back and no second turn starts. ``traceparent`` (W3C trace
+    context) makes the message's turn part of the caller's trace, when the node traces
+    (``docs/tracing.md``)."""
 
     session_id: SessionId
     content: str
     client_msg_id: ClientMsgId | None = None
+    traceparent: Traceparent | None = None
 
 
 class StopFrame(ClientFrameBase, tag="stop"):

@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from turnstile.runtime import tracing
 from turnstile.runtime.mailbox import STOP, Ask, Mailbox, Reply
 
 __all__ = ["Actor", "ActorRef"]
@@ -219,6 +220,9 @@ class ActorCell:
         When cancelled (shutdown, or a sibling's crash under one_for_all) the message being
         handled goes back to the head of the mailbox and ``on_stop`` still runs, bounded.
         """
+        # The actor's task was started from whichever task first asked for it: its spans (and
+        # its own tasks') have the parents they name, not that request's span.
+        tracing.clear_context()
         actor = self.factory()
         actor.ref = self.ref
         self.actor = actor

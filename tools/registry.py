@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import trio
 
+from turnstile.runtime import tracing
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import DecodeError, TurnstileError
 from turnstile.runtime.gateway.frames import public_error
@@ -295,6 +297,11 @@ class ToolRegistry:
 
         ``name`` may also be the function name a model knows the tool by (``clock__now``):
         a model filling in run_parallel's ``actions[].name`` uses the name it was shown.
+
+        When the node traces, the call is a span ``execute_tool <name>`` (OpenTelemetry's
+        GenAI conventions, ``docs/tracing.md``): its policy, how long it waited for a person's
+        approval and what was decided, whether it succeeded (else ``error.type``, its code)
+        and the size of its result.
         """
         if name not in self._tools:
             name = tool_name(name)
@@ -303,6 +310,40 @@ class ToolRegistry:
             return ToolResult(
                 ok=False, error={"code": "unknown_tool", "message": f"no tool named {name!r}"}
             )
+        if not tracing.active():
+            return await self._call(
+                tool, session_id, owner, arguments, approved, ask_approval, background,
+                idempotency_key, tracing.OFF,
+            )  # fmt: skip
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        with tracing.span(f"execute_tool {name}", attributes=attributes) as span:
+            result = await self._call(
+                tool, session_id, owner, arguments, approved, ask_approval, background,
+                idempotency_key, span,
+            )  # fmt: skip
+            span.set("turnstile.tool.ok", result.ok)
+            if result.ok:
+                size = len(msgspec.json.encode(result.data))
+                span.set("turnstile.tool.result_bytes", size)
+            else:
+                error = result.error or {}
+                span.fail(str(error.get("code", "tool_failed")), error.get("message"))
+            return result
+
+    async def _call(
+        self,
+        tool: Tool,
+        session_id: str,
+        owner: str,
+        arguments: dict[str, Any],
+        approved: bool,
+        ask_approval: bool,
+        background: bool,
+        idempotency_key: str | None,
+        span: tracing.Span | tracing.OffSpan,
+    ) -> ToolResult:
+        """``call`` of a tool found (``span``: the call's, or ``OFF``)."""
+        name = tool.name
         try:
             params = tool.codec.convert(arguments)
         except DecodeError as exc:
@@ -311,6 +352,7 @@ class ToolRegistry:
                 error["field"] = exc.field
             return ToolResult(ok=False, error=error)
         policy = self.policies.decide(name, tool.policy)
+        span.set("turnstile.tool.policy", policy.value)
         call = ToolCall(session_id, owner, background, idempotency_key, ask_approval)
         if policy is Policy.BLOCK:
             return ToolResult(
@@ -337,7 +379,11 @@ class ToolRegistry:
                     ok=False,
                     error={"code": "requires_approval", "message": f"{name} needs approval {why}"},
                 )
-            if not await self.approver(call, name, arguments):
+            asked = trio.current_time()
+            decided = await self.approver(call, name, arguments)
+            span.set("turnstile.tool.approval_wait_seconds", trio.current_time() - asked)
+            span.set("turnstile.tool.approval", "approved" if decided else "denied")
+            if not decided:
                 return ToolResult(
                     ok=False, error={"code": "denied", "message": f"{name} was not approved"}
                 )

@@ -85,6 +85,7 @@ from turnstile.actors.sessions.services import (
 )
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn
+from turnstile.runtime import tracing
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.errors import (
     Busy,
@@ -327,6 +328,30 @@ class SessionActor(TurnRunner, Actor):
         return policy
 
     async def _submit(self, msg: Submit) -> Submitted:
+        if msg.trace is None:
+            return await self._take(msg)
+        # the sender's trace goes on here, and on into the turn through the stored input
+        with tracing.span("session submit", parent=msg.trace) as span:
+            span.update(
+                {
+                    "turnstile.session.id": self.public_id,
+                    "turnstile.session.owner": self._loaded.owner,
+                    "turnstile.input.source": msg.source,
+                }
+            )
+            submitted = await self._take(msg)
+            span.update(
+                {
+                    "turnstile.input.id": submitted.input_id,
+                    "turnstile.input.injected": submitted.injected,
+                    "turnstile.input.replayed": submitted.replayed,
+                }
+            )
+            return submitted
+
+    async def _take(self, msg: Submit) -> Submitted:
+        """``Submit``: refused, folded into the running turn, or stored (see the module
+        docstring)."""
         limits = self.services.limits
         if len(msg.content) > limits.max_content_chars:
             raise InvalidArgument(
@@ -355,7 +380,8 @@ class SessionActor(TurnRunner, Actor):
                     f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
                 ),
             )
-        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
+        trace = tracing.current_traceparent()
+        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key, trace)
         if not created:
             return _replayed(item)
         if busy and from_user and policy == "interrupt" and self.turn is not None:
@@ -378,15 +404,21 @@ class SessionActor(TurnRunner, Actor):
         raise refusal
 
     async def _enqueue(
-        self, source: str, content: str, payload: dict[str, Any], key: str | None = None
+        self,
+        source: str,
+        content: str,
+        payload: dict[str, Any],
+        key: str | None = None,
+        trace: str | None = None,
     ) -> tuple[InboxItem, bool]:
-        """Store an input to run as a turn; with ``key``, unless the key is taken.
+        """Store an input to run as a turn; with ``key``, unless the key is taken. ``trace``
+        (a ``traceparent``) is stored with it, for its turn to continue.
 
         Returns:
             the row, and whether this call stored it (False: the key's row, left as it is).
         """
         store = self.services.store
-        stored = {**payload, "content": content}
+        stored = tracing.carry({**payload, "content": content}, trace)
         if key is None:
             item, created = await store.enqueue_input(self.session_id, source, stored), True
         else:
@@ -403,7 +435,7 @@ class SessionActor(TurnRunner, Actor):
         key = msg.idempotency_key
         if self.turn is not None:
             return await self._fold_in(self.turn, msg.source, msg.content, msg.payload, key)
-        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key)
+        item, created = await self._enqueue(msg.source, msg.content, msg.payload, key, msg.trace)
         return Submitted(input_id=item.id) if created else _replayed(item)
 
     async def _fold_in(
@@ -480,7 +512,7 @@ class SessionActor(TurnRunner, Actor):
         )
         if item is None:  # no longer queued: it runs (or ran) as a turn of its own
             return True
-        payload = {k: v for k, v in item.payload.items() if k != "content"}
+        payload = {k: v for k, v in tracing.without_trace(item.payload).items() if k != "content"}
         content = _raw_content(item)
         if self.turn is not turn:  # the turn closed while the row moved: a turn of its own
             await self._enqueue(item.source, content, {**payload, "was_injected": True})

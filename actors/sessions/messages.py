@@ -13,6 +13,7 @@ import msgspec
 
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.codec import Message
+from turnstile.runtime.tracing import current_traceparent
 
 __all__ = [
     "POLICIES",
@@ -56,12 +57,17 @@ class Submit(Message, tag="submit", kw_only=True):
     characters, unique per session, kept as long as the input's inbox row (rows go with their
     session), and namespaced by whoever makes it: ``client:<id>`` for clients' message ids,
     ``github:<X-GitHub-Delivery>`` for GitHub deliveries and so on.
+
+    ``trace``: the span the submit was made in (a W3C ``traceparent``, taken when the message
+    is made; None when the node does not trace): the input is stored with it, and its turn
+    continues that trace.
     """
 
     source: str = "user"
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     idempotency_key: str | None = None
+    trace: str | None = msgspec.field(default_factory=current_traceparent)
 
 
 class Attach(Message, tag="attach"):
@@ -90,13 +96,14 @@ class Inject(Message, tag="inject", kw_only=True):
     """A notification for the session: into the running turn, or a turn of its own.
 
     ``idempotency_key``: as ``Submit``'s (an input folded into the running turn keeps its key
-    too, in an inbox row that never runs).
+    too, in an inbox row that never runs). ``trace``: as ``Submit``'s.
     """
 
     source: str = "notification"
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     idempotency_key: str | None = None
+    trace: str | None = msgspec.field(default_factory=current_traceparent)
 
 
 class GetStatus(Message, tag="get_status"):

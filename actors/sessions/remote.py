@@ -63,6 +63,7 @@ import msgspec
 import trio
 
 from turnstile.actors.sessions.event_types import event_types
+from turnstile.actors.sessions.ids import owner_of, public_id
 from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 from turnstile.actors.sessions.messages import (
     POLICIES,
@@ -74,6 +75,7 @@ from turnstile.actors.sessions.messages import (
     SetPolicy,
     StopInput,
 )
+from turnstile.runtime import tracing
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import (
     ActorStopped,
@@ -318,8 +320,12 @@ class RemoteSessions:
         payload: dict[str, Any],
         *,
         idempotency_key: str | None,
+        trace: str | None = None,
     ) -> Submitted:
         """Store an input of a session another node holds, and announce it to that node.
+
+        ``trace``: the sender's span (a ``traceparent``; None: the span current here), which
+        the input is stored under, so that the holder's turn continues the same trace.
 
         A user message that arrives while a turn runs follows the session's policy, as on the
         holder (see the module docstring): whether a turn runs is read from the store, so a
@@ -332,6 +338,34 @@ class RemoteSessions:
             LimitExceeded: the session's queue is full (a resend of a stored input is not).
             NotFound: the session is gone.
         """
+        if not tracing.active():
+            return await self._submit(key, source, content, payload, idempotency_key)
+        with tracing.span("session submit", parent=trace) as span:
+            span.update(
+                {
+                    "turnstile.session.id": public_id(key),
+                    "turnstile.session.owner": owner_of(key),
+                    "turnstile.input.source": source,
+                    "turnstile.session.remote": True,
+                }
+            )
+            submitted = await self._submit(key, source, content, payload, idempotency_key)
+            span.update(
+                {
+                    "turnstile.input.id": submitted.input_id,
+                    "turnstile.input.replayed": submitted.replayed,
+                }
+            )
+            return submitted
+
+    async def _submit(
+        self,
+        key: str,
+        source: str,
+        content: str,
+        payload: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> Submitted:
         max_content_chars, max_queued_inputs = self.max_content_chars, self.max_queued_inputs
         if len(content) > max_content_chars:
             raise InvalidArgument(
@@ -355,6 +389,7 @@ class RemoteSessions:
                 raise Busy("session is busy with a turn and its policy is reject")
         if queued >= max_queued_inputs:
             raise LimitExceeded(f"session has {queued} queued inputs (limit {max_queued_inputs})")
+        stored = tracing.carry(stored, tracing.current_traceparent())
         if idempotency_key is None:
             item = await self.store.enqueue_input(key, source, stored)
         else:
@@ -391,6 +426,7 @@ class RemoteSessions:
                     message.content,
                     message.payload,
                     idempotency_key=message.idempotency_key,
+                    trace=message.trace,
                 )
             case Publish(event=event):
                 type_, payload = event.stored()

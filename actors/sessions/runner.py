@@ -48,9 +48,10 @@ from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.runtime import tracing
 from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError, StoreUnavailable
 from turnstile.runtime.gateway.backend import Subscriber
-from turnstile.runtime.store import InboxItem, Session, Step
+from turnstile.runtime.store import InboxItem, NodeRef, Session, Step
 
 __all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "TurnRunner"]
 
@@ -127,7 +128,12 @@ class TurnRunner:
         raise NotImplementedError
 
     async def _enqueue(
-        self, source: str, content: str, payload: dict[str, Any], key: str | None = None
+        self,
+        source: str,
+        content: str,
+        payload: dict[str, Any],
+        key: str | None = None,
+        trace: str | None = None,
     ) -> tuple[InboxItem, bool]:
         """Store an input to run as a turn (``SessionActor``)."""
         raise NotImplementedError
@@ -230,12 +236,46 @@ class TurnRunner:
     async def _run_turn(self, item: InboxItem) -> None:
         self.services.running.started()
         try:
-            await self._run_turn_counted(item)
+            if tracing.active():
+                await self._run_turn_traced(Turn(item))
+            else:
+                await self._run_turn_counted(Turn(item))
         finally:
             self.services.running.ended()
 
-    async def _run_turn_counted(self, item: InboxItem) -> None:
-        turn = Turn(item)
+    async def _run_turn_traced(self, turn: Turn) -> None:
+        """The turn in a span of its own, under the trace its input was stored with (any
+        node's: the inbox carries it), from its start to the closure's commit."""
+        item = turn.item
+        parent = item.payload.get(tracing.TRACE_KEY)
+        waited = (self.services.store.clock.now() - item.created_at).total_seconds()
+        attributes = {
+            "turnstile.session.id": public_id(self.session_id),
+            "turnstile.session.owner": self._loaded.owner,
+            "turnstile.input.id": item.id,
+            "turnstile.input.source": item.source,
+            "turnstile.input.wait_seconds": max(0.0, waited),
+            "turnstile.node.id": _node_id(self.services.store.claimer),
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.services.agent.name,
+        }
+        # no traceparent stored (an input from before tracing, a row written by hand): a
+        # trace of its own, never the span current in this task
+        with tracing.span(
+            "turn", parent=parent if isinstance(parent, str) else {}, attributes=attributes
+        ) as span:
+            outcome = await self._run_turn_counted(turn)
+            span.set("turnstile.turn.status", outcome.status)
+            usage = turn.usage
+            if usage is not None:
+                span.set("gen_ai.usage.input_tokens", usage.prompt_tokens)
+                span.set("gen_ai.usage.output_tokens", usage.completion_tokens)
+            if outcome.status == "failed":
+                span.fail("turn_failed", outcome.error)
+
+    async def _run_turn_counted(self, turn: Turn) -> TurnOutcome:
+        """Run ``turn``, start to closure; returns how it ended."""
+        item = turn.item
         self.turn = turn
         self.last_turn_id = item.id
         started = trio.current_time()
@@ -243,8 +283,9 @@ class TurnRunner:
         #: that attach during or after it may have missed its beginning.
         headless = not self.subscribers
         host = _TurnHost(self, turn)
-        # The agent gets the payload as stored (less ``content``), never the decoded Struct.
-        payload = {k: v for k, v in item.payload.items() if k != "content"}
+        # The agent gets the payload as stored (less ``content`` and the trace context it was
+        # stored with), never the decoded Struct.
+        payload = {k: v for k, v in item.payload.items() if k not in _NOT_FOR_AGENT}
         outcome = TurnOutcome(status="interrupted")
         kinds = self.services.input_kinds
         kind = kinds.get(item.source)
@@ -346,6 +387,7 @@ class TurnRunner:
                     self.session_id,
                     bound,
                 )
+        return outcome
 
     async def _run_agent(self, context: TurnContext, turn: Turn) -> str:
         """Ask the agent: with the tools, default prompt and history the shaper chose, and the
@@ -526,6 +568,14 @@ class TurnRunner:
         overflow = len(self.history) - self.services.limits.history_entries
         if overflow > 0:
             del self.history[:overflow]
+
+
+#: The keys of a stored payload that the agent's ``TurnInput.payload`` leaves out.
+_NOT_FOR_AGENT = frozenset({"content", tracing.TRACE_KEY})
+
+
+def _node_id(claimer: NodeRef | None) -> str | None:
+    return None if claimer is None else claimer.id
 
 
 def _raw_content(item: InboxItem) -> str:

@@ -47,6 +47,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from turnstile.runtime import tracing
 from turnstile.runtime.codec import Codec
 from turnstile.runtime.errors import (
     BlockedByAutomations,
@@ -302,8 +303,25 @@ def build_app(
         """A route behind the front door: token (unless the route is signed or public), id
         rule, bounded body, errors."""
         tokenless = route.auth in ("signature", "public")
+        traced = route.auth != "public"  # probes, /metrics and static files make no traces
+        name = f"{route.method} {route.path}"
 
         async def endpoint(request: Request) -> Response:
+            if not (traced and tracing.active()):
+                return await answer(request)
+            # the request's span, under the caller's ``traceparent`` header if it sent one:
+            # what the handler does (a message stored, so the turn that runs it) continues it
+            attributes = {"http.request.method": route.method, "http.route": route.path}
+            with tracing.span(
+                name, parent=request.headers, kind="server", attributes=attributes
+            ) as span:
+                response = await answer(request)
+                span.set("http.response.status_code", response.status_code)
+                if response.status_code >= 500:
+                    span.fail(str(response.status_code))
+                return response
+
+        async def answer(request: Request) -> Response:
             try:
                 # A signed route's handler authenticates the raw body itself, a public one
                 # serves what belongs to nobody; neither has a user.

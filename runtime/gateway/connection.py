@@ -50,6 +50,7 @@ from turnstile.protocol import (
     TopicSync,
     Unsubscribed,
 )
+from turnstile.runtime import tracing
 from turnstile.runtime.errors import (
     DecodeError,
     InvalidArgument,
@@ -57,7 +58,7 @@ from turnstile.runtime.errors import (
     NotFound,
     TurnstileError,
 )
-from turnstile.runtime.gateway.backend import SessionBackend, submit_from_client
+from turnstile.runtime.gateway.backend import SessionBackend, Submitted, submit_from_client
 from turnstile.runtime.gateway.frames import (
     CLIENT_FRAMES,
     ApproveFrame,
@@ -380,6 +381,33 @@ class Connection:
             self._inflight.discard(frame.id)
         await self._put(answer)
 
+    async def _send(self, frame: SendFrame) -> Submitted:
+        """Store a ``send`` frame's message: in a span of its own when the node traces, under
+        the frame's ``traceparent`` (its turn continues that trace)."""
+        # client_msg_id is the input's idempotency key: a resend (after a reconnect) gets the
+        # first ack again and starts no second turn.
+        if not tracing.active():
+            return await submit_from_client(
+                self.backend,
+                self.user,
+                frame.session_id,
+                frame.content,
+                frame.client_msg_id,
+                "client_msg_id",
+            )
+        attributes = {"turnstile.session.id": frame.session_id}
+        # no traceparent: a trace of its own, never the span current in this task
+        parent: str | dict[str, str] = frame.traceparent if frame.traceparent is not None else {}
+        with tracing.span("ws send", parent=parent, kind="server", attributes=attributes):
+            return await submit_from_client(
+                self.backend,
+                self.user,
+                frame.session_id,
+                frame.content,
+                frame.client_msg_id,
+                "client_msg_id",
+            )
+
     async def _handle(self, frame: ClientFrame) -> None:
         """Answer a frame other than ``call``, before the next frame is read."""
         session_id = getattr(frame, "session_id", None)
@@ -397,16 +425,7 @@ class Connection:
                     await self._detach(frame.session_id)
                     await self._put(encode_answer(Detached(session_id=frame.session_id)))
                 case SendFrame():
-                    # client_msg_id is the input's idempotency key: a resend (after a
-                    # reconnect) gets the first ack again and starts no second turn.
-                    submitted = await submit_from_client(
-                        self.backend,
-                        self.user,
-                        frame.session_id,
-                        frame.content,
-                        frame.client_msg_id,
-                        "client_msg_id",
-                    )
+                    submitted = await self._send(frame)
                     await self._put(
                         encode_answer(
                             Ack(

@@ -21,6 +21,7 @@ from turnstile.runtime.store.sessions import (
     require_session_postgres,
     require_session_sqlite,
 )
+from turnstile.runtime.tracing import TRACE_KEY, without_trace
 
 __all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record"]
 
@@ -202,12 +203,21 @@ _KEYED_STATES = ("queued", "done")
 
 
 def _same_input(item: InboxItem, source: str, payload: str) -> None:
-    """Raise ``IdempotencyKeyReused`` unless ``item`` is the input ``(source, payload)``."""
-    if item.source != source or item.payload != u.decode_json(payload):
+    """Raise ``IdempotencyKeyReused`` unless ``item`` is the input ``(source, payload)``.
+
+    The trace context a payload carries (``tracing.TRACE_KEY``) is not part of the input: a
+    resend made under another span (a client's retry) is the same input."""
+    if item.source != source or not _same_payload(item.payload, u.decode_json(payload)):
         raise IdempotencyKeyReused(
             f"idempotency key {item.idempotency_key!r} already names another input of this"
             f" session (input {item.id}); a retry must send the same input"
         )
+
+
+def _same_payload(stored: dict[str, Any], sent: dict[str, Any]) -> bool:
+    if TRACE_KEY in stored or TRACE_KEY in sent:
+        return without_trace(stored) == without_trace(sent)
+    return stored == sent
 
 
 class InboxMethods(StoreBase):

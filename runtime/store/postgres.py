@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 import trio
 
+from turnstile.runtime import tracing
 from turnstile.runtime.errors import MigrationError, StoreError
 from turnstile.runtime.store import faults, ops, postgres_text
 from turnstile.runtime.store.migrations import (
@@ -308,7 +309,11 @@ class PostgresBackend:
             fn = faulty(self._fault, op.name, fn)
         bound = self.operation_timeout
         bound = OPERATION_TIMEOUT if bound is None else bound
-        answer = await aio.call(_with_conn, pool, fn, args, op.first, bound)
+        if op.writes:  # a commit on a traced path (a turn's) is a span of its own
+            with tracing.db_span("postgresql", op.name):
+                answer = await aio.call(_with_conn, pool, fn, args, op.first, bound)
+        else:
+            answer = await aio.call(_with_conn, pool, fn, args, op.first, bound)
         decode = op.decode
         return answer if decode is None else decode(answer)
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from turnstile.runtime import tracing
 from turnstile.runtime.errors import MigrationError, StoreError
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import faults
@@ -202,7 +203,9 @@ class SQLiteBackend:
         if op.writes:
             if self._fault is not None:  # tests only: count the write where the writer runs it
                 fn = faults.counted(self._fault, op.name, fn)
-            answer = await self._write(fn, args)
+            # a commit on a traced path (a turn's) is a span of its own; nothing elsewhere
+            with tracing.db_span("sqlite", op.name):
+                answer = await self._write(fn, args)
         else:
             answer = await self._read(fn, args)
         decode = op.decode

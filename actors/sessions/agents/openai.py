@@ -43,6 +43,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from turnstile.actors.sessions.agents.base import (
     AgentError,
@@ -54,6 +55,7 @@ from turnstile.actors.sessions.agents.base import (
     tool_name,
 )
 from turnstile.actors.sessions.agents.context import estimate_tokens, fit_messages
+from turnstile.runtime import tracing
 
 if TYPE_CHECKING:
     import httpx2
@@ -95,6 +97,11 @@ class _Answer:
     calls: dict[int, _ToolCall] = field(default_factory=dict)
     finished: bool = False
     usage: Usage | None = None
+    #: each choice's ``finish_reason`` as the server said it (``stop``, ``tool_calls``…)
+    finish_reasons: list[str] = field(default_factory=list)
+    #: the model that answered and the answer's id, as the server said them
+    model: str | None = None
+    id: str | None = None
 
 
 class OpenAIAgent:
@@ -270,11 +277,57 @@ class OpenAIAgent:
     async def _complete(
         self, turn: TurnContext, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> _Answer:
-        """One streamed model call: emit deltas, return the text, tool calls and usage."""
+        """One streamed model call: emit deltas, return the text, tool calls and usage.
+
+        When the node traces, a span ``chat <model>`` (OpenTelemetry's GenAI conventions):
+        the model asked for and the one that answered, the tokens in and out as the server
+        counted them, the finish reasons, the server's address; a failure's ``error.type``.
+        """
+        model = turn.input.model or self.model
+        if not tracing.active():
+            return await self._call_model(turn, model, messages, tools)
+        with tracing.span(
+            f"chat {model}", kind="client", attributes=self._span_attributes(model)
+        ) as span:
+            try:
+                answer = await self._call_model(turn, model, messages, tools)
+            except AgentError as exc:
+                span.fail(type(exc).__name__, str(exc))
+                raise
+            span.update(
+                {
+                    "gen_ai.response.model": answer.model,
+                    "gen_ai.response.id": answer.id,
+                    "gen_ai.response.finish_reasons": answer.finish_reasons or None,
+                }
+            )
+            if answer.usage is not None:
+                span.set("gen_ai.usage.input_tokens", answer.usage.prompt_tokens)
+                span.set("gen_ai.usage.output_tokens", answer.usage.completion_tokens)
+            return answer
+
+    def _span_attributes(self, model: str) -> dict[str, Any]:
+        """A model call span's attributes known before the call."""
+        address = urlsplit(self.base_url)
+        return {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": model,
+            "server.address": address.hostname,
+            "server.port": address.port or (443 if address.scheme == "https" else 80),
+        }
+
+    async def _call_model(
+        self,
+        turn: TurnContext,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> _Answer:
         import openai
 
         body: dict[str, Any] = {
-            "model": turn.input.model or self.model,
+            "model": model,
             "messages": messages,
             "stream": True,
         }
@@ -428,6 +481,10 @@ async def _absorb(turn: TurnContext, chunk: Any, key: str, answer: _Answer) -> N
         raise AgentError(MALFORMED)
     if "error" in chunk:  # an error object without a message slips past the package
         raise AgentError(f"model server error: {_error_text(chunk['error'])}")
+    if isinstance(chunk.get("model"), str):
+        answer.model = chunk["model"]
+    if isinstance(chunk.get("id"), str):
+        answer.id = chunk["id"]
     usage = chunk.get("usage")
     if isinstance(usage, dict):  # the final usage chunk (or, on some servers, the last choice)
         answer.usage = Usage(
@@ -439,8 +496,11 @@ async def _absorb(turn: TurnContext, chunk: Any, key: str, answer: _Answer) -> N
         raise AgentError(MALFORMED)
     if not choices:
         return
-    if choices[0].get("finish_reason"):
+    reason = choices[0].get("finish_reason")
+    if reason:
         answer.finished = True
+        if isinstance(reason, str):
+            answer.finish_reasons.append(reason)
     delta = choices[0].get(key)
     if delta is None:
         return
