@@ -38,7 +38,7 @@ import trio.testing
 
 from tests.support.github import GITHUB_SECRET
 from tests.support.polling import eventually
-from turnstile.actors.config import Config
+from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.webhooks.settings import GitHubConfig, WebhooksConfig
 from turnstile.runtime.clock import MockWallClock
@@ -150,6 +150,10 @@ async def test_a_store_written_by_the_release_before_keeps_everything_and_runs_o
     config = Config(
         store=f"sqlite:///{path}",
         webhooks=WebhooksConfig(github=GitHubConfig(secret=GITHUB_SECRET)),
+        # one node: its heartbeat and sweep every 200 s, not every 5 s (the default 15 s
+        # lease), so the clock's 43 minutes are some hundred jumps, not a thousand, each after
+        # IDLE_JUMP of real time
+        node=NodeConfig(lease_seconds=600),
     )
     agent = Answering()
     clock = MockWallClock(OPENED)
