@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,10 +17,15 @@ from tests.support.node import Node
 
 
 async def launch(
-    args: Sequence[str], *, stderr: Any = subprocess.DEVNULL, within: float = 60
+    args: Sequence[str],
+    *,
+    stderr: Any = subprocess.DEVNULL,
+    within: float = 60,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[trio.Process, str]:
     """``turnstile serve`` with ``args`` as a subprocess: it and the URL it serves on, once it
-    prints it (the e2e tests and ``bench/scenarios/cluster.py`` start their nodes so).
+    prints it (the e2e tests and ``bench/scenarios/cluster.py`` start their nodes so). ``env``:
+    its environment (this process's when None).
 
     Raises:
         RuntimeError: it exited before saying where it serves.
@@ -28,7 +33,9 @@ async def launch(
             takes about a second on a quiet box, ten on a loaded one).
     """
     command = [sys.executable, "-m", "turnstile.actors.cli", "serve", *args]
-    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=stderr)
+    process = await trio.lowlevel.open_process(
+        command, stdout=subprocess.PIPE, stderr=stderr, env=env
+    )
     buffer = b""
     with trio.fail_after(within):
         while b"serving on " not in buffer:
