@@ -91,6 +91,8 @@ from turnstile.actors.scheduling.spec import (
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
+from turnstile.actors.sessions.ids import public_id
+from turnstile.runtime import tracing
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
@@ -513,7 +515,30 @@ class SchedulerActor(Actor):
         self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together=False
     ):
         """Deliver one occurrence: CAS, run record and inbox input in one transaction (in a
-        batch when it records no other run)."""
+        batch when it records no other run).
+
+        When the node traces, the fire is a span ``fire <kind>`` of its own, stored with the
+        inbox input: the turn it starts is its child, whichever node runs it."""
+        if not tracing.active():
+            return await self._deliver(job, spec, occurrence, new_next, now, extra, together)
+        attributes = {
+            "turnstile.job.id": job.id,
+            "turnstile.job.kind": job.kind,
+            "turnstile.session.id": public_id(job.session_id or ""),
+            "turnstile.job.scheduled_for": occurrence.isoformat(),
+            "turnstile.job.late_seconds": (now - occurrence).total_seconds(),
+        }
+        with tracing.span(f"fire {job.kind}", kind="producer", attributes=attributes) as span:
+            result = await self._deliver(job, spec, occurrence, new_next, now, extra, together)
+            span.set("turnstile.job.fired", result is not None)
+            if result is not None:
+                span.set("turnstile.job.run_id", result.run.id)
+                if result.input is not None:
+                    span.set("turnstile.input.id", result.input.id)
+            return result
+
+    async def _deliver(self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together):
+        """``_fire_one``'s work (the span current, if any, goes with the input)."""
         if spec.max_runs and job.run_count + 1 >= spec.max_runs:
             new_next = None  # this is the last delivery
         late = (now - occurrence).total_seconds()
@@ -526,6 +551,7 @@ class SchedulerActor(Actor):
             "scheduled_for": occurrence.isoformat(),
         }
         payload.pop("prompt", None)
+        payload = tracing.carry(payload, tracing.current_traceparent())
         detail = {"prompt": spec.prompt, "late_seconds": round(late, 6)}
         if spec.instruction:  # a recall's self-instruction, for the run record
             detail["instruction"] = spec.instruction

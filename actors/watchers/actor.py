@@ -43,6 +43,7 @@ from typing import Any
 import trio
 
 from turnstile.actors.sessions.agents.base import ToolResult
+from turnstile.actors.sessions.ids import public_id
 from turnstile.actors.watchers.base import _Outbox
 from turnstile.actors.watchers.cluster import LOCAL, ClusterMixin, WatcherShare
 from turnstile.actors.watchers.escalation import EscalationMixin, notification_text
@@ -74,6 +75,7 @@ from turnstile.actors.watchers.state import (
     HISTORY_SIZE,
     Watcher,
 )
+from turnstile.runtime import tracing
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.codec import Message
@@ -451,6 +453,20 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
                     )
 
     async def _check(self, watcher: Watcher, epoch: int, due: float, token: object) -> None:
+        """One check of ``watcher``: a span ``watcher check`` of its own when the node traces
+        (its tool call is its child; what it escalates is stored under it)."""
+        if not tracing.active():
+            return await self._check_now(watcher, epoch, due, token)
+        attributes = {
+            "turnstile.watcher.id": watcher.id,
+            "turnstile.watcher.tool": watcher.tool,
+            "turnstile.session.id": public_id(watcher.session_id),
+            "turnstile.watcher.late_seconds": max(0.0, trio.current_time() - due),
+        }
+        with tracing.span("watcher check", attributes=attributes):
+            await self._check_now(watcher, epoch, due, token)
+
+    async def _check_now(self, watcher: Watcher, epoch: int, due: float, token: object) -> None:
         started = trio.current_time()
         self.lateness.append(started - due)
         timeout = check_timeout(watcher.interval)

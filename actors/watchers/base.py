@@ -30,12 +30,15 @@ __all__ = ["WatcherBase", "WatcherShare"]
 class _Outbox:
     """A session's escalations waiting to be sent together (``escalation.py``)."""
 
-    __slots__ = ("events", "texts", "ids")
+    __slots__ = ("events", "texts", "ids", "trace")
 
     def __init__(self) -> None:
         self.events: list[WatcherUpdate] = []
         self.texts: list[str] = []
         self.ids: list[str] = []
+        #: the span of the first check that escalated into the batch (a ``traceparent``;
+        #: None when the node does not trace): the notification's turn continues that trace
+        self.trace: str | None = None
 
 
 class WatcherShare(Protocol):

@@ -64,6 +64,7 @@ from turnstile.actors.watchers.base import WatcherBase, _Outbox
 from turnstile.actors.watchers.events import WatcherUpdate
 from turnstile.actors.watchers.spec import DEFAULT_BATCH_SIZE, _num
 from turnstile.actors.watchers.state import Watcher
+from turnstile.runtime import tracing
 
 log = logging.getLogger("turnstile.watcher")
 
@@ -347,6 +348,8 @@ class EscalationMixin(WatcherBase):
             watcher_id, text = notice
             box.texts.append(text)
             box.ids.append(watcher_id)
+            if box.trace is None:
+                box.trace = tracing.current_traceparent()
 
     async def _deliver(self, session_id: str) -> None:
         await trio.sleep(BATCH_WINDOW)
@@ -366,6 +369,7 @@ class EscalationMixin(WatcherBase):
                         source="notification",
                         content="\n\n".join(box.texts),
                         payload={"watcher_id": box.ids[0], "watcher_ids": list(box.ids)},
+                        trace=box.trace,
                     ),
                 )
         except Exception:

@@ -56,7 +56,7 @@ from typing import Any
 
 import trio
 
-from turnstile.actors.sessions.ids import session_key
+from turnstile.actors.sessions.ids import public_id, session_key
 from turnstile.actors.sessions.messages import Publish, Submit
 from turnstile.actors.webhooks.bindings import BIND, BINDINGS, END_SESSION, UNBIND, Binding
 from turnstile.actors.webhooks.events import SourceBinding
@@ -76,6 +76,7 @@ from turnstile.actors.webhooks.queries import (
     Unrouted,
 )
 from turnstile.actors.webhooks.settings import WebhooksConfig
+from turnstile.runtime import tracing
 from turnstile.runtime.clock import Clock
 from turnstile.runtime.errors import (
     Forbidden,
@@ -306,11 +307,27 @@ class Ingress:
     async def deliver(self, delivery_id: str, key: str) -> str:
         """One attempt at putting a recorded delivery in session ``key``'s inbox.
 
+        When the node traces, a span ``webhook deliver`` (under the request's span when the
+        delivery is being received, of its own when the sweep tries again), stored with the
+        input: the turn it starts is its child.
+
         Returns:
             ``delivered``, ``dropped`` (the session is gone), ``retry`` (it could not take it
             now; the sweep tries again) or ``held`` (settled already, or another deliverer
             holds it).
         """
+        if not tracing.active():
+            return await self._deliver(delivery_id, key)
+        attributes = {
+            "turnstile.webhook.delivery_id": delivery_id,
+            "turnstile.session.id": public_id(key),
+        }
+        with tracing.span("webhook deliver", kind="producer", attributes=attributes) as span:
+            outcome = await self._deliver(delivery_id, key)
+            span.set("turnstile.webhook.outcome", outcome)
+            return outcome
+
+    async def _deliver(self, delivery_id: str, key: str) -> str:
         now = self.clock.now()
         claimed: Claimed | None = await self.store.run(
             CLAIM,
