@@ -290,22 +290,31 @@ class Client:
         return [decode_event(frame) for frame in page.events]
 
     async def post_message(
-        self, session_id: str, content: str, *, client_msg_id: str | None = None
+        self,
+        session_id: str,
+        content: str,
+        *,
+        client_msg_id: str | None = None,
+        traceparent: str | None = None,
     ) -> MessageAccepted:
         """``POST /sessions/{id}/messages`` with an ``Idempotency-Key`` (made when
         ``client_msg_id`` is None): posted again with the same key, the node answers the first
-        post again and starts no second turn.
+        post again and starts no second turn. ``traceparent`` (W3C trace context) is sent as
+        the header of that name: when the node traces, the message's turn is part of that
+        trace (``docs/tracing.md``).
 
         Raises:
             Conflict: ``busy`` (policy ``reject``), ``idempotency_key_reused``.
         """
-        key = client_msg_id or new_client_msg_id()
+        headers = {"Idempotency-Key": client_msg_id or new_client_msg_id()}
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         return await self._typed(
             MessageAccepted,
             "POST",
             f"/sessions/{session_id}/messages",
             json={"content": content},
-            headers={"Idempotency-Key": key},
+            headers=headers,
         )
 
     async def stop(self, session_id: str) -> bool:

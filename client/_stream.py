@@ -576,7 +576,9 @@ class SessionStream(_Stream):
         event: Event = await super().__anext__()
         return event
 
-    async def send(self, content: str, *, client_msg_id: str | None = None) -> Ack:
+    async def send(
+        self, content: str, *, client_msg_id: str | None = None, traceparent: str | None = None
+    ) -> Ack:
         """Send a user message; return its ``ack`` once the node has stored it.
 
         Args:
@@ -584,6 +586,8 @@ class SessionStream(_Stream):
             client_msg_id: its idempotency key in the session; one is made when None. If the
                 connection drops before the ``ack``, the message is sent again with the same
                 key: the node stores it once and answers the first ``ack`` again.
+            traceparent: a W3C trace context: when the node traces, the message's turn is
+                part of that trace (``docs/tracing.md``).
 
         Returns:
             The ``ack``: ``input_id`` (or ``injected``) and the ``client_msg_id`` used.
@@ -597,6 +601,7 @@ class SessionStream(_Stream):
             session_id=self.session_id,
             content=content,
             client_msg_id=client_msg_id or new_client_msg_id(),
+            traceparent=traceparent,
         )
         while True:
             try:

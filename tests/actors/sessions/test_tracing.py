@@ -36,6 +36,7 @@ from turnstile.actors.config import Config, NodeConfig
 from turnstile.actors.node import open_node
 from turnstile.actors.sessions.agents.openai import OpenAIAgent
 from turnstile.actors.sessions.agents.scripted import ScriptedAgent
+from turnstile.client import StreamEnd, open_client
 from turnstile.runtime import tracing
 
 ADA = "tracing-ada-token-0123456789"
@@ -298,3 +299,38 @@ async def test_across_two_nodes_the_turn_continues_the_senders_trace(store_url):
             with trio.fail_after(WAIT):
                 await on_a.until(b'"stream_end"')
         check_turn_trace(spans, node_id="a", remote=True)
+
+
+async def test_the_client_sends_a_traceparent_over_the_websocket_and_http(tmp_path):
+    """``turnstile.client``: ``stream.send(..., traceparent=)`` and ``post_message(...,
+    traceparent=)``; each turn continues its caller's span."""
+    over_ws = f"00-{CALLER_TRACE}-00000000000000a1-01"
+    over_http = f"00-{CALLER_TRACE}-00000000000000b2-01"
+    with traced() as spans:
+        config = Config(store=f"sqlite:///{tmp_path}/node.db", port=0)
+        async with open_node(config, tokens=TOKENS, agent=ScriptedAgent()) as node:
+            async with open_client(node.url, ADA) as client:
+                await client.create_session("s")
+                async with client.attach("s") as stream:
+                    await stream.send("one", traceparent=over_ws)
+                    await client.post_message("s", "two", traceparent=over_http)
+                    ended = 0
+                    with trio.fail_after(WAIT):
+                        async for event in stream:
+                            if isinstance(event.data, StreamEnd):
+                                ended += 1
+                                if ended == 2:
+                                    break
+    trace = spans.of_trace(CALLER_TRACE)
+    turns = [s for s in trace if s.name == "turn"]
+    assert len(turns) == 2
+    roots = {ancestors(trace, turn)[-1]: trace_root(trace, turn) for turn in turns}
+    assert roots == {"ws send": 0xA1, "POST /sessions/{id}/messages": 0xB2}
+
+
+def trace_root(trace, span) -> int:
+    """The span id of the (remote) parent of ``span``'s root in ``trace``."""
+    by_id = {s.context.span_id: s for s in trace}
+    while span.parent is not None and span.parent.span_id in by_id:
+        span = by_id[span.parent.span_id]
+    return span.parent.span_id
