@@ -151,10 +151,19 @@ class PostgresTarget(Target):
                     )
                 }
                 snap = Snapshot()
+                # one snapshot of every table, as SQLite's BEGIN gives: read table by table
+                # outside a transaction, a commit between two reads (a fire's input and its
+                # job) showed the job completed and no input waiting, so the harness took
+                # the scenario for settled and stopped the node with the input queued (the
+                # ``--fault delay`` run, ``once`` on PostgreSQL)
+                await aio(conn.execute, loop=loop)(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                )
                 for table in TABLES:
                     if table in names:
                         rows = await aio(conn.fetch, loop=loop)(f"SELECT * FROM {table}")  # noqa: S608
                         snap.tables[table] = [_decode(table, dict(r)) for r in rows]
+                await aio(conn.execute, loop=loop)("COMMIT")
                 return snap
             finally:
                 await aio(conn.close, loop=loop)()
