@@ -272,7 +272,11 @@ def span(
 
 
 def child_span(
-    name: str, *, kind: Kind = "internal", attributes: Mapping[str, Any] | None = None
+    name: str,
+    *,
+    kind: Kind = "internal",
+    attributes: Mapping[str, Any] | None = None,
+    start_time: int | None = None,
 ) -> _Scope | OffSpan:
     """As :func:`span` under the current span, but only where one is current and recording:
     elsewhere :data:`OFF` (an operation traced on a traced path only, never as a trace of its
@@ -283,16 +287,17 @@ def child_span(
 
     if not trace.get_current_span().is_recording():
         return OFF
-    return _Scope(name, None, kind, attributes, (), None)
+    return _Scope(name, None, kind, attributes, (), start_time)
 
 
-def db_span(system: str, operation: str) -> _Scope | OffSpan:
+def db_span(system: str, operation: str, *, start_time: int | None = None) -> _Scope | OffSpan:
     """:func:`child_span` for a database operation, named by it, with OpenTelemetry's database
-    attributes (``db.system.name``, ``db.operation.name``)."""
+    attributes (``db.system.name``, ``db.operation.name``); ``start_time`` for one recorded
+    once it is over."""
     if _tracer is None:
         return OFF
     attributes = {"db.system.name": system, "db.operation.name": operation}
-    return child_span(operation, kind="client", attributes=attributes)
+    return child_span(operation, kind="client", attributes=attributes, start_time=start_time)
 
 
 def current_traceparent() -> str | None:

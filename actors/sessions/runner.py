@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback
 from collections.abc import Sequence
 from datetime import datetime
@@ -160,6 +161,8 @@ class TurnRunner:
                     if self.deleting or self.fenced or self.services.running.draining:
                         return
                     tried = self.services.store.clock.now()
+                    # when the claim began (epoch ns), for the turn's span: it starts there
+                    claiming = time.time_ns() if tracing.active() else None
                     try:
                         item = None
                         if uncertain is not None:
@@ -194,7 +197,7 @@ class TurnRunner:
                     elif held and not scheduled:
                         self.slots.release()
                         held = False
-                    await self._run_turn(item)
+                    await self._run_turn(item, claiming)
                 finally:
                     if held:
                         self.slots.release()
@@ -233,19 +236,21 @@ class TurnRunner:
                 return item
         return None
 
-    async def _run_turn(self, item: InboxItem) -> None:
+    async def _run_turn(self, item: InboxItem, claiming: int | None = None) -> None:
         self.services.running.started()
         try:
             if tracing.active():
-                await self._run_turn_traced(Turn(item))
+                await self._run_turn_traced(Turn(item), claiming)
             else:
                 await self._run_turn_counted(Turn(item))
         finally:
             self.services.running.ended()
 
-    async def _run_turn_traced(self, turn: Turn) -> None:
+    async def _run_turn_traced(self, turn: Turn, claiming: int | None) -> None:
         """The turn in a span of its own, under the trace its input was stored with (any
-        node's: the inbox carries it), from its start to the closure's commit."""
+        node's: the inbox carries it), from the claim of its input (``claiming``, epoch ns;
+        its commit is a span of the turn's, known only once the input is, so recorded after
+        it) to the closure's commit."""
         item = turn.item
         parent = item.payload.get(tracing.TRACE_KEY)
         waited = (self.services.store.clock.now() - item.created_at).total_seconds()
@@ -262,8 +267,15 @@ class TurnRunner:
         # no traceparent stored (an input from before tracing, a row written by hand): a
         # trace of its own, never the span current in this task
         with tracing.span(
-            "turn", parent=parent if isinstance(parent, str) else {}, attributes=attributes
+            "turn",
+            parent=parent if isinstance(parent, str) else {},
+            attributes=attributes,
+            start_time=claiming,
         ) as span:
+            if claiming is not None:
+                system = _DB_SYSTEMS.get(self.services.store.backend, "other_sql")
+                with tracing.db_span(system, "claim_next_input", start_time=claiming):
+                    pass
             outcome = await self._run_turn_counted(turn)
             span.set("turnstile.turn.status", outcome.status)
             usage = turn.usage
@@ -569,6 +581,9 @@ class TurnRunner:
         if overflow > 0:
             del self.history[:overflow]
 
+
+#: The store's backends as OpenTelemetry's ``db.system.name`` says them.
+_DB_SYSTEMS = {"sqlite": "sqlite", "postgres": "postgresql"}
 
 #: The keys of a stored payload that the agent's ``TurnInput.payload`` leaves out.
 _NOT_FOR_AGENT = frozenset({"content", tracing.TRACE_KEY})

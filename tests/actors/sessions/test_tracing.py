@@ -138,7 +138,9 @@ def check_turn_trace(spans, *, node_id: str | None = None, remote: bool = False)
     )
     assert commits[-1].name == "close_input", tree(trace)
     assert commits[-1].parent.span_id == turn.context.span_id
-    assert {s.name for s in commits[:-1]} <= {"append_events"}, tree(trace)
+    assert commits[0].name == "claim_next_input", tree(trace)  # where the turn begins
+    assert commits[0].start_time == turn.start_time
+    assert {s.name for s in commits[1:-1]} <= {"append_events"}, tree(trace)
     assert attrs(commits[-1])["db.operation.name"] == "close_input"
     assert all(s.status.status_code is not StatusCode.ERROR for s in trace), tree(trace)
 
