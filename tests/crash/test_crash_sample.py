@@ -35,14 +35,19 @@ async def _sample(store: str, tmp_path, pg_dsn: str | None) -> None:
     assert not violations, f"seed {seed}:\n" + "\n".join(violations)
 
 
+#: a hang guard, not a bound: the 12 runs take 45 s on a quiet box and over 120 s at load 9
+#: (each run starts real nodes); how fast a node recovers is bench's and docs/reliability.md's
+HANG_GUARD = 600
+
+
 @pytest.mark.slow
-@pytest.mark.guard(120)
+@pytest.mark.guard(HANG_GUARD)
 async def test_crash_sample_sqlite(tmp_path):
     await _sample("sqlite", tmp_path, None)
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.guard(120)
+@pytest.mark.guard(HANG_GUARD)
 async def test_crash_sample_postgres(tmp_path, pg_dsn):
     await _sample("postgres", tmp_path, pg_dsn)
