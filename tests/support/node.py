@@ -45,7 +45,11 @@ class Node:
     ws_url: str
 
     def http(self, token: str = ALICE) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"})
+        # httpx's own 5 s timeout is a bound, not a hang guard: a hundred posts at once on a
+        # box at load 8 waited longer for their answers (test_idempotent_ingress)
+        return httpx.AsyncClient(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=WAIT
+        )
 
 
 @asynccontextmanager
