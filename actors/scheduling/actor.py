@@ -40,9 +40,11 @@ Overdue jobs found at start-up are spread over time (``restart_rate`` per second
 them do not stampede the sessions. ``max_runs`` completes a job after that many deliveries;
 ``jitter_seconds`` delays each occurrence by a stable pseudo-random amount.
 
-The messages are in ``messages``, the firing machinery (indexed jobs, batches) in ``firing``.
-This module is over 400 lines because the wheel, the fire path and its misfire rules share the
-index of jobs and are read together.
+The messages are in ``messages``; the firing machinery (indexed jobs, which occurrences are due
+and what the misfire policy makes of them, the fire's span, batches) in ``firing``; the store's
+side of a change a caller asks (who may change a job, the compare-and-sets of pause and resume,
+the ``job_update`` events) in ``changes``. This module is over 400 lines because the wheel and
+the fire path share the index of jobs and are read together.
 """
 
 from __future__ import annotations
@@ -58,13 +60,23 @@ from typing import Any
 import msgspec
 import trio
 
-from turnstile.actors.scheduling.events import JobUpdate
+from turnstile.actors.scheduling.changes import (
+    job_label,
+    job_update,
+    pause_job,
+    pending_job,
+    resume_job,
+)
 from turnstile.actors.scheduling.firing import (
     FireBatches,
     JobEntry,
     JobShare,
-    occurrence_content,
+    due_occurrences,
+    next_fire,
+    occurrence_input,
     occurrence_jitter,
+    run_detail,
+    traced_fire,
 )
 from turnstile.actors.scheduling.messages import (
     MISFIRE_POLICIES,
@@ -91,8 +103,6 @@ from turnstile.actors.scheduling.spec import (
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Delivered, Publish
 from turnstile.actors.sessions.event_types import SessionEvent
-from turnstile.actors.sessions.ids import public_id
-from turnstile.runtime import tracing
 from turnstile.runtime.actor import Actor
 from turnstile.runtime.clock import Clock, utc
 from turnstile.runtime.errors import ConflictError, InvalidArgument, NotFound, StoreError
@@ -120,8 +130,6 @@ log = logging.getLogger("turnstile.scheduler")
 
 #: At most this many missed occurrences are delivered by ``catch_up``.
 MAX_CATCH_UP = 10
-#: At most this many missed occurrences are recorded one by one (the rest as a count).
-MAX_RECORDED_MISSES = 100
 #: How many fires may be in flight at once (so group commit and batches gather them).
 MAX_CONCURRENT_FIRES = 1024
 #: How many of them may be fires of their own (``JobStore.fire_job``: extra runs, skips, what a
@@ -312,7 +320,7 @@ class SchedulerActor(Actor):
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state in ("active", "paused"):
             job = await self.jobs.update_job(job.id, state="cancelled", next_fire_at=None)
-            await self._job_update(job, "cancelled", _label(job, self.entries.get(job.id)))
+            await self._job_update(job, "cancelled", job_label(job, self.entries.get(job.id)))
         entry = self.entries.pop(job.id, None)
         if entry is not None and entry.handle is not None:
             self.wheel.cancel(entry.handle)
@@ -332,47 +340,30 @@ class SchedulerActor(Actor):
         await self._job_update(job, "rescheduled", entry.spec.label)
         return job
 
-    async def _owned(self, job_id: str, session_id: str | None) -> Job:
-        job = await self.jobs.get_job(job_id)
-        if session_id is not None and job.session_id != session_id:
-            raise NotFound(f"no job with id {job_id!r}")
-        if job.state not in ("active", "paused"):
-            raise ConflictError(f"job {job.id!r} is {job.state}; only a pending job can change")
-        return job
-
     async def _pause(self, msg: PauseJob) -> Job:
-        job = await self._owned(msg.job_id, msg.session_id)
+        job = await pending_job(self.jobs, msg.job_id, msg.session_id)
         if job.state == "active":
-            # A compare-and-set on the state: a fire that completes the job first wins (the
-            # pause is then a conflict, read below), and a fire that already read the job loses
-            # its own (state = 'active') and re-reads it. next_fire_at stays, to show what
-            # was next.
-            moved = await self.jobs.transition_job(job.id, "active", "paused")
+            moved = await pause_job(self.jobs, job)
             if moved is None:  # changed meanwhile: as it is now (completed: ConflictError)
-                return await self._owned(job.id, None)
+                return await pending_job(self.jobs, job.id, None)
             job = moved
-            await self._job_update(job, "paused", _label(job, self.entries.get(job.id)))
+            await self._job_update(job, "paused", job_label(job, self.entries.get(job.id)))
         entry = self.entries.pop(job.id, None)
         if entry is not None and entry.handle is not None:
             self.wheel.cancel(entry.handle)
         return job
 
     async def _resume(self, msg: ResumeJob) -> Job:
-        job = await self._owned(msg.job_id, msg.session_id)
+        job = await pending_job(self.jobs, msg.job_id, msg.session_id)
         if job.state == "active":
             return job
         entry = self._entry(job)
         if entry is None:
             raise ConflictError(f"job {job.id!r} cannot fire again: its spec is unreadable")
         now = self.clock.now()
-        after = job.next_fire_at
-        if after is None or after <= now:
-            # what fell due while it was paused is not run: a recurring job goes on from its
-            # next occurrence, a one-off job fires now
-            after = next_occurrence(entry.spec.schedule, now, entry.cron) or now
-        moved = await self.jobs.transition_job(job.id, "paused", "active", next_fire_at=after)
+        moved = await resume_job(self.jobs, job, entry.spec.schedule, entry.cron, now)
         if moved is None:  # resumed or cancelled meanwhile (another node): as it is now
-            return await self._owned(job.id, None)
+            return await pending_job(self.jobs, job.id, None)
         job = moved
         entry.job = job
         self.entries[job.id] = entry
@@ -391,7 +382,7 @@ class SchedulerActor(Actor):
 
     def _due_at(self, entry: JobEntry) -> datetime:
         job = entry.job
-        at = _next_fire(job)
+        at = next_fire(job)
         return at + timedelta(seconds=occurrence_jitter(job.id, at, entry.spec.jitter_seconds))
 
     def _index(self, entry: JobEntry, at: datetime) -> None:
@@ -451,24 +442,10 @@ class SchedulerActor(Actor):
         (what can go in a batch does)."""
         job = entry.job
         spec = entry.spec
-        schedule = spec.schedule
         now = self.clock.now()
-        expected = _next_fire(job)
-        grace = timedelta(seconds=spec.misfire_grace_seconds)
-        # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
-        due = [expected]
-        cron = entry.cron
-        following = next_occurrence(schedule, expected, cron)
-        while following is not None and following <= now and len(due) <= MAX_RECORDED_MISSES:
-            due.append(following)
-            following = next_occurrence(schedule, following, cron)
-        if following is not None and following <= now:  # beyond what we record one by one
-            following = next_occurrence(schedule, now, cron)
-        misfired = now - expected > grace or len(due) > 1
-        policy: str = spec.misfire if misfired else "on_time"
-        window = spec.active_hours
-        if window and not in_active_hours(window, now):
-            policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
+        plan = due_occurrences(entry, now)
+        due, following, policy = plan.due, plan.following, plan.policy
+        expected = due[0]
 
         if policy == "catch_up":
             deliver, rest = due[:MAX_CATCH_UP], due[MAX_CATCH_UP:]
@@ -515,52 +492,21 @@ class SchedulerActor(Actor):
         self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together=False
     ):
         """Deliver one occurrence: CAS, run record and inbox input in one transaction (in a
-        batch when it records no other run).
-
-        When the node traces, the fire is a span ``fire <kind>`` of its own, stored with the
-        inbox input: the turn it starts is its child, whichever node runs it."""
-        if not tracing.active():
-            return await self._deliver(job, spec, occurrence, new_next, now, extra, together)
-        attributes = {
-            "turnstile.job.id": job.id,
-            "turnstile.job.kind": job.kind,
-            "turnstile.session.id": public_id(job.session_id or ""),
-            "turnstile.job.scheduled_for": occurrence.isoformat(),
-            "turnstile.job.late_seconds": (now - occurrence).total_seconds(),
-        }
-        with tracing.span(f"fire {job.kind}", kind="producer", attributes=attributes) as span:
-            result = await self._deliver(job, spec, occurrence, new_next, now, extra, together)
-            span.set("turnstile.job.fired", result is not None)
-            if result is not None:
-                span.set("turnstile.job.run_id", result.run.id)
-                if result.input is not None:
-                    span.set("turnstile.input.id", result.input.id)
-            return result
+        batch when it records no other run); traced as ``fire <kind>`` (``firing.traced_fire``),
+        the span stored with the inbox input."""
+        return await traced_fire(
+            job,
+            occurrence,
+            now,
+            lambda: self._deliver(job, spec, occurrence, new_next, now, extra, together),
+        )
 
     async def _deliver(self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together):
         """``_fire_one``'s work (the span current, if any, goes with the input)."""
         if spec.max_runs and job.run_count + 1 >= spec.max_runs:
             new_next = None  # this is the last delivery
-        late = (now - occurrence).total_seconds()
-        payload = {
-            **spec.deliver,
-            "content": occurrence_content(job.id, spec),
-            "job_id": job.id,
-            "kind": job.kind,
-            "label": spec.label,
-            "scheduled_for": occurrence.isoformat(),
-        }
-        payload.pop("prompt", None)
-        payload = tracing.carry(payload, tracing.current_traceparent())
-        detail = {"prompt": spec.prompt, "late_seconds": round(late, 6)}
-        if spec.instruction:  # a recall's self-instruction, for the run record
-            detail["instruction"] = spec.instruction
-        variables = spec.prompt_variables(job.id)
-        if variables is not None:  # a cron prompt's template variables, for the run record
-            detail["prompt_variables"] = variables
-        if extra:
-            detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
-        turn_input = (spec.source or job.kind, payload)
+        turn_input = occurrence_input(job, spec, occurrence)
+        detail = run_detail(job, spec, (now - occurrence).total_seconds(), extra)
         result = None
         if together and not extra and self._batches is not None:
             result = await self._batches.fire(
@@ -587,7 +533,7 @@ class SchedulerActor(Actor):
             self.metrics.inc("turnstile_scheduler_fires_total")
             self.metrics.observe("turnstile_scheduler_lateness_seconds", committed, kind=job.kind)
             self.lateness.append(committed)
-            update = _job_update(result.job, "fired", spec.label, run_id=result.run.id)
+            update = job_update(result.job, "fired", spec.label, run_id=result.run.id)
             events = [] if self.fired_events is None else self.fired_events(result.job, result.run)
             if job.session_id is None or result.input is None:  # a fire always delivers one
                 raise RuntimeError(f"job {job.id!r} fired without a session input")
@@ -634,7 +580,7 @@ class SchedulerActor(Actor):
 
     async def _job_update(self, job: Job, what: str, label: str) -> None:
         if job.session_id is not None:
-            update = _job_update(job, what, label)
+            update = job_update(job, what, label)
             await self._tell(job.session_id, Publish(event=update))
 
     async def _tell(self, session_id: str, message: Any) -> None:
@@ -642,36 +588,3 @@ class SchedulerActor(Actor):
             await self.publish(session_id, message)
         except Exception:  # the session is gone or broken; the store already has the truth
             log.warning("could not tell session %s about job", session_id, exc_info=True)
-
-
-def _job_update(job: Job, what: str, label: str, run_id: int | None = None) -> JobUpdate:
-    """The ``job_update`` event saying ``what`` happened to ``job`` (``run_id``: a fire's)."""
-    return JobUpdate(
-        job_id=job.id,
-        kind=job.kind,
-        event=what,
-        state=job.state,
-        label=label,
-        next_fire_at=job.next_fire_at.isoformat() if job.next_fire_at else None,
-        run_count=job.run_count,
-        run_id=msgspec.UNSET if run_id is None else run_id,
-    )
-
-
-def _label(job: Job, entry: JobEntry | None) -> str:
-    """The job's label for a ``job_update``: from its entry, else from its spec. A spec that
-    does not decode gives ``""``: it must not stop the job from being cancelled."""
-    if entry is not None:
-        return entry.spec.label
-    try:
-        return job_spec(job).label
-    except JobSpecError:
-        return ""
-
-
-def _next_fire(job: Job) -> datetime:
-    """When an indexed job is next due: every active job has a next fire time (the store
-    completes a job whose schedule has none left)."""
-    if job.next_fire_at is None:
-        raise RuntimeError(f"job {job.id!r} is indexed without a next fire time")
-    return job.next_fire_at

@@ -1,30 +1,48 @@
-"""The scheduler's firing machinery: an indexed job, what its occurrence delivers, and the
-batches that fire the occurrences found due together (``SchedulerActor`` in ``actor`` drives
-them)."""
+"""The scheduler's firing machinery: an indexed job, which of its occurrences are due and
+what its misfire policy makes of them, what an occurrence delivers, the span a fire is traced
+in, and the batches that fire the occurrences found due together (``SchedulerActor`` in
+``actor`` drives them: it owns the wheel and the index of jobs, and decides when to fire)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from datetime import datetime
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 import trio
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
 from turnstile.actors.scheduling.records import FireRequest, FireResult, Job
-from turnstile.actors.scheduling.spec import JobSpec, Schedule, cron_of
+from turnstile.actors.scheduling.spec import (
+    JobSpec,
+    Schedule,
+    cron_of,
+    in_active_hours,
+    next_occurrence,
+)
 from turnstile.actors.scheduling.store import JobStore
+from turnstile.actors.sessions.ids import public_id
+from turnstile.runtime import tracing
 from turnstile.runtime.timerwheel import TimerHandle
 
 __all__ = [
     "MAX_BATCH",
     "MAX_BATCHES_IN_FLIGHT",
+    "MAX_RECORDED_MISSES",
+    "DueOccurrences",
     "FireBatches",
     "JobEntry",
     "JobShare",
+    "due_occurrences",
+    "next_fire",
     "occurrence_content",
+    "occurrence_input",
     "occurrence_jitter",
+    "run_detail",
+    "traced_fire",
 ]
 
 log = logging.getLogger("turnstile.scheduler")
@@ -36,6 +54,8 @@ MAX_BATCH = 100
 #: make the next batch (so the busier the store, the fuller the batches). With 2, fires at a
 #: steady 1,000/s queued behind them (the connections the store has work in parallel).
 MAX_BATCHES_IN_FLIGHT = 8
+#: At most this many missed occurrences are recorded one by one (the rest as a count).
+MAX_RECORDED_MISSES = 100
 
 
 def occurrence_content(job_id: str, spec: JobSpec) -> str:
@@ -50,6 +70,39 @@ def occurrence_content(job_id: str, spec: JobSpec) -> str:
     if action == "heartbeat":
         return f"[HEARTBEAT] job_id={job_id}\n{prompt}"
     return prompt
+
+
+def occurrence_input(job: Job, spec: JobSpec, occurrence: datetime) -> tuple[str, dict[str, Any]]:
+    """The inbox input an occurrence of ``job`` delivers: its source and its payload, which
+    carries the current span's trace context (the fire's span, if any) to the turn."""
+    payload = {
+        **spec.deliver,
+        "content": occurrence_content(job.id, spec),
+        "job_id": job.id,
+        "kind": job.kind,
+        "label": spec.label,
+        "scheduled_for": occurrence.isoformat(),
+    }
+    payload.pop("prompt", None)
+    payload = tracing.carry(payload, tracing.current_traceparent())
+    return spec.source or job.kind, payload
+
+
+def run_detail(
+    job: Job, spec: JobSpec, late: float, extra: list[tuple[datetime, str, Any]]
+) -> dict[str, Any]:
+    """The detail of the run record a delivered occurrence writes: the prompt, how ``late``
+    (seconds) it fired, a recall's instruction, a cron prompt's template variables, and how
+    many other occurrences it recorded with it (``extra``: coalesced or missed ones)."""
+    detail: dict[str, Any] = {"prompt": spec.prompt, "late_seconds": round(late, 6)}
+    if spec.instruction:  # a recall's self-instruction, for the run record
+        detail["instruction"] = spec.instruction
+    variables = spec.prompt_variables(job.id)
+    if variables is not None:  # a cron prompt's template variables, for the run record
+        detail["prompt_variables"] = variables
+    if extra:
+        detail["coalesced" if extra[0][1] == "coalesced" else "missed"] = len(extra)
+    return detail
 
 
 def occurrence_jitter(job_id: str, occurrence: datetime, seconds: float) -> float:
@@ -82,6 +135,93 @@ class JobEntry:
         if self._cron is None and self.schedule.type == "cron":
             self._cron = cron_of(self.schedule)
         return self._cron
+
+
+def next_fire(job: Job) -> datetime:
+    """When an indexed job is next due: every active job has a next fire time (the store
+    completes a job whose schedule has none left)."""
+    if job.next_fire_at is None:
+        raise RuntimeError(f"job {job.id!r} is indexed without a next fire time")
+    return job.next_fire_at
+
+
+@dataclass(frozen=True, slots=True)
+class DueOccurrences:
+    """What a job's fire at some moment has to do (:func:`due_occurrences`).
+
+    Attributes:
+        due: every occurrence due by then, oldest first (the first is the one the job's row
+            expects; at most ``MAX_RECORDED_MISSES`` more).
+        following: the job's next occurrence after them (None: it has none left).
+        policy: ``on_time``, or what is done with a misfire (``coalesce``, ``skip``,
+            ``catch_up``: the spec's ``misfire``), or ``outside_active_hours`` (no turn runs).
+    """
+
+    due: list[datetime]
+    following: datetime | None
+    policy: str
+
+
+def due_occurrences(entry: JobEntry, now: datetime) -> DueOccurrences:
+    """Which of ``entry``'s occurrences are due at ``now`` and what its policy makes of them.
+
+    An occurrence is a misfire when it is more than the spec's ``misfire_grace_seconds`` late,
+    or when several are due (the scheduler was down); a job with ``active_hours`` runs no turn
+    outside them, whatever else holds. Pure: the wall clock is ``now``.
+    """
+    spec = entry.spec
+    schedule = spec.schedule
+    expected = next_fire(entry.job)
+    # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
+    due = [expected]
+    cron = entry.cron
+    following = next_occurrence(schedule, expected, cron)
+    while following is not None and following <= now and len(due) <= MAX_RECORDED_MISSES:
+        due.append(following)
+        following = next_occurrence(schedule, following, cron)
+    if following is not None and following <= now:  # beyond what we record one by one
+        following = next_occurrence(schedule, now, cron)
+    misfired = now - expected > timedelta(seconds=spec.misfire_grace_seconds) or len(due) > 1
+    policy: str = spec.misfire if misfired else "on_time"
+    window = spec.active_hours
+    if window and not in_active_hours(window, now):
+        policy = "outside_active_hours"  # no turn runs; the occurrence is recorded
+    return DueOccurrences(due, following, policy)
+
+
+async def traced_fire(
+    job: Job,
+    occurrence: datetime,
+    now: datetime,
+    deliver: Callable[[], Awaitable[FireResult | None]],
+) -> FireResult | None:
+    """``deliver()`` the ``occurrence`` of ``job``, in a span ``fire <kind>`` of its own when
+    the node traces (a producer span with no parent: a fire starts its own trace).
+
+    ``deliver`` stores the current span with the inbox input it makes, so the turn that runs
+    it is the span's child, whichever node runs it.
+
+    Returns:
+        what ``deliver`` returned: the fire's result, or None when it did not fire (another
+        scheduler fired the occurrence first).
+    """
+    if not tracing.active():
+        return await deliver()
+    attributes = {
+        "turnstile.job.id": job.id,
+        "turnstile.job.kind": job.kind,
+        "turnstile.session.id": public_id(job.session_id or ""),
+        "turnstile.job.scheduled_for": occurrence.isoformat(),
+        "turnstile.job.late_seconds": (now - occurrence).total_seconds(),
+    }
+    with tracing.span(f"fire {job.kind}", kind="producer", attributes=attributes) as span:
+        result = await deliver()
+        span.set("turnstile.job.fired", result is not None)
+        if result is not None:
+            span.set("turnstile.job.run_id", result.run.id)
+            if result.input is not None:
+                span.set("turnstile.input.id", result.input.id)
+        return result
 
 
 class _Waiting:
