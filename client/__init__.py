@@ -45,14 +45,10 @@ from turnstile.client._errors import (
     Unauthorized,
 )
 from turnstile.client._events import Event, UnknownEvent, decode_event
-from turnstile.client._stream import (
-    SessionStream,
-    StreamStatistics,
-    TopicEvent,
-    TopicReset,
-    TopicStream,
-    new_client_msg_id,
-)
+from turnstile.client._session import SessionStream
+from turnstile.client._stream import StreamStatistics
+from turnstile.client._topic import TopicEvent, TopicReset, TopicStream
+from turnstile.client._wire import new_client_msg_id
 from turnstile.protocol import Ack, ApprovalDecided
 
 __all__ = [

@@ -17,12 +17,13 @@ from turnstile.client._errors import (
     error_for,
 )
 from turnstile.client._events import Event, decode_event
-from turnstile.client._stream import (
-    SessionStream,
-    TopicStream,
+from turnstile.client._session import SessionStream
+from turnstile.client._topic import TopicStream
+from turnstile.client._wire import (
     call_result,
     connection_error,
     decode_answer,
+    encode,
     new_client_msg_id,
     why_failed,
 )
@@ -38,8 +39,6 @@ from turnstile.protocol.sessions import (
 __all__ = ["Client", "open_client"]
 
 T = TypeVar("T")
-
-_encoder = msgspec.json.Encoder()
 
 #: The largest frame the client accepts from the node (a tool's result can be large).
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -162,7 +161,7 @@ class Client:
         answer: ServerFrame | None = None
         try:
             async with self._connect() as ws:
-                await ws.send_text(_encoder.encode(frame).decode())
+                await ws.send_text(encode(frame))
                 while answer is None:
                     found = decode_answer(await ws.receive_text())
                     if isinstance(found, Result | ErrorFrame) and found.id == "call":

@@ -29,7 +29,7 @@ from turnstile.actors.sessions.event_types import (
 from turnstile.client._client import open_client
 from turnstile.client._errors import ConnectionLost, SessionDeleted, TurnstileClientError
 from turnstile.client._events import Event
-from turnstile.client._stream import SessionStream
+from turnstile.client._session import SessionStream
 
 __all__ = ["attach", "render"]
 
