@@ -17,7 +17,7 @@ detail, not the transcript), ``stopped`` or ``interrupted``; then its inbox row 
 
 It is over 400 lines because a turn's run is one sequence (claim, slot, decode, start, answer,
 settle, close) whose failure paths share its locals; it is kept together so that each path's
-closure can be read in one place.
+closure can be read in one place. A turn's span, when the node traces, is ``turn_tracing``'s.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ from turnstile.actors.sessions.kinds import InputTurn, TurnOutcome
 from turnstile.actors.sessions.services import SessionServices
 from turnstile.actors.sessions.slots import TurnSlots
 from turnstile.actors.sessions.turn import Turn, TurnContext
+from turnstile.actors.sessions.turn_tracing import traced_turn
 from turnstile.runtime import tracing
 from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError, StoreUnavailable
 from turnstile.runtime.gateway.backend import Subscriber
-from turnstile.runtime.store import InboxItem, NodeRef, Session, Step
+from turnstile.runtime.store import InboxItem, Session, Step
 
 __all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "TurnRunner"]
 
@@ -240,50 +241,18 @@ class TurnRunner:
         self.services.running.started()
         try:
             if tracing.active():
-                await self._run_turn_traced(Turn(item), claiming)
+                await traced_turn(
+                    Turn(item),
+                    self._run_turn_counted,
+                    self.services,
+                    session_id=self.session_id,
+                    owner=self._loaded.owner,
+                    claiming=claiming,
+                )
             else:
                 await self._run_turn_counted(Turn(item))
         finally:
             self.services.running.ended()
-
-    async def _run_turn_traced(self, turn: Turn, claiming: int | None) -> None:
-        """The turn in a span of its own, under the trace its input was stored with (any
-        node's: the inbox carries it), from the claim of its input (``claiming``, epoch ns;
-        its commit is a span of the turn's, known only once the input is, so recorded after
-        it) to the closure's commit."""
-        item = turn.item
-        parent = item.payload.get(tracing.TRACE_KEY)
-        waited = (self.services.store.clock.now() - item.created_at).total_seconds()
-        attributes = {
-            "turnstile.session.id": public_id(self.session_id),
-            "turnstile.session.owner": self._loaded.owner,
-            "turnstile.input.id": item.id,
-            "turnstile.input.source": item.source,
-            "turnstile.input.wait_seconds": max(0.0, waited),
-            "turnstile.node.id": _node_id(self.services.store.claimer),
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": self.services.agent.name,
-        }
-        # no traceparent stored (an input from before tracing, a row written by hand): a
-        # trace of its own, never the span current in this task
-        with tracing.span(
-            "turn",
-            parent=parent if isinstance(parent, str) else {},
-            attributes=attributes,
-            start_time=claiming,
-        ) as span:
-            if claiming is not None:
-                system = _DB_SYSTEMS.get(self.services.store.backend, "other_sql")
-                with tracing.db_span(system, "claim_next_input", start_time=claiming):
-                    pass
-            outcome = await self._run_turn_counted(turn)
-            span.set("turnstile.turn.status", outcome.status)
-            usage = turn.usage
-            if usage is not None:
-                span.set("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                span.set("gen_ai.usage.output_tokens", usage.completion_tokens)
-            if outcome.status == "failed":
-                span.fail("turn_failed", outcome.error)
 
     async def _run_turn_counted(self, turn: Turn) -> TurnOutcome:
         """Run ``turn``, start to closure; returns how it ended."""
@@ -582,15 +551,8 @@ class TurnRunner:
             del self.history[:overflow]
 
 
-#: The store's backends as OpenTelemetry's ``db.system.name`` says them.
-_DB_SYSTEMS = {"sqlite": "sqlite", "postgres": "postgresql"}
-
 #: The keys of a stored payload that the agent's ``TurnInput.payload`` leaves out.
 _NOT_FOR_AGENT = frozenset({"content", tracing.TRACE_KEY})
-
-
-def _node_id(claimer: NodeRef | None) -> str | None:
-    return None if claimer is None else claimer.id
 
 
 def _raw_content(item: InboxItem) -> str:
