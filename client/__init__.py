@@ -28,22 +28,9 @@ from turnstile.actors.sessions.event_types import (
     TurnQueued,
 )
 from turnstile.actors.watchers.events import WatcherUpdate
+from turnstile.client import _errors
 from turnstile.client._client import Client, open_client
-from turnstile.client._errors import (
-    BadRequest,
-    Conflict,
-    ConnectionLost,
-    Forbidden,
-    LimitExceeded,
-    NotFound,
-    PlacedElsewhere,
-    ServerError,
-    SessionDeleted,
-    StoreUnavailable,
-    ToolError,
-    TurnstileClientError,
-    Unauthorized,
-)
+from turnstile.client._errors import *  # noqa: F403 (its __all__: the errors)
 from turnstile.client._events import Event, UnknownEvent, decode_event
 from turnstile.client._session import SessionStream
 from turnstile.client._stream import StreamStatistics
@@ -82,18 +69,6 @@ __all__ = [
     "RecallUpdate",
     "WatcherUpdate",
     "Notification",
-    # errors
-    "TurnstileClientError",
-    "BadRequest",
-    "Unauthorized",
-    "Forbidden",
-    "NotFound",
-    "SessionDeleted",
-    "Conflict",
-    "PlacedElsewhere",
-    "LimitExceeded",
-    "ServerError",
-    "StoreUnavailable",
-    "ToolError",
-    "ConnectionLost",
 ]
+# the errors, with the hierarchy in _errors' docstring
+__all__ += _errors.__all__

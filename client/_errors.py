@@ -41,7 +41,6 @@ __all__ = [
     "StoreUnavailable",
     "ToolError",
     "ConnectionLost",
-    "error_for",
 ]
 
 
