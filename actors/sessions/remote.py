@@ -5,7 +5,7 @@ connected to another node still attaches, sends and stops there, through the sto
 PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
 
 * **Live events.** A node with clients attached to a session it does not hold follows it
-  (:class:`_Feed`): it says so (``w <key>``, again every :data:`WATCH_SECONDS`), and the
+  (``follow.SessionFeeds``): it says so (``w <key>``, again every :data:`WATCH_SECONDS`), and the
   holder then announces each stored batch of that session (``e <key> <seq>``, coalesced per
   session; sessions nobody follows elsewhere cost nothing). The follower reads the events after
   the last one it offered from the store, by ``seq``, on each announcement and every
@@ -44,25 +44,27 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
 
 Everything here is the sessions feature's; the kernel only carries the notifications.
 
-It is over 400 lines because every remote operation (follow, submit, requests, policy, delete, gone)
+It is over 400 lines because every remote operation (submit, requests, policy, delete, gone)
 rides one channel and its one handler (``_handle``), and the guarantee that a lost announcement only
-delays comes from the same polls; a split would pass that channel around.
+delays comes from the same polls. Following sessions for this node's clients, the one operation
+with state of its own (its feeds), is ``follow``'s: it is handed the channel's ``notify`` and
+poked by ``_handle``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import msgspec
 import trio
 
 from turnstile.actors.sessions.event_types import event_types
+from turnstile.actors.sessions.follow import PAGE, POLL_SECONDS, WATCH_SECONDS, SessionFeeds
 from turnstile.actors.sessions.ids import owner_of, public_id
 from turnstile.actors.sessions.kinds import InputKinds, session_kinds
 from turnstile.actors.sessions.messages import (
@@ -98,40 +100,14 @@ log = logging.getLogger("turnstile.session")
 
 #: the notification channel of sessions across nodes
 CHANNEL = "turnstile_sessions"
-#: how often a followed session is read even without an announcement
-POLL_SECONDS = 1.0
-#: The histogram of a followed event's lag (``RemoteSessions``' ``metrics``).
-FOLLOW_LAG = "turnstile_follow_lag_seconds"
-#: how often a follower says again that it follows; a holder announces a session's batches
-#: for three times as long after it last heard so
-WATCH_SECONDS = 10.0
 #: the key-value namespace of requests to the holder of a session (stop, interrupt, fold)
 REQUESTS = "sessions.requests"
 #: how long a request nobody settled is kept (its session was deleted, or passivated)
 REQUEST_SECONDS = 3600.0
 #: how long a delete through another node waits for the holder to have deleted the session
 DELETE_WAIT_SECONDS = 10.0
-#: events read per store round trip when a feed catches up
-_PAGE = 500
 #: notifications waiting to be handled; beyond it they are dropped and every feed reads again
 _INBOX = 10_000
-
-
-class _Feed:
-    """One session another node holds, followed for this node's clients."""
-
-    __slots__ = ("key", "public_id", "subscribers", "last_seq", "poked", "created_at", "recheck")
-
-    def __init__(self, key: str, public_id: str, last_seq: int, created_at: datetime) -> None:
-        self.key = key
-        self.public_id = public_id
-        self.subscribers: set[Subscriber] = set()
-        self.last_seq = last_seq
-        self.poked = trio.Event()
-        #: the followed session's, to tell it from a later one of the same key
-        self.created_at = created_at
-        #: a delete of the key was announced (or may have been missed): read its row again
-        self.recheck = False
 
 
 class RemoteSessions:
@@ -167,26 +143,20 @@ class RemoteSessions:
         #: the node's input kinds: an input's payload is checked against its source's
         #: Struct before it is stored, as the session's own actor does
         self.input_kinds = input_kinds if input_kinds is not None else session_kinds()
-        self._metrics = metrics if metrics is not None else Metrics()
-        self._metrics.histogram(
-            FOLLOW_LAG,
-            "Several nodes: a session event stored by the node that holds the session, to its"
-            " offer to the clients of this node that follow it (announcement, then read by seq).",
-        )
+        metrics = metrics if metrics is not None else Metrics()
+        #: the sessions held elsewhere that this node's clients follow
+        self.feeds = SessionFeeds(store, encode_event, self._notify, clock=clock, metrics=metrics)
         self.max_content_chars = max_content_chars
         self.max_queued_inputs = max_queued_inputs
         self.store = store
         self.registry = registry
         self.placement = placement
-        self._encode = encode_event
-        self._feeds: dict[str, _Feed] = {}
         self._pending: dict[str, int] = {}
         #: sessions held here that another node follows, until when (trio time)
         self._watched: dict[str, float] = {}
         self._announce = trio.Event()
         self._requested = trio.Event()
         self._heard_send, self._heard = trio.open_memory_channel[str | None](_INBOX)
-        self._nursery: trio.Nursery | None = None
         #: deletes a session this node holds (``SessionDirectory.delete_here``), for ``x``
         self.on_delete: Callable[[str], Awaitable[None]] | None = None
         #: an approval was answered through some node (``a <key> <approval id>``): the node
@@ -231,86 +201,16 @@ class RemoteSessions:
     async def attach(
         self, key: str, public_id: str, subscriber: Subscriber, *, after_seq: int | None = None
     ) -> Attached:
-        """Follow ``key`` for ``subscriber``: its state now, then its events as stored (those
-        after ``after_seq`` when given: a client this node's activation of the session was
-        offering them to, handed over as the node drains).
+        """Follow ``key`` for ``subscriber`` (``SessionFeeds.attach``).
 
         Raises:
             NotFound: the session is gone.
         """
-        session = await self.store.get_session(key)
-        feed = self._feeds.get(key)
-        if feed is None:
-            last = session.last_seq if after_seq is None else after_seq
-            feed = self._feeds[key] = _Feed(key, public_id, last, session.created_at)
-            assert self._nursery is not None, "RemoteSessions.run is not running"
-            self._nursery.start_soon(self._follow, feed, name=f"follow session {key}")
-        feed.subscribers.add(subscriber)
-        running = await self.store.list_inputs(key, ["running", "queued"])
-        current = next((i.id for i in running if i.state == "running"), None)
-        return Attached(
-            last_seq=feed.last_seq,
-            busy=current is not None,
-            policy=session.policy,
-            queued=sum(1 for i in running if i.state == "queued"),
-            current_input_id=current,
-        )
+        return await self.feeds.attach(key, public_id, subscriber, after_seq=after_seq)
 
     def detach(self, key: str, subscriber: Subscriber) -> bool:
         """Stop following ``key`` for ``subscriber``; False if it was not following here."""
-        feed = self._feeds.get(key)
-        if feed is None or subscriber not in feed.subscribers:
-            return False
-        feed.subscribers.discard(subscriber)
-        feed.poked.set()  # the follower ends once nobody is left
-        return True
-
-    async def _follow(self, feed: _Feed) -> None:
-        said = -math.inf
-        try:
-            while feed.subscribers:
-                if trio.current_time() - said >= WATCH_SECONDS:
-                    said = trio.current_time()
-                    await self._notify(f"w {feed.key}")
-                with trio.move_on_after(POLL_SECONDS):
-                    await feed.poked.wait()
-                feed.poked = trio.Event()
-                try:
-                    if feed.recheck:
-                        feed.recheck = False
-                        await self._same_session(feed)
-                    await self._catch_up(feed)
-                except NotFound:  # deleted: nothing more will come
-                    for subscriber in list(feed.subscribers):
-                        subscriber.deleted(feed.public_id)
-                    feed.subscribers.clear()
-                except StoreError as exc:
-                    log.warning("following session %s: %s", feed.key, exc)
-        finally:
-            if self._feeds.get(feed.key) is feed:
-                del self._feeds[feed.key]
-
-    async def _same_session(self, feed: _Feed) -> None:
-        """Raise ``NotFound`` unless ``feed``'s session is still the one it followed (not
-        deleted, nor created again under its key since)."""
-        session = await self.store.get_session(feed.key)
-        if session.created_at != feed.created_at:
-            raise NotFound(f"no session with id {feed.public_id!r}")
-
-    async def _catch_up(self, feed: _Feed) -> None:
-        while feed.subscribers:
-            page = await self.store.read_events(feed.key, feed.last_seq, _PAGE)
-            now = self.clock.now()
-            for record in page:
-                self._metrics.observe(FOLLOW_LAG, max(0.0, (now - record.ts).total_seconds()))
-                frame = self._encode(feed.public_id, record)
-                for subscriber in list(feed.subscribers):
-                    if not subscriber.offer(feed.public_id, record.seq, frame):
-                        feed.subscribers.discard(subscriber)
-                        subscriber.lagged(feed.public_id, record.seq - 1)
-                feed.last_seq = record.seq
-            if len(page) < _PAGE:
-                return
+        return self.feeds.detach(key, subscriber)
 
     async def submit(
         self,
@@ -501,7 +401,7 @@ class RemoteSessions:
             after: str | None = None
             while True:  # every page: requests nobody can settle yet must not hide the rest
                 try:
-                    page = await self.store.kv_list(REQUESTS, after_key=after, limit=_PAGE)
+                    page = await self.store.kv_list(REQUESTS, after_key=after, limit=PAGE)
                 except StoreError as exc:
                     log.warning("reading requests for sessions: %s", exc)
                     break
@@ -511,7 +411,7 @@ class RemoteSessions:
                         await self.store.kv_delete(REQUESTS, settled)
                     except StoreError as exc:  # carried out: settled again next time
                         log.warning("deleting settled requests: %s", exc)
-                if len(page) < _PAGE:
+                if len(page) < PAGE:
                     break
                 after = page[-1][0]
 
@@ -560,25 +460,18 @@ class RemoteSessions:
             self._heard_send.send_nowait(payload)
         except trio.WouldBlock:  # too many at once: read everything again
             self._gone(None)
-            self._poke_all()
-
-    def _poke_all(self) -> None:
-        for feed in self._feeds.values():
-            feed.poked.set()
+            self.feeds.poke_all()
 
     def _gone(self, key: str | None) -> None:
         """A delete of ``key`` (None: of any session) was announced, or may have been missed."""
         if self.on_gone is not None:
             self.on_gone(key)
-        feeds = self._feeds.values() if key is None else filter(None, [self._feeds.get(key)])
-        for feed in feeds:
-            feed.recheck = True
-            feed.poked.set()
+        self.feeds.recheck(key)
 
     async def _handle(self, payload: str | None) -> None:
         if payload is None:  # (re)connected: something may have been missed
             self._gone(None)
-            self._poke_all()
+            self.feeds.poke_all()
             return
         kind, _, rest = payload.partition(" ")
         key, _, rest = rest.partition(" ")
@@ -586,9 +479,7 @@ class RemoteSessions:
             self._gone(key)
             return
         if kind == "e":
-            feed = self._feeds.get(key)
-            if feed is not None:
-                feed.poked.set()
+            self.feeds.poke(key)
             return
         if kind == "w":  # another node follows this session: announce its batches a while
             self._watched[key] = trio.current_time() + 3 * WATCH_SECONDS
@@ -619,7 +510,7 @@ class RemoteSessions:
     async def run(self) -> None:
         """Listen, announce and follow, forever (a task of the node's nursery)."""
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.feeds.nursery = nursery
             nursery.start_soon(self.store.listen, CHANNEL, self._hear)
             nursery.start_soon(self._announcer)
             nursery.start_soon(self._requests)
