@@ -285,6 +285,7 @@ class ToolRegistry:
         ask_approval: bool = True,
         background: bool = False,
         idempotency_key: str | None = None,
+        call_id: str | None = None,
     ) -> ToolResult:
         """Validate ``arguments`` and run ``name``; failures come back as ``ToolResult``.
 
@@ -294,14 +295,15 @@ class ToolRegistry:
         comes back at once, not run, as ``requires_approval`` (``run_parallel``'s actions, as
         the reference has it). ``background``: the call runs as a background task (``ToolCall``).
         ``idempotency_key``: the call's key, handed to the tool in its ``ToolCall``.
+        ``call_id``: the model's id for the call (a turn's call), which only the trace records.
 
         ``name`` may also be the function name a model knows the tool by (``clock__now``):
         a model filling in run_parallel's ``actions[].name`` uses the name it was shown.
 
         When the node traces, the call is a span ``execute_tool <name>`` (OpenTelemetry's
-        GenAI conventions, ``docs/tracing.md``): its policy, how long it waited for a person's
-        approval and what was decided, whether it succeeded (else ``error.type``, its code)
-        and the size of its result.
+        GenAI conventions, ``docs/tracing.md``): the model's call id, its policy, how long it
+        waited for a person's approval and what was decided, whether it succeeded (else
+        ``error.type``, its code) and the size of its result.
         """
         if name not in self._tools:
             name = tool_name(name)
@@ -316,6 +318,8 @@ class ToolRegistry:
                 idempotency_key, tracing.OFF,
             )  # fmt: skip
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        if call_id is not None:
+            attributes["gen_ai.tool.call.id"] = call_id
         with tracing.span(f"execute_tool {name}", attributes=attributes) as span:
             result = await self._call(
                 tool, session_id, owner, arguments, approved, ask_approval, background,

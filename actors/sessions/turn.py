@@ -107,9 +107,12 @@ class ToolCaller(Protocol):
         arguments: dict[str, Any],
         *,
         idempotency_key: str | None = None,
+        call_id: str | None = None,
     ) -> ToolResult:
         """Run ``name``; tool failures are returned, not raised. ``idempotency_key`` is the
-        call's key within its turn (see ``turn.tool_call_key``), handed to the tool."""
+        call's key within its turn (see ``turn.tool_call_key``), handed to the tool;
+        ``call_id`` the model's id for the call, if it gave one (the call's span records it:
+        ``gen_ai.tool.call.id``)."""
         ...
 
 
@@ -232,7 +235,12 @@ class TurnContext:
         else:
             result = public_result(
                 await self._caller.call(
-                    host.session_id, host.owner, name, arguments, idempotency_key=key
+                    host.session_id,
+                    host.owner,
+                    name,
+                    arguments,
+                    idempotency_key=key,
+                    call_id=call_id,
                 )
             )
         called = ToolCalled(

@@ -23,7 +23,7 @@ class NoTools:
     def specs(self):
         return []
 
-    async def call(self, session_id, owner, name, arguments, *, idempotency_key=None):
+    async def call(self, session_id, owner, name, arguments, *, idempotency_key=None, call_id=None):
         return ToolResult(ok=False, error={"code": "unknown_tool", "message": name})
 
 

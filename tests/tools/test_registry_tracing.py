@@ -1,4 +1,5 @@
-"""A tool call is a span ``execute_tool <name>`` when the node traces (issue 25): its policy,
+"""A tool call is a span ``execute_tool <name>`` when the node traces (issue 25): the model's id
+for the call (``gen_ai.tool.call.id``, when it gave one), its policy,
 the wait for a person's approval and what was decided, whether it succeeded (else its code as
 ``error.type``), the size of its result. On a mock clock: the person answers 90 s later."""
 
@@ -31,7 +32,7 @@ async def test_a_tool_call_span_says_policy_approval_wait_outcome_and_size(autoj
     registry.register("say.loud", Text, shout, "Shout.", policy=Policy.APPROVE)
     registry.register("say.soft", Text, shout, "Whisper.")
     with traced() as spans:
-        assert (await registry.call("s", "ada", "say.loud", {"text": "hi"})).ok
+        assert (await registry.call("s", "ada", "say.loud", {"text": "hi"}, call_id="call_7")).ok
         assert not (await registry.call("s", "ada", "say.loud", {"text": "no"})).ok
         assert (await registry.call("s", "ada", "say__soft", {"text": "hi"})).ok
         assert not (await registry.call("s", "ada", "say.soft", {"text": 3})).ok
@@ -40,6 +41,7 @@ async def test_a_tool_call_span_says_policy_approval_wait_outcome_and_size(autoj
     assert attrs(approved) == {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": "say.loud",
+        "gen_ai.tool.call.id": "call_7",
         "turnstile.tool.policy": "APPROVE",
         "turnstile.tool.approval_wait_seconds": 90.0,
         "turnstile.tool.approval": "approved",
@@ -54,6 +56,7 @@ async def test_a_tool_call_span_says_policy_approval_wait_outcome_and_size(autoj
     soft, bad = spans.named("execute_tool say.soft")  # the model's name maps back
     assert attrs(soft)["turnstile.tool.policy"] == "AUTO"
     assert "turnstile.tool.approval_wait_seconds" not in attrs(soft)
+    assert "gen_ai.tool.call.id" not in attrs(soft)  # called without one (not by a model)
     assert attrs(bad)["error.type"] == "bad_arguments"
     assert "turnstile.tool.policy" not in attrs(bad)  # refused before the policy applies
     assert len(spans.all) == 4

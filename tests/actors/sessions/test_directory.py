@@ -45,7 +45,7 @@ class EchoTools(NoTools):
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
 
-    async def call(self, session_id, owner, name, arguments, *, idempotency_key=None):
+    async def call(self, session_id, owner, name, arguments, *, idempotency_key=None, call_id=None):
         self.calls.append((session_id, owner, name))
         return ToolResult(
             ok=True, data={"session_id": session_id, "jobs": [{"session_id": session_id}]}

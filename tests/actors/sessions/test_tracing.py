@@ -121,9 +121,11 @@ def check_turn_trace(spans, *, node_id: str | None = None, remote: bool = False)
 
     (echo,) = by_name["execute_tool echo"]
     (clock,) = by_name["execute_tool clock.now"]
-    for tool, name in ((echo, "echo"), (clock, "clock.now")):
+    for tool, name, call_id in ((echo, "echo", "call_1"), (clock, "clock.now", "call_2")):
         assert tool.parent.span_id == turn.context.span_id
+        assert attrs(tool)["gen_ai.operation.name"] == "execute_tool"
         assert attrs(tool)["gen_ai.tool.name"] == name
+        assert attrs(tool)["gen_ai.tool.call.id"] == call_id  # the model's id for the call
         assert attrs(tool)["turnstile.tool.policy"] == "AUTO"
         assert attrs(tool)["turnstile.tool.ok"] is True
         assert attrs(tool)["turnstile.tool.result_bytes"] > 0
