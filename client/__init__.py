@@ -9,11 +9,19 @@
                     print(event.data.text)
                     break
 
-It speaks the protocol with its own Structs (``turnstile.protocol``, the features' session
-events) and loads no part of the server (an import contract checks it).
+It speaks the protocol with its own Structs (``turnstile.protocol``, the features' session and
+topic events) and loads no part of the server (an import contract checks it). The
+``turnstile`` command's client commands are built on it (``turnstile.client.commands``).
 """
 
 from turnstile.actors.execution.events import ApprovalRequired, ApprovalResolved
+from turnstile.actors.memory.events import (
+    FactForgotten,
+    FactSaved,
+    MemoryChange,
+    MemoryDeleted,
+    SummaryChanged,
+)
 from turnstile.actors.notifications.events import Notification
 from turnstile.actors.scheduling.events import JobUpdate, RecallUpdate
 from turnstile.actors.sessions.event_types import (
@@ -34,7 +42,7 @@ from turnstile.client._errors import *  # noqa: F403 (its __all__: the errors)
 from turnstile.client._events import Event, UnknownEvent, decode_event
 from turnstile.client._session import SessionStream
 from turnstile.client._stream import StreamStatistics
-from turnstile.client._topic import TopicEvent, TopicReset, TopicStream
+from turnstile.client._topic import TopicEvent, TopicReset, TopicStream, decode_topic_event
 from turnstile.client._wire import new_client_msg_id
 from turnstile.protocol import Ack, ApprovalDecided
 
@@ -51,6 +59,7 @@ __all__ = [
     "Event",
     "UnknownEvent",
     "decode_event",
+    "decode_topic_event",
     "Ack",
     "ApprovalDecided",
     # the session events most clients read
@@ -69,6 +78,12 @@ __all__ = [
     "RecallUpdate",
     "WatcherUpdate",
     "Notification",
+    # the memory topic's events (TopicEvent.data)
+    "MemoryChange",
+    "FactSaved",
+    "FactForgotten",
+    "SummaryChanged",
+    "MemoryDeleted",
 ]
 # the errors, with the hierarchy in _errors' docstring
 __all__ += _errors.__all__

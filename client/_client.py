@@ -17,7 +17,9 @@ from turnstile.client._errors import (
     error_for,
 )
 from turnstile.client._events import Event, decode_event
+from turnstile.client._routes import FeatureRoutes
 from turnstile.client._session import SessionStream
+from turnstile.client._stream import Stream
 from turnstile.client._topic import TopicStream
 from turnstile.client._wire import (
     call_result,
@@ -48,8 +50,11 @@ class _Events(msgspec.Struct):
     events: list[dict[str, Any]]
 
 
-class Client:
+class Client(FeatureRoutes):
     """A node's API for one user: REST calls, and ``attach`` for a session's live events.
+
+    The sessions' routes and the WebSocket are here; the other features' routes are
+    ``FeatureRoutes``'s (``_routes.py``), all over ``request``.
 
     Made by ``open_client`` (which closes it); works under trio and asyncio (anyio).
     Every method raises ``TurnstileClientError`` (by the node's error code: ``NotFound``,
@@ -102,12 +107,8 @@ class Client:
             max_buffer=max_buffer,
             reconnect_attempts=reconnect_attempts,
         )
-        async with _unwrapped(), anyio.create_task_group() as tasks:
-            await tasks.start(stream.run, tasks)
-            try:
-                yield stream
-            finally:
-                tasks.cancel_scope.cancel()
+        async with _running(stream):
+            yield stream
 
     @asynccontextmanager
     async def subscribe(
@@ -138,12 +139,8 @@ class Client:
             max_buffer=max_buffer,
             reconnect_attempts=reconnect_attempts,
         )
-        async with _unwrapped(), anyio.create_task_group() as tasks:
-            await tasks.start(stream.run, tasks)
-            try:
-                yield stream
-            finally:
-                tasks.cancel_scope.cancel()
+        async with _running(stream):
+            yield stream
 
     async def call(
         self, session_id: str, tool: str, arguments: dict[str, Any] | None = None
@@ -320,192 +317,6 @@ class Client:
         """``POST /sessions/{id}/stop``: whether a turn was running (it ends ``stopped``)."""
         return (await self._typed(Stopped, "POST", f"/sessions/{session_id}/stop")).stopped
 
-    # approvals
-
-    async def approvals(self, session_id: str) -> list[dict[str, Any]]:
-        """``GET /sessions/{id}/approvals``: pending approvals (``approval_id``, ``tool``)."""
-        answer = await self.request("GET", f"/sessions/{session_id}/approvals")
-        return list(answer["approvals"])
-
-    async def approve(self, approval_id: str) -> dict[str, Any]:
-        """``POST /approvals/{id}/approve``: ``approval_id``, ``decision``, ``session_id``."""
-        answer: dict[str, Any] = await self.request("POST", f"/approvals/{approval_id}/approve")
-        return answer
-
-    async def deny(self, approval_id: str) -> dict[str, Any]:
-        """``POST /approvals/{id}/deny``."""
-        answer: dict[str, Any] = await self.request("POST", f"/approvals/{approval_id}/deny")
-        return answer
-
-    # jobs
-
-    async def jobs(
-        self, *, session_id: str | None = None, state: str | None = None
-    ) -> list[dict[str, Any]]:
-        """``GET /jobs``: your scheduled jobs (of one session, in one state)."""
-        answer = await self.request("GET", "/jobs", params={"session": session_id, "state": state})
-        return list(answer["jobs"])
-
-    async def get_job(self, job_id: str) -> dict[str, Any]:
-        """``GET /jobs/{id}``: ``job`` and its last 100 ``runs``."""
-        answer: dict[str, Any] = await self.request("GET", f"/jobs/{job_id}")
-        return answer
-
-    async def pause_job(self, job_id: str) -> dict[str, Any]:
-        """``POST /jobs/{id}/pause``: the job, paused (it fires nothing until resumed).
-
-        Raises:
-            Conflict: the job is completed or cancelled.
-        """
-        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/pause")
-        return answer
-
-    async def resume_job(self, job_id: str) -> dict[str, Any]:
-        """``POST /jobs/{id}/resume``: the job, active again from its next occurrence.
-
-        Raises:
-            Conflict: the job is completed or cancelled.
-        """
-        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/resume")
-        return answer
-
-    async def cancel_job(self, job_id: str) -> dict[str, Any]:
-        """``POST /jobs/{id}/cancel``: the job, cancelled."""
-        answer: dict[str, Any] = await self.request("POST", f"/jobs/{job_id}/cancel")
-        return answer
-
-    # watchers
-
-    async def create_watcher(self, session_id: str, spec: dict[str, Any]) -> dict[str, Any]:
-        """``POST /sessions/{id}/watchers`` with a ``watch_start`` spec: the watcher."""
-        answer: dict[str, Any] = await self.request(
-            "POST", f"/sessions/{session_id}/watchers", json=spec
-        )
-        return answer
-
-    async def watchers(self, session_id: str | None = None) -> dict[str, Any]:
-        """``GET /watchers`` (or one session's): ``watchers``, ``total``, ``running``,
-        ``paused``."""
-        path = "/watchers" if session_id is None else f"/sessions/{session_id}/watchers"
-        answer: dict[str, Any] = await self.request("GET", path)
-        return answer
-
-    async def get_watcher(self, watcher_id: str) -> dict[str, Any]:
-        """``GET /watchers/{id}``: its status and recent checks."""
-        answer: dict[str, Any] = await self.request("GET", f"/watchers/{watcher_id}")
-        return answer
-
-    async def stop_watcher(self, watcher_id: str) -> None:
-        """``DELETE /watchers/{id}``."""
-        await self.request("DELETE", f"/watchers/{watcher_id}")
-
-    async def pause_watcher(self, watcher_id: str) -> dict[str, Any]:
-        """``POST /watchers/{id}/pause``: the watcher."""
-        answer: dict[str, Any] = await self.request("POST", f"/watchers/{watcher_id}/pause")
-        return answer
-
-    async def resume_watcher(self, watcher_id: str) -> dict[str, Any]:
-        """``POST /watchers/{id}/resume``: the watcher."""
-        answer: dict[str, Any] = await self.request("POST", f"/watchers/{watcher_id}/resume")
-        return answer
-
-    # background tasks, recalls, heartbeats
-
-    async def tasks(self, session_id: str) -> dict[str, Any]:
-        """``GET /sessions/{id}/tasks``: the session's background tasks."""
-        answer: dict[str, Any] = await self.request("GET", f"/sessions/{session_id}/tasks")
-        return answer
-
-    async def get_task(self, session_id: str, task_id: str) -> dict[str, Any]:
-        """``GET /sessions/{id}/tasks/{task_id}``: a background task's status."""
-        answer: dict[str, Any] = await self.request(
-            "GET", f"/sessions/{session_id}/tasks/{task_id}"
-        )
-        return answer
-
-    async def cancel_task(self, session_id: str, task_id: str) -> dict[str, Any]:
-        """``POST /sessions/{id}/tasks/{task_id}/cancel``."""
-        answer: dict[str, Any] = await self.request(
-            "POST", f"/sessions/{session_id}/tasks/{task_id}/cancel"
-        )
-        return answer
-
-    async def recall(self, session_id: str) -> dict[str, Any] | None:
-        """``GET /sessions/{id}/recall``: the pending recall, or None."""
-        answer = await self.request("GET", f"/sessions/{session_id}/recall")
-        recall: dict[str, Any] | None = answer["recall"]
-        return recall
-
-    async def cancel_recall(self, session_id: str) -> dict[str, Any]:
-        """``DELETE /sessions/{id}/recall``: the cancelled recall.
-
-        Raises:
-            NotFound: none is pending.
-        """
-        answer: dict[str, Any] = await self.request("DELETE", f"/sessions/{session_id}/recall")
-        return answer
-
-    async def heartbeat(self, session_id: str) -> dict[str, Any]:
-        """``GET /sessions/{id}/heartbeat``: its settings and latest runs."""
-        answer: dict[str, Any] = await self.request("GET", f"/sessions/{session_id}/heartbeat")
-        return answer
-
-    # memory
-
-    async def facts(self, **params: Any) -> dict[str, Any]:
-        """``GET /memory/facts``: your long-term memory's facts (``docs/memory.md``; ``limit``,
-        ``offset``, ``search``, ``category``, ``sort_by``, ``sort_order``)."""
-        answer: dict[str, Any] = await self.request("GET", "/memory/facts", params=params)
-        return answer
-
-    async def search_memory(self, query: str, *, limit: int | None = None) -> dict[str, Any]:
-        """``GET /memory/search``: the facts that match ``query``, best first."""
-        answer: dict[str, Any] = await self.request(
-            "GET", "/memory/search", params={"query": query, "limit": limit}
-        )
-        return answer
-
-    async def put_fact(self, category: str, key: str, value: str, **fields: Any) -> dict[str, Any]:
-        """``PUT /memory/facts``: save a fact (``source``, ``confidence``, ``expires_days``
-        in ``fields``)."""
-        body = {"category": category, "key": key, "value": value, **fields}
-        answer: dict[str, Any] = await self.request("PUT", "/memory/facts", json=body)
-        return answer
-
-    async def forget_fact(self, key: str, *, category: str | None = None) -> dict[str, Any]:
-        """``DELETE /memory/facts``: forget the fact(s) under ``key``."""
-        answer: dict[str, Any] = await self.request(
-            "DELETE", "/memory/facts", params={"key": key, "category": category}
-        )
-        return answer
-
-    async def memory_summary(self) -> dict[str, Any]:
-        """``GET /memory/summary``."""
-        answer: dict[str, Any] = await self.request("GET", "/memory/summary")
-        return answer
-
-    async def put_memory_summary(self, content: str) -> dict[str, Any]:
-        """``PUT /memory/summary``."""
-        answer: dict[str, Any] = await self.request(
-            "PUT", "/memory/summary", json={"content": content}
-        )
-        return answer
-
-    async def memory_changes(
-        self, *, after_seq: int = 0, limit: int | None = None
-    ) -> dict[str, Any]:
-        """``GET /memory/changes``: the ``memory`` topic's events after ``after_seq``
-        (``changes``, ``last_seq``, ``pruned_seq``, ``reset``)."""
-        answer: dict[str, Any] = await self.request(
-            "GET", "/memory/changes", params={"after_seq": after_seq, "limit": limit}
-        )
-        return answer
-
-    async def delete_memory(self) -> dict[str, Any] | None:
-        """``DELETE /memory``: forget everything your memory holds."""
-        answer: dict[str, Any] | None = await self.request("DELETE", "/memory")
-        return answer
-
 
 @asynccontextmanager
 async def open_client(
@@ -548,6 +359,18 @@ def _http_error(response: httpx.Response) -> TurnstileClientError:
         body, message, field = {}, response.text.strip()[:200] or response.reason_phrase, None
     details = {k: v for k, v in body.items() if k != "error"} if isinstance(body, dict) else {}
     return error_for(code, message, field=field, status=response.status_code, details=details)
+
+
+@asynccontextmanager
+async def _running(stream: Stream) -> AsyncIterator[None]:
+    """``stream`` connected and attached for as long as the block runs (its task cancelled
+    after); its refusal or ``ConnectionLost`` raised as it is."""
+    async with _unwrapped(), anyio.create_task_group() as tasks:
+        await tasks.start(stream.run, tasks)
+        try:
+            yield
+        finally:
+            tasks.cancel_scope.cancel()
 
 
 @asynccontextmanager

@@ -85,6 +85,11 @@ class SessionStream(Stream):
         event: Event = await super().receive()
         return event
 
+    def receive_nowait(self) -> Event:
+        """The next event if one is buffered now; else ``anyio.WouldBlock``."""
+        event: Event = super().receive_nowait()
+        return event
+
     async def __anext__(self) -> Event:
         """The next event; the iteration ends when the session is deleted or the stream
         closed (``receive()`` says which)."""

@@ -59,6 +59,9 @@ class StreamStatistics(msgspec.Struct, frozen=True):
             again from the node once the reader has caught up).
         busy: whether a turn ran at the last attach (its ``session_sync``).
         policy: the session's policy at the last attach.
+        head_seq: the node's last ``seq`` when the stream last attached (the ``last_seq`` of
+            its ``attached`` or ``subscribed``: what the events replayed then led up to); None
+            before the first attach.
     """
 
     session_id: str
@@ -68,6 +71,7 @@ class StreamStatistics(msgspec.Struct, frozen=True):
     dropped: int
     busy: bool | None
     policy: str | None
+    head_seq: int | None = None
 
 
 class Waiter:
@@ -153,6 +157,7 @@ class Stream:
         self._overflowed = False
         self._sync: SessionSyncFrame | None = None
         self._connects = 0
+        self._head_seq: int | None = None
         self._attached_once = False
         self._dropped = 0
         self._tasks: TaskGroup | None = None
@@ -174,6 +179,7 @@ class Stream:
             dropped=self._dropped,
             busy=None if self._sync is None else self._sync.busy,
             policy=None if self._sync is None else self._sync.policy,
+            head_seq=self._head_seq,
         )
 
     async def receive(self) -> Any:
@@ -187,14 +193,35 @@ class Stream:
         try:
             event = await self._events.receive()
         except anyio.EndOfStream:
-            if self._failure is not None:
-                raise self._failure from None
-            raise anyio.ClosedResourceError from None
+            raise self._ended() from None
+        self._taken()
+        return event
+
+    def receive_nowait(self) -> Any:
+        """The next event if one is buffered (``receive`` without the wait).
+
+        Raises:
+            anyio.WouldBlock: no event is buffered now.
+            SessionDeleted, ConnectionLost, anyio.ClosedResourceError: as ``receive``.
+        """
+        try:
+            event = self._events.receive_nowait()
+        except anyio.EndOfStream:
+            raise self._ended() from None
+        self._taken()
+        return event
+
+    def _ended(self) -> BaseException:
+        """Why the events ended: the stream's failure, or that it was closed."""
+        if self._failure is not None:
+            return self._failure
+        return anyio.ClosedResourceError()
+
+    def _taken(self) -> None:
         if self._overflowed and self._events.statistics().current_buffer_used == 0:
             self._overflowed = False  # read up: attach again after the last event kept
             assert self._tasks is not None
             self._tasks.start_soon(self._reattach)
-        return event
 
     def __aiter__(self) -> Self:
         return self
@@ -382,6 +409,7 @@ class Stream:
         # where events are taken again. An after_seq beyond the end (another database) is read
         # by the node as "live from last_seq"; a topic's reset replays nothing.
         self._resyncing = False
+        self._head_seq = answer.last_seq
         reset = isinstance(answer, Subscribed) and answer.reset
         if self._last_seq is None or self._last_seq > answer.last_seq or reset:
             self._last_seq = answer.last_seq

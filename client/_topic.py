@@ -1,6 +1,11 @@
 """``TopicStream``: your events of a user topic over a WebSocket of its own
 (``Client.subscribe``; ``docs/protocol.md``, "User topics"), read again from the last ``seq``
 received after a drop, as a session's stream is.
+
+A topic's events are Structs of the feature that logs them, as a session's are: the ``memory``
+topic's are ``turnstile.actors.memory.events`` (``FactSaved`` …), which imports nothing but
+msgspec. A topic or an event type this client does not know is still delivered, its
+``data`` an ``UnknownEvent``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,14 @@ from typing import Any
 
 import msgspec
 
+from turnstile.actors.memory.events import (
+    FactForgotten,
+    FactSaved,
+    MemoryChange,
+    MemoryDeleted,
+    SummaryChanged,
+)
+from turnstile.client._events import UnknownEvent
 from turnstile.client._stream import Stream
 from turnstile.client._wire import Connector
 from turnstile.protocol import (
@@ -22,7 +35,10 @@ from turnstile.protocol import (
     TopicSync,
 )
 
-__all__ = ["TopicEvent", "TopicReset", "TopicStream"]
+__all__ = ["TopicEvent", "TopicReset", "TopicStream", "decode_topic_event"]
+
+#: Each topic's events, a union tagged by ``type``, by topic.
+_TOPICS: dict[str, Any] = {"memory": FactSaved | FactForgotten | SummaryChanged | MemoryDeleted}
 
 
 class TopicEvent(msgspec.Struct, frozen=True):
@@ -42,6 +58,21 @@ class TopicEvent(msgspec.Struct, frozen=True):
     ts: datetime
     type: str
     fields: dict[str, Any]
+
+    @property
+    def data(self) -> MemoryChange | UnknownEvent:
+        """The event as its feature's Struct (``memory``: ``FactSaved``, ``FactForgotten``,
+        ``SummaryChanged``, ``MemoryDeleted``); ``UnknownEvent`` for a topic or a type this
+        client does not know, or fields it cannot read (a newer node's)."""
+        kind = _TOPICS.get(self.topic)
+        if kind is not None:
+            try:
+                data: MemoryChange = msgspec.convert({"type": self.type, **self.fields}, kind)
+            except msgspec.ValidationError:
+                pass
+            else:
+                return data
+        return UnknownEvent(self.type, self.fields)
 
 
 class TopicReset(msgspec.Struct, frozen=True):
@@ -95,6 +126,11 @@ class TopicStream(Stream):
         event: TopicEvent | TopicReset = await super().receive()
         return event
 
+    def receive_nowait(self) -> TopicEvent | TopicReset:
+        """The next event if one is buffered now; else ``anyio.WouldBlock``."""
+        event: TopicEvent | TopicReset = super().receive_nowait()
+        return event
+
     async def __anext__(self) -> TopicEvent | TopicReset:
         event: TopicEvent | TopicReset = await super().__anext__()
         return event
@@ -106,11 +142,9 @@ class TopicStream(Stream):
         if frame.get("topic") != self.topic:
             return None
         try:
-            stamp = msgspec.convert(frame, _TopicStamp)
+            return decode_topic_event(frame)
         except msgspec.ValidationError:
             return None
-        fields = {k: v for k, v in frame.items() if k not in ("type", "topic", "seq", "ts")}
-        return TopicEvent(self.topic, stamp.seq, stamp.ts, stamp.type, fields)
 
     def _mine(self, lagged: ErrorFrame) -> bool:
         return lagged.topic == self.topic
@@ -122,3 +156,16 @@ class TopicStream(Stream):
         super()._on_attached(answer)
         if isinstance(answer, Subscribed) and answer.reset:
             self._on_item(TopicReset(self.topic, answer.last_seq))
+
+
+def decode_topic_event(frame: dict[str, Any]) -> TopicEvent:
+    """The ``TopicEvent`` of a user topic's event frame (a JSON object with ``type``,
+    ``topic``, ``seq``, ``ts`` and the event's fields: what the WebSocket sends, and what
+    ``Client.memory_changes()`` lists).
+
+    Raises:
+        msgspec.ValidationError: the frame has no valid ``topic``, ``seq``, ``ts`` or ``type``.
+    """
+    stamp = msgspec.convert(frame, _TopicStamp)
+    fields = {k: v for k, v in frame.items() if k not in ("type", "topic", "seq", "ts")}
+    return TopicEvent(stamp.topic, stamp.seq, stamp.ts, stamp.type, fields)

@@ -286,7 +286,9 @@ def _save_changes(expired: list[tuple[str, str]], fact: Any, created: bool) -> l
         for c, k in expired
         if (c, k) != (fact.category, fact.key)
     ]
-    changes.append(FactSaved.of(fact, created))
+    view = msgspec.to_builtins(fact)
+    view.pop("owner", None)  # the topic is the owner's
+    changes.append(FactSaved(fact=view, created=created))
     return changes
 
 

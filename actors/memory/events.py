@@ -4,6 +4,9 @@ One Struct per event type, tagged by ``type``. The change log (``changes.py``) s
 ``(type, payload)`` and the gateway sends it as ``{"type", ...payload, "topic": "memory",
 "seq", "ts"}`` (``docs/protocol.md``), live and on replay alike.
 
+It imports nothing but msgspec, so ``turnstile.client`` decodes the topic's frames into these
+Structs without loading the feature (an import contract checks it).
+
 Each event also names the *subject* it is about (one fact, the summary, or everything), so the
 log can drop an event a later one about the same subject makes moot: a fact's value once
 forgotten is gone from the log too, and the log holds about one event per fact.
@@ -15,8 +18,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
-
-from turnstile.actors.memory.queries import Fact
 
 __all__ = [
     "EVERYTHING",
@@ -61,13 +62,6 @@ class FactSaved(MemoryChange, tag="fact_saved", kw_only=True, frozen=True):
 
     fact: dict[str, Any]
     created: bool
-
-    @classmethod
-    def of(cls, fact: Fact, created: bool) -> FactSaved:
-        """The event for ``fact`` as saved (its owner left out: the topic is the owner's)."""
-        view = msgspec.to_builtins(fact)
-        view.pop("owner", None)
-        return cls(fact=view, created=created)
 
     @property
     def subject(self) -> str:

@@ -29,18 +29,24 @@ from turnstile.client import (
     Conflict,
     ConnectionLost,
     Event,
+    FactForgotten,
+    FactSaved,
+    MemoryDeleted,
     NotFound,
     SessionDeleted,
     SessionStream,
     StreamDelta,
     StreamEnd,
     StreamStart,
+    SummaryChanged,
     ToolCalled,
     ToolError,
     TopicEvent,
     TopicReset,
     TurnQueued,
     Unauthorized,
+    UnknownEvent,
+    decode_topic_event,
     open_client,
 )
 
@@ -404,6 +410,48 @@ async def test_a_topic_replays_goes_live_and_resumes_after_a_cut(tmp_path):
             got = [replayed, live, *after]
             assert all(isinstance(e, TopicEvent) for e in got)
             assert [(e.seq, e.type) for e in got] == [(c["seq"], c["type"]) for c in changes]
+
+
+async def test_the_memory_topics_events_are_typed(tmp_path):
+    """Each ``memory`` event is the feature's Struct, over the WebSocket and in the change log
+    alike; the subscription says where the log stood when it began."""
+    with trio.fail_after(WAIT):
+        async with running_node(tmp_path) as node, open_client(node.url, ALICE) as client:
+            await client.put_fact("drinks", "tea", "green")
+            await client.delete_memory()  # supersedes the save: the log keeps only this
+            await client.put_fact("drinks", "coffee", "dark roast")
+            await client.put_memory_summary("likes coffee")
+            await client.put_fact("food", "lunch", "soup")
+            await client.forget_fact("lunch")  # supersedes the lunch's save
+            async with client.subscribe("memory", after_seq=0) as stream:
+                assert stream.statistics().head_seq == 6
+                got = [await stream.receive() for _ in range(4)]
+                with pytest.raises(anyio.WouldBlock):
+                    stream.receive_nowait()
+            assert all(isinstance(e, TopicEvent) for e in got)
+            assert [e.seq for e in got if isinstance(e, TopicEvent)] == [2, 3, 4, 6]
+            deleted, saved, summary, forgotten = [e.data for e in got if isinstance(e, TopicEvent)]
+            assert deleted == MemoryDeleted(deleted={"facts": 1, "summary": 0, "sessions": 0})
+            assert isinstance(saved, FactSaved) and saved.created is True
+            assert (saved.fact["category"], saved.fact["key"], saved.fact["value"]) == (
+                "drinks",
+                "coffee",
+                "dark roast",
+            )
+            assert isinstance(summary, SummaryChanged) and summary.summary == "likes coffee"
+            assert forgotten == FactForgotten(category="food", key="lunch", reason="forgotten")
+            page = await client.memory_changes()
+            assert [decode_topic_event(frame) for frame in page["changes"]] == got
+
+
+def test_a_topic_event_of_a_type_or_topic_the_client_does_not_know_is_still_delivered():
+    stamp = {"seq": 9, "ts": "2026-11-28T00:00:00Z"}
+    newer = decode_topic_event({"type": "fact_renamed", "topic": "memory", "x": 1, **stamp})
+    assert (newer.type, newer.data) == ("fact_renamed", UnknownEvent("fact_renamed", {"x": 1}))
+    changed = {"type": "fact_saved", "topic": "memory", "fact": "not an object", **stamp}
+    assert decode_topic_event(changed).data == UnknownEvent("fact_saved", {"fact": "not an object"})
+    other = decode_topic_event({"type": "fact_saved", "topic": "notes", "created": True, **stamp})
+    assert other.data == UnknownEvent("fact_saved", {"created": True})
 
 
 async def test_a_topic_resumed_beyond_its_log_says_reset_and_an_unknown_one_is_not_found(
