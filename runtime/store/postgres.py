@@ -43,6 +43,13 @@ from turnstile.runtime.store.migrations import (
 from turnstile.runtime.store.ops import Operation
 from turnstile.runtime.store.outage import is_postgres_outage, postgres_error
 from turnstile.runtime.store.postgres_faults import faulty
+from turnstile.runtime.store.postgres_stats import (
+    CountingConnection,
+    PostgresStatistics,
+    StatsCounter,
+    counted,
+    enabled_by_environment,
+)
 from turnstile.runtime.store.postgres_thread import AsyncioThread, open_asyncio_thread
 
 __all__ = ["AsyncioThread", "PostgresBackend", "open_asyncio_thread", "open_postgres_backend"]
@@ -113,10 +120,16 @@ class _Pool:
     """
 
     def __init__(
-        self, dsn: str, min_size: int, max_size: int, application_name: str | None = None
+        self,
+        dsn: str,
+        min_size: int,
+        max_size: int,
+        application_name: str | None = None,
+        counter: StatsCounter | None = None,
     ) -> None:
         self._dsn = dsn
         self._application_name = application_name
+        self._counter = counter
         self._min_size = min_size
         self._max_size = max_size
         self._idle: list[asyncpg.Connection] = []
@@ -134,11 +147,7 @@ class _Pool:
 
     async def open(self) -> None:
         conns = await asyncio.gather(
-            *(
-                postgres_text.connect(self._dsn, self._application_name)
-                for _ in range(self._min_size)
-            ),
-            return_exceptions=True,
+            *(self._connect() for _ in range(self._min_size)), return_exceptions=True
         )
         errors = [c for c in conns if isinstance(c, BaseException)]
         opened = [c for c in conns if not isinstance(c, BaseException)]
@@ -148,6 +157,17 @@ class _Pool:
             raise errors[0]
         self._idle.extend(opened)
         self._size = len(opened)
+
+    async def _connect(self) -> asyncpg.Connection:
+        counter = self._counter
+        if counter is None:
+            return await postgres_text.connect(self._dsn, self._application_name)
+        conn = cast(
+            CountingConnection,
+            await postgres_text.connect(self._dsn, self._application_name, CountingConnection),
+        )
+        conn.counter = counter  # (the connection's opening is its own, not counted)
+        return conn
 
     async def acquire(self, first: bool = False) -> asyncpg.Connection:
         """A connection for one operation; ``first`` puts it ahead of those waiting."""
@@ -163,7 +183,7 @@ class _Pool:
             if self._size < self._max_size:
                 self._size += 1
                 try:
-                    conn = await postgres_text.connect(self._dsn, self._application_name)
+                    conn = await self._connect()
                 except BaseException:
                     self._size -= 1
                     self._wake()
@@ -226,6 +246,8 @@ class PostgresBackend:
         dsn: an asyncpg DSN; extra query parameters become server settings
             (``?search_path=myschema``).
         min_size, max_size: connection pool bounds.
+        count: count round trips per operation (:meth:`statistics`; tests and benchmarks);
+            also turned on by ``TURNSTILE_STORE_STATS=1`` when the store opens.
         name: who holds the store (a node's id): its connections' ``application_name``, as
             ``pg_stat_activity`` shows them, is ``turnstile <name>`` (``turnstile`` without
             one, the DSN's own ``application_name`` if it sets one) and a listener's
@@ -242,6 +264,7 @@ class PostgresBackend:
         max_size: int = 10,
         operation_timeout: float | None = None,
         name: str | None = None,
+        count: bool = False,
     ) -> None:
         self.dsn = dsn
         #: every connection's ``application_name`` (a listener's adds ``listen <channel>``)
@@ -254,6 +277,8 @@ class PostgresBackend:
         self._pool: _Pool | None = None
         self._closed = False
         self._fault: faults.StoreFault | None = None  # tests only (runtime.store.faults)
+        self._count = count
+        self._counter: StatsCounter | None = None  # tests and benchmarks only
 
     def __repr__(self) -> str:
         return f"<PostgresBackend {self.dsn!r}>"
@@ -267,9 +292,13 @@ class PostgresBackend:
     async def open(self, aio: AsyncioThread, sets: Sequence[MigrationSet], now: datetime) -> None:
         """Create the pool on ``aio``'s loop and apply ``sets``' pending migrations."""
         self._fault = faults.from_environment()
+        if self._count or enabled_by_environment():
+            self._counter = StatsCounter()
         self._aio = aio
         try:
-            pool = _Pool(self.dsn, self._min_size, self._max_size, self.application_name)
+            pool = _Pool(
+                self.dsn, self._min_size, self._max_size, self.application_name, self._counter
+            )
             await aio.call(pool.open)
         except _DRIVER_ERRORS as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
@@ -307,6 +336,8 @@ class PostgresBackend:
             raise StoreError("store is closed")
         if self._fault is not None and op.writes:  # tests only: count, maybe strike, the write
             fn = faulty(self._fault, op.name, fn)
+        if self._counter is not None:  # tests and benchmarks only
+            fn = counted(self._counter, op.name, op.writes, fn)
         bound = self.operation_timeout
         bound = OPERATION_TIMEOUT if bound is None else bound
         if op.writes:  # a commit on a traced path (a turn's) is a span of its own
@@ -316,6 +347,12 @@ class PostgresBackend:
             answer = await aio.call(_with_conn, pool, fn, args, op.first, bound)
         decode = op.decode
         return answer if decode is None else decode(answer)
+
+    def statistics(self) -> PostgresStatistics:
+        """What the backend has sent since it opened: round trips, per operation too
+        (:mod:`runtime.store.postgres_stats`); all 0, ``counting`` False, unless it counts."""
+        counter = self._counter
+        return PostgresStatistics() if counter is None else counter.snapshot()
 
     # ---- notifications ----
 
