@@ -30,6 +30,7 @@ __all__ = [
     "SessionId",
     "ClientMsgId",
     "Traceparent",
+    "Tracestate",
     "TopicName",
     "ToolName",
     "ClientFrameBase",
@@ -77,6 +78,10 @@ ClientMsgId = Annotated[str, msgspec.Meta(max_length=128)]
 #: A W3C trace context ``traceparent`` (``00-<trace id>-<span id>-<flags>``); bounded here, and a
 #: malformed one is ignored by the node (the turn starts a trace of its own), as W3C asks.
 Traceparent = Annotated[str, msgspec.Meta(max_length=256)]
+#: A W3C trace context ``tracestate`` (vendors' ``key=value`` entries, comma-separated), sent with
+#: a ``traceparent``; bounded here, and kept by the node as W3C allows (at most 32 entries and
+#: 512 characters, cut by whole entries), a malformed one dropped, never an error.
+Tracestate = Annotated[str, msgspec.Meta(max_length=8192)]
 #: A user topic's name: a short lowercase word (``memory``).
 TOPIC_PATTERN = r"\A[a-z][a-z0-9_.-]{0,63}\Z"
 TopicName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=TOPIC_PATTERN)]
@@ -112,12 +117,14 @@ class SendFrame(ClientFrameBase, tag="send"):
     ``client_msg_id`` is the message's idempotency key in its session: sent again with the same
     id, the same ``ack`` comes back and no second turn starts. ``traceparent`` (W3C trace
     context) makes the message's turn part of the caller's trace, when the node traces
-    (``docs/tracing.md``)."""
+    (``docs/tracing.md``); ``tracestate`` goes with it (without a ``traceparent`` it is
+    ignored), stored with the message and carried into its turn."""
 
     session_id: SessionId
     content: str
     client_msg_id: ClientMsgId | None = None
     traceparent: Traceparent | None = None
+    tracestate: Tracestate | None = None
 
 
 class StopFrame(ClientFrameBase, tag="stop"):

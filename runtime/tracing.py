@@ -14,9 +14,13 @@ turn, an agent, the tool registry, a feature); this module knows none of them. I
   or as carrier headers, or under whatever span is current.
 * :func:`child_span`: a span only where one is current and recording (an operation on a traced
   path, such as a store commit a turn makes): everywhere else nothing, not even a root span.
-* :func:`current_traceparent`: the current span as a W3C ``traceparent``, to store with work
-  that another task, another node or a later start picks up (the durable inbox's payload
-  carries it under :data:`TRACE_KEY`: :func:`carry`, :func:`without_trace`).
+* :func:`current_trace`: the current span's trace context as W3C headers (``traceparent``, and
+  ``tracestate`` when the trace has one), to store with work that another task, another node
+  or a later start picks up (the durable inbox's payload carries them under :data:`TRACE_KEY`
+  and :data:`STATE_KEY`: :func:`carry`, :func:`stored_parent`, :func:`without_trace`);
+  :func:`current_traceparent` the ``traceparent`` alone.
+* :func:`checked_tracestate` (``runtime.tracecontext``): a W3C ``tracestate`` as a node keeps
+  it, bounded, a malformed one dropped. Every parent given as headers goes through it.
 * :func:`clear_context`: forget the current span in this task and the tasks it will start (an
   actor's task, spawned from whatever task first asked for it, must not make every later span
   a child of that request's).
@@ -40,21 +44,34 @@ from typing import Any, Literal
 
 import trio
 
+from turnstile.runtime.tracecontext import (
+    MAX_TRACESTATE_CHARS,
+    MAX_TRACESTATE_MEMBERS,
+    checked_tracestate,
+)
+
 __all__ = [
+    "MAX_TRACESTATE_CHARS",
+    "MAX_TRACESTATE_MEMBERS",
     "OFF",
+    "STATE_KEY",
     "TRACE_KEY",
+    "TRACE_KEYS",
     "OffSpan",
     "Span",
     "active",
     "carry",
+    "checked_tracestate",
     "child_span",
     "clear_context",
+    "current_trace",
     "current_traceparent",
     "db_span",
     "exporters_from_env",
     "install",
     "open_tracing",
     "span",
+    "stored_parent",
     "uninstall",
     "without_trace",
 ]
@@ -64,6 +81,11 @@ log = logging.getLogger("turnstile.tracing")
 #: The key of an inbox payload that carries the trace context of whoever stored it (a W3C
 #: ``traceparent``): the turn that runs the input continues that trace, on any node.
 TRACE_KEY = "traceparent"
+#: The key of an inbox payload that carries its trace's W3C ``tracestate`` (vendors' entries,
+#: checked by :func:`checked_tracestate`), beside :data:`TRACE_KEY`.
+STATE_KEY = "tracestate"
+#: Both: what a payload carries of its trace, which is no part of the input itself.
+TRACE_KEYS = frozenset({TRACE_KEY, STATE_KEY})
 
 #: How long a node's close waits for the spans still queued to be exported.
 SHUTDOWN_SECONDS = 5.0
@@ -310,6 +332,25 @@ def current_traceparent() -> str | None:
     return _format(trace.get_current_span().get_span_context())
 
 
+def current_trace() -> dict[str, str] | None:
+    """The current span's trace context as W3C headers: ``traceparent``, and ``tracestate``
+    when the trace carries one (from the caller that began it); None when tracing is off or no
+    span is current."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    traceparent = _format(context)
+    if traceparent is None:
+        return None
+    headers = {TRACE_KEY: traceparent}
+    state = checked_tracestate(context.trace_state.to_header()) if context.trace_state else None
+    if state:
+        headers[STATE_KEY] = state
+    return headers
+
+
 def clear_context() -> None:
     """Forget the current span in this task (and the tasks it starts from now on)."""
     if _tracer is None:
@@ -319,17 +360,46 @@ def clear_context() -> None:
     otel_context.attach(otel_context.Context())
 
 
-def carry(payload: dict[str, Any], traceparent: str | None) -> dict[str, Any]:
-    """``payload`` with ``traceparent`` under :data:`TRACE_KEY` (a new dict); ``payload``
-    itself when there is none."""
-    if traceparent is None:
+def carry(payload: dict[str, Any], trace: str | Mapping[str, str] | None) -> dict[str, Any]:
+    """``payload`` with the trace context ``trace`` (a new dict); ``payload`` itself when
+    there is none.
+
+    Args:
+        payload: what is stored (an inbox input's payload).
+        trace: a ``traceparent``, or W3C headers (:func:`current_trace`): the ``traceparent``
+            goes under :data:`TRACE_KEY` and the ``tracestate``, checked, under
+            :data:`STATE_KEY`. None (or headers without a ``traceparent``): nothing.
+    """
+    if trace is None:
         return payload
-    return {**payload, TRACE_KEY: traceparent}
+    if isinstance(trace, str):
+        return {**payload, TRACE_KEY: trace}
+    traceparent = trace.get(TRACE_KEY)
+    if not isinstance(traceparent, str):
+        return payload
+    carried = {**payload, TRACE_KEY: traceparent}
+    state = checked_tracestate(trace.get(STATE_KEY))
+    if state is not None:
+        carried[STATE_KEY] = state
+    return carried
+
+
+def stored_parent(payload: Mapping[str, Any]) -> dict[str, str]:
+    """The parent of the work a stored ``payload`` starts (a turn, for its input): the trace
+    context :func:`carry` stored, as headers for :func:`span`'s ``parent``; ``{}`` (a trace of
+    its own) when it carries none, as an input stored before tracing or while it was off."""
+    traceparent = payload.get(TRACE_KEY)
+    if not isinstance(traceparent, str):
+        return {}
+    state = payload.get(STATE_KEY)
+    if isinstance(state, str):
+        return {TRACE_KEY: traceparent, STATE_KEY: state}
+    return {TRACE_KEY: traceparent}
 
 
 def without_trace(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """``payload`` less :data:`TRACE_KEY` (what an input is, whatever trace it came with)."""
-    return {k: v for k, v in payload.items() if k != TRACE_KEY}
+    """``payload`` less :data:`TRACE_KEYS` (what an input is, whatever trace it came with)."""
+    return {k: v for k, v in payload.items() if k not in TRACE_KEYS}
 
 
 # -- configuration from the environment -------------------------------------------------------
@@ -452,12 +522,23 @@ def _format(context: Any) -> str | None:
 
 
 def _parent_context(parent: str | Mapping[str, Any] | None) -> Any:
-    """OpenTelemetry's context for ``parent`` (None: the current one)."""
+    """OpenTelemetry's context for ``parent`` (None: the current one). Headers' ``tracestate``
+    is taken as :func:`checked_tracestate` keeps it (dropped, or cut), whoever sent it."""
     if parent is None:
         return None
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    carrier = {"traceparent": parent} if isinstance(parent, str) else parent
+    if isinstance(parent, str):
+        carrier = {TRACE_KEY: parent}
+    else:
+        carrier = {}
+        traceparent = parent.get(TRACE_KEY)
+        if isinstance(traceparent, str):
+            carrier[TRACE_KEY] = traceparent
+            state = parent.get(STATE_KEY)
+            state = checked_tracestate(state) if isinstance(state, str) else None
+            if state is not None:
+                carrier[STATE_KEY] = state
     return TraceContextTextMapPropagator().extract(carrier)
 
 

@@ -84,7 +84,7 @@ def occurrence_input(job: Job, spec: JobSpec, occurrence: datetime) -> tuple[str
         "scheduled_for": occurrence.isoformat(),
     }
     payload.pop("prompt", None)
-    payload = tracing.carry(payload, tracing.current_traceparent())
+    payload = tracing.carry(payload, tracing.current_trace())
     return spec.source or job.kind, payload
 
 

@@ -380,7 +380,7 @@ class SessionActor(TurnRunner, Actor):
                     f"session has {self.queued} queued inputs (limit {limits.max_queued_inputs})"
                 ),
             )
-        trace = tracing.current_traceparent()
+        trace = tracing.current_trace()
         item, created = await self._enqueue(msg.source, msg.content, msg.payload, key, trace)
         if not created:
             return _replayed(item)
@@ -409,10 +409,11 @@ class SessionActor(TurnRunner, Actor):
         content: str,
         payload: dict[str, Any],
         key: str | None = None,
-        trace: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> tuple[InboxItem, bool]:
         """Store an input to run as a turn; with ``key``, unless the key is taken. ``trace``
-        (a ``traceparent``) is stored with it, for its turn to continue.
+        (W3C headers: ``traceparent``, ``tracestate``) is stored with it, for its turn to
+        continue.
 
         Returns:
             the row, and whether this call stored it (False: the key's row, left as it is).

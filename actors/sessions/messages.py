@@ -13,7 +13,7 @@ import msgspec
 
 from turnstile.actors.sessions.event_types import SessionEvent
 from turnstile.runtime.codec import Message
-from turnstile.runtime.tracing import current_traceparent
+from turnstile.runtime.tracing import current_trace
 
 __all__ = [
     "POLICIES",
@@ -58,16 +58,16 @@ class Submit(Message, tag="submit", kw_only=True):
     session), and namespaced by whoever makes it: ``client:<id>`` for clients' message ids,
     ``github:<X-GitHub-Delivery>`` for GitHub deliveries and so on.
 
-    ``trace``: the span the submit was made in (a W3C ``traceparent``, taken when the message
-    is made; None when the node does not trace): the input is stored with it, and its turn
-    continues that trace.
+    ``trace``: the span the submit was made in (W3C headers: its ``traceparent``, and the
+    trace's ``tracestate`` if it has one; taken when the message is made; None when the node
+    does not trace): the input is stored with it, and its turn continues that trace.
     """
 
     source: str = "user"
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     idempotency_key: str | None = None
-    trace: str | None = msgspec.field(default_factory=current_traceparent)
+    trace: dict[str, str] | None = msgspec.field(default_factory=current_trace)
 
 
 class Attach(Message, tag="attach"):
@@ -103,7 +103,7 @@ class Inject(Message, tag="inject", kw_only=True):
     content: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     idempotency_key: str | None = None
-    trace: str | None = msgspec.field(default_factory=current_traceparent)
+    trace: dict[str, str] | None = msgspec.field(default_factory=current_trace)
 
 
 class GetStatus(Message, tag="get_status"):

@@ -220,11 +220,12 @@ class RemoteSessions:
         payload: dict[str, Any],
         *,
         idempotency_key: str | None,
-        trace: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> Submitted:
         """Store an input of a session another node holds, and announce it to that node.
 
-        ``trace``: the sender's span (a ``traceparent``; None: the span current here), which
+        ``trace``: the sender's span (W3C headers: ``traceparent``, ``tracestate``; None: the
+        span current here), which
         the input is stored under, so that the holder's turn continues the same trace.
 
         A user message that arrives while a turn runs follows the session's policy, as on the
@@ -289,7 +290,7 @@ class RemoteSessions:
                 raise Busy("session is busy with a turn and its policy is reject")
         if queued >= max_queued_inputs:
             raise LimitExceeded(f"session has {queued} queued inputs (limit {max_queued_inputs})")
-        stored = tracing.carry(stored, tracing.current_traceparent())
+        stored = tracing.carry(stored, tracing.current_trace())
         if idempotency_key is None:
             item = await self.store.enqueue_input(key, source, stored)
         else:

@@ -135,7 +135,7 @@ class TurnRunner:
         content: str,
         payload: dict[str, Any],
         key: str | None = None,
-        trace: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> tuple[InboxItem, bool]:
         """Store an input to run as a turn (``SessionActor``)."""
         raise NotImplementedError
@@ -552,7 +552,7 @@ class TurnRunner:
 
 
 #: The keys of a stored payload that the agent's ``TurnInput.payload`` leaves out.
-_NOT_FOR_AGENT = frozenset({"content", tracing.TRACE_KEY})
+_NOT_FOR_AGENT = frozenset({"content", *tracing.TRACE_KEYS})
 
 
 def _raw_content(item: InboxItem) -> str:

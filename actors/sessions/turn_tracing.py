@@ -2,7 +2,8 @@
 
 ``TurnRunner`` (``runner``) runs a turn the same way whether the node traces or not; when it
 does, the run goes through :func:`traced_turn`, which opens the turn's span (``turn``, under the
-``traceparent`` the inbox carried from whoever stored the input, on whichever node), records
+``traceparent`` and ``tracestate`` the inbox carried from whoever stored the input, on whichever
+node), records
 the claim of its input as the span's first child, and sets how the turn ended and what its
 model calls used. It is apart from the runner so that the runner reads as the turn's one
 sequence, and what a trace says of a turn is in one place (``docs/tracing.md``, "Spans").
@@ -49,7 +50,6 @@ async def traced_turn(
     """
     item = turn.item
     store = services.store
-    parent = item.payload.get(tracing.TRACE_KEY)
     waited = (store.clock.now() - item.created_at).total_seconds()
     attributes = {
         "turnstile.session.id": public_id(session_id),
@@ -62,10 +62,10 @@ async def traced_turn(
         "gen_ai.agent.name": services.agent.name,
     }
     # no traceparent stored (an input from before tracing, a row written by hand): a
-    # trace of its own, never the span current in this task
+    # trace of its own ({}), never the span current in this task
     with tracing.span(
         "turn",
-        parent=parent if isinstance(parent, str) else {},
+        parent=tracing.stored_parent(item.payload),
         attributes=attributes,
         start_time=claiming,
     ) as span:

@@ -36,9 +36,10 @@ class _Outbox:
         self.events: list[WatcherUpdate] = []
         self.texts: list[str] = []
         self.ids: list[str] = []
-        #: the span of the first check that escalated into the batch (a ``traceparent``;
-        #: None when the node does not trace): the notification's turn continues that trace
-        self.trace: str | None = None
+        #: the span of the first check that escalated into the batch (W3C headers:
+        #: ``traceparent``, ``tracestate``; None when the node does not trace): the
+        #: notification's turn continues that trace
+        self.trace: dict[str, str] | None = None
 
 
 class WatcherShare(Protocol):

@@ -349,7 +349,7 @@ class EscalationMixin(WatcherBase):
             box.texts.append(text)
             box.ids.append(watcher_id)
             if box.trace is None:
-                box.trace = tracing.current_traceparent()
+                box.trace = tracing.current_trace()
 
     async def _deliver(self, session_id: str) -> None:
         await trio.sleep(BATCH_WINDOW)

@@ -383,7 +383,7 @@ class Connection:
 
     async def _send(self, frame: SendFrame) -> Submitted:
         """Store a ``send`` frame's message: in a span of its own when the node traces, under
-        the frame's ``traceparent`` (its turn continues that trace)."""
+        the frame's ``traceparent`` and ``tracestate`` (its turn continues that trace)."""
         # client_msg_id is the input's idempotency key: a resend (after a reconnect) gets the
         # first ack again and starts no second turn.
         if not tracing.active():
@@ -397,7 +397,11 @@ class Connection:
             )
         attributes = {"turnstile.session.id": frame.session_id}
         # no traceparent: a trace of its own, never the span current in this task
-        parent: str | dict[str, str] = frame.traceparent if frame.traceparent is not None else {}
+        parent: dict[str, str] = {}
+        if frame.traceparent is not None:
+            parent["traceparent"] = frame.traceparent
+            if frame.tracestate is not None:  # checked in tracing.span (a bad one is dropped)
+                parent["tracestate"] = frame.tracestate
         with tracing.span("ws send", parent=parent, kind="server", attributes=attributes):
             return await submit_from_client(
                 self.backend,

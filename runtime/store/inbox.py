@@ -21,7 +21,7 @@ from turnstile.runtime.store.sessions import (
     require_session_postgres,
     require_session_sqlite,
 )
-from turnstile.runtime.tracing import TRACE_KEY, without_trace
+from turnstile.runtime.tracing import TRACE_KEYS, without_trace
 
 __all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record"]
 
@@ -205,7 +205,7 @@ _KEYED_STATES = ("queued", "done")
 def _same_input(item: InboxItem, source: str, payload: str) -> None:
     """Raise ``IdempotencyKeyReused`` unless ``item`` is the input ``(source, payload)``.
 
-    The trace context a payload carries (``tracing.TRACE_KEY``) is not part of the input: a
+    The trace context a payload carries (``tracing.TRACE_KEYS``) is not part of the input: a
     resend made under another span (a client's retry) is the same input."""
     if item.source != source or not _same_payload(item.payload, u.decode_json(payload)):
         raise IdempotencyKeyReused(
@@ -215,7 +215,7 @@ def _same_input(item: InboxItem, source: str, payload: str) -> None:
 
 
 def _same_payload(stored: dict[str, Any], sent: dict[str, Any]) -> bool:
-    if TRACE_KEY in stored or TRACE_KEY in sent:
+    if not TRACE_KEYS.isdisjoint(stored) or not TRACE_KEYS.isdisjoint(sent):
         return without_trace(stored) == without_trace(sent)
     return stored == sent
 

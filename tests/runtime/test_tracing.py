@@ -8,7 +8,14 @@ import pytest
 import trio
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.support.tracing import CALLER_SPAN, CALLER_TRACE, CALLER_TRACEPARENT, attrs, traced
+from tests.support.tracing import (
+    CALLER_SPAN,
+    CALLER_TRACE,
+    CALLER_TRACEPARENT,
+    CALLER_TRACESTATE,
+    attrs,
+    traced,
+)
 from turnstile.runtime import tracing
 
 
@@ -23,15 +30,53 @@ def test_off_every_helper_gives_nothing():
     assert tracing.child_span("y") is tracing.OFF
     assert tracing.db_span("sqlite", "op") is tracing.OFF
     assert tracing.current_traceparent() is None
+    assert tracing.current_trace() is None
     tracing.clear_context()  # nothing to forget
     payload = {"content": "hi"}
     assert tracing.carry(payload, tracing.current_traceparent()) is payload
+    assert tracing.carry(payload, tracing.current_trace()) is payload
 
 
 def test_carry_and_without_trace():
     carried = tracing.carry({"content": "hi"}, CALLER_TRACEPARENT)
     assert carried == {"content": "hi", "traceparent": CALLER_TRACEPARENT}
     assert tracing.without_trace(carried) == {"content": "hi"}
+    assert tracing.stored_parent(carried) == {"traceparent": CALLER_TRACEPARENT}
+    headers = {"traceparent": CALLER_TRACEPARENT, "tracestate": CALLER_TRACESTATE}
+    carried = tracing.carry({"content": "hi"}, headers)
+    assert carried == {"content": "hi", **headers}
+    assert tracing.stored_parent(carried) == headers
+    assert tracing.without_trace(carried) == {"content": "hi"}
+    # a malformed tracestate is not stored; without a traceparent nothing is
+    bad = tracing.carry({"content": "hi"}, {**headers, "tracestate": "Bad Entry"})
+    assert bad == {"content": "hi", "traceparent": CALLER_TRACEPARENT}
+    assert tracing.carry({}, {"tracestate": CALLER_TRACESTATE}) == {}
+    assert tracing.stored_parent({"content": "hi", "tracestate": CALLER_TRACESTATE}) == {}
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        (CALLER_TRACESTATE, CALLER_TRACESTATE),
+        (" congo=t61rcWkgMzE , ", "congo=t61rcWkgMzE"),
+        ("Bad Entry", ""),  # malformed: dropped, the traceparent still counts
+        (",".join(f"k{i}=v" for i in range(33)), ""),  # more than 32 members
+        ("k=" + "v" * 600, ""),  # one member longer than 512 characters: nothing fits
+    ],
+)
+def test_a_callers_tracestate_goes_with_its_trace_checked(sent, kept):
+    with traced() as spans:
+        headers = {"traceparent": CALLER_TRACEPARENT, "tracestate": sent}
+        with tracing.span("outer", parent=headers, kind="server"):
+            with tracing.child_span("inner"):
+                current = tracing.current_trace()
+    assert current is not None
+    assert current["traceparent"].startswith(f"00-{CALLER_TRACE}-")
+    assert current.get("tracestate", "") == kept
+    for name in ("outer", "inner"):  # the trace's children carry it on
+        span = spans.one(name)
+        assert span.context.trace_id == int(CALLER_TRACE, 16)
+        assert span.context.trace_state.to_header() == kept
 
 
 def test_spans_nest_under_the_callers_traceparent():

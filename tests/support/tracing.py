@@ -17,12 +17,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from turnstile.runtime import tracing
 
-__all__ = ["Spans", "traced", "CALLER_TRACE", "CALLER_SPAN", "CALLER_TRACEPARENT"]
+__all__ = [
+    "Spans",
+    "traced",
+    "CALLER_TRACE",
+    "CALLER_SPAN",
+    "CALLER_TRACEPARENT",
+    "CALLER_TRACESTATE",
+]
 
 #: A caller's span, as a client that traces would send it (W3C ``traceparent``).
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 CALLER_TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+#: Its vendors' entries (W3C ``tracestate``), a simple key and a multi-tenant one.
+CALLER_TRACESTATE = "congo=t61rcWkgMzE,rojo@sys=00f067aa0ba902b7"
 
 
 class Spans:

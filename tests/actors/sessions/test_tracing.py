@@ -1,7 +1,9 @@
 """OpenTelemetry traces of a turn (issue 25): from the caller's ``traceparent`` (the HTTP header,
 the WebSocket ``send`` frame's field) through the durable inbox into the turn, its model calls
 and tool calls, to the commit of its ``stream_end``: one connected trace, on one node and
-across two (PostgreSQL, the message sent through the node that does not hold the session).
+across two (PostgreSQL, the message sent through the node that does not hold the session). The
+caller's ``tracestate`` goes the same way, checked: every span of the turn carries it, and a
+malformed one is dropped while the ``traceparent`` still counts.
 
 Spans are kept by the SDK's ``InMemorySpanExporter`` (``tests/support/tracing.py``). The model
 is the strict OpenAI stand-in, answering in-process: one model call asks for two tools (``echo``
@@ -25,6 +27,7 @@ from tests.support.tracing import (
     CALLER_SPAN,
     CALLER_TRACE,
     CALLER_TRACEPARENT,
+    CALLER_TRACESTATE,
     ancestors,
     attrs,
     children,
@@ -70,9 +73,11 @@ def http_client(node) -> httpx.AsyncClient:
 
 def check_turn_trace(spans, *, node_id: str | None = None, remote: bool = False) -> None:
     """The caller's trace holds the whole path, connected: the request, the submit, its commit,
-    the turn, both model calls, both tool calls and the closure's commit."""
+    the turn, both model calls, both tool calls and the closure's commit; every span carries
+    the caller's ``tracestate`` (through the inbox, on whichever node)."""
     trace = spans.of_trace(CALLER_TRACE)
     connected(trace, root_parent=int(CALLER_SPAN, 16))
+    assert {s.context.trace_state.to_header() for s in trace} == {CALLER_TRACESTATE}
     by_name = {}
     for span in trace:
         by_name.setdefault(span.name, []).append(span)
@@ -161,7 +166,7 @@ async def test_a_turn_is_one_trace_from_the_http_request_to_the_stream_end(tmp_p
                 sent = await http.post(
                     "/sessions/s/messages",
                     json={"content": "what time is it?"},
-                    headers={"traceparent": CALLER_TRACEPARENT},
+                    headers={"traceparent": CALLER_TRACEPARENT, "tracestate": CALLER_TRACESTATE},
                 )
             assert sent.status_code == 202, sent.text
             with trio.fail_after(WAIT):
@@ -169,6 +174,7 @@ async def test_a_turn_is_one_trace_from_the_http_request_to_the_stream_end(tmp_p
             # the inbox row carries the trace, and the agent is not shown it
             (item,) = await node.store.list_inputs("ada/s")
             assert item.payload[tracing.TRACE_KEY].startswith(f"00-{CALLER_TRACE}-")
+            assert item.payload[tracing.STATE_KEY] == CALLER_TRACESTATE
             assert len(standin.requests) == 2
         check_turn_trace(spans, node_id="local")
     # nothing else the node did joined the caller's trace, and nothing is left open
@@ -176,6 +182,8 @@ async def test_a_turn_is_one_trace_from_the_http_request_to_the_stream_end(tmp_p
 
 
 async def test_the_send_frame_carries_the_trace_into_the_turn(tmp_path):
+    """The frame's ``traceparent`` and ``tracestate``; a second message with a malformed
+    ``tracestate`` is stored all the same, its turn in the caller's trace without one."""
     with traced() as spans:
         config = Config(store=f"sqlite:///{tmp_path}/node.db", port=0)
         async with open_node(config, tokens=TOKENS, agent=ScriptedAgent()) as node:
@@ -183,24 +191,32 @@ async def test_the_send_frame_carries_the_trace_into_the_turn(tmp_path):
             url = node.url.replace("http://", "ws://") + f"/ws?token={ADA}"
             async with open_websocket_url(url) as ws:
                 await ws.send_message(json.dumps({"type": "attach", "session_id": "s"}))
-                send = {
-                    "type": "send",
-                    "session_id": "s",
-                    "content": "hello",
-                    "traceparent": CALLER_TRACEPARENT,
-                }
-                await ws.send_message(json.dumps(send))
-                with trio.fail_after(WAIT):
-                    while json.loads(await ws.get_message())["type"] != "stream_end":
-                        pass
+                for content, state in (("hello", CALLER_TRACESTATE), ("again", "Bad,=")):
+                    send = {
+                        "type": "send",
+                        "session_id": "s",
+                        "content": content,
+                        "traceparent": CALLER_TRACEPARENT,
+                        "tracestate": state,
+                    }
+                    await ws.send_message(json.dumps(send))
+                    with trio.fail_after(WAIT):
+                        while json.loads(await ws.get_message())["type"] != "stream_end":
+                            pass
+            first, second = await node.store.list_inputs("ada/s")
+            assert first.payload[tracing.STATE_KEY] == CALLER_TRACESTATE
+            assert tracing.STATE_KEY not in second.payload  # dropped, not refused
     trace = spans.of_trace(CALLER_TRACE)
-    connected(trace, root_parent=int(CALLER_SPAN, 16))
-    send_span = next(s for s in trace if s.name == "ws send")
-    assert send_span.kind is SpanKind.SERVER
-    assert send_span.parent.span_id == int(CALLER_SPAN, 16)
-    turn = next(s for s in trace if s.name == "turn")
-    assert ancestors(trace, turn) == ["session submit", "ws send"]
-    assert attrs(turn)["turnstile.turn.status"] == "completed"
+    sends = [s for s in trace if s.name == "ws send"]  # the roots, one per message
+    assert [s.kind for s in sends] == [SpanKind.SERVER] * 2
+    assert [s.parent.span_id for s in sends] == [int(CALLER_SPAN, 16)] * 2
+    turns = sorted((s for s in trace if s.name == "turn"), key=lambda s: s.start_time)
+    assert [attrs(t)["turnstile.input.id"] for t in turns] == [first.id, second.id]
+    for turn in turns:
+        assert ancestors(trace, turn) == ["session submit", "ws send"]
+        assert attrs(turn)["turnstile.turn.status"] == "completed"
+    states = [t.context.trace_state.to_header() for t in turns]
+    assert states == [CALLER_TRACESTATE, ""]
 
 
 async def test_without_a_traceparent_a_turn_starts_a_trace_of_its_own(tmp_path):
@@ -297,7 +313,7 @@ async def test_across_two_nodes_the_turn_continues_the_senders_trace(store_url):
                 sent = await http.post(
                     "/sessions/s/messages",
                     json={"content": "what time is it?"},
-                    headers={"traceparent": CALLER_TRACEPARENT},
+                    headers={"traceparent": CALLER_TRACEPARENT, "tracestate": CALLER_TRACESTATE},
                 )
             assert sent.status_code == 202, sent.text
             with trio.fail_after(WAIT):
