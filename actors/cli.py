@@ -4,11 +4,11 @@
 * ``attach SESSION`` — a terminal client: type messages, watch turns stream (on
   ``turnstile.client``, ``client/terminal.py``).
 * ``sessions`` — list your sessions.
-* ``jobs [list|show|cancel]``, ``watchers [list|show|pause|resume|stop]`` — your scheduled jobs
-  and watchers, from a running node (``actors/clients.py``).
+* ``jobs [list|show|pause|resume|cancel]``, ``watchers [list|show|pause|resume|stop]`` — your
+  scheduled jobs and watchers, from a running node.
 * ``bench`` — run benchmark scenarios.
 * ``memory list | search | put | forget | summary | extraction | delete-all | changes | watch``
-  — a user's long-term memory, from a running node (``actors/memory/client.py``).
+  — a user's long-term memory, from a running node.
 * ``memory backfill`` — embed the memory facts that have no embedding (``docs/memory.md``).
 * ``nodes`` — the nodes sharing the config's store, alive or dead (``docs/cluster.md``).
 
@@ -17,6 +17,11 @@ the node refused (a 4xx: a bad token, nothing by that id, a bad value); 1 the no
 store) could not be reached or failed (a 5xx, a timeout); ``serve`` also exits 3 when the node
 lost its place among the nodes (``docs/cluster.md``). ``--json`` prints the answer as JSON
 (indented) instead of a table, on every command that lists or changes something.
+
+The commands that talk to a running node (``attach``, ``sessions``, ``jobs``, ``watchers``,
+``memory`` but ``backfill``) are built on ``turnstile.client``: ``client/terminal.py`` and
+``client/commands/``, one module per command group; this module parses their command lines
+and calls them.
 
 The CLI is the program's entry point: with the composition root (``actors.node``) it is the one
 module allowed to know every feature (an import contract). It imports ``actors.node`` lazily,
@@ -194,7 +199,7 @@ def _requests_unlogged(args: argparse.Namespace) -> Iterator[None]:
 
 
 def _client(run):
-    """A client command over ``run(args, token)`` (``actors/clients.py``): exit 2 without a
+    """A client command over ``run(args, token)`` (``client/commands/``): exit 2 without a
     token; httpx's line per request silenced unless ``--verbose``."""
 
     def command(args: argparse.Namespace) -> int:
@@ -208,21 +213,28 @@ def _client(run):
 
 
 def _sessions(args: argparse.Namespace, token: str) -> int:
-    from turnstile.actors.clients import run_sessions
+    from turnstile.client.commands.sessions import run_sessions
 
     return run_sessions(args, token)
 
 
 def _jobs(args: argparse.Namespace, token: str) -> int:
-    from turnstile.actors.clients import run_jobs
+    from turnstile.client.commands.jobs import run_jobs
 
     return run_jobs(args, token)
 
 
 def _watchers(args: argparse.Namespace, token: str) -> int:
-    from turnstile.actors.clients import run_watchers
+    from turnstile.client.commands.watchers import run_watchers
 
     return run_watchers(args, token)
+
+
+def _memory(args: argparse.Namespace, token: str) -> int:
+    """A ``turnstile memory`` command other than ``backfill``: a request to the node."""
+    from turnstile.client.commands.memory import run_memory
+
+    return run_memory(args, token)
 
 
 def _attach(args: argparse.Namespace) -> int:
@@ -377,24 +389,6 @@ def _ago(now, moment) -> str:
     return f"in {seconds:.1f}s" if seconds > 0 else f"{-seconds:.1f}s ago"
 
 
-def _memory(args: argparse.Namespace) -> int:
-    """A ``turnstile memory`` command other than ``backfill``: one request to the node."""
-    from turnstile.actors.memory.client import run
-
-    token = args.token or os.environ.get("TURNSTILE_TOKEN") or os.environ.get("TURNSTILE_DEV_TOKEN")
-    if not token:
-        print("turnstile memory: give --token or set TURNSTILE_TOKEN", file=sys.stderr)
-        return 2
-    httpx_log = logging.getLogger("httpx")
-    level = httpx_log.level
-    if not args.verbose:  # a line per request would bury the answer
-        httpx_log.setLevel(logging.WARNING)
-    try:
-        return run(args, token)
-    finally:  # main() is also called in-process (tests, embedding): leave logging as found
-        httpx_log.setLevel(level)
-
-
 def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
     """``turnstile memory list | search | put | forget | summary | extraction | delete-all |
     changes | watch``."""
@@ -405,7 +399,7 @@ def _add_memory_commands(memory_sub: argparse._SubParsersAction) -> None:
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         parser = memory_sub.add_parser(name, help=help, parents=[client])
-        parser.set_defaults(func=_memory)
+        parser.set_defaults(func=_client(_memory))
         return parser
 
     sort_keys = ["category", "key", "value", "source", "confidence", "created_at", "updated_at"]

@@ -1,11 +1,14 @@
 """``turnstile sessions``, ``jobs`` and ``watchers`` against a live node: the CLI's ``main()``
-(in a worker thread: it is a blocking client) talks to a real gateway on loopback with a
-user's token. Tables for people, the node's JSON with ``--json``; every command exits 0 done,
-2 for a wrong command line or a request the node refused (with the node's own message), 1 when
-the node cannot be reached or fails. ``attach`` agrees, run as a person runs it."""
+(in a worker thread: each command runs its own ``trio.run`` on ``turnstile.client``) talks to a
+real gateway on loopback with a user's token. Tables for people, the node's JSON with
+``--json``; every command exits 0 done, 2 for a wrong command line or a request the node
+refused (with the node's own message), 1 when the node cannot be reached or fails. ``attach``
+agrees, run as a person runs it."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import socket
 import subprocess
@@ -17,7 +20,7 @@ import trio
 
 from tests.support.node import ALICE, BOB, connect, new_session, running_node
 from turnstile.actors.cli import main
-from turnstile.actors.clients import NodeClient, NodeError
+from turnstile.client.commands.jobs import run_jobs
 
 #: a hang guard (real clock), not a promise: generous, so that a 2-core box at load 8 passes
 WAIT = 60
@@ -187,18 +190,28 @@ async def test_an_unreachable_node_exits_1(capsys):
 
 
 def test_a_node_that_fails_exits_1_and_one_that_refuses_exits_2():
-    """The mapping itself, on answers a healthy node does not give (a 500)."""
+    """The mapping of the client's errors to exit statuses, on answers a healthy node does not
+    give (a 500, a proxy's page without the node's error body)."""
 
-    def answer(status: int) -> httpx.MockTransport:
-        body = {"error": {"code": "internal", "message": "internal error"}}
-        return httpx.MockTransport(lambda request: httpx.Response(status, json=body))
+    def answer(status: int, **body) -> httpx.MockTransport:
+        return httpx.MockTransport(lambda request: httpx.Response(status, **body))
 
-    for status, exit_status in ((500, 1), (503, 1), (400, 2), (429, 2)):
-        client = NodeClient("http://node", "t", transport=answer(status))
-        with pytest.raises(NodeError) as failed:
-            client.request("GET", "/jobs")
-        assert failed.value.status == exit_status
-        assert str(failed.value) == f"{status} internal: internal error"
+    error = {"json": {"error": {"code": "internal", "message": "internal error"}}}
+    cases = [
+        (answer(500, **error), 1, "500 internal: internal error"),
+        (answer(503, **error), 1, "503 internal: internal error"),
+        (answer(400, **error), 2, "400 internal: internal error"),
+        (answer(429, **error), 2, "429 internal: internal error"),
+        (answer(502), 1, "502 Bad Gateway"),
+        (answer(502, text="<html>upstream gone</html>"), 1, "502 <html>upstream gone</html>"),
+    ]
+    args = argparse.Namespace(url="http://node", action="list", session=None, state=None)
+    args.json = False
+    for transport, exit_status, message in cases:
+        out, err = io.StringIO(), io.StringIO()
+        code = run_jobs(args, "t", out=out, err=err, transport=transport)
+        assert (code, out.getvalue()) == (exit_status, "")
+        assert err.getvalue() == f"turnstile jobs list: {message}\n"
 
 
 async def test_attach_exits_2_when_refused_and_1_when_the_node_is_gone(tmp_path):
