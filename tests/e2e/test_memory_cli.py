@@ -1,7 +1,8 @@
-"""``turnstile memory`` against a live node: the CLI's ``main()`` (in a worker thread: it is a
-blocking client) talks to a real gateway on loopback with a user's token, and prints tables, or
-the node's JSON with ``--json``; refusals exit 2 with the node's own message. ``watch`` also
-runs as a subprocess, as a person runs it, to see a change arrive live."""
+"""``turnstile memory`` against a live node: the CLI's ``main()`` (in a worker thread: each
+command runs its own ``trio.run`` on ``turnstile.client``) talks to a real gateway on loopback
+with a user's token, and prints tables, or the node's JSON with ``--json``; refusals exit 2
+with the node's own message. ``watch`` also runs as a subprocess, as a person runs it, to see a
+change arrive live, and through a TCP proxy that cuts its connection."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import json
 import socket
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 import trio
 
 from tests.e2e.test_cli import WAIT, read_until
 from tests.support.node import ALICE, BOB, new_session, running_node
+from tests.support.tcpproxy import open_tcp_proxy
 from turnstile.actors.cli import main
 from turnstile.actors.config import MemoryConfig
 
@@ -145,12 +148,13 @@ async def test_refusals_exit_2_with_the_nodes_message(tmp_path, capsys, monkeypa
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code, out, err = await Cli(f"http://127.0.0.1:{port}", capsys)("list")
-    assert (code, out) == (1, "")
-    assert err == (
-        f"turnstile memory list: cannot reach the node at http://127.0.0.1:{port}:"
-        " connection refused\n"
-    )
+    for command in ("list", "watch"):
+        code, out, err = await Cli(f"http://127.0.0.1:{port}", capsys)(command)
+        assert (code, out) == (1, "")
+        assert err == (
+            f"turnstile memory {command}: cannot reach the node at http://127.0.0.1:{port}:"
+            " connection refused\n"
+        )
 
 
 async def test_extraction_and_admins_across_users(tmp_path, capsys):
@@ -257,3 +261,77 @@ async def test_changes_and_watch_follow_the_users_memory(tmp_path, capsys):
                 process.kill()
                 await process.wait()
         assert b"#3 " in out
+
+
+async def watch(url: str, *args: str) -> trio.Process:
+    """``turnstile memory watch`` as a person runs it, its output piped."""
+    return await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "turnstile.actors.cli", "memory", "watch", *args),
+            *("--url", url, "--token", ALICE),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def ended(process: trio.Process) -> int:
+    with trio.fail_after(WAIT):
+        return await process.wait()
+
+
+async def test_watch_prints_the_frames_the_node_sent(tmp_path, capsys):
+    async with running_node(tmp_path) as node, node.http(ALICE) as http:
+        cli = Cli(node.url, capsys)
+        assert (await cli("put", "drinks", "coffee", "dark roast"))[0] == 0
+        assert (await cli("summary", "--set", "Likes coffee."))[0] == 0
+        code, out, _ = await cli("watch", "--after-seq", "0", "--count", "2", "--json")
+        frames = (await http.get("/memory/changes")).json()["changes"]
+        assert code == 0 and len(frames) == 2
+        assert out.splitlines() == [json.dumps(f, ensure_ascii=False) for f in frames]
+
+
+async def test_watch_goes_on_after_its_connection_drops_and_says_a_reset(tmp_path):
+    async with (
+        running_node(tmp_path) as node,
+        open_tcp_proxy("127.0.0.1", urlsplit(node.url).port or 80) as proxy,
+        node.http(ALICE) as http,
+    ):
+        await http.put("/memory/facts", json={"category": "drinks", "key": "tea", "value": "x"})
+        process = await watch(f"http://127.0.0.1:{proxy.port}", "--count", "2")
+        out = bytearray()
+        try:
+            await read_until(process.stdout, b"watching memory changes after #1\n", out)
+            await proxy.cut()  # the watch's connection is reset; a new one is refused
+            food = {"category": "food", "key": "lunch", "value": "soup"}
+            assert (await http.put("/memory/facts", json=food)).status_code == 200
+            assert (await http.put("/memory/summary", json={"content": "eats"})).status_code == 200
+            proxy.heal()  # it connects again and reads what it missed, once
+            assert await ended(process) == 0
+            assert proxy.statistics().accepted >= 2
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        while chunk := await process.stdout.receive_some():  # the rest, to the end
+            out += chunk
+        lines = bytes(out).decode().splitlines()
+        assert lines[0] == "watching memory changes after #1"
+        assert [line.split(" ", 3)[0] for line in lines[1:]] == ["#2", "#3"]
+        assert lines[1].endswith(" saved food / lunch: soup (new, confidence 90)")
+        assert lines[2].endswith(" summary changed (4 characters)")
+
+        # after more than the log holds: the first line says so, then what comes live
+        process = await watch(node.url, "--after-seq", "99", "--count", "1")
+        out = bytearray()
+        try:
+            first = b"after #3 (reset: reload, the log no longer holds it all)\n"
+            await read_until(process.stdout, first, out)
+            assert (await http.delete("/memory/facts", params={"key": "lunch"})).status_code == 200
+            await read_until(process.stdout, b"forgot food / lunch\n", out)
+            assert await ended(process) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert bytes(out).startswith(b"watching memory changes after #3 (reset")
