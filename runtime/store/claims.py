@@ -23,7 +23,6 @@ from turnstile.runtime.store.records import InboxItem
 from turnstile.runtime.store.sessions import (
     fenced_postgres,
     fenced_sqlite,
-    require_session_postgres,
     require_session_sqlite,
 )
 
@@ -31,10 +30,19 @@ __all__ = ["ClaimMethods"]
 
 # -- claim, finish, fold, requeue ---------------------------------------------------------------
 
+# PostgreSQL answers a claim in one statement, whatever it finds: ``s`` reads the session's row
+# (fenced: locked in share mode, so an acquisition waits for the claim, and the epoch read is the
+# one the claim commits under), ``c`` claims the oldest queued input (fenced: only under that
+# epoch), and the one row back says, besides the claimed input (all NULL when none), whether the
+# session exists and its lease epoch: no second round trip to tell "nothing queued" from "no
+# session" or "fenced", as there was.
 _CLAIM_PG = (
-    "{lease}UPDATE inbox SET state = 'running', updated_at = :now, claimed_by = :node,"
+    "WITH s AS (SELECT lease_epoch FROM sessions WHERE id = :session_id{lock}),"
+    " c AS (UPDATE inbox SET state = 'running', updated_at = :now, claimed_by = :node,"
     " claimed_epoch = :epoch WHERE id = (SELECT id FROM inbox WHERE session_id = :session_id"
-    " AND state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED){held} RETURNING *"
+    " AND state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED){held} RETURNING *)"
+    " SELECT EXISTS (SELECT 1 FROM s) AS _found, (SELECT lease_epoch FROM s) AS _lease, c.*"
+    " FROM (SELECT 1) AS one LEFT JOIN c ON true"
 )
 _CLAIM_SQLITE = (
     "UPDATE inbox SET state = 'running', updated_at = :now, claimed_by = :node,"
@@ -43,12 +51,10 @@ _CLAIM_SQLITE = (
 )
 _CLAIM_ARGS = ("session_id", "now", "node", "epoch")
 _CLAIM_FENCED_ARGS = (*_CLAIM_ARGS, "fence")
-_CLAIM_FREE = ops.Statement(_CLAIM_PG.format(lease="", held=""), params=_CLAIM_ARGS)
+_CLAIM_FREE = ops.Statement(_CLAIM_PG.format(lock="", held=""), params=_CLAIM_ARGS)
 _CLAIM_FENCED = ops.Statement(
     _CLAIM_PG.format(
-        lease="WITH lease AS (SELECT 1 FROM sessions WHERE id = :session_id"
-        " AND lease_epoch = :fence FOR SHARE) ",
-        held=" AND EXISTS (SELECT 1 FROM lease)",
+        lock=" FOR SHARE", held=" AND EXISTS (SELECT 1 FROM s WHERE lease_epoch = :fence)"
     ),
     params=_CLAIM_FENCED_ARGS,
 )
@@ -93,11 +99,13 @@ async def _claim_postgres(
         row = await conn.fetchrow(_CLAIM_FREE.postgres, session_id, now, node, epoch)
     else:
         row = await conn.fetchrow(_CLAIM_FENCED.postgres, session_id, now, node, epoch, fence)
-    if row is None:
-        if fence is not None:
-            await fenced_postgres(conn, session_id, fence)
-        await require_session_postgres(conn, session_id)
-    return row
+    if row["id"] is not None:
+        return row
+    if not row["_found"]:
+        raise u.no_session(session_id)
+    if fence is not None and row["_lease"] != fence:
+        raise u.fenced(session_id, fence, row["_lease"])
+    return None
 
 
 #: ``(session_id, now, node, epoch, fence)``: the oldest queued input, now running and stamped

@@ -18,7 +18,6 @@ from turnstile.runtime.store.base import StoreBase, ts
 from turnstile.runtime.store.records import Enqueued, InboxItem, NodeRef
 from turnstile.runtime.store.sessions import (
     has_session_sqlite,
-    require_session_postgres,
     require_session_sqlite,
 )
 from turnstile.runtime.tracing import TRACE_KEYS, without_trace
@@ -147,16 +146,22 @@ def _list_sqlite(conn: sqlite3.Connection, session_id: str, states: list[str] | 
     return conn.execute(sql + " ORDER BY id", values).fetchall()
 
 
+# One statement, one round trip, also for "no session" (no row) and "none" (one row of NULLs,
+# the session's, joined to no input): the session's row joined to its inputs.
 _LIST = ops.Statement(
-    "SELECT * FROM inbox WHERE session_id = :session_id"
-    " AND (:states::text[] IS NULL OR state = ANY(:states)) ORDER BY id"
+    "SELECT i.* FROM sessions s LEFT JOIN inbox i ON i.session_id = s.id"
+    " AND (:states::text[] IS NULL OR i.state = ANY(:states)) WHERE s.id = :session_id"
+    " ORDER BY i.id",
+    params=("session_id", "states"),
 )
 
 
 async def _list_postgres(conn: Any, session_id: str, states: list[str] | None) -> list[Any]:
     rows: list[Any] = await conn.fetch(_LIST.postgres, session_id, states)
     if not rows:
-        await require_session_postgres(conn, session_id)
+        raise u.no_session(session_id)
+    if rows[0]["id"] is None:  # the session, without an input in ``states``
+        return []
     return rows
 
 

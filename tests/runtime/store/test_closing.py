@@ -1,0 +1,197 @@
+"""A turn's closure (``close_input``) and the reads around a turn, on both backends: the closure
+is all or nothing, whatever the backend does to make it (SQLite a transaction in the writer's
+group commit; PostgreSQL one statement, or a transaction with ``steps``), and PostgreSQL sends
+one round trip where it says so (issue 26).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.store._support import pg_schema
+from tests.runtime.store.test_nodes import LEASE, expire
+from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError
+from turnstile.runtime.store import open_store, ops
+from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
+
+#: a step of the closing transaction, as a feature writes one (its run record, here the
+#: session's metadata)
+MARK = ops.execute(
+    "test.mark", "UPDATE sessions SET metadata = :metadata::jsonb WHERE id = :session_id"
+)
+#: a step that fails: the whole closure must be rolled back
+BROKEN = ops.execute("test.broken", "INSERT INTO no_such_table VALUES (1)")
+
+
+async def running(store, session_id: str = "s", text: str = "hi"):
+    await store.enqueue_input(session_id, "user", {"content": text})
+    item = await store.claim_next_input(session_id)
+    assert item is not None and item.state == "running"
+    return item
+
+
+async def test_a_closure_appends_its_events_and_moves_its_input(store):
+    await store.create_session("s", "ada")
+    item = await running(store)
+    await store.append_events("s", [("stream_start", {"input_id": item.id})])
+    records, closed = await store.close_input(
+        "s", [("token", {"text": "a"}), ("stream_end", {"status": "completed"})], item.id, "done"
+    )
+    assert [(r.seq, r.type, r.payload) for r in records] == [
+        (2, "token", {"text": "a"}),
+        (3, "stream_end", {"status": "completed"}),
+    ]
+    assert (closed.id, closed.state, closed.detail) == (item.id, "done", None)
+    assert [(e.seq, e.type) for e in await store.read_events("s")] == [
+        (1, "stream_start"),
+        (2, "token"),
+        (3, "stream_end"),
+    ]
+    assert await store.last_seq("s") == 3
+    (stored,) = await store.list_inputs("s")
+    assert stored.state == "done"
+
+
+async def test_a_closure_without_events_only_moves_the_input(store):
+    await store.create_session("s", "ada")
+    item = await running(store)
+    records, closed = await store.close_input("s", [], item.id, "failed", {"error": "boom"})
+    assert records == []
+    assert (closed.state, closed.detail) == ("failed", {"error": "boom"})
+    assert await store.last_seq("s") == 0
+
+
+@pytest.mark.parametrize("events", [[], [("stream_end", {"status": "completed"})]])
+async def test_closing_an_input_that_is_not_running_writes_nothing(store, events):
+    await store.create_session("s", "ada")
+    done = await running(store, text="ran")
+    await store.close_input("s", [("stream_end", {})], done.id, "done")
+    queued = await store.enqueue_input("s", "user", {"content": "waiting"})
+    before = (await store.last_seq("s"), await store.list_inputs("s"))
+    with pytest.raises(ConflictError, match=rf"^cannot move input {done.id} from done to done$"):
+        await store.close_input("s", events, done.id, "done")
+    with pytest.raises(
+        ConflictError, match=rf"^cannot move input {queued.id} from queued to failed$"
+    ):
+        await store.close_input("s", events, queued.id, "failed")
+    with pytest.raises(NotFound, match=r"^no input with id 999$"):
+        await store.close_input("s", events, 999, "done")
+    assert (await store.last_seq("s"), await store.list_inputs("s")) == before
+    # no seq was used up: the next event follows the last one
+    (event,) = await store.append_events("s", [("note", {})])
+    assert event.seq == before[0] + 1
+
+
+async def test_closing_in_a_session_that_is_gone_is_not_found(store):
+    await store.create_session("s", "ada")
+    item = await running(store)
+    await store.delete_session("s")
+    with pytest.raises(NotFound, match=r"^no session with id 's'$"):
+        await store.close_input("s", [("stream_end", {})], item.id, "done")
+    with pytest.raises(NotFound, match=rf"^no input with id {item.id}$"):
+        await store.close_input("s", [], item.id, "done")
+
+
+async def test_a_closure_with_a_stale_fence_writes_nothing(store, backend, clock):
+    await store.create_session("s", "ada")
+    a, _ = await store.register_node("a", lease_seconds=LEASE)
+    b, _ = await store.register_node("b", lease_seconds=LEASE)
+    old = (await store.acquire_session("s", a.ref)).fence
+    await store.enqueue_input("s", "user", {"content": "one"})
+    item = await store.claim_next_input("s", fence=old)
+    await expire(store, backend, clock, a.ref)
+    if backend.kind == "sqlite":
+        await store.heartbeat_node(b.ref, lease_seconds=LEASE)
+    new = (await store.acquire_session("s", b.ref)).fence
+    for events in ([("stream_end", {})], []):
+        with pytest.raises(Fenced) as refused:
+            await store.close_input("s", events, item.id, "done", fence=old)
+        assert (refused.value.fence, refused.value.current) == (old, new)
+    assert await store.last_seq("s") == 0
+    assert [i.state for i in await store.list_inputs("s")] == ["running"]
+    # the new holder closes it
+    records, closed = await store.close_input(
+        "s", [("stream_end", {"status": "interrupted"})], item.id, "interrupted", fence=new
+    )
+    assert ([r.seq for r in records], closed.state) == ([1], "interrupted")
+
+
+async def test_steps_commit_with_the_closure_or_not_at_all(store):
+    await store.create_session("s", "ada")
+    item = await running(store)
+    with pytest.raises(StoreError):
+        await store.close_input("s", [("stream_end", {})], item.id, "done", steps=[(BROKEN, {})])
+    assert await store.last_seq("s") == 0
+    assert [i.state for i in await store.list_inputs("s")] == ["running"]
+    mark = (MARK, {"metadata": store.db_json({"closed": item.id}), "session_id": "s"})
+    records, closed = await store.close_input(
+        "s", [("stream_end", {})], item.id, "done", steps=[mark]
+    )
+    assert ([r.seq for r in records], closed.state) == ([1], "done")
+    assert (await store.get_session("s")).metadata == {"closed": item.id}
+    # a step of a closure refused for its input's state is not run either
+    other = {"metadata": store.db_json({"closed": 0}), "session_id": "s"}
+    with pytest.raises(ConflictError):
+        await store.close_input("s", [("stream_end", {})], item.id, "done", steps=[(MARK, other)])
+    assert (await store.get_session("s")).metadata == {"closed": item.id}
+    assert await store.last_seq("s") == 1
+
+
+async def test_an_empty_claim_and_an_empty_list_tell_no_session_from_none(store):
+    await store.create_session("s", "ada")
+    assert await store.claim_next_input("s") is None
+    assert await store.list_inputs("s") == []
+    assert await store.list_inputs("s", ["queued"]) == []
+    item = await running(store)
+    assert [i.id for i in await store.list_inputs("s", ["running"])] == [item.id]
+    assert await store.list_inputs("s", ["queued"]) == []
+    a, _ = await store.register_node("a", lease_seconds=LEASE)
+    fence = (await store.acquire_session("s", a.ref)).fence
+    assert await store.claim_next_input("s", fence=fence) is None
+    with pytest.raises(Fenced) as refused:
+        await store.claim_next_input("s", fence=fence + 1)
+    assert (refused.value.fence, refused.value.current) == (fence + 1, fence)
+    for fenced in (None, fence):
+        with pytest.raises(NotFound, match=r"^no session with id 'gone'$"):
+            await store.claim_next_input("gone", fence=fenced)
+    with pytest.raises(NotFound, match=r"^no session with id 'gone'$"):
+        await store.list_inputs("gone", ["queued"])
+
+
+@pytest.mark.postgres
+async def test_a_turn_on_postgresql_takes_one_round_trip_per_operation(pg_dsn, monkeypatch):
+    """The round trips of a turn's operations (issue 26): each is one, found or not."""
+    monkeypatch.setenv(STATS_ENV, "1")
+    async with pg_schema(pg_dsn) as (url, _), open_store(url) as store:
+        engine = store.engine
+
+        async def trips(call, operations: int = 1) -> int:
+            """The round trips of ``call`` (less the preparations of a statement the
+            connection meets for the first time, which its cache then holds)."""
+            before = engine.statistics()
+            try:
+                await call
+            except (NotFound, ConflictError):  # (Fenced is a ConflictError)
+                pass
+            spent = engine.statistics() - before
+            assert spent.operations == operations
+            return spent.round_trips - spent.prepares
+
+        await store.create_session("s", "ada")
+        a, _ = await store.register_node("a", lease_seconds=LEASE)
+        fence = (await store.acquire_session("s", a.ref)).fence
+        assert await trips(store.enqueue_input("s", "user", {"content": "x"})) == 1
+        assert await trips(store.list_inputs("s", ["queued"])) == 1
+        assert await trips(store.claim_next_input("s", fence=fence)) == 1
+        item = (await store.list_inputs("s", ["running"]))[0]
+        assert await trips(store.claim_next_input("s", fence=fence)) == 1  # none queued
+        assert await trips(store.claim_next_input("gone")) == 1
+        assert await trips(store.list_inputs("s", ["queued"])) == 1  # none
+        assert await trips(store.list_inputs("gone")) == 1
+        assert await trips(store.append_events("s", [("token", {})], fence=fence)) == 1
+        closing = store.close_input("s", [("stream_end", {})], item.id, "done", fence=fence)
+        assert await trips(closing) == 1
+        # refused: the closure's one, then the read that says why
+        again = store.close_input("s", [("stream_end", {})], item.id, "done")
+        assert await trips(again, operations=2) == 2
+        assert engine.statistics().counting
