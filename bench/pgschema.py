@@ -9,8 +9,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import trio
+
+from turnstile.runtime.store.postgres_thread import open_asyncio_thread
 
 __all__ = ["PG_DSN", "PostgresUnavailable", "temporary_schema"]
 
@@ -22,19 +25,22 @@ class PostgresUnavailable(Exception):
 
 
 def _ddl(sql: str) -> None:
-    """Run one statement on its own connection and trio-asyncio loop, as the store tests do."""
+    """Run one statement on its own connection, on an asyncio thread like the store's.
+
+    Not through trio-asyncio: importing it replaces asyncio's running-loop lookups for the
+    whole process with ones that ask trio first, which the store's asyncio thread then pays
+    on every call (several per operation); a node never imports it, so neither does this.
+    """
     import asyncpg
-    import trio_asyncio
 
     async def run() -> None:
         with trio.fail_after(30):
-            async with trio_asyncio.open_loop() as loop:
-                aio = trio_asyncio.aio_as_trio
-                conn = await aio(asyncpg.connect, loop=loop)(PG_DSN, timeout=5)
+            async with open_asyncio_thread() as aio:
+                conn = await aio.call(partial(asyncpg.connect, PG_DSN, timeout=5))
                 try:
-                    await aio(conn.execute, loop=loop)(sql)
+                    await aio.call(conn.execute, sql)
                 finally:
-                    await aio(conn.close, loop=loop)()
+                    await aio.call(conn.close)
 
     trio.run(run)
 
