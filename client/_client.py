@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import httpx
 import msgspec
 from httpx_ws import aconnect_ws
 
-from turnstile.client._errors import (
-    ConnectionLost,
-    TurnstileClientError,
-    error_for,
-)
+from turnstile.client._errors import ConnectionLost
 from turnstile.client._events import Event, decode_event
-from turnstile.client._routes import FeatureRoutes
+from turnstile.client._routes import HttpRoutes
 from turnstile.client._session import SessionStream
 from turnstile.client._stream import Stream
 from turnstile.client._topic import TopicStream
@@ -27,7 +23,6 @@ from turnstile.client._wire import (
     decode_answer,
     encode,
     new_client_msg_id,
-    why_failed,
 )
 from turnstile.protocol import CallFrame, ErrorFrame, Result, ServerFrame
 from turnstile.protocol.sessions import (
@@ -40,8 +35,6 @@ from turnstile.protocol.sessions import (
 
 __all__ = ["Client", "open_client"]
 
-T = TypeVar("T")
-
 #: The largest frame the client accepts from the node (a tool's result can be large).
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
@@ -50,11 +43,11 @@ class _Events(msgspec.Struct):
     events: list[dict[str, Any]]
 
 
-class Client(FeatureRoutes):
+class Client(HttpRoutes):
     """A node's API for one user: REST calls, and ``attach`` for a session's live events.
 
-    The sessions' routes and the WebSocket are here; the other features' routes are
-    ``FeatureRoutes``'s (``_routes.py``), all over ``request``.
+    The WebSocket and the sessions' routes are here; ``request`` and the other features' routes
+    are ``HttpRoutes``'s (``_routes.py``).
 
     Made by ``open_client`` (which closes it); works under trio and asyncio (anyio).
     Every method raises ``TurnstileClientError`` (by the node's error code: ``NotFound``,
@@ -63,14 +56,6 @@ class Client(FeatureRoutes):
     Args:
         http: the httpx client, with the node's ``base_url`` and the ``Authorization`` header.
     """
-
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self._http = http
-
-    @property
-    def url(self) -> str:
-        """The node's base URL."""
-        return str(self._http.base_url).rstrip("/")
 
     # ---- the WebSocket ---------------------------------------------------------------------
 
@@ -179,49 +164,7 @@ class Client(FeatureRoutes):
             max_message_size_bytes=MAX_FRAME_BYTES,
         )
 
-    # ---- HTTP ------------------------------------------------------------------------------
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, Any] | None = None,
-        json: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> Any:
-        """Any route of the API: its JSON answer (None for an answer without a body).
-
-        Raises:
-            TurnstileClientError: the node's error answer, by its code.
-            ConnectionLost: the node could not be reached.
-        """
-        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
-        try:
-            response = await self._http.request(
-                method, path, params=query, json=json, headers=headers
-            )
-        except httpx.ConnectError as exc:
-            raise ConnectionLost(
-                f"cannot reach the node at {self.url}: {why_failed(exc)}"
-            ) from None
-        except httpx.TimeoutException:
-            raise ConnectionLost(f"the node at {self.url} did not answer in time") from None
-        except httpx.TransportError as exc:
-            raise ConnectionLost(f"request to {self.url} failed: {exc!r}") from None
-        if response.is_success:
-            return response.json() if response.content else None
-        raise _http_error(response)
-
-    async def _typed(self, kind: type[T], method: str, path: str, **kwargs: Any) -> T:
-        return msgspec.convert(await self.request(method, path, **kwargs), kind)
-
-    async def health(self) -> dict[str, Any]:
-        """``GET /healthz``: ``status``, ``version``, ``protocol``."""
-        answer: dict[str, Any] = await self.request("GET", "/healthz")
-        return answer
-
-    # sessions
+    # ---- sessions' routes ------------------------------------------------------------------
 
     async def create_session(
         self,
@@ -341,28 +284,8 @@ async def open_client(
         yield Client(http)
 
 
-def _param(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _http_error(response: httpx.Response) -> TurnstileClientError:
-    """The exception for an error answer (``{"error": {code, message, field}}``)."""
-    try:
-        body = response.json()
-        error = body["error"]
-        code, message = str(error["code"]), str(error.get("message", ""))
-        field = error.get("field")
-    except (ValueError, KeyError, TypeError):
-        code = "not_found" if response.status_code == 404 else f"http_{response.status_code}"
-        body, message, field = {}, response.text.strip()[:200] or response.reason_phrase, None
-    details = {k: v for k, v in body.items() if k != "error"} if isinstance(body, dict) else {}
-    return error_for(code, message, field=field, status=response.status_code, details=details)
-
-
 @asynccontextmanager
-async def _running(stream: Stream) -> AsyncIterator[None]:
+async def _running(stream: Stream[Any]) -> AsyncIterator[None]:
     """``stream`` connected and attached for as long as the block runs (its task cancelled
     after); its refusal or ``ConnectionLost`` raised as it is."""
     async with _unwrapped(), anyio.create_task_group() as tasks:

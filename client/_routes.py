@@ -1,19 +1,42 @@
-"""The features' REST routes beside the sessions': approvals, jobs, watchers, background
-tasks, recalls, heartbeats, memory (``docs/client.md``, "REST"). They answer with the JSON
-objects ``/openapi.json`` describes, and go through ``Client.request``.
+"""``HttpRoutes``: a node's HTTP API for one token: ``request`` (any route: its JSON answer,
+or the node's error as an exception by its code), and the routes of the features beside the
+sessions': approvals, jobs, watchers, background tasks, recalls, heartbeats, memory
+(``docs/client.md``, "REST"). Those answer with the JSON objects ``/openapi.json`` describes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["FeatureRoutes"]
+import httpx
+import msgspec
+
+from turnstile.client._errors import ConnectionLost, TurnstileClientError, error_for
+from turnstile.client._wire import why_failed
+
+__all__ = ["HttpRoutes"]
+
+T = TypeVar("T")
 
 
-class FeatureRoutes:
-    """The features' routes, as ``Client`` methods (it subclasses this and makes
-    ``request``). Each raises what ``request`` raises: the node's error by its code
-    (``NotFound``, ``Conflict`` …), ``ConnectionLost`` when the node cannot be reached."""
+class HttpRoutes:
+    """The node's HTTP API, the base of ``Client`` (which adds the WebSocket and the sessions'
+    routes). Each method raises the node's error by its code (``NotFound``, ``Conflict`` …),
+    and ``ConnectionLost`` when the node cannot be reached.
+
+    Args:
+        http: the httpx client, with the node's ``base_url`` and the ``Authorization`` header.
+    """
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    @property
+    def url(self) -> str:
+        """The node's base URL."""
+        return str(self._http.base_url).rstrip("/")
+
+    # ---- HTTP ------------------------------------------------------------------------------
 
     async def request(
         self,
@@ -24,8 +47,36 @@ class FeatureRoutes:
         json: Any = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """Any route of the API: its JSON answer (``Client.request``)."""
-        raise NotImplementedError
+        """Any route of the API: its JSON answer (None for an answer without a body).
+
+        Raises:
+            TurnstileClientError: the node's error answer, by its code.
+            ConnectionLost: the node could not be reached.
+        """
+        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        try:
+            response = await self._http.request(
+                method, path, params=query, json=json, headers=headers
+            )
+        except httpx.ConnectError as exc:
+            raise ConnectionLost(
+                f"cannot reach the node at {self.url}: {why_failed(exc)}"
+            ) from None
+        except httpx.TimeoutException:
+            raise ConnectionLost(f"the node at {self.url} did not answer in time") from None
+        except httpx.TransportError as exc:
+            raise ConnectionLost(f"request to {self.url} failed: {exc!r}") from None
+        if response.is_success:
+            return response.json() if response.content else None
+        raise _http_error(response)
+
+    async def _typed(self, kind: type[T], method: str, path: str, **kwargs: Any) -> T:
+        return msgspec.convert(await self.request(method, path, **kwargs), kind)
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``status``, ``version``, ``protocol``."""
+        answer: dict[str, Any] = await self.request("GET", "/healthz")
+        return answer
 
     # approvals
 
@@ -279,3 +330,23 @@ class FeatureRoutes:
         """``DELETE /memory``: forget everything your memory holds."""
         answer: dict[str, Any] | None = await self.request("DELETE", "/memory")
         return answer
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _http_error(response: httpx.Response) -> TurnstileClientError:
+    """The exception for an error answer (``{"error": {code, message, field}}``)."""
+    try:
+        body = response.json()
+        error = body["error"]
+        code, message = str(error["code"]), str(error.get("message", ""))
+        field = error.get("field")
+    except (ValueError, KeyError, TypeError):
+        code = "not_found" if response.status_code == 404 else f"http_{response.status_code}"
+        body, message, field = {}, response.text.strip()[:200] or response.reason_phrase, None
+    details = {k: v for k, v in body.items() if k != "error"} if isinstance(body, dict) else {}
+    return error_for(code, message, field=field, status=response.status_code, details=details)
