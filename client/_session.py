@@ -39,7 +39,7 @@ from turnstile.protocol import SessionDeleted as SessionDeletedFrame
 __all__ = ["SessionStream"]
 
 
-class SessionStream(Stream):
+class SessionStream(Stream[Event]):
     """A session attached over a WebSocket: its events, and what can be done to it.
 
     Made by ``Client.attach`` (an async context manager); never constructed by hand. Iterate
@@ -73,28 +73,6 @@ class SessionStream(Stream):
         )
         self.session_id = session_id
         self._call_ids = itertools.count(1)
-
-    async def receive(self) -> Event:
-        """The session's next event, waiting for it (reconnecting meanwhile if needed).
-
-        Raises:
-            SessionDeleted: the session was deleted (after every event before it was read).
-            ConnectionLost: the connection dropped and could not be opened again.
-            anyio.ClosedResourceError: the stream was closed.
-        """
-        event: Event = await super().receive()
-        return event
-
-    def receive_nowait(self) -> Event:
-        """The next event if one is buffered now; else ``anyio.WouldBlock``."""
-        event: Event = super().receive_nowait()
-        return event
-
-    async def __anext__(self) -> Event:
-        """The next event; the iteration ends when the session is deleted or the stream
-        closed (``receive()`` says which)."""
-        event: Event = await super().__anext__()
-        return event
 
     async def send(
         self, content: str, *, client_msg_id: str | None = None, traceparent: str | None = None

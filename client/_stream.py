@@ -14,7 +14,7 @@ stream attaches again after its last event (as for the node's ``lagged``), so no
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import msgspec
@@ -45,6 +45,9 @@ from turnstile.protocol import (
 )
 
 __all__ = ["Link", "Stream", "StreamStatistics", "Waiter"]
+
+#: What the stream gives its reader (an ``Event`` of a session …).
+T = TypeVar("T")
 
 
 class StreamStatistics(msgspec.Struct, frozen=True):
@@ -126,7 +129,7 @@ class Link:
 _BACKOFF = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
-class Stream:
+class Stream(Generic[T]):
     """The machinery of a stream: a WebSocket of its own, opened (``attach`` or
     ``subscribe``), read, and opened again after a drop from the last ``seq`` received.
     ``SessionStream`` and ``TopicStream`` say what is opened and what an event is."""
@@ -148,7 +151,7 @@ class Stream:
         self._connect = connect
         self._last_seq = after_seq
         self._reconnect_attempts = reconnect_attempts
-        self._send_events, self._events = anyio.create_memory_object_stream[Any](max_buffer)
+        self._send_events, self._events = anyio.create_memory_object_stream[T](max_buffer)
         self._link: Link | None = None
         self._changed = anyio.Event()
         self._failure: TurnstileClientError | None = None
@@ -182,8 +185,9 @@ class Stream:
             head_seq=self._head_seq,
         )
 
-    async def receive(self) -> Any:
-        """The next event, waiting for it (reconnecting meanwhile if needed).
+    async def receive(self) -> T:
+        """The next event, waiting for it (reconnecting meanwhile if needed): a session's
+        ``Event``; a topic's ``TopicEvent`` or ``TopicReset``.
 
         Raises:
             SessionDeleted: the session was deleted (after every event before it was read).
@@ -197,7 +201,7 @@ class Stream:
         self._taken()
         return event
 
-    def receive_nowait(self) -> Any:
+    def receive_nowait(self) -> T:
         """The next event if one is buffered (``receive`` without the wait).
 
         Raises:
@@ -226,7 +230,7 @@ class Stream:
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> T:
         """The next event; the iteration ends when the session is deleted or the stream
         closed (``receive()`` says which)."""
         try:
@@ -366,7 +370,7 @@ class Stream:
                 self._on_attached(answer)
             link.replies.popleft().set(answer)
 
-    def _on_item(self, item: Any) -> None:
+    def _on_item(self, item: T | None) -> None:
         """Keep ``item`` (an event of this stream; None: not one) for the reader."""
         if item is None:
             return
@@ -392,7 +396,7 @@ class Stream:
         """The frame that opens the stream after ``self._last_seq``."""
         raise NotImplementedError
 
-    def _item(self, frame: dict[str, Any]) -> Any:
+    def _item(self, frame: dict[str, Any]) -> T | None:
         """The event ``frame`` is for this stream's reader, or None (another's)."""
         raise NotImplementedError
 

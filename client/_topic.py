@@ -92,7 +92,7 @@ class _TopicStamp(msgspec.Struct):
     type: str
 
 
-class TopicStream(Stream):
+class TopicStream(Stream[TopicEvent | TopicReset]):
     """Your events of a user topic over a WebSocket of its own (``Client.subscribe``), read
     again from the last ``seq`` received after a drop. Iterate it: ``TopicEvent``s, and a
     ``TopicReset`` when what was missed is no longer all in the log.
@@ -115,25 +115,6 @@ class TopicStream(Stream):
             reconnect_attempts=reconnect_attempts,
         )
         self.topic = topic
-
-    async def receive(self) -> TopicEvent | TopicReset:
-        """The topic's next event (or a reset), waiting for it.
-
-        Raises:
-            ConnectionLost: the connection dropped and could not be opened again.
-            anyio.ClosedResourceError: the stream was closed.
-        """
-        event: TopicEvent | TopicReset = await super().receive()
-        return event
-
-    def receive_nowait(self) -> TopicEvent | TopicReset:
-        """The next event if one is buffered now; else ``anyio.WouldBlock``."""
-        event: TopicEvent | TopicReset = super().receive_nowait()
-        return event
-
-    async def __anext__(self) -> TopicEvent | TopicReset:
-        event: TopicEvent | TopicReset = await super().__anext__()
-        return event
 
     def _open_frame(self) -> ClientFrame:
         return SubscribeFrame(topic=self.topic, after_seq=self._last_seq)
