@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import httpx
 import trio
@@ -38,12 +38,14 @@ __all__ = [
     "EXIT_USAGE",
     "MAX_CELL",
     "Command",
+    "Runner",
     "UsageError",
     "cell",
     "describe",
     "exit_status",
     "print_table",
     "run",
+    "runner",
     "table",
     "when",
 ]
@@ -131,6 +133,30 @@ def run(
     if answer is not None:
         print(json.dumps(answer, indent=2, ensure_ascii=False), file=out)
     return EXIT_OK
+
+
+class Runner(Protocol):
+    """A command as ``actors/cli.py`` runs it (``runner``): its exit status."""
+
+    def __call__(
+        self,
+        args: Any,
+        token: str,
+        *,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> int: ...
+
+
+def runner(name: Callable[[Any], str], command: Command) -> Runner:
+    """``command`` as a ``Runner``: ``run`` with the name ``name(args)`` gives it in messages
+    (``jobs cancel``)."""
+
+    def run_command(args: Any, token: str, **options: Any) -> int:
+        return run(name(args), command, args, token, **options)
+
+    return run_command
 
 
 # ---- rendering ------------------------------------------------------------------------------

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-import httpx
-
 from turnstile.client import Client
-from turnstile.client.commands._run import print_table, run, when
+from turnstile.client.commands._run import print_table, runner, when
 
 __all__ = ["run_jobs"]
 
@@ -86,14 +84,5 @@ async def _jobs(client: Client, args: Any, out: TextIO) -> Any:
     return None
 
 
-def run_jobs(
-    args: Any,
-    token: str,
-    *,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> int:
-    """``turnstile jobs [list|show|pause|resume|cancel]``; its exit status (``_run.run``)."""
-    name = f"jobs {args.action}"
-    return run(name, _jobs, args, token, out=out, err=err, transport=transport)
+#: ``turnstile jobs [list|show|pause|resume|cancel]``; its exit status (``_run.run``).
+run_jobs = runner(lambda args: f"jobs {args.action}", _jobs)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-import httpx
 import msgspec
 
 from turnstile.client import Client
-from turnstile.client.commands._run import print_table, run, when
+from turnstile.client.commands._run import print_table, runner, when
 
 __all__ = ["run_sessions"]
 
@@ -41,13 +40,5 @@ async def _sessions(client: Client, args: Any, out: TextIO) -> Any:
     return None
 
 
-def run_sessions(
-    args: Any,
-    token: str,
-    *,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> int:
-    """``turnstile sessions``; its exit status (``_run.run``)."""
-    return run("sessions", _sessions, args, token, out=out, err=err, transport=transport)
+#: ``turnstile sessions``; its exit status (``_run.run``).
+run_sessions = runner(lambda args: "sessions", _sessions)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-import httpx
-
 from turnstile.client import Client
-from turnstile.client.commands._run import print_table, run, when
+from turnstile.client.commands._run import print_table, runner, when
 
 __all__ = ["run_watchers"]
 
@@ -94,14 +92,5 @@ async def _watchers(client: Client, args: Any, out: TextIO) -> Any:
     return None
 
 
-def run_watchers(
-    args: Any,
-    token: str,
-    *,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> int:
-    """``turnstile watchers [list|show|pause|resume|stop]``; its exit status (``_run.run``)."""
-    name = f"watchers {args.action}"
-    return run(name, _watchers, args, token, out=out, err=err, transport=transport)
+#: ``turnstile watchers [list|show|pause|resume|stop]``; its exit status (``_run.run``).
+run_watchers = runner(lambda args: f"watchers {args.action}", _watchers)
