@@ -189,6 +189,7 @@ class TurnRunner:
                         return
                     self.queued = max(0, self.queued - 1)
                     scheduled = self.services.input_kinds.scheduled(item.source)
+                    self.slots.claimed(scheduled)
                     if scheduled and not held:
                         # A slot was free when we looked, or the queue changed since: the
                         # input is claimed, so take the slot now (nearly always at once).

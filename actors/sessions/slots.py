@@ -20,13 +20,29 @@ class TurnSlots:
     bound, and every method is a no-op). The session's runner holds at most one slot.
     """
 
-    __slots__ = ("_services", "_session_id", "_wait")
+    __slots__ = ("_services", "_session_id", "_wait", "_scheduled")
 
     def __init__(self, services: SessionServices, session_id: str) -> None:
         self._services = services
         self._session_id = session_id
         #: Set while the runner waits for a slot, so a delete can end the wait.
         self._wait: trio.CancelScope | None = None
+        #: Inputs of a scheduled kind the session knows to be queued (stored through its
+        #: actor, announced to it, or found when it started), less those its runner claimed.
+        #: Counted high rather than low: it only lets ``for_next`` skip its read of the queue.
+        self._scheduled = 0
+
+    def queued(self, source: str) -> None:
+        """An input from ``source`` is queued in the session (its actor stored it, was told
+        of it, or found it when it started)."""
+        if self._services.scheduled_turns is not None:
+            if self._services.input_kinds.scheduled(source):
+                self._scheduled += 1
+
+    def claimed(self, scheduled: bool) -> None:
+        """The runner claimed an input (``scheduled``: of a scheduled kind)."""
+        if scheduled and self._scheduled:
+            self._scheduled -= 1
 
     async def for_next(self) -> bool:
         """Wait for a slot if the session's next input needs one and none is free.
@@ -35,7 +51,13 @@ class TurnSlots:
         behind it in this session waits too, so the order stays that of the inbox. A free slot
         is taken before the claim, without waiting (the caller gives it back if the input turns
         out not to need it); only when none is free does this read the queue, so an uncontended
-        node pays nothing.
+        node pays nothing; and only when the session knows of a scheduled input waiting in it
+        (:meth:`queued`), or shares its store with other nodes (whose inputs it may not have
+        been told of), so user turns on a node whose slots are busy do not read their queue
+        first (a store round trip a turn, issue 26). An input stored without the session
+        having heard of it yet (a fire whose announcement is on its way) is claimed and then
+        waits for its slot ``running``, as when the queue changes between the read and the
+        claim.
 
         Returns:
             whether a slot is now held for this session.
@@ -48,6 +70,8 @@ class TurnSlots:
             return True
         except trio.WouldBlock:
             pass
+        if not self._scheduled and self._services.remote is None:
+            return False  # nothing waiting here needs a slot
         queued = await self._services.store.list_inputs(self._session_id, states=["queued"])
         if not queued or not self._services.input_kinds.scheduled(queued[0].source):
             return False
