@@ -235,12 +235,13 @@ class Client(HttpRoutes):
         *,
         client_msg_id: str | None = None,
         traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> MessageAccepted:
         """``POST /sessions/{id}/messages`` with an ``Idempotency-Key`` (made when
         ``client_msg_id`` is None): posted again with the same key, the node answers the first
-        post again and starts no second turn. ``traceparent`` (W3C trace context) is sent as
-        the header of that name: when the node traces, the message's turn is part of that
-        trace (``docs/tracing.md``).
+        post again and starts no second turn. ``traceparent`` and ``tracestate`` (W3C trace
+        context) are sent as the headers of those names: when the node traces, the message's
+        turn is part of that trace and carries that state (``docs/tracing.md``).
 
         Raises:
             Conflict: ``busy`` (policy ``reject``), ``idempotency_key_reused``.
@@ -248,6 +249,8 @@ class Client(HttpRoutes):
         headers = {"Idempotency-Key": client_msg_id or new_client_msg_id()}
         if traceparent is not None:
             headers["traceparent"] = traceparent
+        if tracestate is not None:
+            headers["tracestate"] = tracestate
         return await self._typed(
             MessageAccepted,
             "POST",

@@ -75,7 +75,12 @@ class SessionStream(Stream[Event]):
         self._call_ids = itertools.count(1)
 
     async def send(
-        self, content: str, *, client_msg_id: str | None = None, traceparent: str | None = None
+        self,
+        content: str,
+        *,
+        client_msg_id: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Ack:
         """Send a user message; return its ``ack`` once the node has stored it.
 
@@ -86,6 +91,8 @@ class SessionStream(Stream[Event]):
                 key: the node stores it once and answers the first ``ack`` again.
             traceparent: a W3C trace context: when the node traces, the message's turn is
                 part of that trace (``docs/tracing.md``).
+            tracestate: the W3C ``tracestate`` that goes with ``traceparent``; the node keeps
+                what W3C allows of it and drops a malformed one.
 
         Returns:
             The ``ack``: ``input_id`` (or ``injected``) and the ``client_msg_id`` used.
@@ -100,6 +107,7 @@ class SessionStream(Stream[Event]):
             content=content,
             client_msg_id=client_msg_id or new_client_msg_id(),
             traceparent=traceparent,
+            tracestate=tracestate,
         )
         while True:
             try:

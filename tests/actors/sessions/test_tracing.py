@@ -322,8 +322,9 @@ async def test_across_two_nodes_the_turn_continues_the_senders_trace(store_url):
 
 
 async def test_the_client_sends_a_traceparent_over_the_websocket_and_http(tmp_path):
-    """``turnstile.client``: ``stream.send(..., traceparent=)`` and ``post_message(...,
-    traceparent=)``; each turn continues its caller's span."""
+    """``turnstile.client``: ``stream.send(..., traceparent=, tracestate=)`` and
+    ``post_message(..., traceparent=, tracestate=)``; each turn continues its caller's span
+    and every span of the trace carries the caller's ``tracestate``."""
     over_ws = f"00-{CALLER_TRACE}-00000000000000a1-01"
     over_http = f"00-{CALLER_TRACE}-00000000000000b2-01"
     with traced() as spans:
@@ -332,8 +333,10 @@ async def test_the_client_sends_a_traceparent_over_the_websocket_and_http(tmp_pa
             async with open_client(node.url, ADA) as client:
                 await client.create_session("s")
                 async with client.attach("s") as stream:
-                    await stream.send("one", traceparent=over_ws)
-                    await client.post_message("s", "two", traceparent=over_http)
+                    await stream.send("one", traceparent=over_ws, tracestate=CALLER_TRACESTATE)
+                    await client.post_message(
+                        "s", "two", traceparent=over_http, tracestate=CALLER_TRACESTATE
+                    )
                     ended = 0
                     with trio.fail_after(WAIT):
                         async for event in stream:
@@ -346,6 +349,7 @@ async def test_the_client_sends_a_traceparent_over_the_websocket_and_http(tmp_pa
     assert len(turns) == 2
     roots = {ancestors(trace, turn)[-1]: trace_root(trace, turn) for turn in turns}
     assert roots == {"ws send": 0xA1, "POST /sessions/{id}/messages": 0xB2}
+    assert {span.context.trace_state.to_header() for span in trace} == {CALLER_TRACESTATE}
 
 
 def trace_root(trace, span) -> int:
