@@ -13,4 +13,5 @@ SCENARIOS: dict[str, str] = {
     "pgdriver": "bench.scenarios.pgdriver",
     "cluster": "bench.scenarios.cluster",
     "history": "bench.scenarios.history",
+    "scale": "bench.scenarios.scale",
 }

@@ -38,6 +38,7 @@ import statistics
 import tempfile
 import threading
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,6 +88,9 @@ class Sizes:
     window_b: float  # seconds of 1,000/s firing, with sessions
     drain_b: float  # the most seconds to wait for the sessions' backlog after window B
     cron_calls: int
+    #: reload once more under tracemalloc: the live scheduler's bytes per pending job
+    #: (scenario ``scale``; tracing slows the reload, so its time is the first reload's)
+    memory: bool = False
 
 
 FULL = Sizes(100_000, 10_000, 500, 10.0, 5.0, 15.0, 100_000)
@@ -243,6 +247,7 @@ class _Backend:
     projected_actor_s: float = 0.0
     reload_s: float = 0.0
     reload_loaded: int = 0
+    reload_bytes: int = 0  # traced bytes the reloaded scheduler holds (Sizes.memory)
     window: dict[str, dict[str, Any]] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds of each step
 
@@ -359,6 +364,19 @@ async def _backend(url: str, sizes: Sizes, bulk_concurrency: int) -> _Backend:
                 ref, out.reload_s = await spawn()
                 out.reload_loaded = len(actors[-1].entries)
                 out.mark("reload")
+                if sizes.memory:
+                    await stop()
+                    actors.clear()
+                    gc.collect()
+                    tracemalloc.start()
+                    try:
+                        before = tracemalloc.get_traced_memory()[0]
+                        ref, _ = await spawn()
+                        gc.collect()
+                        out.reload_bytes = tracemalloc.get_traced_memory()[0] - before
+                    finally:
+                        tracemalloc.stop()
+                    out.mark("reload traced")
 
                 # -- firing windows --
                 async def window(name: str, seconds: float, drain: float) -> None:
