@@ -10,7 +10,11 @@ How: time is cut into ticks. Level 0 has one slot per tick of the current block 
 timers beyond the top level wait in an overflow list. A slot is a doubly linked ring of the
 handles themselves, so unlinking is two stores. When time reaches a slot's block, the slot
 cascades: its due timers fire, the others move down to where they now belong. A bitmap of
-occupied slots per level lets ``advance`` jump over empty stretches of any length.
+occupied slots per level lets ``advance`` jump over empty stretches of any length: slot j is
+bit ``slots - 1 - j``, so the first occupied slot from a position on is one ``bit_length`` of
+the bitmap under a mask. The earliest pending deadline is cached with its ring; firing it when
+it is alone there (a scheduler that sleeps until the next deadline, timers sparse) unlinks it,
+looks one bitmap step further for the next ring, and cascades nothing.
 
 It is over 400 lines because it is one data structure: schedule, cancel, advance and cascade
 maintain the same rings, bitmaps and cursor, and ``advance``'s fast paths only make sense next to
@@ -19,6 +23,7 @@ them.
 
 from __future__ import annotations
 
+from functools import cache
 from operator import attrgetter
 from typing import Any
 
@@ -69,6 +74,21 @@ _DONE = _new_handle(TimerHandle)
 _DONE.deadline = _INF
 _DONE.payload = _DONE._wheel = None
 _DONE._prev = _DONE._next = _DONE
+
+
+@cache
+def _bit_tables(slot_bits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The bitmap masks for ``2**slot_bits`` slots, shared by every wheel of that size.
+
+    Returns:
+        ``(bit, from_)``: ``bit[j]`` is slot j's bit; ``from_[j]`` has the bits of slots j and
+        after, so the first occupied one is ``slots - (bits & from_[j]).bit_length()``.
+    """
+    slots = 1 << slot_bits
+    return (
+        tuple(1 << (slots - 1 - j) for j in range(slots)),
+        tuple((1 << (slots - j)) - 1 for j in range(slots)),
+    )
 
 
 def _ring(level: int, index: int, slot_bits: int) -> TimerHandle:
@@ -122,6 +142,8 @@ class TimerWheel:
         "_shift_of",
         "_placement",
         "_layout",
+        "_fast",
+        "_bit",
         "_slot_bits",
         "_levels",
         "_mask",
@@ -158,9 +180,23 @@ class TimerWheel:
         # shift; a table lookup is cheaper than a division on every schedule.
         self._level_of = [0] + [(n - 1) // slot_bits for n in range(1, slot_bits * levels + 1)]
         self._shift_of = [lvl * slot_bits for lvl in self._level_of]
-        # What advance() needs, in one tuple: unpacking it beats six attribute loads.
+        bit, from_ = _bit_tables(slot_bits)
+        self._bit = bit
+        # What advance() needs, in tuples: unpacking one beats several attribute loads.
         self._placement = (self._origin, self._inv, self._level_of, self._shift_of)
-        self._layout = (self._bits, self._heads, self._mask, slot_bits, tuple(range(levels)))
+        self._layout = (
+            self._bits,
+            self._heads,
+            self._mask,
+            slot_bits,
+            # The levels from each level up (the last one empty).
+            tuple(tuple(range(lvl, levels)) for lvl in range(levels + 1)),
+            bit,
+            from_,
+            1 << slot_bits,
+        )
+        # The few that advance()'s one-timer fast path needs.
+        self._fast = (self._bits, self._heads, bit, from_, 1 << slot_bits)
 
     def __len__(self) -> int:
         """The number of pending timers."""
@@ -225,7 +261,7 @@ class TimerWheel:
         prev._next = handle
         head._prev = handle
         if prev is head and lvl >= 0:
-            self._bits[lvl] |= 1 << j
+            self._bits[lvl] |= self._bit[j]
         self._len += 1
         nd = self._next_deadline
         if nd is not None and deadline < nd:
@@ -265,7 +301,7 @@ class TimerWheel:
         prev._next = handle
         head._prev = handle
         if prev is head and lvl >= 0:
-            self._bits[lvl] |= 1 << j
+            self._bits[lvl] |= self._bit[j]
         return head
 
     def cancel(self, handle: TimerHandle) -> bool:
@@ -344,10 +380,7 @@ class TimerWheel:
 
     def _find_next(self) -> float:
         """Recompute and cache the earliest pending deadline (inf when empty) and its ring."""
-        head = self._first_slot()
-        if head is None:
-            head = self._overflow
-        self._first = head
+        head = self._first = self._scan(self._cur, 0)
         nd = _INF
         h = head._next
         while h is not head:
@@ -358,32 +391,28 @@ class TimerWheel:
         self._next_deadline = nd
         return nd
 
-    def _first_slot(self) -> TimerHandle | None:
-        """The ring of the earliest pending timers, or None when every level is empty.
+    def _scan(self, cur: int, level: int) -> TimerHandle:
+        """The ring of the earliest pending timers relative to ``cur``, from ``level`` up.
 
         Every timer at level k is later than every timer below it, and the slots of a level run
         in time order from the current position; so the first occupied slot of the lowest
-        occupied level holds the earliest timer. Stale bits left by cancels are cleared here.
+        occupied level holds the earliest timer. When every level is empty, the overflow ring
+        (empty too, or holding the earliest). Stale bits left by cancels are cleared here.
+        Callers pass a ``level`` below which every level is empty.
         """
-        bits = self._bits
-        heads = self._heads
-        cur = self._cur
-        slot_bits = self._slot_bits
-        mask = self._mask
-        for lvl in range(self._levels):
-            b = bits[lvl]
-            if not b:
-                continue
-            pos = (cur >> (lvl * slot_bits)) & mask
-            m = b >> pos
-            while m:
-                j = pos + (m & -m).bit_length() - 1
-                head = heads[lvl][j]
-                if head._next is not head:
-                    return head
-                bits[lvl] &= ~(1 << j)
-                m &= m - 1
-        return None
+        bits, heads, mask, slot_bits, upward, bit, from_, slots = self._layout
+        for lvl in upward[level]:
+            m = bits[lvl]
+            if m:
+                m &= from_[(cur >> (lvl * slot_bits)) & mask]
+                while m:
+                    j = slots - m.bit_length()
+                    head = heads[lvl][j]
+                    if head._next is not head:
+                        return head
+                    bits[lvl] ^= bit[j]
+                    m ^= bit[j]
+        return self._overflow
 
     def advance(self, now: float) -> list[Any]:
         """Move the wheel's time to ``now`` and fire every timer due by then.
@@ -399,11 +428,55 @@ class TimerWheel:
             TimerError: ``now`` is not finite, or earlier than the previous ``now``.
         """
         nd = self._next_deadline
-        if nd is not None and self._now <= now < nd:
-            # Nothing is due (the usual case, so it comes first). _cur stays put: slots stay
-            # valid relative to it, and the next advance that fires catches up in one go.
-            self._now = now
-            return []
+        if nd is not None and self._now <= now:
+            if now < nd:
+                # Nothing is due (the usual case, so it comes first). _cur stays put: slots stay
+                # valid relative to it, and the next advance that fires catches up in one go.
+                self._now = now
+                return []
+            head = self._first
+            h = head._next
+            lvl, j, hi, offset = head.payload
+            if h._next is head and lvl >= 0 and now < _INF:
+                # The earliest timer is due and alone in its slot (the usual firing when a
+                # scheduler sleeps until the next deadline): fire it and find the next ring.
+                # _cur moves to the slot's block only (not to ``now``), which keeps every other
+                # slot valid: nothing is pending before that block, and nothing moves.
+                cur = self._cur >> hi << hi | offset
+                bits, heads, bit, from_, slots = self._fast
+                # The ring was occupied, so its bit is set: xor clears it.
+                b = bits[lvl] ^ bit[j]
+                bits[lvl] = b
+                head._next = head._prev = head
+                h._next = h._prev = _DONE
+                self._now = now
+                # The next ring is most often a later slot of the same level.
+                m = b & from_[j]
+                if not m:
+                    head = self._scan(cur, lvl + 1)
+                else:
+                    head = heads[lvl][slots - m.bit_length()]
+                    if head._next is head:
+                        head = self._scan(cur, lvl)
+                g = head._next
+                if g._next is head:
+                    # One timer, or none: an empty ring's sentinel has an infinite deadline.
+                    nd = g.deadline
+                else:
+                    nd = _INF
+                    while g is not head:
+                        d = g.deadline
+                        if d < nd:
+                            nd = d
+                        g = g._next
+                if nd > now:
+                    self._cur = cur
+                    self._first = head
+                    self._next_deadline = nd
+                    self._len -= 1
+                    return [h.payload]
+                # More is due: go on from that ring, as below.
+                return self._fire(now, cur, head, [h])
         if not self._now <= now < _INF:
             if now < self._now:
                 raise TimerError("now must not go backwards")
@@ -414,12 +487,17 @@ class TimerWheel:
             if nd > now:
                 return []
         # Something is due, so the wheel is not empty and _first is the ring of the earliest.
+        return self._fire(now, self._cur, self._first, [])
+
+    def _fire(self, now: float, cur: int, head: TimerHandle, fired: list[TimerHandle]) -> list[Any]:
+        """Fire everything due by ``now``, from ``head``, the earliest ring relative to ``cur``.
+
+        ``fired`` holds the timers fired already (unlinked, and not yet counted out of len).
+        """
         target = int((now - self._origin) * self._inv)
-        bits, heads, mask, slot_bits, level_ids = self._layout
-        cur = self._cur
-        fired: list[TimerHandle] = []
+        bits, heads, mask, slot_bits, upward, bit, from_, slots = self._layout
+        level_ids = upward[0]
         done = _DONE
-        head = self._first
         # Each turn takes the earliest occupied ring and fires it, or cascades it, or stops
         # when it lies beyond ``now``; then a scan finds the next one.
         while True:
@@ -455,13 +533,19 @@ class TimerWheel:
                     head._prev = keep
                     if keep is not head:
                         break
-                bits[0] &= ~(1 << j)
+                # The ring was occupied, so its bit is set.
+                bits[0] ^= bit[j]
             elif lvl > 0:
                 # A higher slot whose block has begun: fire what is due, cascade the rest.
                 cur = t
-                bits[lvl] &= ~(1 << j)
+                bits[lvl] ^= bit[j]
                 head._next = head._prev = head
                 origin, inv, level_of, shift_of = self._placement
+                # Most go one level down; cur's index there is 0 (t starts a block), so a
+                # timer whose index there is 0 goes lower.
+                below = lvl - 1
+                shift = below * slot_bits
+                row = heads[below]
                 while h is not head:
                     nxt = h._next
                     d = h.deadline
@@ -471,17 +555,22 @@ class TimerWheel:
                     else:
                         # _link, inlined: the tick is in [cur, end of block), a lower level.
                         tick = int((d - origin) * inv)
-                        n = (tick ^ cur).bit_length()
-                        lv = level_of[n]
-                        k = (tick >> shift_of[n]) & mask
-                        dst = heads[lv][k]
+                        k = (tick >> shift) & mask
+                        if k:
+                            lv = below
+                            dst = row[k]
+                        else:
+                            n = (tick ^ cur).bit_length()
+                            lv = level_of[n]
+                            k = (tick >> shift_of[n]) & mask
+                            dst = heads[lv][k]
                         prev = dst._prev
                         h._prev = prev
                         h._next = dst
                         prev._next = h
                         dst._prev = h
                         if prev is dst:
-                            bits[lv] |= 1 << k
+                            bits[lv] |= bit[k]
                     h = nxt
             else:
                 # The overflow list, as every level is empty. Once time reaches a later
@@ -491,19 +580,18 @@ class TimerWheel:
                     break
                 cur = self._cur = target >> top << top
                 self._cascade(head)
-            # _first_slot, inlined: the next occupied ring.
+            # _scan, inlined: the next occupied ring.
             for lvl in level_ids:
-                b = bits[lvl]
-                if b:
-                    pos = (cur >> (lvl * slot_bits)) & mask
-                    m = b >> pos
+                m = bits[lvl]
+                if m:
+                    m &= from_[(cur >> (lvl * slot_bits)) & mask]
                     while m:
-                        j = pos + (m & -m).bit_length() - 1
+                        j = slots - m.bit_length()
                         head = heads[lvl][j]
                         if head._next is not head:
                             break
-                        bits[lvl] &= ~(1 << j)
-                        m &= m - 1
+                        bits[lvl] ^= bit[j]
+                        m ^= bit[j]
                     else:
                         continue
                     break

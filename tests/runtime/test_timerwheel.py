@@ -185,6 +185,98 @@ def test_tiny_wheel_cascades_through_every_level_and_overflow():
     assert fired == deadlines
 
 
+# --- one deadline at a time (advance's fast path) -------------------------------------------
+
+
+def test_one_timer_per_advance_and_the_next_deadline_stays_exact():
+    # Sparse timers, as a scheduler that sleeps until the next deadline fires them: each
+    # advance fires the earliest alone in its slot and finds the next slot, on any level.
+    wheel = TimerWheel()
+    deadlines = [0.3 + 0.7 * i for i in range(200)] + [0.3001, 70.0, 65.5, 4000.0, 20 * DAY]
+    for d in reversed(deadlines):
+        wheel.schedule(d, d)
+    fired = []
+    while (nd := wheel.next_deadline()) is not None:
+        assert wheel.advance(nd) == [nd]
+        fired.append(nd)
+    assert fired == sorted(deadlines)
+    assert len(wheel) == 0
+
+
+def test_an_advance_past_the_earliest_fires_the_next_slots_too():
+    wheel = TimerWheel()
+    wheel.schedule(1.0, "a")  # alone in its slot
+    wheel.schedule(1.5, "b")  # in a later slot, due by the same advance
+    wheel.schedule(1.6, "c")
+    wheel.schedule(1.5005, "d")  # b's slot, not due yet
+    assert wheel.advance(1.5) == ["a", "b"]
+    assert wheel.next_deadline() == 1.5005
+    assert wheel.advance(2.0) == ["d", "c"]
+
+
+def test_a_later_slot_emptied_by_a_cancel_is_skipped():
+    # 1.0, 1.3 and 1.6 s are in three slots of level 1; cancelling 1.3 leaves its slot's bit
+    # set until a scan passes it.
+    wheel = TimerWheel()
+    wheel.schedule(1.0, "a")
+    b = wheel.schedule(1.3, "b")
+    wheel.schedule(1.6, "c")
+    wheel.cancel(b)
+    assert wheel.advance(1.0) == ["a"]
+    assert wheel.next_deadline() == 1.6
+    assert wheel.advance(1.6) == ["c"]
+
+
+def test_next_deadline_after_firing_one_then_cancelling_the_earliest():
+    wheel = TimerWheel()
+    wheel.schedule(1.0, "a")
+    b = wheel.schedule(2.0, "b")
+    wheel.schedule(3.0, "c")
+    assert wheel.advance(1.0) == ["a"]
+    assert wheel.next_deadline() == 2.0
+    assert wheel.cancel(b)
+    assert wheel.next_deadline() == 3.0
+    assert wheel.advance(3.0) == ["c"]
+
+
+def test_next_deadline_after_firing_one_then_scheduling_earlier_than_the_next():
+    wheel = TimerWheel()
+    wheel.schedule(1.0, "a")
+    wheel.schedule(300.0, "far")  # level 2, and the next deadline once a has fired
+    assert wheel.advance(1.0) == ["a"]
+    assert wheel.next_deadline() == 300.0
+    wheel.schedule(1.0005, "soon")  # placed relative to the cursor left at a's slot
+    wheel.schedule(0.5, "late")  # in the past: fires on the next advance
+    assert wheel.next_deadline() == 0.5
+    assert wheel.advance(1.0) == ["late"]
+    assert wheel.advance(1.0005) == ["soon"]
+    assert wheel.advance(300.0) == ["far"]
+
+
+def test_ties_keep_schedule_order_after_firing_one_at_a_time():
+    wheel = TimerWheel(tick=1.0)
+    wheel.schedule(70_000.0, "first")  # level 2
+    wheel.schedule(10.0, "early")
+    assert wheel.advance(10.0) == ["early"]
+    wheel.schedule(70_000.0, "second")
+    assert wheel.advance(69_990.0) == []
+    wheel.schedule(70_000.0, "third")
+    assert wheel.advance(70_000.0) == ["first", "second", "third"]
+
+
+def test_firing_the_last_timer_in_the_wheel_leaves_the_overflow_next():
+    wheel = TinyWheel(tick=1.0)  # levels reach 64 ticks: 500 waits in the overflow list
+    wheel.schedule(1.0, 1.0)
+    wheel.schedule(500.0, 500.0)
+    assert wheel.advance(1.0) == [1.0]
+    assert wheel.next_deadline() == 500.0
+    assert wheel.advance(499.0) == []
+    assert wheel.advance(500.0) == [500.0]
+    assert wheel.next_deadline() is None
+    wheel.schedule(502.0, 502.0)  # the wheel was empty: placed from the present
+    assert wheel.advance(502.0) == [502.0]
+
+
 # --- cancel and reschedule ------------------------------------------------------------------
 
 
