@@ -72,8 +72,8 @@ class TurnSlots:
             pass
         if not self._scheduled and self._services.remote is None:
             return False  # nothing waiting here needs a slot
-        queued = await self._services.store.list_inputs(self._session_id, states=["queued"])
-        if not queued or not self._services.input_kinds.scheduled(queued[0].source):
+        source = await self._services.store.next_queued_source(self._session_id)
+        if source is None or not self._services.input_kinds.scheduled(source):
             return False
         return await self.take()
 

@@ -158,6 +158,19 @@ async def test_an_empty_claim_and_an_empty_list_tell_no_session_from_none(store)
         await store.list_inputs("gone", ["queued"])
 
 
+async def test_the_next_queued_source_is_the_oldest_queued_inputs(store):
+    await store.create_session("s", "ada")
+    assert await store.next_queued_source("s") is None
+    assert await store.next_queued_source("gone") is None  # (the claim after it says why)
+    await store.enqueue_input("s", "cron", {"content": "tick"})
+    await store.enqueue_input("s", "user", {"content": "hi"})
+    assert await store.next_queued_source("s") == "cron"
+    await store.claim_next_input("s")
+    assert await store.next_queued_source("s") == "user"
+    await store.claim_next_input("s")
+    assert await store.next_queued_source("s") is None
+
+
 @pytest.mark.postgres
 async def test_a_turn_on_postgresql_takes_one_round_trip_per_operation(pg_dsn, monkeypatch):
     """The round trips of a turn's operations (issue 26): each is one, found or not."""
@@ -188,6 +201,7 @@ async def test_a_turn_on_postgresql_takes_one_round_trip_per_operation(pg_dsn, m
         assert await trips(store.claim_next_input("gone")) == 1
         assert await trips(store.list_inputs("s", ["queued"])) == 1  # none
         assert await trips(store.list_inputs("gone")) == 1
+        assert await trips(store.next_queued_source("s")) == 1
         assert await trips(store.append_events("s", [("token", {})], fence=fence)) == 1
         closing = store.close_input("s", [("stream_end", {})], item.id, "done", fence=fence)
         assert await trips(closing) == 1
