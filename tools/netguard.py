@@ -17,8 +17,8 @@ Because httpcore still believes it is talking to the hostname, TLS uses the host
 and certificate verification and the ``Host`` header is untouched, with no URL rewriting;
 pooled connections are keyed by hostname, and each was vetted when it was opened.
 
-``GuardedTransport`` is the ``httpx.AsyncBaseTransport`` built on that backend (an
-``httpcore.AsyncConnectionPool`` with ``network_backend=``, public APIs only, httpcore errors
+``GuardedTransport`` is the ``httpx.AsyncBaseTransport`` built on that backend (a
+``tools.connpool.KeepAlivePool`` of httpcore connections opened through it, httpcore errors
 mapped to the httpx errors of the same name). It never uses proxies or ``*_proxy``
 environment variables. ``open_response`` sends a request and follows redirects by hand (at
 most ``max_redirects``): every hop is a new request through the same transport, so every hop
@@ -38,6 +38,7 @@ reviewed as a whole.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -50,6 +51,7 @@ import httpx
 import trio
 
 from turnstile.runtime.errors import InvalidArgument, TurnstileError
+from turnstile.tools.connpool import KeepAlivePool, PoolStatistics
 
 __all__ = [
     "BlockedAddress",
@@ -374,10 +376,15 @@ def default_ssl_context() -> ssl.SSLContext:
 class GuardedTransport(httpx.AsyncBaseTransport):
     """An httpx transport whose every connection goes through ``GuardedBackend``.
 
+    Its connections are kept alive per origin for the next request (``tools.connpool``'s
+    ``KeepAlivePool``, not httpcore's pool: issue 26); a kept connection was vetted when it
+    was opened, and a request to another origin (a redirect's hop too) opens and vets its own.
+
     Args:
         policy, resolver, backend: as for ``GuardedBackend``.
         ssl_context: TLS settings (default ``default_ssl_context()``).
-        max_connections: connection pool size.
+        keepalive_expiry: seconds an idle connection is kept (0: closed after each request).
+        max_idle_per_origin: idle connections kept per origin.
     """
 
     def __init__(
@@ -387,16 +394,19 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         resolver: Resolver | None = None,
         backend: httpcore.AsyncNetworkBackend | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        max_connections: int = 10,
+        keepalive_expiry: float = 5.0,
+        max_idle_per_origin: int = 16,
     ) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
+        self._pool = KeepAlivePool(
+            GuardedBackend(policy, resolver, backend),
             ssl_context=ssl_context or default_ssl_context(),
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            http1=True,
-            http2=False,
-            network_backend=GuardedBackend(policy, resolver, backend),
+            keepalive_expiry=keepalive_expiry,
+            max_idle_per_origin=max_idle_per_origin,
         )
+
+    def statistics(self) -> PoolStatistics:
+        """The connection pool's counts now (idle, in use, opened, reused)."""
+        return self._pool.statistics()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme not in SCHEMES:
@@ -431,6 +441,19 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         await self._pool.aclose()
 
 
+class _Borrowed(httpx.AsyncBaseTransport):
+    """A shared transport lent to one client: closing the client leaves it open."""
+
+    def __init__(self, transport: GuardedTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
 def guarded_client(
     policy: NetPolicy,
     *,
@@ -438,19 +461,27 @@ def guarded_client(
     resolver: Resolver | None = None,
     backend: httpcore.AsyncNetworkBackend | None = None,
     headers: dict[str, str] | None = None,
+    transport: GuardedTransport | None = None,
 ) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` on a ``GuardedTransport``: no proxies, no automatic redirects.
 
-    Use it with ``open_response``, which follows redirects one vetted hop at a time.
+    Use it with ``open_response``, which follows redirects one vetted hop at a time. Given a
+    ``transport`` (its kept-alive connections shared by many calls: it must have been made
+    with ``policy``), the client borrows it and closing the client leaves it open; otherwise
+    the client gets one of its own. A client per call keeps one call's cookies from the next.
     """
     return httpx.AsyncClient(
-        transport=GuardedTransport(policy, resolver=resolver, backend=backend),
+        transport=_Borrowed(transport)
+        if transport is not None
+        else GuardedTransport(policy, resolver=resolver, backend=backend),
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
         trust_env=False,
         headers=headers,
     )
 
+
+_HTTPX_LOG = logging.getLogger("httpx")
 
 _SENSITIVE = ("authorization", "cookie", "proxy-authorization")
 
@@ -480,7 +511,7 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
 
 @asynccontextmanager
 async def open_response(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | GuardedTransport,
     method: str,
     url: str | httpx.URL,
     *,
@@ -491,7 +522,9 @@ async def open_response(
     """Send a request, following redirects by hand; yields ``(response, urls redirected from)``.
 
     The response is streamed (read it with ``aiter_bytes``) and closed on exit. Every hop goes
-    through ``client``'s transport, so with a ``GuardedTransport`` every hop is vetted.
+    through ``client``'s transport, so with a ``GuardedTransport`` every hop is vetted. Given
+    the transport itself, requests go to it as built (no client: no cookie jar, default
+    headers or per-operation timeouts; the caller bounds the call with a cancel scope).
 
     Raises:
         InvalidArgument: the URL, or a redirect target, is not http(s).
@@ -503,8 +536,23 @@ async def open_response(
     headers = dict(headers or {})
     hops: list[str] = []
     while True:
-        request = client.build_request(method, current, headers=headers, content=content)
-        response = await client.send(request, stream=True, follow_redirects=False)
+        if isinstance(client, GuardedTransport):
+            request = httpx.Request(method, current, headers=headers, content=content)
+            response = await client.handle_async_request(request)
+            response.request = request
+            # The line an httpx client logs at INFO, here at DEBUG: a node with 10,000
+            # watchers would write 2,000 of them a second (issue 26).
+            _HTTPX_LOG.debug(
+                'HTTP Request: %s %s "%s %d %s"',
+                request.method,
+                request.url,
+                response.http_version,
+                response.status_code,
+                response.reason_phrase,
+            )
+        else:
+            request = client.build_request(method, current, headers=headers, content=content)
+            response = await client.send(request, stream=True, follow_redirects=False)
         location = response.headers.get("location") if response.is_redirect else None
         if location is None:
             try:

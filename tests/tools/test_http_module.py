@@ -193,7 +193,12 @@ async def test_the_connection_goes_to_the_vetted_address_without_a_second_lookup
     # A rebinding resolver: loopback (allowed here) first, a private address afterwards.
     resolver = FakeResolver(api_example_test=[["127.0.0.1"], ["10.0.0.1"]])
     backend = Recorder()
-    call, _ = make_tools(backend=backend, resolver=resolver, allowed_networks=("127.0.0.0/8",))
+    call, _ = make_tools(
+        backend=backend,
+        resolver=resolver,
+        allowed_networks=("127.0.0.0/8",),
+        keepalive_seconds=0,  # no kept connection: the second call opens (and vets) its own
+    )
     result = await call("http.get", url=f"http://api.example.test:{port}/headers")
     assert result.ok, result.error
     assert result.data["body"]["host"] == f"api.example.test:{port}"

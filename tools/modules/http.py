@@ -32,10 +32,17 @@ one vetted hop at a time. Only ``http`` and ``https`` URLs are accepted.
   arguments, is approved, then answers at once with a ``task_id`` and the session is notified
   (``[BACKGROUND TASK COMPLETED]``) when the file is in place. Inside a background task
   (``background_run``, or the task it started itself) it downloads inline.
-* **Logs** — httpx logs every request at INFO with its full URL. Query strings and userinfo
-  often carry secrets (API keys, signed links, ``user:password@``), so importing this module
-  installs ``RedactUrls`` on the ``httpx`` logger: those records show ``scheme://host/path``
-  only. It covers every httpx client in the process (this module, webhooks, the agent).
+* **Logs** — httpx logs every request at INFO with its full URL; this module's requests, which
+  go to the netguard's transport without an httpx client, log the same line on the ``httpx``
+  logger at DEBUG (a watcher's every check would otherwise be a line at INFO). Query strings
+  and userinfo often carry secrets (API keys, signed links, ``user:password@``), so importing
+  this module installs ``RedactUrls`` on the ``httpx`` logger: those records show
+  ``scheme://host/path`` only. It covers every httpx client in the process (this module,
+  webhooks, the agent).
+* **Connections** — one ``GuardedTransport`` serves every call: a connection is kept alive
+  per origin for ``keepalive_seconds`` (as many per origin as ``max_concurrency``) and reused
+  by the next call to that origin; each was vetted when it was opened. No cookie jar: nothing
+  one call's response sets reaches another call (nor a later hop of the same call).
 
 It is over 400 lines because the three tools share one exchange through the netguard (limits, header
 rules, the body's rendering) and one config, and their argument checks run before approval.
@@ -57,7 +64,13 @@ import trio
 
 from turnstile.runtime.errors import InvalidArgument, LimitExceeded, TurnstileError
 from turnstile.tools.modules.filesystem import PendingFile, Sandbox
-from turnstile.tools.netguard import NetPolicy, Resolver, check_url, guarded_client, open_response
+from turnstile.tools.netguard import (
+    GuardedTransport,
+    NetPolicy,
+    Resolver,
+    check_url,
+    open_response,
+)
 from turnstile.tools.policy import Policy
 from turnstile.tools.registry import ToolCall, ToolRegistry
 
@@ -128,6 +141,8 @@ RESPONSE_HEADERS = (
     "x-request-id",
 )
 
+_RESPONSE_HEADER_SET = frozenset(RESPONSE_HEADERS)
+
 _FORBIDDEN_HEADERS = frozenset(
     {
         "host",
@@ -183,7 +198,10 @@ class HttpConfig:
         max_download_bytes: largest ``http.download`` (its default and ceiling).
         max_request_bytes: largest ``http.post`` body.
         max_redirects: redirects followed per call.
-        max_concurrency: calls of this module running at once.
+        max_concurrency: calls of this module running at once (and idle connections kept
+            per origin).
+        keepalive_seconds: how long an idle connection is kept for the next call to its
+            origin (0: a connection per call). Each was vetted when it was opened.
         user_agent: the ``User-Agent`` sent unless the call sets one.
     """
 
@@ -197,6 +215,7 @@ class HttpConfig:
     max_request_bytes: int = 1 * MiB
     max_redirects: int = 5
     max_concurrency: int = 16
+    keepalive_seconds: float = 30.0
     user_agent: str = "turnstile-http/0.1"
 
     def __post_init__(self) -> None:
@@ -206,6 +225,8 @@ class HttpConfig:
             raise ValueError("default_max_bytes must be positive and at most max_bytes")
         if self.max_redirects < 0 or self.max_concurrency < 1:
             raise ValueError("max_redirects must be >= 0 and max_concurrency >= 1")
+        if not 0 <= self.keepalive_seconds <= 3600:
+            raise ValueError("keepalive_seconds must be from 0 to 3600")
         NetPolicy(tuple(self.allowed_hosts), tuple(self.allowed_networks))  # valid CIDR
 
 
@@ -261,6 +282,16 @@ def _check_headers(headers: dict[str, str]) -> dict[str, str]:
         if any(c in value for c in "\r\n\x00"):
             raise InvalidArgument(f"header {name!r} contains a line break", field="headers")
     return headers
+
+
+def _selected_headers(response: httpx.Response) -> dict[str, str]:
+    """The ``RESPONSE_HEADERS`` the response has, in one pass (a repeated one joined with
+    ``", "``, as ``Headers[name]`` does)."""
+    selected: dict[str, str] = {}
+    for name, value in response.headers.multi_items():
+        if name in _RESPONSE_HEADER_SET:
+            selected[name] = f"{selected[name]}, {value}" if name in selected else value
+    return selected
 
 
 def _mime(response: httpx.Response) -> str:
@@ -343,6 +374,20 @@ class HttpModule:
         self.resolver = resolver
         self.backend = backend
         self.limiter = trio.CapacityLimiter(config.max_concurrency)
+        #: One transport for every call: its connections stay open per origin for the next
+        #: call (a watcher checking a URL every few seconds reuses its connection). Each call
+        #: still gets a client of its own, so cookies never pass from one call to another.
+        self.transport = GuardedTransport(
+            self.policy,
+            resolver=resolver,
+            backend=backend,
+            keepalive_expiry=config.keepalive_seconds,
+            max_idle_per_origin=config.max_concurrency,
+        )
+
+    async def aclose(self) -> None:
+        """Close the idle connections (those in use close with their calls)."""
+        await self.transport.aclose()
 
     def _timeout(self, timeout: float | None) -> float:
         value = timeout or self.config.default_timeout
@@ -353,7 +398,11 @@ class HttpModule:
         return value
 
     def _headers(self, headers: dict[str, str]) -> dict[str, str]:
-        merged = {"user-agent": self.config.user_agent, "accept-encoding": "identity"}
+        merged = {
+            "user-agent": self.config.user_agent,
+            "accept": "*/*",
+            "accept-encoding": "identity",
+        }
         for name, value in _check_headers(headers).items():
             merged[name.lower()] = value
         return merged
@@ -369,26 +418,26 @@ class HttpModule:
     ) -> dict[str, Any]:
         """Send the request and hand the streamed response to ``consume``, within
         ``timeout`` and the module's concurrency limit; maps failures to Turnstile errors."""
-        check_url(url)
+        parsed = check_url(url)
         started = trio.current_time()
         async with self.limiter:
             with trio.move_on_after(timeout) as deadline:
                 try:
-                    async with guarded_client(
-                        self.policy, timeout=timeout, resolver=self.resolver, backend=self.backend
-                    ) as client:
-                        async with open_response(
-                            client,
-                            method,
-                            url,
-                            headers=headers,
-                            content=content,
-                            max_redirects=self.config.max_redirects,
-                        ) as (response, hops):
-                            result = await consume(response)
-                            result.setdefault("status_code", response.status_code)
-                            result["url"] = str(response.url)
-                            result["redirects"] = hops
+                    # Straight to the shared transport, without a client per call: no cookie
+                    # jar (so none passes from one call to the next), and the cancel scope
+                    # above bounds the whole call.
+                    async with open_response(
+                        self.transport,
+                        method,
+                        parsed,
+                        headers=headers,
+                        content=content,
+                        max_redirects=self.config.max_redirects,
+                    ) as (response, hops):
+                        result = await consume(response)
+                        result.setdefault("status_code", response.status_code)
+                        result["url"] = str(response.url)
+                        result["redirects"] = hops
                 except httpx.TimeoutException:
                     raise RequestTimeout(f"{method} {url} timed out after {timeout:g} s") from None
                 except httpx.HTTPError as exc:
@@ -416,11 +465,7 @@ class HttpModule:
             data, truncated = await _read_capped(response, limit)
             return {
                 "status_code": response.status_code,
-                "headers": {
-                    name: response.headers[name]
-                    for name in RESPONSE_HEADERS
-                    if name in response.headers
-                },
+                "headers": _selected_headers(response),
                 **_render_body(response, data, truncated),
                 "bytes": len(data),
                 "truncated": truncated,
