@@ -8,7 +8,8 @@ schema), alternating which goes first, ``--rounds`` times. On PostgreSQL the sto
 it sends (``TURNSTILE_STORE_STATS=1``, :mod:`runtime.store.postgres_stats`), so each round
 reports per turn: round trips, statement preparations, operations, commits (write operations),
 and each operation's calls and round trips. Then ``--fires`` once-jobs (one per session, due
-over one second) fire and run their turns: the same per fired turn.
+over one second) fire and run their turns: the same per fired turn, measured from half a
+second before the first is due to the last turn's end (their rate is the schedule's).
 
 CPU per turn is read from ``/proc``: this process's main thread (trio: the node and the
 clients), its other threads (PostgreSQL: the store's asyncio thread; SQLite: the writer and
@@ -190,7 +191,7 @@ async def _phases(url: str, n: int, m: int, fires: int) -> list[Cost]:
             for i in range(n):
                 await directory.attach(USER, f"t{i:04d}", _EndCounter(ends, done, fires))
             assert scheduling.scheduler is not None
-            due = datetime.now(UTC) + timedelta(seconds=1.5)
+            due = datetime.now(UTC) + timedelta(seconds=2.0)
             for i in range(fires):
                 at = due + timedelta(seconds=i / fires)
                 await scheduling.scheduler.ask(
@@ -201,7 +202,9 @@ async def _phases(url: str, n: int, m: int, fires: int) -> list[Cost]:
                         deliver={"prompt": f"scheduled {i}"},
                     )
                 )
-            await trio.sleep_until(trio.current_time() + (due - datetime.now(UTC)).total_seconds())
+            # measured from before the first is due (a late start on a busy box missed fires)
+            lead = (due - datetime.now(UTC)).total_seconds() - 0.5
+            await trio.sleep_until(trio.current_time() + max(0.0, lead))
             await meter.start()
             with trio.fail_after(120):
                 await done.wait()
