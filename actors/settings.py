@@ -138,6 +138,8 @@ class HttpModuleConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_request_bytes: Positive = 1 * MiB
     max_redirects: Annotated[int, msgspec.Meta(ge=0, le=20)] = 5
     max_concurrency: Positive = 16
+    #: Seconds an idle connection is kept for the next call to its origin (0: one per call).
+    keepalive_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
 
 
 class FilesystemModuleConfig(msgspec.Struct, forbid_unknown_fields=True):

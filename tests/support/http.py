@@ -86,6 +86,12 @@ async def _headers(request: Request) -> Response:
     return JSONResponse(dict(request.headers))
 
 
+async def _cookie(request: Request) -> Response:
+    response = PlainTextResponse("here is a cookie")
+    response.set_cookie("session", "secret-of-the-first-caller")
+    return response
+
+
 async def _status(request: Request) -> Response:
     return PlainTextResponse("nope", status_code=int(request.path_params["code"]))
 
@@ -105,6 +111,7 @@ APP = Starlette(
         Route("/loop", _loop),
         Route("/echo", _echo, methods=["GET", "POST"]),
         Route("/headers", _headers, methods=["GET", "POST"]),
+        Route("/cookie", _cookie),
         Route("/status/{code:int}", _status),
         Route("/file", _file),
     ]

@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from tests.support.http import LOCAL, make_tools
+from turnstile.tools.connpool import PoolStatistics
 from turnstile.tools.modules.http import POLICIES, HttpConfig, register_http_module
 from turnstile.tools.netguard import NetPolicy, classify_address
-from turnstile.tools.policy import Policy
+from turnstile.tools.policy import Policy, PolicyTable
 from turnstile.tools.registry import ToolRegistry
 
 
@@ -210,6 +211,21 @@ async def test_the_connection_goes_to_the_vetted_address_without_a_second_lookup
         "refusing 10.0.0.1 (private address) for host 'api.example.test'"
     )
     assert backend.hosts == ["127.0.0.1"]
+
+
+async def test_calls_to_one_origin_share_a_kept_connection_but_no_cookie(server):
+    backend = Recorder()
+    registry = ToolRegistry(PolicyTable({"http.*": "AUTO"}))
+    module = register_http_module(registry, HttpConfig(**LOCAL), backend=backend)
+    first = await registry.call("s", "ada", "http.get", {"url": f"{server}/cookie"})
+    assert first.ok, first.error
+    second = await registry.call("s", "ada", "http.get", {"url": f"{server}/headers"})
+    assert second.ok, second.error
+    assert "cookie" not in second.data["body"]  # the first call's cookie stays with it
+    assert backend.hosts == ["127.0.0.1"]  # one connection, opened (and vetted) once
+    assert module.transport.statistics() == PoolStatistics(idle=1, in_use=0, opened=1, reused=1)
+    await module.aclose()
+    assert module.transport.statistics().idle == 0
 
 
 async def test_an_allowed_host_name_opens_its_private_addresses(server):
