@@ -118,6 +118,12 @@ def notification_text(watcher: Watcher, check: int, body: str, extra: Sequence[s
     return "\n".join([head, line, body, *extra])
 
 
+def _body(ok: bool, data: Any, message: str) -> str:
+    """An escalation's body line: the result, or the error. Built only for a check that
+    escalates: most checks do not, and the result's JSON is a check's largest string."""
+    return _result_line(data) if ok else f"Error: {message}"
+
+
 def _result_line(data: Any) -> str:
     text = json.dumps(data, default=str, ensure_ascii=False)
     if len(text) <= NOTIFY_RESULT_CHARS:
@@ -186,7 +192,6 @@ class EscalationMixin(WatcherBase):
     ) -> tuple[str, list[str]] | None:
         """``(body, extra lines)`` when this check escalates, else None."""
         strategy = w.notify_when
-        body = _result_line(data) if ok else f"Error: {message}"
         if strategy == "summary":
             if ok:
                 text = _det.encode(data).decode() if data is not None else "null"
@@ -207,7 +212,7 @@ class EscalationMixin(WatcherBase):
                 w.suppressed_count += 1
                 w.suppressed_since += 1
                 return None
-            return body, []
+            return _body(ok, data, message), []
         # on_change / on_error / on_threshold: a debounced state machine.
         if strategy == "on_change":
             observed = digest
@@ -248,7 +253,7 @@ class EscalationMixin(WatcherBase):
         elif strategy == "on_threshold":
             extra.append(f"Condition met: {w.notify_config.get('expression', '')}")
         w.notified, w.held = w.confirmed, None
-        return body, extra
+        return _body(ok, data, message), extra
 
     def _cooling(self, w: Watcher, now: float) -> bool:
         cooldown = w.cooldown
