@@ -107,6 +107,35 @@ async def test_send_many_before_accept_is_refused_and_after_close_is_quiet(nurse
     assert outcomes == ["refused before accept", "quiet after close"]
 
 
+async def test_a_write_the_kernel_takes_in_part_goes_out_whole_and_in_order(nursery, monkeypatch):
+    """Most writes go straight to the socket; one larger than the socket's buffers is written
+    in part at once and the rest by trio's send_all (under the send deadline), still in order."""
+    partial: list[tuple[int, int]] = []
+    original = server._send_now
+
+    def recording(stream, data):
+        sent = original(stream, data)
+        if sent < len(data):
+            partial.append((sent, len(data)))
+        return sent
+
+    monkeypatch.setattr(server, "_send_now", recording)
+    texts = ["first", "x" * (8 << 20), "last"]
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await send({"type": WS_SEND_MANY, "texts": texts})
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
+
+    url = await _serving(nursery, app)
+    async with trio_websocket.open_websocket_url(url + "/", max_message_size=16 << 20) as ws:
+        received = [await ws.get_message() for _ in texts]
+    assert received == texts
+    assert partial and all(sent < size for sent, size in partial)
+
+
 # --- guard: the hypercorn internals runtime/server.py patches and relies on -----------------
 
 
@@ -117,6 +146,7 @@ def test_hypercorn_methods_the_patches_replace_have_the_expected_signatures():
             server._original_protocol_send,
             server._protocol_send_with_deadline,
         ),
+        (TCPServer, "_read_data"): (server._original_read_data, server._read_data),
         (WSStream, "app_send"): (server._original_ws_app_send, server._ws_app_send),
     }
     assert {(cls, name) for cls, name, _ in server.PATCHED_METHODS} == set(originals)
@@ -149,6 +179,52 @@ def test_hypercorn_tcp_server_has_what_the_send_deadline_patch_uses():
     )
     assert RawData(data=b"x").data == b"x", f"{HYPERCORN}: RawData.data; {PORT_IT}"
     Closed()
+
+
+def test_hypercorn_read_data_is_what_the_patch_replaces():
+    """``_read_data`` (replaced when ``read_timeout`` is None) reads ``MAX_RECV`` at a time
+    under ``fail_after(read_timeout or inf)``, hands each read to ``self.protocol.handle`` as
+    ``RawData`` and ends with ``Closed()``: the replacement does the same without the scope."""
+    source = inspect.getsource(server._original_read_data)
+    where = f"{HYPERCORN}: TCPServer._read_data"
+    for part in (
+        "fail_after(self.config.read_timeout or inf)",
+        "self.stream.receive_some(MAX_RECV)",
+        "self.protocol.handle(RawData(bytes(data)))",
+        'if data == b"":',
+        "self.protocol.handle(Closed())",
+    ):
+        assert part in source, f"{where} no longer has {part!r}; {PORT_IT}"
+    assert Config().read_timeout is None, f"{HYPERCORN}: read_timeout is set by default"
+
+
+async def test_reads_without_read_timeout_skip_the_scope_and_with_one_use_hypercorns(
+    nursery, monkeypatch
+):
+    """Both paths serve a WebSocket echo; with ``read_timeout`` set, hypercorn's own reader
+    (and its timeout) is used."""
+    used: list[str] = []
+    original = server._original_read_data
+
+    async def hypercorns(self):
+        used.append("hypercorn")
+        await original(self)
+
+    monkeypatch.setattr(server, "_original_read_data", hypercorns)
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] != "websocket.disconnect":
+            await send({"type": "websocket.send", "text": message["text"]})
+
+    for read_timeout in (None, 30):
+        monkeypatch.setattr(Config, "read_timeout", read_timeout)
+        url = await _serving(nursery, app)
+        async with trio_websocket.open_websocket_url(url + "/") as ws:
+            await ws.send_message("ping")
+            assert await ws.get_message() == "ping"
+    assert used == ["hypercorn"]
 
 
 def test_hypercorn_ws_stream_has_what_the_send_many_patch_uses():
