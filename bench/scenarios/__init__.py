@@ -14,4 +14,5 @@ SCENARIOS: dict[str, str] = {
     "cluster": "bench.scenarios.cluster",
     "history": "bench.scenarios.history",
     "scale": "bench.scenarios.scale",
+    "cells": "bench.scenarios.cells",
 }
