@@ -31,9 +31,11 @@ Misfires (the scheduler was down, or the job is due far in the past):
 A job with ``active_hours`` in its spec (heartbeats) runs no turn outside that window: the
 occurrence is recorded as ``outside_active_hours`` and the job moves on.
 
-A job's spec is a ``JobSpec`` (``actors.scheduling.spec``), decoded once when the job is
-indexed; a job whose stored spec does not decode is logged and left alone, not fired, so one
-damaged row cannot stop the others.
+A job's spec is a ``JobSpec`` (``actors.scheduling.spec``), checked when the job is indexed;
+a job whose stored spec does not decode is logged and left alone, not fired, so one damaged
+row cannot stop the others. The index keeps each job slim (``records.ActiveJob``: the spec as
+its stored text, decoded again at each fire), and the load at start reads the active jobs a
+page at a time (``load_page``), by id.
 
 An occurrence is a misfire when it is more than ``misfire_grace_seconds`` (default 60) late.
 Overdue jobs found at start-up are spread over time (``restart_rate`` per second) so 10,000 of
@@ -72,10 +74,12 @@ from turnstile.actors.scheduling.firing import (
     JobEntry,
     JobShare,
     due_occurrences,
+    fires_here,
     next_fire,
     occurrence_input,
     occurrence_jitter,
     run_detail,
+    spread_overdue,
     traced_fire,
 )
 from turnstile.actors.scheduling.messages import (
@@ -89,7 +93,7 @@ from turnstile.actors.scheduling.messages import (
     SchedulerLimits,
     validate_spec,
 )
-from turnstile.actors.scheduling.records import FireRequest, FireResult, Job, JobRun
+from turnstile.actors.scheduling.records import ActiveJob, FireRequest, FireResult, Job, JobRun
 from turnstile.actors.scheduling.spec import (
     JobSpec,
     JobSpecError,
@@ -97,7 +101,6 @@ from turnstile.actors.scheduling.spec import (
     cron_of,
     first_occurrence,
     in_active_hours,
-    job_spec,
     next_occurrence,
 )
 from turnstile.actors.scheduling.store import JobStore
@@ -135,6 +138,8 @@ MAX_CONCURRENT_FIRES = 1024
 #: How many of them may be fires of their own (``JobStore.fire_job``: extra runs, skips, what a
 #: batch did not fire) at once: each is a statement or a transaction of its own.
 MAX_SOLO_FIRES = 64
+#: jobs read per page of the load at start (10,000 jobs are about 2.5 MB of rows in flight)
+LOAD_PAGE = 10_000
 #: jobs read per look for jobs to take on (several nodes): every node reads the due ones of
 #: all nodes, oldest first, so a backlog of others' jobs must not hide its own
 _TAKE_ON_PAGE = 10_000
@@ -160,6 +165,7 @@ class SchedulerActor(Actor):
             scheduler that had begun; tests).
         jobs: the jobs' and runs' operations (:class:`~actors.scheduling.store.JobStore`);
             None: over ``store`` (a test passes its own to count or refuse fires).
+        load_page: how many jobs each read of the start's load takes (``LOAD_PAGE``).
     """
 
     uses_nursery = True
@@ -176,7 +182,9 @@ class SchedulerActor(Actor):
         share: JobShare | None = None,
         held: bool = False,
         jobs: JobStore | None = None,
+        load_page: int = LOAD_PAGE,
     ) -> None:
+        self.load_page = load_page
         self.share = share
         self.held = held
         self._begun = False
@@ -207,23 +215,26 @@ class SchedulerActor(Actor):
     # -- lifecycle --
 
     async def on_start(self) -> None:
-        jobs = await self.jobs.list_jobs(states=["active"])
-        now = self.clock.now()
-        overdue = 0
-        for job in jobs:
-            if job.next_fire_at is None or not self._mine(job, now):
-                continue
-            entry = self._entry(job)
-            if entry is None:
-                continue
-            self.entries[job.id] = entry
-            at = self._due_at(entry)
-            if at <= now:
-                # Spread the catch-up so a long downtime does not fire everything at once.
-                at = now + timedelta(seconds=overdue / self.limits.restart_rate)
-                overdue += 1
-            self._index(entry, at)
-        log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), overdue)
+        # Page by page (keyset by id), each row straight into the slim record an entry keeps.
+        overdue: list[tuple[Any, str]] = []  # (created_at, id) of the jobs due already
+        after: str | None = ""
+        while after is not None:
+            page = await self.jobs.active_jobs(after, limit=self.load_page)
+            after = page[-1][0].id if len(page) == self.load_page else None
+            now = self.clock.now()
+            for job, created_at in page:
+                entry = self._entry(job) if fires_here(self.share, job, now) else None
+                if entry is None:
+                    continue
+                self.entries[job.id] = entry
+                at = self._due_at(entry)
+                if at <= now:
+                    overdue.append((created_at, job.id))
+                else:
+                    self._index(entry, at)
+        for job_id, at in spread_overdue(overdue, self.clock.now(), self.limits.restart_rate):
+            self._index(self.entries[job_id], at)
+        log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), len(overdue))
         self._batches = FireBatches(self.jobs, self._tasks)
         if not self.held:
             self._begin()
@@ -237,15 +248,6 @@ class SchedulerActor(Actor):
         self._tasks.start_soon(self._run, name="scheduler wheel")
         if self.share is not None:
             self._tasks.start_soon(self._take_on, name="scheduler: jobs to take on")
-
-    def _mine(self, job: Job, now: datetime) -> bool:
-        """Whether this node fires ``job`` now: always on one node; with several, the jobs its
-        share gives it, and any occurrence overdue by more than a lease (an orphan)."""
-        share = self.share
-        if share is None or share.owns(job.id):
-            return True
-        due = job.next_fire_at
-        return due is not None and due <= now - timedelta(seconds=share.lease_seconds)
 
     async def _take_on(self) -> None:
         """Several nodes: every share interval, index the jobs due within two intervals that
@@ -263,7 +265,7 @@ class SchedulerActor(Actor):
                 log.warning("looking for jobs to take on failed: %s", exc)
                 continue
             for job in due:
-                if job.id in self.entries or not self._mine(job, now):
+                if job.id in self.entries or not fires_here(self.share, job, now):
                     continue
                 entry = self._entry(job)
                 if entry is not None:
@@ -308,7 +310,7 @@ class SchedulerActor(Actor):
             # counted and taken in the insert's transaction: no other node's add between
             max_per_session=self.limits.max_jobs_per_session,
         )
-        entry = JobEntry(job, spec)
+        entry = JobEntry(ActiveJob.of(job), spec.jitter_seconds)
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
         await self._job_update(job, "scheduled", spec.label)
@@ -332,12 +334,12 @@ class SchedulerActor(Actor):
             raise NotFound(f"no job with id {msg.job_id!r}")
         if job.state != "active":
             raise InvalidArgument(f"job {job.id!r} is {job.state}, not active", field="job_id")
-        entry = self.entries.get(job.id) or JobEntry(job, job_spec(job))  # JobSpecError
+        entry = self.entries.get(job.id) or JobEntry.of(ActiveJob.of(job))  # JobSpecError
         job = await self.jobs.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
-        entry.job = job
+        entry.job = ActiveJob.of(job, entry.job.spec)
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
-        await self._job_update(job, "rescheduled", entry.spec.label)
+        await self._job_update(job, "rescheduled", entry.spec().label)
         return job
 
     async def _pause(self, msg: PauseJob) -> Job:
@@ -361,14 +363,15 @@ class SchedulerActor(Actor):
         if entry is None:
             raise ConflictError(f"job {job.id!r} cannot fire again: its spec is unreadable")
         now = self.clock.now()
-        moved = await resume_job(self.jobs, job, entry.spec.schedule, entry.cron, now)
+        schedule = (spec := entry.spec()).schedule
+        moved = await resume_job(self.jobs, job, schedule, entry.cron(schedule), now)
         if moved is None:  # resumed or cancelled meanwhile (another node): as it is now
             return await pending_job(self.jobs, job.id, None)
         job = moved
-        entry.job = job
+        entry.job = ActiveJob.of(job, entry.job.spec)
         self.entries[job.id] = entry
         self._index(entry, self._due_at(entry))
-        await self._job_update(job, "resumed", entry.spec.label)
+        await self._job_update(job, "resumed", spec.label)
         return job
 
     # -- the wheel --
@@ -383,7 +386,7 @@ class SchedulerActor(Actor):
     def _due_at(self, entry: JobEntry) -> datetime:
         job = entry.job
         at = next_fire(job)
-        return at + timedelta(seconds=occurrence_jitter(job.id, at, entry.spec.jitter_seconds))
+        return at + timedelta(seconds=occurrence_jitter(job.id, at, entry.jitter))
 
     def _index(self, entry: JobEntry, at: datetime) -> None:
         if entry.handle is not None:
@@ -403,7 +406,9 @@ class SchedulerActor(Actor):
                 ready = []
                 for job_id in self.wheel.advance(trio.current_time()):
                     entry = self.entries.get(job_id)
-                    if entry is not None and not self._mine(entry.job, self.clock.now()):
+                    if entry is not None and not fires_here(
+                        self.share, entry.job, self.clock.now()
+                    ):
                         del self.entries[job_id]  # another node fires it
                         entry = None
                     if entry is not None:
@@ -441,9 +446,9 @@ class SchedulerActor(Actor):
         """Fire ``entry``'s due occurrences; ``together``: with others due at the same moment
         (what can go in a batch does)."""
         job = entry.job
-        spec = entry.spec
+        spec = entry.spec()
         now = self.clock.now()
-        plan = due_occurrences(entry, now)
+        plan = due_occurrences(entry, spec, now)
         due, following, policy = plan.due, plan.following, plan.policy
         expected = due[0]
 
@@ -457,9 +462,9 @@ class SchedulerActor(Actor):
                 result = await self._fire_one(job, spec, occurrence, new_next, now, extra, together)
                 if result is None:
                     return self._forget_or_reload(job.id)
-                job = result.job
-                if job.state != "active":
+                if result.job.state != "active":
                     break
+                job = ActiveJob.of(result.job, job.spec)
         elif policy in ("skip", "outside_active_hours"):
             state = "missed" if policy == "skip" else "outside_active_hours"
             result = await self._fire_alone(
@@ -481,15 +486,15 @@ class SchedulerActor(Actor):
                 return self._forget_or_reload(job.id)
         if result is None:  # catch_up with nothing to deliver (never: ``due`` has one at least)
             return None
-        job = result.job
-        if job.state == "active" and job.next_fire_at is not None:
-            entry.job = job
+        fired = result.job
+        if fired.state == "active" and fired.next_fire_at is not None:
+            entry.job = ActiveJob.of(fired, entry.job.spec)
             self._index(entry, self._due_at(entry))
         else:
-            self.entries.pop(job.id, None)
+            self.entries.pop(fired.id, None)
 
     async def _fire_one(
-        self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together=False
+        self, job: ActiveJob, spec: JobSpec, occurrence, new_next, now, extra, together=False
     ):
         """Deliver one occurrence: CAS, run record and inbox input in one transaction (in a
         batch when it records no other run); traced as ``fire <kind>`` (``firing.traced_fire``),
@@ -501,7 +506,9 @@ class SchedulerActor(Actor):
             lambda: self._deliver(job, spec, occurrence, new_next, now, extra, together),
         )
 
-    async def _deliver(self, job: Job, spec: JobSpec, occurrence, new_next, now, extra, together):
+    async def _deliver(
+        self, job: ActiveJob, spec: JobSpec, occurrence, new_next, now, extra, together
+    ):
         """``_fire_one``'s work (the span current, if any, goes with the input)."""
         if spec.max_runs and job.run_count + 1 >= spec.max_runs:
             new_next = None  # this is the last delivery
@@ -569,10 +576,10 @@ class SchedulerActor(Actor):
                 self.entries[job_id] = entry
                 self._index(entry, self._due_at(entry))
 
-    def _entry(self, job: Job) -> JobEntry | None:
+    def _entry(self, job: Job | ActiveJob) -> JobEntry | None:
         """An entry for a stored job, or None (logged) when its spec does not decode."""
         try:
-            return JobEntry(job, job_spec(job))
+            return JobEntry.of(job if isinstance(job, ActiveJob) else ActiveJob.of(job))
         except JobSpecError as exc:
             log.error("not scheduling job %s: %s", job.id, exc)
             self.metrics.inc("turnstile_scheduler_bad_specs_total")

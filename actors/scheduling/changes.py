@@ -99,7 +99,7 @@ def job_label(job: Job, entry: JobEntry | None) -> str:
     """The job's label for a ``job_update``: from its entry, else from its spec. A spec that
     does not decode gives ``""``: it must not stop the job from being cancelled."""
     if entry is not None:
-        return entry.spec.label
+        return entry.spec().label
     try:
         return job_spec(job).label
     except JobSpecError:

@@ -15,11 +15,12 @@ from typing import Any, Protocol
 import trio
 
 from turnstile.actors.scheduling.cronexpr import CronSchedule
-from turnstile.actors.scheduling.records import FireRequest, FireResult, Job
+from turnstile.actors.scheduling.records import ActiveJob, FireRequest, FireResult, Job
 from turnstile.actors.scheduling.spec import (
     JobSpec,
     Schedule,
     cron_of,
+    decode_spec,
     in_active_hours,
     next_occurrence,
 )
@@ -37,11 +38,13 @@ __all__ = [
     "JobEntry",
     "JobShare",
     "due_occurrences",
+    "fires_here",
     "next_fire",
     "occurrence_content",
     "occurrence_input",
     "occurrence_jitter",
     "run_detail",
+    "spread_overdue",
     "traced_fire",
 ]
 
@@ -72,7 +75,9 @@ def occurrence_content(job_id: str, spec: JobSpec) -> str:
     return prompt
 
 
-def occurrence_input(job: Job, spec: JobSpec, occurrence: datetime) -> tuple[str, dict[str, Any]]:
+def occurrence_input(
+    job: ActiveJob, spec: JobSpec, occurrence: datetime
+) -> tuple[str, dict[str, Any]]:
     """The inbox input an occurrence of ``job`` delivers: its source and its payload, which
     carries the current span's trace context (the fire's span, if any) to the turn."""
     payload = {
@@ -89,7 +94,7 @@ def occurrence_input(job: Job, spec: JobSpec, occurrence: datetime) -> tuple[str
 
 
 def run_detail(
-    job: Job, spec: JobSpec, late: float, extra: list[tuple[datetime, str, Any]]
+    job: ActiveJob, spec: JobSpec, late: float, extra: list[tuple[datetime, str, Any]]
 ) -> dict[str, Any]:
     """The detail of the run record a delivered occurrence writes: the prompt, how ``late``
     (seconds) it fired, a recall's instruction, a cron prompt's template variables, and how
@@ -114,35 +119,70 @@ def occurrence_jitter(job_id: str, occurrence: datetime, seconds: float) -> floa
 
 
 class JobEntry:
-    """An indexed job: the latest ``Job`` row, its spec decoded once, its timer."""
+    """An indexed job: what firing needs of its row (:class:`ActiveJob`: the spec as the
+    stored JSON text, decoded when the job fires), its spec's jitter, its cron evaluator once
+    built, its timer.
 
-    __slots__ = ("job", "spec", "_cron", "handle")
+    A scheduler holds one per pending job, so it holds no decoded spec: a waiting job is a few
+    objects, none of them tracked by the garbage collector but this one and its timer.
+    """
 
-    def __init__(self, job: Job, spec: JobSpec) -> None:
+    __slots__ = ("job", "jitter", "_cron", "handle")
+
+    def __init__(self, job: ActiveJob, jitter: float = 0.0) -> None:
         self.job = job
-        self.spec = spec
+        # ``or 0.0``: the constant, shared, for the jobs without jitter (nearly all).
+        self.jitter = jitter or 0.0
         self._cron: CronSchedule | None = None
         self.handle: TimerHandle | None = None
 
-    @property
-    def schedule(self) -> Schedule:
-        return self.spec.schedule
+    @classmethod
+    def of(cls, job: ActiveJob) -> JobEntry:
+        """An entry for ``job``, whose spec must decode.
 
-    @property
-    def cron(self) -> CronSchedule | None:
-        """The job's own cron evaluator, built at its first fire: a reload takes the next fire
-        time from the store and need not parse 100k expressions up front."""
-        if self._cron is None and self.schedule.type == "cron":
-            self._cron = cron_of(self.schedule)
+        Raises:
+            JobSpecError: it does not.
+        """
+        return cls(job, decode_spec(job.id, job.spec).jitter_seconds)
+
+    def spec(self) -> JobSpec:
+        """The job's spec, decoded from its text at each call (a fire, about as long as the
+        text: microseconds). It decoded when the entry was made, so it does again."""
+        return decode_spec(self.job.id, self.job.spec)
+
+    def cron(self, schedule: Schedule) -> CronSchedule | None:
+        """The job's own cron evaluator (``schedule`` is its spec's), built at its first fire:
+        a reload takes the next fire time from the store and need not parse 100k expressions
+        up front."""
+        if self._cron is None and schedule.type == "cron":
+            self._cron = cron_of(schedule)
         return self._cron
 
 
-def next_fire(job: Job) -> datetime:
+def next_fire(job: ActiveJob) -> datetime:
     """When an indexed job is next due: every active job has a next fire time (the store
     completes a job whose schedule has none left)."""
     if job.next_fire_at is None:
         raise RuntimeError(f"job {job.id!r} is indexed without a next fire time")
     return job.next_fire_at
+
+
+def spread_overdue(
+    overdue: list[tuple[Any, str]], now: datetime, rate: float
+) -> list[tuple[str, datetime]]:
+    """When to fire the jobs a scheduler found overdue at start: ``rate`` per second from
+    ``now``, so a long downtime does not fire everything at once, the oldest job first.
+
+    Args:
+        overdue: ``(created_at, id)`` per job (``created_at`` as the store orders it).
+        now: the wall clock's now.
+        rate: jobs per second.
+
+    Returns:
+        ``(id, when)`` per job, in that order.
+    """
+    overdue.sort()
+    return [(job_id, now + timedelta(seconds=i / rate)) for i, (_, job_id) in enumerate(overdue)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,19 +202,19 @@ class DueOccurrences:
     policy: str
 
 
-def due_occurrences(entry: JobEntry, now: datetime) -> DueOccurrences:
-    """Which of ``entry``'s occurrences are due at ``now`` and what its policy makes of them.
+def due_occurrences(entry: JobEntry, spec: JobSpec, now: datetime) -> DueOccurrences:
+    """Which of ``entry``'s occurrences are due at ``now`` and what its policy (in ``spec``,
+    the entry's spec) makes of them.
 
     An occurrence is a misfire when it is more than the spec's ``misfire_grace_seconds`` late,
     or when several are due (the scheduler was down); a job with ``active_hours`` runs no turn
     outside them, whatever else holds. Pure: the wall clock is ``now``.
     """
-    spec = entry.spec
     schedule = spec.schedule
     expected = next_fire(entry.job)
     # Every occurrence due by now, oldest first (bounded: a long downtime of a frequent job).
     due = [expected]
-    cron = entry.cron
+    cron = entry.cron(schedule)
     following = next_occurrence(schedule, expected, cron)
     while following is not None and following <= now and len(due) <= MAX_RECORDED_MISSES:
         due.append(following)
@@ -190,7 +230,7 @@ def due_occurrences(entry: JobEntry, now: datetime) -> DueOccurrences:
 
 
 async def traced_fire(
-    job: Job,
+    job: ActiveJob,
     occurrence: datetime,
     now: datetime,
     deliver: Callable[[], Awaitable[FireResult | None]],
@@ -291,6 +331,16 @@ class FireBatches:
                         waiting.done.set()
         finally:
             self._senders -= 1
+
+
+def fires_here(share: JobShare | None, job: Job | ActiveJob, now: datetime) -> bool:
+    """Whether this node fires ``job`` now: always on one node (``share`` None); with
+    several, the jobs its share gives it, and any occurrence overdue by more than a lease (an
+    orphan)."""
+    if share is None or share.owns(job.id):
+        return True
+    due = job.next_fire_at
+    return due is not None and due <= now - timedelta(seconds=share.lease_seconds)
 
 
 class JobShare(Protocol):

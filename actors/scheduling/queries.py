@@ -10,9 +10,10 @@ plain write. At most one pending (active or paused) recall per session: a unique
 from __future__ import annotations
 
 import sqlite3
+import sys
 from typing import Any
 
-from turnstile.actors.scheduling.records import Job, JobRun
+from turnstile.actors.scheduling.records import ActiveJob, Job, JobRun
 from turnstile.runtime.errors import ConflictError, NotFound
 from turnstile.runtime.store import (
     decode_json,
@@ -26,6 +27,7 @@ from turnstile.runtime.store import (
 )
 
 __all__ = [
+    "ACTIVE_JOBS",
     "CREATE_JOB",
     "CREATE_JOB_WITHIN",
     "DELETE_JOB",
@@ -37,6 +39,7 @@ __all__ = [
     "TRANSITION_JOB",
     "UPDATE_JOB",
     "UPDATE_RUN",
+    "active_record",
     "job_record",
     "no_job",
     "no_run",
@@ -68,6 +71,24 @@ def job_record(row: Any) -> Job:
         created_at=ts(row["created_at"]),
         updated_at=ts(row["updated_at"]),
         run_count=row["run_count"],
+    )
+
+
+def active_record(row: Any) -> tuple[ActiveJob, Any]:
+    """An ``ACTIVE_JOBS`` row (a tuple: no mapping is built per row) as an :class:`ActiveJob`
+    and its ``created_at`` as the database gives it (ISO text on SQLite, a datetime on
+    PostgreSQL: either sorts in time order against its own kind)."""
+    job_id, session_id, kind, spec, next_fire_at, run_count, created_at = row
+    return (
+        ActiveJob(
+            id=job_id,
+            session_id=None if session_id is None else sys.intern(session_id),
+            kind=sys.intern(kind),
+            spec=spec,
+            next_fire_at=optional_ts(next_fire_at),
+            run_count=run_count,
+        ),
+        created_at,
     )
 
 
@@ -251,6 +272,35 @@ TRANSITION_JOB = ops.row(
 )
 #: ``(id)``: whether it existed.
 DELETE_JOB = ops.found("delete_job", "DELETE FROM jobs WHERE id = :id RETURNING id", writes=True)
+_ACTIVE = (
+    "SELECT id, session_id, kind, spec, next_fire_at, run_count, created_at FROM jobs"
+    " WHERE id > :after AND {state} = 'active' AND next_fire_at IS NOT NULL"
+    " ORDER BY id LIMIT :limit"
+)
+# ``+state``: SQLite must walk the primary key's index in id order, not jobs_due_idx (which
+# would sort every active job again for each page).
+_ACTIVE_SQLITE = ops.Statement(_ACTIVE.format(state="+state"))
+
+
+def _active_sqlite(conn: sqlite3.Connection, after: str, limit: int) -> list[Any]:
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: ``active_record`` unpacks them
+    try:
+        return cursor.execute(_ACTIVE_SQLITE.sqlite, (after, limit)).fetchall()
+    finally:
+        cursor.close()
+
+
+#: ``(after, limit)``: a page of the active jobs with a next occurrence, the first ``limit``
+#: whose id sorts after ``after`` (``""``: from the first), by id; each row as
+#: :func:`active_record` gives it. Paging by id (the primary key) reads each row once
+#: whatever else changes between pages.
+ACTIVE_JOBS = ops.rows(
+    "active_jobs",
+    sqlite=_active_sqlite,
+    postgres=_ACTIVE.format(state="state"),
+    decode=active_record,
+)
 #: ``(before, limit)``: active jobs due, by ``(next_fire_at, id)``.
 DUE_JOBS = ops.rows(
     "due_jobs",

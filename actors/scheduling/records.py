@@ -8,14 +8,23 @@ by its operations (:mod:`~actors.scheduling.queries`, :mod:`~actors.scheduling.f
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from turnstile.runtime.store import InboxItem
+from turnstile.runtime.store import InboxItem, encode_json
 
-__all__ = ["JOB_STATES", "RUN_STATES", "FireRequest", "FireResult", "Job", "JobRun"]
+__all__ = [
+    "JOB_STATES",
+    "RUN_STATES",
+    "ActiveJob",
+    "FireRequest",
+    "FireResult",
+    "Job",
+    "JobRun",
+]
 
 #: Every state a job can be in.
 JOB_STATES = ("active", "paused", "completed", "cancelled")
@@ -47,6 +56,55 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     run_count: int
+
+
+class ActiveJob(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An active job as the scheduler keeps it while it waits: what firing it needs, and not
+    the rest of its row (a scheduler holds one per pending job, a million of them on a big
+    node: ``docs/performance.md``, issue 26).
+
+    The spec stays the JSON text the store holds (a string is one object, the decoded spec a
+    dozen); the scheduler decodes it when the job fires. Session ids and kinds are interned,
+    so the jobs of one session share one string. Not tracked by the garbage collector: it
+    holds only strings, a datetime and an int.
+
+    Attributes:
+        id: the job's id.
+        session_id: the session its turns go to, or None.
+        kind: what sort of schedule.
+        spec: the spec as the store keeps it (JSON text, escaped as
+            :func:`~runtime.store.encode_json` writes it).
+        next_fire_at: the next occurrence, or None when there is none.
+        run_count: how many times ``fire_job`` succeeded for it.
+    """
+
+    id: str
+    session_id: str | None
+    kind: str
+    spec: str
+    next_fire_at: datetime | None
+    run_count: int
+
+    @classmethod
+    def of(cls, job: Job, spec: str | None = None) -> ActiveJob:
+        """``job`` (a whole row) as the scheduler keeps it.
+
+        Args:
+            job: the row.
+            spec: its spec's stored text, if at hand; None: the row's spec encoded again.
+        """
+        return cls(
+            id=job.id,
+            session_id=_intern(job.session_id),
+            kind=sys.intern(job.kind),
+            spec=encode_json(job.spec, "spec") if spec is None else spec,
+            next_fire_at=job.next_fire_at,
+            run_count=job.run_count,
+        )
+
+
+def _intern(text: str | None) -> str | None:
+    return None if text is None else sys.intern(text)
 
 
 class JobRun(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,8 +34,9 @@ the session's inbox and read there by the session actor; its keys differ per wri
 callers of ``AddJob`` may add their own. The few keys this feature reads back from it are the
 properties of :class:`JobSpec` (``prompt``, ``action_type``, …), in this module only.
 
-Read a job's spec with :func:`job_spec`, once per job: it raises :class:`JobSpecError` when
-the stored JSON does not decode.
+Read a job's spec with :func:`job_spec`, once per job, or straight from the stored JSON text
+with :func:`decode_spec` (no dict in between: what the scheduler does): both raise
+:class:`JobSpecError` when the stored JSON does not decode.
 
 The pure functions of a spec's times live here too: :func:`next_occurrence` and
 :func:`first_occurrence` of a ``Schedule``, :func:`in_active_hours` of an ``ActiveHours``. They
@@ -54,6 +55,7 @@ from turnstile.actors.scheduling.cronexpr import CronSchedule, resolve_timezone
 from turnstile.actors.scheduling.records import Job
 from turnstile.runtime.clock import utc
 from turnstile.runtime.errors import InvalidArgument, StoreError
+from turnstile.runtime.store import unescape_json
 
 __all__ = [
     "ActiveHours",
@@ -65,6 +67,7 @@ __all__ = [
     "RecallSpec",
     "Schedule",
     "cron_of",
+    "decode_spec",
     "first_occurrence",
     "in_active_hours",
     "job_spec",
@@ -320,3 +323,20 @@ def job_spec(job: Job) -> JobSpec:
         return msgspec.convert(job.spec, JobSpec)
     except msgspec.ValidationError as exc:
         raise JobSpecError(job.id, str(exc)) from None
+
+
+_spec_decoder = msgspec.json.Decoder(JobSpec)
+
+
+def decode_spec(job_id: str, text: str) -> JobSpec:
+    """The spec of job ``job_id`` from its stored JSON ``text`` (``ActiveJob.spec``), decoded
+    straight into the Struct: the same spec, and the same errors, as :func:`job_spec` of the
+    row.
+
+    Raises:
+        JobSpecError: the text does not decode as a spec (the message says where and why).
+    """
+    try:
+        return _spec_decoder.decode(unescape_json(text))
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise JobSpecError(job_id, str(exc)) from None

@@ -19,6 +19,7 @@ from msgspec import UNSET, UnsetType
 
 from turnstile.actors.scheduling.fire import FIRE_JOB, FIRE_JOBS
 from turnstile.actors.scheduling.queries import (
+    ACTIVE_JOBS,
     CREATE_JOB,
     CREATE_JOB_WITHIN,
     DELETE_JOB,
@@ -33,7 +34,14 @@ from turnstile.actors.scheduling.queries import (
     no_job,
     no_run,
 )
-from turnstile.actors.scheduling.records import JOB_STATES, FireRequest, FireResult, Job, JobRun
+from turnstile.actors.scheduling.records import (
+    JOB_STATES,
+    ActiveJob,
+    FireRequest,
+    FireResult,
+    Job,
+    JobRun,
+)
 from turnstile.runtime.errors import AlreadyExists, LimitExceeded
 from turnstile.runtime.store import (
     Store,
@@ -178,6 +186,24 @@ class JobStore:
         """Jobs ordered by (created_at, id), optionally of one session and/or in ``states``."""
         wanted = _check_job_states(states)
         return await self.store.run(LIST_JOBS, session_id=session_id, states=wanted)
+
+    async def active_jobs(self, after: str = "", limit: int = 5000) -> list[tuple[ActiveJob, Any]]:
+        """A page of the active jobs that have a next occurrence, by id: what a scheduler
+        loads at start, page after page (pass the last id of one page as ``after`` of the
+        next; a short page is the last).
+
+        Args:
+            after: the page starts after this id; ``""``: at the first job.
+            limit: at most this many jobs.
+
+        Returns:
+            ``(job, created_at)`` per job, ``created_at`` as the database orders it (ISO
+            text on SQLite, a datetime on PostgreSQL): only for sorting jobs of one page set.
+        """
+        if not isinstance(after, str):
+            raise TypeError(f"after must be a str, not {type(after).__name__}")
+        check_limit(limit)
+        return await self.store.run(ACTIVE_JOBS, after=after, limit=limit)
 
     async def update_job(
         self,
