@@ -234,7 +234,8 @@ class _Lent:
         if connection is None:
             return
         try:
-            with trio.move_on_after(CLOSE_SECONDS, shield=True):
-                await self._stream.aclose()  # h11's end of the cycle: idle, or closed
+            # h11's end of the cycle: idle, or closed. Not shielded: cancelled here, the
+            # connection is left mid-cycle, and _give_back closes it instead of keeping it.
+            await self._stream.aclose()
         finally:
             await self._pool._give_back(self._key, connection)

@@ -155,6 +155,20 @@ async def test_a_body_left_unread_closes_its_connection(nursery, autojump_clock)
     assert pool.statistics() == PoolStatistics(idle=1, in_use=0, opened=2, reused=0)
 
 
+async def test_a_response_closed_under_cancellation_is_not_kept(nursery, autojump_clock):
+    site = Site(nursery)
+    pool = KeepAlivePool(site)
+    response = await pool.handle_async_request(
+        httpcore.Request("GET", "http://a.example/one", headers=[(b"host", b"a.example")])
+    )
+    assert b"".join([part async for part in response.stream]) == b"/one on 1"
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await response.stream.aclose()  # h11 cannot finish its cycle: the connection goes
+    await trio.testing.wait_all_tasks_blocked()
+    assert (pool.statistics(), site.closed) == (PoolStatistics(0, 0, 1, 0), 1)
+
+
 @pytest.mark.parametrize("path", ["/slow", "/big", "/fast"])
 async def test_cancelled_requests_leave_the_pool_usable(nursery, autojump_clock, path):
     """Fifty requests, each cancelled at its own moment: while connecting, waiting for the
