@@ -260,8 +260,9 @@ def build_app(
             series (WebSocket connections, frames sent, event delivery lag). None: a registry
             of the app's own.
         ws_send_many: the ASGI message type with which the server sends several WebSocket
-            messages in one write (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None
-            sends them one ``websocket.send`` at a time, which any ASGI server understands.
+            messages in one write, given as the UTF-8 bytes the frames' encoder made
+            (``runtime.server.WS_SEND_MANY`` under ``serve_app``); None sends them one
+            ``websocket.send`` at a time, as text, which any ASGI server understands.
         body_timeout: seconds a request body may take to arrive, from the first read.
         topics: the user topics a WebSocket client may subscribe to (None: none).
         draining: whether a graceful stop has begun (``/readyz`` then answers 503, so that a
@@ -480,7 +481,7 @@ def build_app(
         send_many = None
         if ws_send_many is not None:
 
-            async def send_many(texts: list[str]) -> None:
+            async def send_many(texts: list[bytes]) -> None:
                 await send({"type": ws_send_many, "texts": texts})
 
         await websocket.accept()

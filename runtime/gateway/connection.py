@@ -154,7 +154,7 @@ class Connection:
         limits: ConnectionLimits,
         *,
         metrics: Metrics | None = None,
-        send_many: Callable[[list[str]], Awaitable[None]] | None = None,
+        send_many: Callable[[list[bytes]], Awaitable[None]] | None = None,
         topics: UserTopics | None = None,
     ) -> None:
         self.websocket = websocket
@@ -262,9 +262,9 @@ class Connection:
         if send_many is None:
             send_text = self.websocket.send_text
 
-            async def send_many(texts: list[str]) -> None:
+            async def send_many(texts: list[bytes]) -> None:
                 for text in texts:
-                    await send_text(text)
+                    await send_text(text.decode())
 
         try:
             while True:
@@ -274,13 +274,13 @@ class Connection:
                 await trio.lowlevel.checkpoint()
                 self._ready = trio.Event()
                 while outbox:
-                    batch: list[str] = []
+                    batch: list[bytes] = []  # UTF-8 JSON, framed as text by the server
                     offered: list[float] = []
                     size = 0
                     while outbox and len(batch) < WRITE_BATCH_FRAMES and size < WRITE_BATCH_BYTES:
                         frame, at = outbox.popleft()
                         size += len(frame)
-                        batch.append(frame.decode())
+                        batch.append(frame)
                         if at != _NOT_LIVE:
                             offered.append(at)
                     await send_many(batch)

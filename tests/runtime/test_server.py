@@ -21,9 +21,13 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.events import Data
-from hypercorn.protocol.ws_stream import ASGIWebsocketState, WSStream
+from hypercorn.protocol.ws_stream import ASGIWebsocketState, Handshake, WSStream
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import UnexpectedMessageError
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+from wsproto.extensions import PerMessageDeflate
+from wsproto.frame_protocol import FrameProtocol
 
 from turnstile.runtime import server
 from turnstile.runtime.server import WS_SEND_MANY, serve_app
@@ -134,6 +138,70 @@ async def test_a_write_the_kernel_takes_in_part_goes_out_whole_and_in_order(nurs
         received = [await ws.get_message() for _ in texts]
     assert received == texts
     assert partial and all(sent < size for sent, size in partial)
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_a_text_frame_is_the_one_wsproto_would_build(size):
+    text = ("é" * size)[:size]
+    payload = text.encode()
+    assert server._text_frame(payload) == bytes(FrameProtocol(False, []).send_data(text))
+
+
+async def test_send_many_takes_utf8_bytes_as_text_messages(nursery, writes):
+    texts = [b'{"seq": 1}', "é".encode() * 100, b"x" * 70000]
+    writes_for_them: list[int] = []
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        writes.clear()
+        await send({"type": WS_SEND_MANY, "texts": texts})
+        writes_for_them.append(len(writes))
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
+
+    url = await _serving(nursery, app)
+    async with trio_websocket.open_websocket_url(url + "/") as ws:
+        received = [await ws.get_message() for _ in texts]
+    assert received == [text.decode() for text in texts]  # str: text messages
+    assert writes_for_them == [1]
+
+
+async def test_send_many_to_a_client_using_permessage_deflate_is_framed_by_wsproto(
+    nursery, monkeypatch
+):
+    """A client that negotiated an extension gets what wsproto frames (here compressed)."""
+    framed_here: list[bytes] = []
+    monkeypatch.setattr(server, "_text_frame", framed_here.append)
+    texts = [b'{"seq": 1}', "é".encode() * 300, '{"seq": 3}']
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await send({"type": WS_SEND_MANY, "texts": texts})
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
+
+    url = await _serving(nursery, app)
+    host, port = url.removeprefix("ws://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    client = WSConnection(ConnectionType.CLIENT)
+    request = Request(host=host, target="/", extensions=[PerMessageDeflate()])
+    await stream.send_all(client.send(request))
+    accepted, received = False, []
+    with trio.fail_after(5):
+        while len(received) < len(texts):
+            data = await stream.receive_some(65536)
+            client.receive_data(data)
+            for event in client.events():
+                if isinstance(event, AcceptConnection):
+                    accepted = bool(event.extensions)
+                elif isinstance(event, TextMessage):
+                    received.append(event.data)
+    await stream.aclose()
+    assert accepted
+    assert framed_here == []
+    assert received == [t.decode() if isinstance(t, bytes) else t for t in texts]
 
 
 # --- guard: the hypercorn internals runtime/server.py patches and relies on -----------------
@@ -247,6 +315,15 @@ def test_hypercorn_ws_stream_has_what_the_send_many_patch_uses():
     assert "CONNECTED" in ASGIWebsocketState.__members__, f"{where}: state CONNECTED; {PORT_IT}"
     assert "self.connection" in inspect.getsource(WSStream._accept), (
         f"{where}._accept no longer sets self.connection (a wsproto Connection); {PORT_IT}"
+    )
+    assert "self.handshake = Handshake(" in inspect.getsource(WSStream.handle), (
+        f"{where}.handle no longer sets self.handshake; {PORT_IT}"
+    )
+    assert Handshake([], "1.1").extensions is None, (
+        f"{HYPERCORN}: Handshake.extensions is not None without the header; {PORT_IT}"
+    )
+    assert Handshake([(b"sec-websocket-extensions", b"permessage-deflate")], "1.1").extensions, (
+        f"{HYPERCORN}: Handshake.extensions does not hold the offered extensions; {PORT_IT}"
     )
     assert tuple(inspect.signature(UnexpectedMessageError).parameters) == (
         "state",
