@@ -75,9 +75,7 @@ from turnstile.actors.scheduling.firing import (
     JobShare,
     due_occurrences,
     fires_here,
-    next_fire,
     occurrence_input,
-    occurrence_jitter,
     run_detail,
     spread_overdue,
     traced_fire,
@@ -221,17 +219,17 @@ class SchedulerActor(Actor):
         while after is not None:
             page = await self.jobs.active_jobs(after, limit=self.load_page)
             after = page[-1][0].id if len(page) == self.load_page else None
-            now = self.clock.now()
+            clocks = (self.clock.monotonic(), now := self.clock.now())
             for job, created_at in page:
                 entry = self._entry(job) if fires_here(self.share, job, now) else None
                 if entry is None:
                     continue
                 self.entries[job.id] = entry
-                at = self._due_at(entry)
+                at = entry.due_at()
                 if at <= now:
                     overdue.append((created_at, job.id))
                 else:
-                    self._index(entry, at)
+                    self._index(entry, at, clocks)
         for job_id, at in spread_overdue(overdue, self.clock.now(), self.limits.restart_rate):
             self._index(self.entries[job_id], at)
         log.info("scheduler loaded %d active jobs (%d overdue)", len(self.entries), len(overdue))
@@ -270,7 +268,7 @@ class SchedulerActor(Actor):
                 entry = self._entry(job)
                 if entry is not None:
                     self.entries[job.id] = entry
-                    self._index(entry, self._due_at(entry))
+                    self._index(entry, entry.due_at())
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -312,7 +310,7 @@ class SchedulerActor(Actor):
         )
         entry = JobEntry(ActiveJob.of(job), spec.jitter_seconds)
         self.entries[job.id] = entry
-        self._index(entry, self._due_at(entry))
+        self._index(entry, entry.due_at())
         await self._job_update(job, "scheduled", spec.label)
         return job
 
@@ -338,7 +336,7 @@ class SchedulerActor(Actor):
         job = await self.jobs.update_job(job.id, next_fire_at=utc(msg.next_fire_at))
         entry.job = ActiveJob.of(job, entry.job.spec)
         self.entries[job.id] = entry
-        self._index(entry, self._due_at(entry))
+        self._index(entry, entry.due_at())
         await self._job_update(job, "rescheduled", entry.spec().label)
         return job
 
@@ -370,7 +368,7 @@ class SchedulerActor(Actor):
         job = moved
         entry.job = ActiveJob.of(job, entry.job.spec)
         self.entries[job.id] = entry
-        self._index(entry, self._due_at(entry))
+        self._index(entry, entry.due_at())
         await self._job_update(job, "resumed", spec.label)
         return job
 
@@ -383,15 +381,16 @@ class SchedulerActor(Actor):
             raise RuntimeError("the scheduler has not started")
         return self.nursery
 
-    def _due_at(self, entry: JobEntry) -> datetime:
-        job = entry.job
-        at = next_fire(job)
-        return at + timedelta(seconds=occurrence_jitter(job.id, at, entry.jitter))
-
-    def _index(self, entry: JobEntry, at: datetime) -> None:
+    def _index(
+        self, entry: JobEntry, at: datetime, clocks: tuple[float, datetime] | None = None
+    ) -> None:
+        """Set ``entry``'s timer for ``at``; ``clocks``: ``(monotonic, now)`` read together just
+        before (a load's page: one reading of both clocks for thousands of jobs)."""
         if entry.handle is not None:
             self.wheel.cancel(entry.handle)
-        deadline = max(self.wheel.now, self.clock.monotonic_at(at))
+        if clocks is None:
+            clocks = (self.clock.monotonic(), self.clock.now())
+        deadline = max(self.wheel.now, clocks[0] + (at - clocks[1]).total_seconds())
         entry.handle = self.wheel.schedule(deadline, entry.job.id)
         if not self._wake.is_set():
             self._wake.set()
@@ -489,7 +488,7 @@ class SchedulerActor(Actor):
         fired = result.job
         if fired.state == "active" and fired.next_fire_at is not None:
             entry.job = ActiveJob.of(fired, entry.job.spec)
-            self._index(entry, self._due_at(entry))
+            self._index(entry, entry.due_at())
         else:
             self.entries.pop(fired.id, None)
 
@@ -574,7 +573,7 @@ class SchedulerActor(Actor):
             entry = self._entry(job)
             if entry is not None:
                 self.entries[job_id] = entry
-                self._index(entry, self._due_at(entry))
+                self._index(entry, entry.due_at())
 
     def _entry(self, job: Job | ActiveJob) -> JobEntry | None:
         """An entry for a stored job, or None (logged) when its spec does not decode."""

@@ -145,6 +145,13 @@ class JobEntry:
         """
         return cls(job, decode_spec(job.id, job.spec).jitter_seconds)
 
+    def due_at(self) -> datetime:
+        """When the job's timer is due: its next occurrence, delayed by its jitter."""
+        at = next_fire(self.job)
+        if not self.jitter:
+            return at
+        return at + timedelta(seconds=occurrence_jitter(self.job.id, at, self.jitter))
+
     def spec(self) -> JobSpec:
         """The job's spec, decoded from its text at each call (a fire, about as long as the
         text: microseconds). It decoded when the entry was made, so it does again."""
