@@ -193,10 +193,7 @@ class SessionActor(TurnRunner, Actor):
         self.history = await load_history(
             store, self.session_id, self.services.limits.history_entries
         )
-        queued = await store.list_inputs(self.session_id, states=["queued"])
-        self.queued = len(queued)
-        for item in queued:
-            self.slots.queued(item.source)
+        self.queued = len(await store.list_inputs(self.session_id, states=["queued"]))
         if self.queued:
             self._ensure_runner()
 
@@ -430,7 +427,6 @@ class SessionActor(TurnRunner, Actor):
             item, created = enqueued.item, enqueued.created
         if created:
             self.queued += 1
-            self.slots.queued(source)
             ahead = self.queued - 1 + (1 if self.runner_active else 0)
             await self._emit(TurnQueued(input_id=item.id, source=source, ahead=ahead))
             self._ensure_runner()
@@ -494,7 +490,6 @@ class SessionActor(TurnRunner, Actor):
         if self._started(input_id):
             return
         self.queued += 1
-        self.slots.queued(source)
         ahead = self.queued - 1 + (1 if self.turn is not None else 0)
         await self._emit(TurnQueued(input_id=input_id, source=source, ahead=ahead))
         self._ensure_runner()

@@ -196,6 +196,10 @@ class InputKinds:
         kind = self._kinds.get(source)
         return kind is not None and kind.scheduled
 
+    def scheduled_sources(self) -> list[str]:
+        """The sources whose turns take a scheduled-turn slot."""
+        return [source for source, kind in self._kinds.items() if kind.scheduled]
+
     def decode(
         self, source: str, payload: dict[str, Any], input_id: int | None = None
     ) -> TurnPayload:

@@ -170,9 +170,8 @@ class TurnRunner:
                             item = await self._lost_claim(uncertain)
                         if item is None:
                             uncertain = None
-                            item = await self.services.store.claim_next_input(
-                                self.session_id, fence=self.fence
-                            )
+                            # (one that needs a slot waits queued for it: TurnSlots.claim)
+                            item = await self.slots.claim(self.fence)
                     except Fenced as exc:
                         self._lost_lease(exc)
                         return
@@ -189,7 +188,6 @@ class TurnRunner:
                         return
                     self.queued = max(0, self.queued - 1)
                     scheduled = self.services.input_kinds.scheduled(item.source)
-                    self.slots.claimed(scheduled)
                     if scheduled and not held:
                         # A slot was free when we looked, or the queue changed since: the
                         # input is claimed, so take the slot now (nearly always at once).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import trio
 
 from turnstile.actors.sessions.services import SessionServices
+from turnstile.runtime.store import InboxItem
 
 __all__ = ["TurnSlots"]
 
@@ -20,44 +21,20 @@ class TurnSlots:
     bound, and every method is a no-op). The session's runner holds at most one slot.
     """
 
-    __slots__ = ("_services", "_session_id", "_wait", "_scheduled")
+    __slots__ = ("_services", "_session_id", "_wait", "_holding")
 
     def __init__(self, services: SessionServices, session_id: str) -> None:
         self._services = services
         self._session_id = session_id
         #: Set while the runner waits for a slot, so a delete can end the wait.
         self._wait: trio.CancelScope | None = None
-        #: Inputs of a scheduled kind the session knows to be queued (stored through its
-        #: actor, announced to it, or found when it started), less those its runner claimed.
-        #: Counted high rather than low: it only lets ``for_next`` skip its read of the queue.
-        self._scheduled = 0
-
-    def queued(self, source: str) -> None:
-        """An input from ``source`` is queued in the session (its actor stored it, was told
-        of it, or found it when it started)."""
-        if self._services.scheduled_turns is not None:
-            if self._services.input_kinds.scheduled(source):
-                self._scheduled += 1
-
-    def claimed(self, scheduled: bool) -> None:
-        """The runner claimed an input (``scheduled``: of a scheduled kind)."""
-        if scheduled and self._scheduled:
-            self._scheduled -= 1
+        #: Whether the session holds a slot.
+        self._holding = False
 
     async def for_next(self) -> bool:
-        """Wait for a slot if the session's next input needs one and none is free.
-
-        The input waits *queued* in the inbox (a crash meanwhile loses nothing), and everything
-        behind it in this session waits too, so the order stays that of the inbox. A free slot
-        is taken before the claim, without waiting (the caller gives it back if the input turns
-        out not to need it); only when none is free does this read the queue, so an uncontended
-        node pays nothing; and only when the session knows of a scheduled input waiting in it
-        (:meth:`queued`), or shares its store with other nodes (whose inputs it may not have
-        been told of), so user turns on a node whose slots are busy do not read their queue
-        first (a store round trip a turn, issue 26). An input stored without the session
-        having heard of it yet (a fire whose announcement is on its way) is claimed and then
-        waits for its slot ``running``, as when the queue changes between the read and the
-        claim.
+        """Take a free slot for the session's next input, without waiting (the caller gives
+        it back if the input turns out not to need it; :meth:`claim` waits for one when it
+        does and none was free).
 
         Returns:
             whether a slot is now held for this session.
@@ -65,35 +42,79 @@ class TurnSlots:
         slots = self._services.scheduled_turns
         if slots is None:
             return False
+        if self._holding:
+            return True
         try:
             slots.acquire_on_behalf_of_nowait(self)
-            return True
         except trio.WouldBlock:
-            pass
-        if not self._scheduled and self._services.remote is None:
-            return False  # nothing waiting here needs a slot
-        source = await self._services.store.next_queued_source(self._session_id)
-        if source is None or not self._services.input_kinds.scheduled(source):
             return False
-        return await self.take()
+        self._holding = True
+        return True
+
+    async def claim(self, fence: int | None) -> InboxItem | None:
+        """Claim the session's next input; one that needs a slot waits *queued* for one.
+
+        Without a slot held, the claim leaves an oldest input of a scheduled kind queued and
+        says so in the same statement (``Store.claim_next_input_unless``); then this waits for
+        a slot and claims again. So such an input waits in the inbox (a crash meanwhile loses
+        nothing), and everything behind it in this session waits too: the order stays that of
+        the inbox. No read of the queue comes before the claim (issue 26: it was a store round
+        trip a turn on a node whose slots were busy). A slot taken here is held on return
+        when the claimed input needs one (the caller's :meth:`take` then answers at once) and
+        given back otherwise.
+
+        Returns:
+            the claimed input, or None (nothing queued, or the wait for a slot was ended by
+            :meth:`cancel_wait`).
+
+        Raises:
+            as ``Store.claim_next_input``.
+        """
+        store = self._services.store
+        kinds = self._services.input_kinds
+        if self._services.scheduled_turns is None or self._holding:
+            return await store.claim_next_input(self._session_id, fence=fence)
+        answer = await store.claim_next_input_unless(
+            self._session_id, kinds.scheduled_sources(), fence=fence
+        )
+        if not isinstance(answer, str):
+            return answer
+        # its next input needs a slot and none is held: it waits queued for one
+        if not await self.take():
+            return None
+        try:
+            item = await store.claim_next_input(self._session_id, fence=fence)
+        except BaseException:
+            self.release()
+            raise
+        if item is None or not kinds.scheduled(item.source):
+            self.release()  # it was taken meanwhile (folded, deleted): no slot needed
+        return item
 
     async def take(self) -> bool:
-        """Take a slot, waiting for one; False if ``cancel_wait`` ended the wait."""
+        """Take a slot, waiting for one; False if ``cancel_wait`` ended the wait. True at
+        once when the session holds one already."""
         slots = self._services.scheduled_turns
         if slots is None:
             return False
+        if self._holding:
+            return True
         with trio.CancelScope() as scope:
             self._wait = scope
             try:
                 await slots.acquire_on_behalf_of(self)
             finally:
                 self._wait = None
-        return not scope.cancelled_caught
+        if scope.cancelled_caught:
+            return False
+        self._holding = True
+        return True
 
     def release(self) -> None:
         """Give back the slot this session holds."""
         slots = self._services.scheduled_turns
-        if slots is not None:
+        if slots is not None and self._holding:
+            self._holding = False
             slots.release_on_behalf_of(self)
 
     def cancel_wait(self) -> None:

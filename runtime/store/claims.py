@@ -13,11 +13,13 @@ before the lease moved or not at all.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection
 from typing import Any
 
 from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.base import StoreBase
+from turnstile.runtime.store.escaping import escape_text
 from turnstile.runtime.store.inbox import input_record
 from turnstile.runtime.store.records import InboxItem
 from turnstile.runtime.store.sessions import (
@@ -116,6 +118,96 @@ CLAIM_NEXT_INPUT = ops.row(
     sqlite=_claim_sqlite,
     postgres=_claim_postgres,
     decode=input_record,
+    writes=True,
+)
+
+# The claim of a node with scheduled-turn slots: as the claim, but an oldest queued input whose
+# source is one of ``unless`` (it needs a slot the caller does not hold) stays queued, and the
+# statement answers its source instead (``_waits``), in the same round trip.
+_CLAIM_UNLESS_PG = (
+    "WITH s AS (SELECT lease_epoch FROM sessions WHERE id = :session_id{lock}),"
+    " h AS (SELECT id, source FROM inbox WHERE session_id = :session_id AND state = 'queued'"
+    " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED),"
+    " c AS (UPDATE inbox SET state = 'running', updated_at = :now, claimed_by = :node,"
+    " claimed_epoch = :epoch WHERE id = (SELECT id FROM h WHERE source <> ALL(:unless::text[])"
+    "){held} RETURNING *)"
+    " SELECT EXISTS (SELECT 1 FROM s) AS _found, (SELECT lease_epoch FROM s) AS _lease,"
+    " (SELECT source FROM h WHERE source = ANY(:unless)) AS _waits, c.*"
+    " FROM (SELECT 1) AS one LEFT JOIN c ON true"
+)
+_CLAIM_UNLESS_ARGS = (*_CLAIM_ARGS, "unless")
+_CLAIM_UNLESS_FREE = ops.Statement(
+    _CLAIM_UNLESS_PG.format(lock="", held=""), params=_CLAIM_UNLESS_ARGS
+)
+_CLAIM_UNLESS_FENCED = ops.Statement(
+    _CLAIM_UNLESS_PG.format(
+        lock=" FOR SHARE", held=" AND EXISTS (SELECT 1 FROM s WHERE lease_epoch = :fence)"
+    ),
+    params=(*_CLAIM_UNLESS_ARGS, "fence"),
+)
+_HEAD_SOURCE = ops.Statement(
+    "SELECT source FROM inbox WHERE session_id = :session_id AND state = 'queued'"
+    " ORDER BY id LIMIT 1"
+)
+
+
+def _claim_unless_sqlite(
+    conn: sqlite3.Connection,
+    session_id: str,
+    now: str,
+    node: str | None,
+    epoch: int | None,
+    unless: list[str],
+    fence: int | None = None,
+) -> tuple[Any, str | None]:
+    # one transaction (the writer's): the oldest queued input read, then claimed
+    head = conn.execute(_HEAD_SOURCE.sqlite, (session_id,)).fetchone()
+    if head is not None and head[0] in unless:
+        if fence is not None:
+            fenced_sqlite(conn, session_id, fence)
+        return None, head[0]
+    return _claim_sqlite(conn, session_id, now, node, epoch, fence), None
+
+
+async def _claim_unless_postgres(
+    conn: Any,
+    session_id: str,
+    now: Any,
+    node: str | None,
+    epoch: int | None,
+    unless: list[str],
+    fence: int | None = None,
+) -> tuple[Any, str | None]:
+    sources = [escape_text(source) for source in unless]  # text[]: see append_events
+    if fence is None:
+        row = await conn.fetchrow(
+            _CLAIM_UNLESS_FREE.postgres, session_id, now, node, epoch, sources
+        )
+    else:
+        row = await conn.fetchrow(
+            _CLAIM_UNLESS_FENCED.postgres, session_id, now, node, epoch, sources, fence
+        )
+    if row["id"] is not None:
+        return row, None
+    if not row["_found"]:
+        raise u.no_session(session_id)
+    if fence is not None and row["_lease"] != fence:
+        raise u.fenced(session_id, fence, row["_lease"])
+    return None, row["_waits"]
+
+
+def _claimed_or_waits(answer: tuple[Any, str | None]) -> InboxItem | str | None:
+    row, waits = answer
+    return input_record(row) if row is not None else waits
+
+
+#: ``(session_id, now, node, epoch, unless, fence)``: as :data:`CLAIM_NEXT_INPUT`, or the
+#: source of the oldest queued input, left queued, when it is one of ``unless``.
+CLAIM_UNLESS = ops.procedure(
+    "claim_next_input",
+    sqlite=_claim_unless_sqlite,
+    postgres=_claim_unless_postgres,
+    decode=_claimed_or_waits,
     writes=True,
 )
 
@@ -229,6 +321,33 @@ class ClaimMethods(StoreBase):
             now=self._now(),
             node=None if claimer is None else claimer.id,
             epoch=None if claimer is None else claimer.epoch,
+            fence=u.check_fence(fence),
+        )
+
+    async def claim_next_input_unless(
+        self, session_id: str, unless: Collection[str], *, fence: int | None = None
+    ) -> InboxItem | str | None:
+        """As :meth:`claim_next_input`, unless the oldest queued input came from one of the
+        sources ``unless``: then it stays ``queued`` and its source is the answer, in the same
+        statement (a session whose next input needs a scheduled-turn slot it does not hold,
+        ``actors/sessions/slots.py``).
+
+        Returns:
+            The claimed item (state ``running``), the source of the oldest queued input (one
+            of ``unless``, not claimed), or None when nothing is queued.
+
+        Raises:
+            NotFound: ``no session with id 'x'``.
+            Fenced: ``fence`` was given and is no longer the session's lease epoch.
+        """
+        claimer = self.claimer
+        return await self.engine.run(
+            CLAIM_UNLESS,
+            session_id=session_id,
+            now=self._now(),
+            node=None if claimer is None else claimer.id,
+            epoch=None if claimer is None else claimer.epoch,
+            unless=[u.check_text(source, "source") for source in unless],
             fence=u.check_fence(fence),
         )
 

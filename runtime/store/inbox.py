@@ -170,16 +170,6 @@ async def _list_postgres(conn: Any, session_id: str, states: list[str] | None) -
 LIST_INPUTS = ops.rows(
     "list_inputs", sqlite=_list_sqlite, postgres=_list_postgres, decode=input_record
 )
-#: ``(session_id) -> source | None``: where the oldest queued input of the session came from
-#: (None: nothing queued, or no such session). The state is written in the statement, not
-#: passed: a plan PostgreSQL keeps for it reads the ``(session_id, state, id)`` index's first
-#: entry, where ``state = ANY($2)`` (``list_inputs``) is planned again at every call, or scans
-#: the session's whole inbox.
-NEXT_QUEUED_SOURCE = ops.value(
-    "next_queued_source",
-    "SELECT source FROM inbox WHERE session_id = :session_id AND state = 'queued'"
-    " ORDER BY id LIMIT 1",
-)
 #: ``(now)``: every running input moved to interrupted.
 INTERRUPT_RUNNING = ops.rows(
     "interrupt_running",
@@ -350,17 +340,6 @@ class InboxMethods(StoreBase):
         """
         wanted = u.check_input_states(states)
         return await self.engine.run(LIST_INPUTS, session_id=session_id, states=wanted)
-
-    async def next_queued_source(self, session_id: str) -> str | None:
-        """Where the oldest ``queued`` input of a session came from (its ``source``), without
-        reading the input: what the node's scheduled-turn slots ask before a claim.
-
-        Returns:
-            the source, or None when nothing is queued (or there is no such session: the
-            claim that follows says so).
-        """
-        source = await self.engine.run(NEXT_QUEUED_SOURCE, session_id=session_id)
-        return None if source is None else str(source)
 
     async def interrupt_running(self) -> list[InboxItem]:
         """Crash recovery of a store that one process uses alone: move every ``running``

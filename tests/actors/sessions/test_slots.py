@@ -64,7 +64,7 @@ async def test_user_turns_on_a_node_whose_slots_are_busy_do_not_read_their_queue
 
         slots = trio.CapacityLimiter(1)
         await slots.acquire_on_behalf_of(object())  # a scheduled turn elsewhere holds it
-        counted = StoreWith(store, list_inputs=read, next_queued_source=read)
+        counted = StoreWith(store, list_inputs=read)
         async with sessions(services_over(counted, slots, GatedAgent())) as registry:
             for text in ("one", "two", "three"):
                 await registry.ref("session:s").ask(Submit(content=text))

@@ -158,17 +158,28 @@ async def test_an_empty_claim_and_an_empty_list_tell_no_session_from_none(store)
         await store.list_inputs("gone", ["queued"])
 
 
-async def test_the_next_queued_source_is_the_oldest_queued_inputs(store):
+async def test_a_claim_unless_leaves_an_input_that_needs_a_slot_queued(store):
+    """``claim_next_input_unless``: the claim of a session whose next input may need a
+    scheduled-turn slot it does not hold (``actors/sessions/slots.py``)."""
     await store.create_session("s", "ada")
-    assert await store.next_queued_source("s") is None
-    assert await store.next_queued_source("gone") is None  # (the claim after it says why)
-    await store.enqueue_input("s", "cron", {"content": "tick"})
+    assert await store.claim_next_input_unless("s", ["cron"]) is None
+    with pytest.raises(NotFound, match=r"^no session with id 'gone'$"):
+        await store.claim_next_input_unless("gone", ["cron"])
+    tick = await store.enqueue_input("s", "cron", {"content": "tick"})
     await store.enqueue_input("s", "user", {"content": "hi"})
-    assert await store.next_queued_source("s") == "cron"
-    await store.claim_next_input("s")
-    assert await store.next_queued_source("s") == "user"
-    await store.claim_next_input("s")
-    assert await store.next_queued_source("s") is None
+    # the oldest needs a slot: nothing is claimed, not even the input behind it
+    for _ in range(2):
+        assert await store.claim_next_input_unless("s", ["cron", "recall"]) == "cron"
+    assert [i.state for i in await store.list_inputs("s")] == ["queued", "queued"]
+    a, _ = await store.register_node("a", lease_seconds=LEASE)
+    fence = (await store.acquire_session("s", a.ref)).fence
+    with pytest.raises(Fenced):
+        await store.claim_next_input_unless("s", ["cron"], fence=fence + 1)
+    claimed = await store.claim_next_input_unless("s", [], fence=fence)
+    assert (claimed.id, claimed.state) == (tick.id, "running")
+    claimed = await store.claim_next_input_unless("s", ["cron"], fence=fence)
+    assert (claimed.payload["content"], claimed.state) == ("hi", "running")
+    assert await store.claim_next_input_unless("s", ["cron"], fence=fence) is None
 
 
 @pytest.mark.postgres
@@ -201,7 +212,8 @@ async def test_a_turn_on_postgresql_takes_one_round_trip_per_operation(pg_dsn, m
         assert await trips(store.claim_next_input("gone")) == 1
         assert await trips(store.list_inputs("s", ["queued"])) == 1  # none
         assert await trips(store.list_inputs("gone")) == 1
-        assert await trips(store.next_queued_source("s")) == 1
+        assert await trips(store.claim_next_input_unless("s", ["cron"], fence=fence)) == 1
+        assert await trips(store.claim_next_input_unless("gone", ["cron"])) == 1
         assert await trips(store.append_events("s", [("token", {})], fence=fence)) == 1
         closing = store.close_input("s", [("stream_end", {})], item.id, "done", fence=fence)
         assert await trips(closing) == 1
