@@ -346,7 +346,7 @@ class WatcherActor(ClusterMixin, EscalationMixin, PersistenceMixin, Actor):
         self._add(watcher)
         try:
             if self.share is None:
-                await self._save_now(watcher, new=True)
+                await self._save_now(watcher)
             else:
                 await self._save_first(watcher)
         except BaseException:

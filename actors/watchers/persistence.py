@@ -169,27 +169,15 @@ class PersistenceMixin(WatcherBase):
         if not self._dirty_event.is_set():
             self._dirty_event.set()
 
-    async def _save_now(self, w: Watcher, new: bool = False) -> None:
-        """Write one watcher's state through (start, pause, resume).
-
-        ``new``: a watcher being started, not yet scheduled, so in no flush and not dirty:
-        its row is written without the write lock. A flush holds that lock while it encodes
-        and commits every watcher checked since the last one, which with 10,000 watchers took
-        up to 2.3 s on a loaded box; the actor's mailbox waited behind it with every start
-        in the queue (issue 26: the 10,000-watcher bench's ramp crawled)."""
-        if new:
-            await self.store.kv_put_items(self._rows(w))
-            return
+    async def _save_now(self, w: Watcher) -> None:
+        """Write one watcher's state through (start, pause, resume)."""
         async with self._write_lock:
             self._dirty.discard(w.id)
-            await self.store.kv_put_items(self._rows(w))
-
-    def _rows(self, w: Watcher) -> list[tuple[str, str, Any, None]]:
-        state = w.to_state()
-        items = [(NAMESPACE, w.id, state, None)]
-        if self.share is not None:
-            items.append((INDEX, index_key(w.session_id, w.id), state, None))
-        return items
+            state = w.to_state()
+            items = [(NAMESPACE, w.id, state, None)]
+            if self.share is not None:
+                items.append((INDEX, index_key(w.session_id, w.id), state, None))
+            await self.store.kv_put_items(items)
 
     async def _persist_loop(self) -> None:
         while True:
