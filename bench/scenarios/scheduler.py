@@ -32,6 +32,7 @@ the real clock (``SystemClock``):
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import statistics
@@ -311,13 +312,21 @@ async def _backend(url: str, sizes: Sizes, bulk_concurrency: int) -> _Backend:
                     if forward[0]:
                         await registry.ref(f"session:{session_id}").tell(message)
 
+                # 1,000,000 jobs (scenario ``scale``) are 1,000 a session: the limit must let
+                # the last ones through the actor
+                limits = dataclasses.replace(
+                    LIMITS,
+                    max_jobs_per_session=max(
+                        LIMITS.max_jobs_per_session, 2 * sizes.jobs // SESSIONS
+                    ),
+                )
                 # Only the live scheduler is kept: a stopped one's 100k entries would otherwise
                 # stay reachable and slow every later full GC.
                 actors: list[SchedulerActor] = []
                 serial = [0]
 
                 def factory() -> SchedulerActor:
-                    actor = SchedulerActor(store, clock, publish=publish, limits=LIMITS)
+                    actor = SchedulerActor(store, clock, publish=publish, limits=limits)
                     actors[:] = [actor]
                     return actor
 
