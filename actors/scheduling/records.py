@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from turnstile.runtime.store import InboxItem, encode_json
+from turnstile.runtime.store import InboxItem, escape_json
 
 __all__ = [
     "JOB_STATES",
@@ -97,10 +97,15 @@ class ActiveJob(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             id=job.id,
             session_id=_intern(job.session_id),
             kind=sys.intern(job.kind),
-            spec=encode_json(job.spec, "spec") if spec is None else spec,
+            spec=_spec_text(job.spec) if spec is None else spec,
             next_fire_at=job.next_fire_at,
             run_count=job.run_count,
         )
+
+
+def _spec_text(spec: Any) -> str:
+    # Any JSON value (a row written by hand may hold a list): ``decode_spec`` says what is wrong.
+    return escape_json(msgspec.json.encode(spec))
 
 
 def _intern(text: str | None) -> str | None:

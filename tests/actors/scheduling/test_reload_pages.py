@@ -9,17 +9,19 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 
 from tests.runtime.store._support import T0
 from tests.support.mock_node import once
 from tests.support.polling import eventually
-from turnstile.actors.scheduling.actor import SchedulerActor, SchedulerLimits
+from turnstile.actors.scheduling.actor import ResumeJob, SchedulerActor, SchedulerLimits
 from turnstile.actors.scheduling.records import ActiveJob
 from turnstile.actors.scheduling.spec import JobSpec, decode_spec
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.actor import Delivered
 from turnstile.runtime.clock import SystemClock
+from turnstile.runtime.errors import ConflictError
 from turnstile.runtime.store import decode_json
 from turnstile.runtime.supervisor import open_supervisor
 
@@ -163,4 +165,42 @@ async def test_a_reload_across_pages_indexes_and_fires_every_job_once(jobs_backe
             # the overdue ones were spread in the order they were created
             runs = {job_id: (await jobs.list_runs(job_id))[0].id for job_id in overdue}
             assert sorted(overdue, key=runs.__getitem__) == overdue
+            await sup.stop("scheduler")
+
+
+async def test_a_stored_spec_that_is_no_object_is_left_alone_loaded_or_resumed(jobs_backend):
+    clock = SystemClock()
+
+    async def publish(session_id: str, message: Any) -> None:
+        pass
+
+    async with jobs_backend.open(clock) as store:
+        jobs = JobStore(store)
+        await store.create_session("s1", "ada")
+        later = clock.now() + H
+        for job_id, state in (("a", "active"), ("b", "active"), ("p", "paused")):
+            await jobs.create_job(
+                job_id,
+                kind="once",
+                spec=spec(job_id, later),
+                session_id="s1",
+                next_fire_at=later,
+                state=state,
+            )
+        # written by hand: JSON, but no object
+        await jobs_backend.sql("UPDATE jobs SET spec = '[1]' WHERE id IN ('b', 'p')")
+        actors: list[SchedulerActor] = []
+
+        def factory() -> SchedulerActor:
+            actors.append(SchedulerActor(store, clock, publish=publish, load_page=1))
+            return actors[-1]
+
+        async with open_supervisor("root", escalate=False) as sup:
+            ref = await sup.spawn(factory, name="scheduler")
+            (scheduler,) = actors
+            assert sorted(scheduler.entries) == ["a"]
+            assert scheduler.metrics.value("turnstile_scheduler_bad_specs_total") == 1
+            with pytest.raises(ConflictError, match=r"^job 'p' cannot fire again: its spec is"):
+                await ref.ask(ResumeJob(job_id="p"))
+            assert scheduler.metrics.value("turnstile_scheduler_bad_specs_total") == 2
             await sup.stop("scheduler")
