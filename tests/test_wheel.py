@@ -50,7 +50,8 @@ import pytest
 
 from tests.support.readme import EXPECTED_OUTPUT, readme_example
 
-pytestmark = pytest.mark.slow
+# one worker runs the module: its module-scoped fixture (a wheel build and venv) is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 REPO = Path(__file__).resolve().parent.parent
 
