@@ -81,7 +81,12 @@ from turnstile.runtime.supervisor import open_supervisor
 from turnstile.runtime.tracing import open_tracing
 from turnstile.tools.builtin import register_builtin_tools
 from turnstile.tools.modules.filesystem import FilesystemConfig, register_filesystem_module
-from turnstile.tools.modules.http import HttpConfig, StartBackground, register_http_module
+from turnstile.tools.modules.http import (
+    HttpConfig,
+    HttpModule,
+    StartBackground,
+    register_http_module,
+)
 from turnstile.tools.modules.shell import ShellConfig, register_shell_module
 from turnstile.tools.policy import PolicyTable
 from turnstile.tools.registry import ToolRegistry
@@ -233,6 +238,7 @@ async def open_node(
     """
     clock = clock or SystemClock()
     agent = agent or make_agent(config)
+    http: HttpModule | None = None  # closed last: a watcher's or a turn's call may use it
     if tokens is None:
         tokens = {user.token: user.name for user in config.users}
     given = list(features) if features is not None else default_features(agent)
@@ -314,7 +320,7 @@ async def open_node(
                             raise NotFound("background tasks are not enabled on this node")
                         return await context.start_background(call, tool, params)
 
-                    register_modules(
+                    http = register_modules(
                         tools,
                         config,
                         start_background if any(f.name == "execution" for f in chosen) else None,
@@ -440,6 +446,8 @@ async def open_node(
     finally:
         with trio.move_on_after(5, shield=True):
             await agent.aclose()
+            if http is not None:  # its kept connections, closed rather than left to the OS
+                await http.aclose()
 
 
 async def _catch_up(store: Store, registry: Registry, membership: Membership) -> None:
@@ -489,9 +497,10 @@ def _session_key(address: str) -> str | None:
 
 def register_modules(
     tools: ToolRegistry, config: Config, start_background: StartBackground | None = None
-) -> None:
+) -> HttpModule:
     """Register the http, filesystem and shell modules with the config's settings;
-    ``start_background`` makes ``http.download`` a background action."""
+    ``start_background`` makes ``http.download`` a background action. Returns the http module,
+    whose kept connections the node closes when it stops."""
 
     def settings(struct) -> dict:
         return {
@@ -501,10 +510,11 @@ def register_modules(
 
     modules = config.modules
     fs = register_filesystem_module(tools, FilesystemConfig(**settings(modules.filesystem)))
-    register_http_module(
+    http = register_http_module(
         tools,
         HttpConfig(**settings(modules.http)),
         sandbox=fs.sandbox,
         start_background=start_background,
     )
     register_shell_module(tools, ShellConfig(**settings(modules.shell)), fs.sandbox)
+    return http
