@@ -65,18 +65,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the slow tests first, and wrap every async test in ``trio.fail_after``: no test may
-    hang the suite.
+    """Wrap every async test in ``trio.fail_after``: no test may hang the suite.
 
     The deadline is on trio's clock, so under ``MockClock(autojump_threshold=0)`` a deadlock
     (every task blocked forever) fails at once instead of hanging.
     """
-    # The slow tests (real processes, a crash sample, a wheel build) first: the suite's
-    # workers (pytest-xdist, ``--dist load``) take tests from the front of one list as they
-    # free up, so the long ones start at once and the short ones fill in around them instead
-    # of one long test running alone at the end. A stable sort: the order is otherwise as
-    # collected, the same in every worker.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         fn = getattr(item, "obj", None)
         if not inspect.iscoroutinefunction(fn):

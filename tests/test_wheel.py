@@ -50,8 +50,7 @@ import pytest
 
 from tests.support.readme import EXPECTED_OUTPUT, readme_example
 
-# one worker runs the module, so its session-scoped fixture (a wheel build and venv) is made once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -151,9 +150,9 @@ def _decoy_directory(destination: Path) -> Path:
     return destination
 
 
-# Session scope: under pytest-xdist a worker can run other modules' tests between this module's
-# (the group keeps them on one worker, not in one stretch), and a module-scoped fixture is torn
-# down at each change of module: at load 8 the wheel was built and installed three times.
+# Session scope: under pytest-xdist a worker can run other modules' tests between this module's,
+# and a module-scoped fixture is torn down at each change of module: at load 8 the wheel was
+# built and installed three times.
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """The wheel, built from a copy of the working tree and installed into a fresh venv."""

@@ -14,8 +14,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.console.conftest import ConsoleNode
 
-# one worker runs the module: its module-scoped fixture (a node and a browser) is made once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console")]
+pytestmark = pytest.mark.slow
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
 #: About 2.2 s of streaming: time enough to reload or drop the connection in the middle.
