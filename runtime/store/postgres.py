@@ -185,14 +185,9 @@ class _Pool:
     async def acquire(self, first: bool = False) -> asyncpg.Connection:
         """A connection for one operation; ``first`` puts it ahead of those waiting."""
         while True:
-            if self._closed:
-                raise StoreError("store is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.is_closed():
-                    self._in_use += 1
-                    return conn
-                self._size -= 1
+            conn = self.acquire_idle()  # StoreError once the store is closed
+            if conn is not None:
+                return conn
             if self._size < self._max_size:
                 self._size += 1
                 try:
