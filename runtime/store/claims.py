@@ -296,6 +296,13 @@ INPUT_STATE = ops.value("input_state", "SELECT state FROM inbox WHERE id = :inpu
 class ClaimMethods(StoreBase):
     """The store's methods that claim and settle inputs (see :class:`runtime.store.front.Store`)."""
 
+    def _claimed_by(self) -> dict[str, Any]:
+        """The claimer's id and epoch as a claim stamps them on the row (None without one)."""
+        claimer = self.claimer
+        if claimer is None:
+            return {"node": None, "epoch": None}
+        return {"node": claimer.id, "epoch": claimer.epoch}
+
     async def claim_next_input(
         self, session_id: str, *, fence: int | None = None
     ) -> InboxItem | None:
@@ -314,13 +321,11 @@ class ClaimMethods(StoreBase):
             NotFound: ``no session with id 'x'``.
             Fenced: ``fence`` was given and is no longer the session's lease epoch.
         """
-        claimer = self.claimer
         return await self.engine.run(
             CLAIM_NEXT_INPUT,
             session_id=session_id,
             now=self._now(),
-            node=None if claimer is None else claimer.id,
-            epoch=None if claimer is None else claimer.epoch,
+            **self._claimed_by(),
             fence=u.check_fence(fence),
         )
 
@@ -340,13 +345,11 @@ class ClaimMethods(StoreBase):
             NotFound: ``no session with id 'x'``.
             Fenced: ``fence`` was given and is no longer the session's lease epoch.
         """
-        claimer = self.claimer
         return await self.engine.run(
             CLAIM_UNLESS,
             session_id=session_id,
             now=self._now(),
-            node=None if claimer is None else claimer.id,
-            epoch=None if claimer is None else claimer.epoch,
+            **self._claimed_by(),
             unless=[u.check_text(source, "source") for source in unless],
             fence=u.check_fence(fence),
         )
