@@ -121,12 +121,12 @@ class _Run:
     route_us: float = 0.0
 
 
-async def _admin(aio: AsyncioThread, sql: str, dsn: str = PG_DSN) -> list[Any]:
+async def _admin(aio: AsyncioThread, sql: str, dsn: str = PG_DSN, *args: Any) -> list[Any]:
     import asyncpg
 
     conn = await aio.call(partial(asyncpg.connect, dsn, timeout=10))
     try:
-        return await aio.call(conn.fetch, sql)
+        return await aio.call(conn.fetch, sql, *args)
     finally:
         await aio.call(conn.close)
 
@@ -267,7 +267,7 @@ async def _run(sizes: Sizes, dsns: dict[str, str], aio: AsyncioThread) -> _Run:
             if after and after[0].seq == before[sid] + 1:
                 out.continued += 1
         left = await _admin(
-            aio, f"SELECT count(*) AS n FROM sessions WHERE owner = '{mover}'", dsns["a"]
+            aio, "SELECT count(*) AS n FROM sessions WHERE owner = $1", dsns["a"], mover
         )
         out.misplaced += left[0]["n"]
     return out
