@@ -50,6 +50,7 @@ import trio
 
 from turnstile.actors.config import Config, load_config
 from turnstile.runtime.errors import DecodeError, LeaseLost, TurnstileError
+from turnstile.runtime.taskdump import dump_on_signal
 
 __all__ = ["main"]
 
@@ -118,7 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the
         # actors (their on_stop runs), then close the store.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with open_node(config, tokens=tokens) as node:
+            async with open_node(config, tokens=tokens) as node, trio.open_nursery() as dumps:
+                dumps.start_soon(dump_on_signal)  # SIGUSR1: what every task waits on
                 gc.freeze()  # what start-up built lives for the whole run
                 print(
                     f"turnstile serving on {', '.join(node.urls)} "
@@ -133,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
                     if node.context.placement is not None and seconds > 0:
                         await _drain(node, seconds, signals)
                     break
+                dumps.cancel_scope.cancel()
 
     try:
         trio.run(run)
