@@ -114,6 +114,9 @@ def _serve(args: argparse.Namespace) -> int:
         config.scripted.token_delay = args.token_delay
     tokens, generated = _tokens(config, args.dev_token)
     tune_gc()
+    # SIGUSR1 dumps the task tree while serving; before and after that its default would
+    # end the process, so it is ignored there (trio restores this when its receiver closes)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     async def run() -> None:
         # SIGINT and SIGTERM both mean "shut down gracefully": stop the gateway, then the
