@@ -81,6 +81,13 @@ class Serving:
         with trio.fail_after(SETTLE):
             return await self.process.wait()
 
+    async def dump_tasks_after(self, seconds: float) -> None:
+        """Unless cancelled first: after ``seconds``, have the node write what each of its
+        tasks waits on to its log (``SIGUSR1``), so that a hang names its await."""
+        await trio.sleep(seconds)
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGUSR1)
+
     async def metric(self, name: str) -> float:
         async with self.node.http(TOKEN) as http:
             for line in (await http.get("/metrics")).text.splitlines():
@@ -709,6 +716,8 @@ async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_not
     up = [True, True, True]
     sessions = [f"r{i}" for i in range(30)]
     acked: dict[str, int] = {}
+    clients_of: list[httpx.AsyncClient] = []  # by node
+    opened: list[httpx.AsyncClient] = []  # to close
     try:
         for node in nodes:
             await node.start()
@@ -716,41 +725,75 @@ async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_not
             for name in sessions:
                 assert (await http.post("/sessions", json={"id": name})).status_code == 201
 
+        # one client per node incarnation, as a real client keeps its connections: a new
+        # httpx client costs ~50 ms of CPU (its TLS context), and one per message made this
+        # process, not the nodes, the bottleneck on a loaded box (requests sat unsent 30 s)
+
+        def connect(i: int) -> None:
+            client = nodes[i].node.http(TOKEN)
+            client.timeout = httpx.Timeout(SETTLE / 2)
+            opened.append(client)
+            if i < len(clients_of):
+                clients_of[i] = client
+            else:
+                clients_of.append(client)
+
+        for i in range(3):
+            connect(i)
+
+        async def post_watched(i: int, name: str, key: str) -> httpx.Response | None:
+            async with trio.open_nursery() as watch:
+                # a request still unanswered after 10 s: the node's log shows where its
+                # tasks wait
+                watch.start_soon(nodes[i].dump_tasks_after, 10)
+                try:
+                    return await clients_of[i].post(
+                        f"/sessions/{name}/messages",
+                        json={"content": "/sleep 0.2"},
+                        headers={"Idempotency-Key": key},
+                    )
+                except httpx.TransportError:
+                    return None
+                finally:
+                    watch.cancel_scope.cancel()
+
+        in_flight = dict.fromkeys(sessions, 0)
+
         async def send(key: str, name: str, first: int) -> None:
             # through the next node that is up, until acknowledged: a client retries for as
             # long as a restart takes (a second on a quiet box, many on a loaded one), so the
             # bound is a hang guard on time, not a count of attempts
             attempts = 0
-            with trio.move_on_after(2 * SETTLE):
-                while True:
-                    i = (first + attempts) % 3
-                    attempts += 1
-                    if not up[i]:
+            in_flight[name] += 1
+            try:
+                with trio.move_on_after(2 * SETTLE):
+                    while True:
+                        i = (first + attempts) % 3
+                        attempts += 1
+                        if not up[i]:
+                            await trio.sleep(0.05)
+                            continue
+                        sent = await post_watched(i, name, key)
+                        if sent is None:  # not answered: refused, reset or timed out
+                            await trio.sleep(0.05)
+                            continue
+                        if sent.status_code == 202:
+                            acked[key] = sent.json()["input_id"]
+                            return
                         await trio.sleep(0.05)
-                        continue
-                    try:
-                        async with nodes[i].node.http(TOKEN) as http:
-                            http.timeout = httpx.Timeout(SETTLE / 2)
-                            sent = await http.post(
-                                f"/sessions/{name}/messages",
-                                json={"content": "/sleep 0.2"},
-                                headers={"Idempotency-Key": key},
-                            )
-                    except httpx.TransportError:
-                        await trio.sleep(0.05)
-                        continue
-                    if sent.status_code == 202:
-                        acked[key] = sent.json()["input_id"]
-                        return
-                    await trio.sleep(0.05)
+            finally:
+                in_flight[name] -= 1
             raise AssertionError(f"{key} was never acknowledged ({attempts} attempts)")
 
         async def clients(stop: trio.Event) -> None:
+            # every 0.5 s a message to each session that has fewer than two unacknowledged
+            # (a client waits for its answers instead of piling up requests without bound)
             n = 0
             async with trio.open_nursery() as nursery:
                 while not stop.is_set():
                     for j, name in enumerate(sessions):
-                        nursery.start_soon(send, f"{name}-{n}", name, n + j)
+                        if in_flight[name] < 2:
+                            nursery.start_soon(send, f"{name}-{n}", name, n + j)
                     n += 1
                     with trio.move_on_after(0.5):
                         await stop.wait()
@@ -763,6 +806,7 @@ async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_not
                 up[i] = False
                 assert await node.stop(signal.SIGTERM) == 0  # drained, then stopped
                 await node.start()
+                connect(i)  # its new address
                 up[i] = True
             await trio.sleep(1)
             stop.set()
@@ -781,6 +825,8 @@ async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_not
             assert len(starts) == len(set(starts)), name  # nothing ran twice
         print(f"{len(acked)} messages through a rolling restart of three nodes, each run once")
     finally:
+        for client in opened:
+            await client.aclose()
         for node in nodes:
             node.close()
 
