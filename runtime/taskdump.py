@@ -48,7 +48,9 @@ def task_tree() -> str:
             for child in sorted(nursery.child_tasks, key=lambda t: t.name):
                 walk(child, depth + 1)
 
-    walk(trio.lowlevel.current_root_task(), 0)
+    root = trio.lowlevel.current_root_task()
+    if root is not None:  # (None only outside a trio run)
+        walk(root, 0)
     return "\n".join(lines)
 
 
