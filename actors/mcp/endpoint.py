@@ -39,7 +39,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from turnstile.runtime.errors import InvalidArgument, NotFound, TurnstileError
-from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, Reply
+from turnstile.runtime.gateway.routes import ApiRequest
 from turnstile.tools.registry import ToolRegistry
 
 __all__ = ["PRIMITIVES", "McpEndpoint"]
@@ -133,36 +133,10 @@ class McpEndpoint:
             self.server, stateless=True, json_response=True, max_request_body_size=max_body
         )
 
-    async def run(self) -> None:
-        """Serve until cancelled (the SDK's session manager needs a task group of its own)."""
-        async with self.manager.run():
-            await trio.sleep_forever()
-
-    def routes(self) -> list[HttpRoute]:
-        """``POST /mcp`` behind the gateway's token check. Stateless, the server opens no
-        stream of its own and keeps no session, so ``GET`` and ``DELETE`` (MCP's stream and
-        end of session) are not routes: the gateway answers them ``405``."""
-
-        async def handle(request: ApiRequest) -> Response:
-            return _Delegate(self.manager, request.user)
-
-        return [
-            HttpRoute(
-                "POST",
-                "/mcp",
-                handle,
-                summary="The node's sessions as an MCP server (streamable HTTP; docs/mcp.md)",
-                description="A JSON-RPC request or notification of the Model Context Protocol, "
-                "answered by the SDK's server: tools to list, create and message the user's "
-                "sessions and to call the scheduling, watcher and memory primitives in them.",
-                body=dict[str, Any],
-                responses={
-                    200: Reply(dict[str, Any], "the JSON-RPC answer"),
-                    202: Reply(None, "a notification or a response, accepted"),
-                },
-                errors=(400, 404, 406, 409, 413, 415),
-            )
-        ]
+    def answer(self, request: ApiRequest) -> Response:
+        """The SDK's answer to ``request``, as the token's user (``lazy_endpoint`` routes
+        ``POST /mcp`` here; the caller runs ``manager.run()``)."""
+        return _Delegate(self.manager, request.user)
 
     # -- the MCP server's handlers ---------------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import msgspec
@@ -35,15 +35,16 @@ import trio
 from turnstile.actors.feature import NodeContext
 from turnstile.actors.mcp.catalog import McpTool, catalog
 from turnstile.actors.mcp.egress import GuardProxy
-from turnstile.actors.mcp.endpoint import McpEndpoint
 from turnstile.actors.mcp.errors import McpBadArguments, McpNotAllowed, McpToolError
-from turnstile.actors.mcp.server import McpServer
+from turnstile.actors.mcp.lazy_endpoint import EndpointOnFirstUse
 from turnstile.actors.mcp.settings import SERVER_NAME, McpConfig
-from turnstile.actors.mcp.stdio import find_command
 from turnstile.runtime.errors import InvalidArgument, StoreError
 from turnstile.runtime.gateway.routes import HttpRoute
 from turnstile.tools.netguard import NetPolicy
 from turnstile.tools.registry import ToolCall, ToolRegistry
+
+if TYPE_CHECKING:  # imported where used: the SDK is loaded only by a node that runs servers
+    from turnstile.actors.mcp.server import McpServer
 
 __all__ = ["McpFeature", "result_data"]
 
@@ -70,7 +71,7 @@ class McpFeature:
         #: registered tool name -> the McpTool it stands for, per server
         self.registered: dict[str, dict[str, McpTool]] = {}
         self._node: NodeContext | None = None
-        self.endpoint: McpEndpoint | None = None
+        self.endpoint: EndpointOnFirstUse | None = None
 
     async def start(self, node: NodeContext) -> None:
         config = node.section("mcp", McpConfig)
@@ -93,6 +94,8 @@ class McpFeature:
             if (server.command is None) == (server.url is None):
                 raise InvalidArgument("give either command or url", field=where)
             if server.command is not None:
+                from turnstile.actors.mcp.stdio import find_command  # (the SDK: see above)
+
                 try:
                     find_command(server.command[0])
                 except FileNotFoundError as exc:
@@ -107,6 +110,8 @@ class McpFeature:
         if config.servers:
             self.proxy = GuardProxy(policy)
             node.tools.hiders.append(self.hidden)
+        if config.servers:  # the SDK is loaded only here (and by ``/mcp``'s first request)
+            from turnstile.actors.mcp.server import McpServer
         for name, server in config.servers.items():
             mcp_server = self.servers[name] = McpServer(
                 name,
@@ -130,7 +135,7 @@ class McpFeature:
         tools were registered in ``start``) is started on first use; any other is started
         now, in the background, to learn its tools."""
         if node.section("mcp", McpConfig).endpoint:
-            self.endpoint = McpEndpoint(
+            self.endpoint = EndpointOnFirstUse(
                 node.directory, node.tools, node.config.limits.max_frame_bytes
             )
             node.start_soon(self.endpoint.run, name="mcp endpoint")

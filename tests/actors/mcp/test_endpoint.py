@@ -5,10 +5,12 @@ streamable HTTP with the node's bearer tokens; and a node whose MCP server is an
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import asynccontextmanager
 
 import httpx2
 import pytest
+import trio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -172,3 +174,42 @@ async def test_a_node_uses_another_nodes_mcp_through_the_guard(tmp_path, monkeyp
                 "127.0.0.1",
                 "refusing 127.0.0.1 (loopback address) for host '127.0.0.1'",
             )
+
+
+_NO_SDK_UNTIL_ASKED = """
+import sys, trio, httpx
+from turnstile.actors.config import Config
+from turnstile.actors.node import open_node
+
+async def main(db):
+    config = Config(port=0, store=f"sqlite:///{db}", agent="scripted")
+    async with open_node(config, tokens={"tok": "ann"}) as node:
+        print("at start", "mcp" in sys.modules, flush=True)
+        async with httpx.AsyncClient(headers={"Authorization": "Bearer tok"}) as http:
+            sent = await http.post(
+                f"{node.url}/mcp",
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+                headers={"Accept": "application/json, text/event-stream",
+                         "MCP-Protocol-Version": "2025-06-18"},
+            )
+        print("asked", sent.status_code, "mcp" in sys.modules, flush=True)
+        print("tools", len(sent.json()["result"]["tools"]), flush=True)
+
+trio.run(main, sys.argv[1])
+"""
+
+
+async def test_a_node_loads_the_mcp_sdk_only_when_mcp_is_first_asked(tmp_path):
+    """A node without MCP servers starts without the SDK (about a second of CPU each start);
+    the first ``POST /mcp`` loads it and is answered like any other."""
+    done = await trio.run_process(
+        [sys.executable, "-c", _NO_SDK_UNTIL_ASKED, str(tmp_path / "node.db")],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "at start False" in out
+    assert "asked 200 True" in out
+    assert int(out.split("tools ")[1].split()[0]) >= 4
