@@ -52,7 +52,7 @@ class _EventBatch:
     """Events stored together; ``done`` is set once they are stored and offered, or failed.
     With ``closure``, the batch also closes a turn's input, in the same transaction."""
 
-    __slots__ = ("events", "done", "error", "closure", "closed")
+    __slots__ = ("events", "done", "error", "closure", "closed", "queued")
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -61,6 +61,8 @@ class _EventBatch:
         self.closure: Closure | None = None
         #: the closed input, as stored
         self.closed: InboxItem | None = None
+        #: whether the session had an input queued at the closure (None: not known)
+        self.queued: bool | None = None
 
 
 class EventLog:
@@ -90,6 +92,7 @@ class EventLog:
         "fence",
         "on_fenced",
         "on_stored",
+        "queued_at_close",
     )
 
     def __init__(
@@ -120,6 +123,10 @@ class EventLog:
         #: Called with the session id and the last seq after each stored batch (several
         #: nodes: the announcement other nodes' followers wait for).
         self.on_stored: Callable[[str, int], None] | None = None
+        #: After :meth:`close`: whether the session had another input queued when the turn
+        #: closed, as the store said in the closing statement (None: it did not say). The
+        #: runner takes False as its next claim's answer.
+        self.queued_at_close: bool | None = None
 
     @property
     def idle(self) -> bool:
@@ -167,8 +174,10 @@ class EventLog:
             batch = self._batch = _EventBatch()
         batch.events.extend(events)
         batch.closure = closure
+        self.queued_at_close = None
         await self._until_stored(batch)
         assert batch.closed is not None, "a stored closure has its input"
+        self.queued_at_close = batch.queued
         return batch.closed
 
     async def all_stored(self) -> None:
@@ -249,7 +258,7 @@ class EventLog:
                     return await self._store.append_events(
                         self._session_id, batch.events, fence=self.fence
                     )
-                records, batch.closed = await self._store.close_input(
+                records, batch.closed, batch.queued = await self._store.close_input_peek(
                     self._session_id,
                     batch.events,
                     closure.input_id,

@@ -15,9 +15,8 @@ Every turn that starts ends with a visible closure: a ``stream_end`` whose ``sta
 ``completed``, ``empty``, ``failed`` (with a short message; the traceback goes to the inbox row's
 detail, not the transcript), ``stopped`` or ``interrupted``; then its inbox row is settled.
 
-It is over 400 lines because a turn's run is one sequence (claim, slot, decode, start, answer,
-settle, close) whose failure paths share its locals; it is kept together so that each path's
-closure can be read in one place. A turn's span, when the node traces, is ``turn_tracing``'s.
+A turn's run is one sequence (claim, slot, decode, start, answer, settle, close) whose failure
+paths share its locals. A turn's span, when the node traces, is ``turn_tracing``'s.
 """
 
 from __future__ import annotations
@@ -197,15 +196,19 @@ class TurnRunner:
                     elif held and not scheduled:
                         self.slots.release()
                         held = False
+                    self.events.queued_at_close = None
                     await self._run_turn(item, claiming)
                 finally:
                     if held:
                         self.slots.release()
-                if self.queued == 0 and not self.wakeup_pending and self.services.remote is None:
-                    # Nothing was enqueued here since (that counts, and every other way in
-                    # -- Delivered, Wake -- sets wakeup_pending): spare the store a claim.
-                    # With several nodes another node may have stored one (its announcement
-                    # can be lost), so the store is asked until it has nothing.
+                if (
+                    self.queued == 0
+                    and not self.wakeup_pending
+                    and (self.services.remote is None or self.events.queued_at_close is False)
+                ):
+                    # Nothing was enqueued here (Delivered, Wake set wakeup_pending): no claim.
+                    # Another node may have stored one (its announcement lost): asked unless
+                    # the closing statement said none is queued (later ones are announced).
                     return
         finally:
             self.runner_active = False

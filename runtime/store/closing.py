@@ -45,18 +45,18 @@ def _close_sqlite(
     detail: str | None,
     fence: int | None,
     steps: Sequence[Step],
-) -> tuple[int | None, Any]:
+) -> tuple[int | None, Any, bool | None]:
     last = None
     if events:
         last = APPEND_EVENTS.sqlite(conn, session_id, events, now, fence)
         if last is None:
-            return None, None
+            return None, None, None
     row = MOVE_INPUT.sqlite(conn, input_id, "running", state, detail, now, fence)
     if row is None:
         raise _NotRunning
     for op, args in steps:
         op.sqlite(conn, **args)
-    return last, row
+    return last, row, None  # (one node: its own enqueues are all it needs to know)
 
 
 # PostgreSQL: the events and the move in one statement (a data-modifying ``WITH``), so a turn's
@@ -66,7 +66,11 @@ def _close_sqlite(
 # only under that lock, ``s`` allocates the seqs only once ``mv`` moved it, and ``ins`` inserts
 # only what ``s`` allocated: an input that is not running moves nothing and appends nothing
 # (no seq is used up), and a statement is atomic as the transaction was. Each CTE reads the one
-# before it, which makes them run in that order.
+# before it, which makes them run in that order. ``_queued`` says whether the session has an
+# input queued (as of the statement's snapshot): the runner takes it as its next claim's answer
+# when it is false, instead of a claim that would find nothing (issue 26: one round trip a
+# turn). An input stored by another node after that snapshot is announced to this one, as one
+# stored after an empty claim was.
 _CLOSE_PG = (
     "WITH lk AS (SELECT 1 FROM sessions WHERE id = :session_id{held} FOR NO KEY UPDATE),"
     " mv AS (UPDATE inbox SET state = :state, detail = :detail::jsonb, updated_at = :now"
@@ -76,8 +80,9 @@ _CLOSE_PG = (
     " ins AS (INSERT INTO events (session_id, seq, type, payload, ts)"
     " SELECT :session_id, s.last_seq - :n + x.n, x.t, x.p::jsonb, :now"
     " FROM s, unnest(:types::text[], :payloads::text[]) WITH ORDINALITY AS x(t, p, n))"
-    " SELECT EXISTS (SELECT 1 FROM lk) AS _held, (SELECT last_seq FROM s) AS _last_seq, mv.*"
-    " FROM (SELECT 1) AS one LEFT JOIN mv ON true"
+    " SELECT EXISTS (SELECT 1 FROM lk) AS _held, (SELECT last_seq FROM s) AS _last_seq,"
+    " EXISTS (SELECT 1 FROM inbox WHERE session_id = :session_id AND state = 'queued')"
+    " AS _queued, mv.* FROM (SELECT 1) AS one LEFT JOIN mv ON true"
 )
 _CLOSE_ARGS = ("session_id", "state", "detail", "now", "input_id", "n", "types", "payloads")
 _CLOSE_FREE = ops.Statement(_CLOSE_PG.format(held=""), params=_CLOSE_ARGS)
@@ -95,14 +100,14 @@ async def _close_one_postgres(
     state: str,
     detail: str | None,
     fence: int | None,
-) -> tuple[int | None, Any]:
+) -> tuple[int | None, Any, bool | None]:
     """The closure without steps: one statement (see ``_CLOSE_PG``); answers as
     :data:`CLOSE_INPUT`."""
     if not events:
         row = await MOVE_INPUT.postgres(conn, input_id, "running", state, detail, now, fence)
         if row is None:
             raise _NotRunning
-        return None, row
+        return None, row, None
     # a text[] element skips the connection's text codec (as in append_events)
     types = [escape_text(t) for t, _ in events]
     payloads = [p for _, p in events]
@@ -114,10 +119,10 @@ async def _close_one_postgres(
     if not row["_held"]:  # no session, or (fenced) no longer this lease: nothing was written
         if fence is not None:
             await fenced_postgres(conn, session_id, fence)
-        return None, None
+        return None, None, None
     if row["id"] is None:
         raise _NotRunning
-    return row["_last_seq"], row
+    return row["_last_seq"], row, row["_queued"]
 
 
 async def _close_postgres(
@@ -130,25 +135,26 @@ async def _close_postgres(
     detail: str | None,
     fence: int | None,
     steps: Sequence[Step],
-) -> tuple[int | None, Any]:
+) -> tuple[int | None, Any, bool | None]:
     if not steps:  # one statement: atomic without a transaction of its own
         return await _close_one_postgres(
             conn, session_id, events, now, input_id, state, detail, fence
         )
     async with conn.transaction():
-        last, row = await _close_one_postgres(
+        last, row, queued = await _close_one_postgres(
             conn, session_id, events, now, input_id, state, detail, fence
         )
         if row is None:
-            return None, None
+            return None, None, None
         for op, args in steps:
             await op.postgres(conn, **args)
-        return last, row
+        return last, row, queued
 
 
 #: ``(session_id, events, now, input_id, state, detail, fence, steps)``: the new last seq (None
-#: without events) and the input's row; ``(None, None)`` for no session; ``_NotRunning`` (all
-#: rolled back) when the input was not ``running``.
+#: without events), the input's row and whether the session has an input queued (None: not
+#: asked); ``(None, None, None)`` for no session; ``_NotRunning`` (all rolled back) when the
+#: input was not ``running``.
 CLOSE_INPUT = ops.procedure(
     "close_input", sqlite=_close_sqlite, postgres=_close_postgres, writes=True
 )
@@ -173,7 +179,27 @@ class CloseMethods(StoreBase):
         steps: Sequence[Step] = (),
     ) -> tuple[list[EventRecord], InboxItem]:
         """Append ``events`` to the session's log, move the ``running`` input ``input_id`` to
-        ``state`` and run ``steps``, in one transaction.
+        ``state`` and run ``steps``, in one transaction: :meth:`close_input_peek` without its
+        answer about the queue."""
+        records, item, _ = await self.close_input_peek(
+            session_id, events, input_id, state, detail, fence=fence, steps=steps
+        )
+        return records, item
+
+    async def close_input_peek(
+        self,
+        session_id: str,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        input_id: int,
+        state: str,
+        detail: dict[str, Any] | None = None,
+        *,
+        fence: int | None = None,
+        steps: Sequence[Step] = (),
+    ) -> tuple[list[EventRecord], InboxItem, bool | None]:
+        """Append ``events`` to the session's log, move the ``running`` input ``input_id`` to
+        ``state`` and run ``steps``, in one transaction; and say whether the session has an
+        input queued.
 
         Args:
             session_id: the session (the input's).
@@ -186,7 +212,9 @@ class CloseMethods(StoreBase):
                 keeps: a job's run record).
 
         Returns:
-            the stored events, and the input as stored after the change.
+            the stored events, the input as stored after the change, and whether the session
+            has another input ``queued`` as of the closing statement (PostgreSQL, with events;
+            None where it was not asked: SQLite, a closure without events).
 
         Raises:
             NotFound: no such session, or no such input.
@@ -200,7 +228,7 @@ class CloseMethods(StoreBase):
             raise u.transition_error(input_id, "running", state)
         now = self._now()
         try:
-            last, row = await self.engine.run(
+            last, row, queued = await self.engine.run(
                 CLOSE_INPUT,
                 session_id=session_id,
                 events=encoded,
@@ -231,4 +259,4 @@ class CloseMethods(StoreBase):
                 )
                 for i, (t, p) in enumerate(encoded)
             ]
-        return records, input_record(row)
+        return records, input_record(row), queued

@@ -63,8 +63,8 @@ class Recorder:
 
 class StoreWith:
     """The real store with some of its methods replaced, to make the store misbehave where a
-    test needs it: ``StoreWith(store, close_input=refuse)`` calls ``await refuse(real, *args,
-    **kwargs)`` (``real`` the store's own method) for every ``close_input``; every other
+    test needs it: ``StoreWith(store, append_events=refuse)`` calls ``await refuse(real, *args,
+    **kwargs)`` (``real`` the store's own method) for every ``append_events``; every other
     attribute is the store's."""
 
     def __init__(self, store: Any, **overrides: Callable[..., Awaitable[Any]]) -> None:

@@ -33,6 +33,7 @@ WRITES = frozenset(
     {
         "append_events",
         "close_input",
+        "close_input_peek",
         "finish_input",
         "enqueue_input",
         "enqueue_keyed",
@@ -59,7 +60,8 @@ class DiesAfterStreamEnd:
             if self.dead.is_set():
                 await trio.sleep_forever()
             result = await attr(*args, **kwargs)
-            events = args[1] if name in ("append_events", "close_input") else ()
+            closing = ("append_events", "close_input", "close_input_peek")
+            events = args[1] if name in closing else ()
             if any(type_ == "stream_end" for type_, _ in events):
                 self.dead.set()
             return result
@@ -113,14 +115,14 @@ async def test_a_closure_the_store_refuses_is_tried_again_and_the_session_goes_o
         await store.create_session("s", "ada")
         tries = 0
 
-        async def close_input(real, *args: Any, **kwargs: Any) -> Any:
+        async def close_input_peek(real, *args: Any, **kwargs: Any) -> Any:
             nonlocal tries
             tries += 1
             if tries <= 3:  # refused as an outage's commits are: nothing stored
                 raise StoreUnavailable("the store is unavailable; retry in a few seconds")
             return await real(*args, **kwargs)
 
-        async with session_actors(StoreWith(store, close_input=close_input)) as registry:
+        async with session_actors(StoreWith(store, close_input_peek=close_input_peek)) as registry:
             first = await registry.ref("session:s").ask(Submit(content="one"))
             second = await registry.ref("session:s").ask(Submit(content="two"))
 

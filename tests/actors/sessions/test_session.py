@@ -162,7 +162,7 @@ async def test_a_subscriber_that_falls_behind_is_dropped_and_told_where_it_stopp
 
 
 class GatedStore:
-    """The real store, but ``append_events`` (and ``close_input``, which appends a turn's
+    """The real store, but ``append_events`` (and ``close_input_peek``, which appends a turn's
     closing events with its input's state) waits while ``closed`` (a slow disk, say)."""
 
     def __init__(self, store) -> None:
@@ -179,10 +179,10 @@ class GatedStore:
         self.appends.append([type_ for type_, _ in events])
         return await self._store.append_events(session_id, events, fence=fence)
 
-    async def close_input(self, session_id, events, *args, **kwargs):
+    async def close_input_peek(self, session_id, events, *args, **kwargs):
         await self.open.wait()
         self.appends.append([type_ for type_, _ in events])
-        return await self._store.close_input(session_id, events, *args, **kwargs)
+        return await self._store.close_input_peek(session_id, events, *args, **kwargs)
 
 
 class Streamer:

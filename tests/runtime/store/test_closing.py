@@ -61,6 +61,20 @@ async def test_a_closure_without_events_only_moves_the_input(store):
     assert await store.last_seq("s") == 0
 
 
+async def test_a_closure_on_postgresql_says_whether_another_input_is_queued(store, backend):
+    """The runner takes a closure's "none queued" as its next claim's answer (issue 26: the
+    empty claim after each turn on PostgreSQL); SQLite, one node, is not asked."""
+    await store.create_session("s", "ada")
+    first = await running(store)
+    await store.enqueue_input("s", "user", {"content": "next"})
+    *_, queued = await store.close_input_peek("s", [("stream_end", {})], first.id, "done")
+    assert queued is (True if backend.kind == "postgres" else None)
+    second = await store.claim_next_input("s")
+    assert second is not None
+    *_, queued = await store.close_input_peek("s", [("stream_end", {})], second.id, "done")
+    assert queued is (False if backend.kind == "postgres" else None)
+
+
 @pytest.mark.parametrize("events", [[], [("stream_end", {"status": "completed"})]])
 async def test_closing_an_input_that_is_not_running_writes_nothing(store, events):
     await store.create_session("s", "ada")
