@@ -19,7 +19,7 @@ from tests.support.github import (
     standard,
     workflow_run_event,
 )
-from tests.support.node import ALICE, BOB, new_session, running_node
+from tests.support.node import ALICE, BOB, WAIT, new_session, running_node
 from turnstile.actors.webhooks.settings import (
     GitHubConfig,
     HookConfig,
@@ -177,7 +177,8 @@ async def test_a_redelivery_storm_over_real_http_makes_one_turn(tmp_path):
         async with (
             open_client(node.url, ALICE) as client,
             client.attach("pr3") as stream,
-            httpx.AsyncClient(base_url=node.url, limits=limits) as github,
+            # a hundred at once: httpx's own 5 s is not a hang guard on a box at load 8
+            httpx.AsyncClient(base_url=node.url, limits=limits, timeout=WAIT) as github,
         ):
 
             async def one() -> None:

@@ -185,7 +185,8 @@ async def main(db):
     config = Config(port=0, store=f"sqlite:///{db}", agent="scripted")
     async with open_node(config, tokens={"tok": "ann"}) as node:
         print("at start", "mcp" in sys.modules, flush=True)
-        async with httpx.AsyncClient(headers={"Authorization": "Bearer tok"}) as http:
+        # the first request loads the SDK (seconds on a loaded box): a generous bound
+        async with httpx.AsyncClient(headers={"Authorization": "Bearer tok"}, timeout=120) as http:
             sent = await http.post(
                 f"{node.url}/mcp",
                 json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
