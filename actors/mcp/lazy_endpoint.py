@@ -12,10 +12,11 @@ it, later ones find it ready.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from turnstile.runtime.gateway.routes import ApiRequest, HttpRoute, Reply
 from turnstile.tools.registry import ToolRegistry
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
     from turnstile.actors.mcp.endpoint import McpEndpoint
 
 __all__ = ["EndpointOnFirstUse"]
+
+log = logging.getLogger("turnstile.mcp")
+
+#: the answer while the SDK could not be loaded (the node's log says why)
+_UNAVAILABLE = {
+    "error": {"code": "mcp_unavailable", "message": "the MCP endpoint could not be started"}
+}
 
 
 class EndpointOnFirstUse:
@@ -43,10 +51,15 @@ class EndpointOnFirstUse:
         """Until cancelled: wait for the first request, then build the endpoint and serve
         (the SDK's session manager needs a task group of its own)."""
         await self._wanted.wait()
-        module = await trio.to_thread.run_sync(
-            importlib.import_module, "turnstile.actors.mcp.endpoint"
-        )
-        self.endpoint = module.McpEndpoint(*self._args)
+        try:
+            module = await trio.to_thread.run_sync(
+                importlib.import_module, "turnstile.actors.mcp.endpoint"
+            )
+            self.endpoint = module.McpEndpoint(*self._args)
+        except Exception:  # a broken install: /mcp says so, the node serves on
+            log.exception("/mcp cannot be served: the MCP SDK did not load")
+            self._ready.set()
+            return
         async with self.endpoint.manager.run():
             self._ready.set()
             await trio.sleep_forever()
@@ -59,7 +72,8 @@ class EndpointOnFirstUse:
         async def handle(request: ApiRequest) -> Response:
             self._wanted.set()
             await self._ready.wait()
-            assert self.endpoint is not None
+            if self.endpoint is None:
+                return JSONResponse(_UNAVAILABLE, status_code=503)
             return self.endpoint.answer(request)
 
         return [
@@ -75,6 +89,7 @@ class EndpointOnFirstUse:
                 responses={
                     200: Reply(dict[str, Any], "the JSON-RPC answer"),
                     202: Reply(None, "a notification or a response, accepted"),
+                    503: Reply(dict[str, Any], "the MCP SDK did not load (see the log)"),
                 },
                 errors=(400, 404, 406, 409, 413, 415),
             )
