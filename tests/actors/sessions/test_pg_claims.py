@@ -18,9 +18,7 @@ pytestmark = pytest.mark.postgres
 USER = "ann"
 
 
-async def test_a_turn_on_postgresql_claims_once_and_what_is_queued_still_runs(
-    pg_dsn, monkeypatch
-):
+async def test_a_turn_on_postgresql_claims_once_and_what_is_queued_still_runs(pg_dsn, monkeypatch):
     monkeypatch.setenv(STATS_ENV, "1")
     async with pg_schema(pg_dsn) as (url, _):
         config = Config(store=url, agent="scripted")
