@@ -1,6 +1,6 @@
 """Scenario ``parallel``: ``run_parallel`` of 50 HTTP calls with 100 ms latency, vs sequential.
 
-A trio-native loopback server (``bench.scenarios.watchers.LoopbackServer``, 127.0.0.1, port 0)
+A trio-native loopback server (``bench.scenarios.loopback.LoopbackServer``, 127.0.0.1, port 0)
 answers ``GET /item/<k>`` after ``trio.sleep(0.1)``; it also counts how many requests it holds
 at once (``max_in_flight``). Every call goes through the real ``ToolRegistry`` and the http
 module (netguard, 127.0.0.1 allow-listed):
@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from bench.harness import Measure, ScenarioResult
-from bench.scenarios.watchers import HOST, LoopbackServer
+from bench.scenarios.loopback import HOST, LoopbackServer
 from turnstile.actors.execution.background import BackgroundActor
 from turnstile.actors.execution.tools import register_execution_tools
 from turnstile.runtime.clock import SystemClock

@@ -1,16 +1,22 @@
 """Scenario ``watchers``: 10,000 watchers at 5 s against a local HTTP server (loopback only).
 
-One trio run, on the real clock (``SystemClock``), in one process:
+One trio run, on the real clock (``SystemClock``), for the node — the watchers and everything
+they run —, and the HTTP server they poll in a process of its own:
 
-* **The server.** A minimal trio-native HTTP/1.1 server (``LoopbackServer``: ``trio.serve_tcp``
-  on 127.0.0.1, port 0, a hand-rolled request reader, keep-alive) — chosen over
-  hypercorn + Starlette because it shares the one CPU the trio thread has with the client, and
-  a lighter server leaves more of it to what is measured. ``GET /item/<k>`` answers
-  ``{"k": k, "value": v}`` (``application/json``, no ``Date`` header) where ``v`` (0-100)
-  changes once every ``CHANGE_PERIOD`` (60 s) per item, at a phase of its own; ``ERROR_RATE``
-  (0.2 %) of requests are dropped without an answer (the client sees "server disconnected", a
-  tool error — a 5xx would be a *result* for ``http.get``, not an error). The server records,
-  per item, when it was asked and what it answered.
+* **The server.** A minimal trio-native HTTP/1.1 server (``bench.scenarios.loopback``:
+  ``trio.serve_tcp`` on 127.0.0.1, port 0, a hand-rolled request reader, keep-alive), started
+  as a child process by ``LoopbackProcess`` and killed when the run ends. In a deployment the
+  polled server is someone else's machine, so its CPU is not the node's: until 2026-11-28 it
+  ran in the node's trio thread and every check was charged its socket reads and writes and
+  its scheduling. (It is still minimal, rather than hypercorn + Starlette, because it shares
+  the box's cores with the node.) ``GET /item/<k>`` answers ``{"k": k, "value": v}``
+  (``application/json``, no ``Date`` header) where ``v`` (0-100) changes once every
+  ``CHANGE_PERIOD`` (60 s) per item, at a phase of its own on ``time.monotonic()``;
+  ``ERROR_RATE`` (0.2 %) of requests are dropped without an answer (the client sees "server
+  disconnected", a tool error — a 5xx would be a *result* for ``http.get``, not an error).
+  The server records, per item, when (``time.monotonic()``, the same clock in both
+  processes) it was asked and what it answered; the scenario reads its counters and records
+  over HTTP control paths (``/_stats``, ``/_config``, ``/_seen``) outside the measured window.
 * **The watchers.** N watchers (10,000; quick 1,000) at 5 s, 20 per session (the default
   ``max_watchers_per_session``: N/20 sessions), started with ``actors.watchers.tools.start_watcher``
   — the same validation and ``StartWatcher`` as ``POST /sessions/{id}/watchers`` — on the
@@ -25,8 +31,9 @@ One trio run, on the real clock (``SystemClock``), in one process:
   ``Publish`` events): no session actors, so what is measured is the watcher pipeline.
 * **Measured** over a window after the ramp (50 s; quick 10 s — at least ten intervals, so a
   ``summary`` watcher with batch_size 10 crosses one batch boundary in a full run): checks/s
-  against the 2,000/s demanded (N / 5 s), process CPU per check (``time.process_time``: the
-  trio thread — client, server, actor — *and* the SQLite writer thread) and trio-thread CPU
+  against the 2,000/s demanded (N / 5 s), process CPU per check (``time.process_time`` of the
+  node's process: the trio thread — client, actor — *and* the SQLite writer thread; the
+  server's process is not in it, its CPU is reported apart) and trio-thread CPU
   per check (``time.thread_time``; the trio thread's busy share tells whether it is
   saturated), lateness p50/p99 (the actor's own samples: due time -> check start, which
   includes waiting for a ``MAX_CONCURRENT_CHECKS`` slot), and per strategy escalations per
@@ -36,6 +43,10 @@ One trio run, on the real clock (``SystemClock``), in one process:
   ``always / strategy``. Server side, for context: requests/s, drops, each item's gap between
   requests against 5 s (10 s after a failed check: the backoff), and what ``on_change`` would
   cost if only the *answer* were compared (transitions of ``(value or drop)`` per item).
+* **Baselines.** Before the watchers start, the same server (no drops) is polled by bare
+  keep-alive httpx clients, paced as the watchers would be and back to back, and
+  ``http.get`` runs back to back without the actor: both sides of the comparison exclude the
+  server's CPU.
 * **Profile.** cProfile of the trio thread for a few seconds after the window: the share of
   time per package and the top functions by own time.
 """
@@ -43,13 +54,10 @@ One trio run, on the real clock (``SystemClock``), in one process:
 from __future__ import annotations
 
 import cProfile
-import functools
 import logging
 import math
 import os
 import pstats
-import random
-import re
 import tempfile
 import time
 from collections import Counter
@@ -59,6 +67,7 @@ import httpx
 import trio
 
 from bench.harness import Measure, ScenarioResult
+from bench.scenarios.loopback import HOST, LoopbackProcess
 from turnstile.actors.sessions.actor import Inject
 from turnstile.actors.watchers.actor import STRATEGIES, WatcherActor
 from turnstile.actors.watchers.tools import start_watcher, watch_runner
@@ -68,7 +77,6 @@ from turnstile.runtime.supervisor import open_supervisor
 from turnstile.tools.modules.http import HttpConfig, register_http_module
 from turnstile.tools.registry import ToolRegistry
 
-HOST = "127.0.0.1"
 INTERVAL = 5.0
 #: Each item's value changes this often (seconds), at a phase of its own.
 CHANGE_PERIOD = 60.0
@@ -84,114 +92,6 @@ SPECS: dict[str, dict[str, Any]] = {
     "summary": {"batch_size": BATCH_SIZE},
     "always": {},
 }
-_ITEM = re.compile(rb"^GET /item/(\d+)")
-
-
-def _mix(k: int, epoch: int) -> int:
-    """A cheap deterministic hash of ``(item, epoch)`` to 0-100."""
-    x = (k * 0x9E3779B1 + epoch * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
-    x ^= x >> 12
-    x = (x * 0x297A2D39) & 0xFFFFFFFF
-    x ^= x >> 15
-    return x % 101
-
-
-class LoopbackServer:
-    """A minimal HTTP/1.1 server on 127.0.0.1 (trio only): ``GET /item/<k>`` answers JSON.
-
-    Args:
-        change_period: seconds between changes of one item's value (``inf``: never).
-        error_rate: share of requests dropped without an answer.
-        delay: seconds each answer waits (``trio.sleep``) before it is sent.
-        track: record ``(time, value or None)`` per item.
-
-    Counters: ``requests``, ``dropped``, ``connections``, ``in_flight`` / ``max_in_flight``
-    (requests between being read and their answer being sent).
-    """
-
-    def __init__(
-        self,
-        *,
-        change_period: float = math.inf,
-        error_rate: float = 0.0,
-        delay: float = 0.0,
-        track: bool = False,
-        seed: int = 7,
-    ) -> None:
-        self.change_period = change_period
-        self.error_rate = error_rate
-        self.delay = delay
-        self.track = track
-        self.rng = random.Random(seed)
-        self.requests = 0
-        self.dropped = 0
-        self.connections = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.seen: dict[int, list[tuple[float, int | None]]] = {}
-        self.base_url = ""
-
-    async def start(self, nursery: trio.Nursery) -> str:
-        """Serve in ``nursery`` (cancel it to stop); returns the base URL."""
-        listeners = await nursery.start(
-            functools.partial(trio.serve_tcp, self._serve, 0, host=HOST)
-        )
-        port = listeners[0].socket.getsockname()[1]
-        self.base_url = f"http://{HOST}:{port}"
-        return self.base_url
-
-    def value(self, k: int, now: float) -> int:
-        if math.isinf(self.change_period):
-            return _mix(k, 0)
-        phase = (k * 0.6180339887) % 1.0 * self.change_period
-        return _mix(k, int((now + phase) // self.change_period))
-
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        self.connections += 1
-        buf = b""
-        try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                    if len(buf) > 65536:
-                        return
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                self.requests += 1
-                now = trio.current_time()
-                match = _ITEM.match(head)
-                k = int(match.group(1)) if match else -1
-                if self.error_rate and self.rng.random() < self.error_rate:
-                    self.dropped += 1
-                    if self.track:
-                        self.seen.setdefault(k, []).append((now, None))
-                    return  # no answer: the client sees the connection closed
-                value = self.value(k, now)
-                if self.track:
-                    self.seen.setdefault(k, []).append((now, value))
-                body = b'{"k":%d,"value":%d}' % (k, value)
-                self.in_flight += 1
-                self.max_in_flight = max(self.max_in_flight, self.in_flight)
-                try:
-                    if self.delay:
-                        await trio.sleep(self.delay)
-                    await stream.send_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                        b"content-length: %d\r\n\r\n%s" % (len(body), body)
-                    )
-                finally:
-                    self.in_flight -= 1
-                if b"connection: close" in head.lower():
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -218,7 +118,7 @@ _GROUPS = (
     ("watcher actor", ("actors/watcher",)),
     ("store (encode, queue)", ("runtime/store",)),
     ("runtime (codec, actor, other)", ("/runtime/",)),
-    ("bench loopback server", ("bench/scenarios",)),
+    ("bench scenario (publish counter)", ("bench/scenarios",)),
     ("stdlib (contextlib, ipaddress, json, …)", ("/lib/python",)),
 )
 
@@ -366,7 +266,9 @@ async def _baselines(base: str, registry: ToolRegistry, n: int) -> dict[str, Any
 
 
 async def _scenario(n: int, window: float, profile_seconds: float) -> dict[str, Any]:
-    server = LoopbackServer(change_period=CHANGE_PERIOD, error_rate=ERROR_RATE, track=True)
+    # the baselines compare GETs that all succeed, and are not the watchers' requests: the
+    # server starts without drops or tracking, and gets them before the first watcher
+    server = LoopbackProcess(change_period=CHANGE_PERIOD)
     delivered: Counter[str] = Counter()
 
     async def publish(session_id: str, message: Any) -> None:
@@ -383,10 +285,8 @@ async def _scenario(n: int, window: float, profile_seconds: float) -> dict[str, 
             base = await server.start(nursery)
             registry = ToolRegistry()
             http_module = register_http_module(registry, HttpConfig(allowed_hosts=(HOST,)))
-            # the baselines compare GETs that all succeed, and are not the watchers' requests
-            server.error_rate, server.track = 0.0, False
             out["baseline"] = await _baselines(base, registry, n)
-            server.error_rate, server.track = ERROR_RATE, True
+            await server.configure(error_rate=ERROR_RATE, track=True)
             async with open_supervisor() as sup:
                 ref = await sup.spawn(
                     lambda: WatcherActor(
@@ -444,32 +344,37 @@ async def _scenario(n: int, window: float, profile_seconds: float) -> dict[str, 
                 # one more interval so the first (baseline) checks are behind us
                 await trio.sleep(max(0.0, t0 + INTERVAL + 0.5 - trio.current_time()))
 
-                # -- the window --
+                # -- the window (the control calls, a few ms of this thread, just outside
+                # it: the server's counts span them too) --
+                server0 = await server.counters()
                 before = _snapshot(actor)
                 actor.lateness.clear()
                 stats0 = dict(actor.stats)
-                req0, drop0, conn0 = server.requests, server.dropped, server.connections
                 notified0 = delivered["notifications"]
                 cpu0, thr0, w0 = time.process_time(), time.thread_time(), trio.current_time()
+                m0 = time.monotonic()  # the server's clock
                 await trio.sleep(window)
                 cpu1, thr1, w1 = time.process_time(), time.thread_time(), trio.current_time()
+                m1 = time.monotonic()
                 after = _snapshot(actor)
                 lateness = list(actor.lateness)
                 stats1 = dict(actor.stats)
+                server1 = await server.counters()
                 wall = w1 - w0
                 out.update(
                     wall=wall,
-                    window_start=w0,
-                    window_end=w1,
+                    window_start=m0,
+                    window_end=m1,
                     checks=stats1["checks"] - stats0["checks"],
                     escalations=stats1["escalations"] - stats0["escalations"],
                     flushes=stats1["flushes"] - stats0["flushes"],
                     flushed_items=stats1["flushed_items"] - stats0["flushed_items"],
                     cpu=cpu1 - cpu0,
                     thread_cpu=thr1 - thr0,
-                    requests=server.requests - req0,
-                    dropped=server.dropped - drop0,
-                    connections=server.connections - conn0,
+                    requests=server1["requests"] - server0["requests"],
+                    dropped=server1["dropped"] - server0["dropped"],
+                    connections=server1["connections"] - server0["connections"],
+                    server_cpu=server1["cpu"] - server0["cpu"],
                     notified=delivered["notifications"] - notified0,
                     lateness=lateness,
                     per_strategy={
@@ -488,19 +393,25 @@ async def _scenario(n: int, window: float, profile_seconds: float) -> dict[str, 
                 profile.disable()
                 out["profile_checks"] = actor.stats["checks"] - c0
                 out["profile"] = profile
-            nursery.cancel_scope.cancel()
+            seen = await server.seen()
+            nursery.cancel_scope.cancel()  # and the server process with it
     out["delivered"] = dict(delivered)
-    out.update(_server_side(server, strategy_of, out["window_start"], out["window_end"]))
+    out.update(_server_side(seen, strategy_of, out["window_start"], out["window_end"]))
     return out
 
 
 def _server_side(
-    server: LoopbackServer, strategy_of: dict[int, str], start: float, end: float
+    seen_by_item: dict[int, list[tuple[float, int | None]]],
+    strategy_of: dict[int, str],
+    start: float,
+    end: float,
 ) -> dict[str, Any]:
-    """Gaps between one item's requests vs the interval, and on_change by answer only."""
+    """Gaps between one item's requests vs the interval, and on_change by answer only, from
+    the server's records (``LoopbackProcess.seen``; ``start``/``end`` on its clock,
+    ``time.monotonic()``)."""
     gaps: list[float] = []
     answer_changes = answer_checks = 0
-    for k, seen in server.seen.items():
+    for k, seen in seen_by_item.items():
         for (t_prev, v_prev), (t, v) in zip(seen, seen[1:], strict=False):
             if not start <= t <= end:
                 continue
@@ -536,6 +447,7 @@ def run(quick: bool = False) -> ScenarioResult:
     bare_ms = r["baseline"]["bare"] * 1e3
     tool_ms = r["baseline"]["tool"] * 1e3
     check_ms = r["thread_cpu"] / checks * 1e3
+    server_ms = r["server_cpu"] / max(1, r["requests"]) * 1e3
     measures = [
         Measure(
             "CPU per check (trio thread, in the window)",
@@ -616,7 +528,9 @@ def run(quick: bool = False) -> ScenarioResult:
         f"Starts: {n:,} in {r['start_seconds']:.1f} s ({r['start_rate']:,.0f}/s through "
         f"start_watcher + SQLite write-through, {RAMP_STARTERS} at once; at most "
         f"{r['start_behind']:.2f} s behind the paced schedule). Window {wall:.1f} s on the "
-        f"real clock, one process, {os.cpu_count()} cores.",
+        f"real clock; the node in this process, the loopback server in a child process "
+        f"({r['server_cpu']:.1f} s of CPU in the window, {server_ms:.3f} ms a request, not "
+        f"counted in the node's figures); {os.cpu_count()} cores.",
         f"In the window: {r['checks']:,} checks, {r['escalations']:,} escalations "
         f"({r['notified']:,} reached publish as Inject notifications, which counts only — no "
         f"session actors); server {r['requests']:,} requests ({r['requests'] / wall:,.0f}/s, "
@@ -635,10 +549,10 @@ def run(quick: bool = False) -> ScenarioResult:
         "hashes http.get's whole result, which includes elapsed_ms (and, from a real server, "
         "headers.date): it escalates on latency jitter, see the server-side line (same "
         "checks, comparing only the answer: value or drop).",
-        f"CPU per request, trio thread (client and loopback server, both in it), measured "
-        f"before the watchers start, httpx's INFO line per request silenced: {n:,} tasks each "
-        f"GETting its item every {INTERVAL:g} s through {BASE_CONCURRENCY} bare keep-alive "
-        f"httpx clients (body parsed as JSON), the watchers' load without the watchers, "
+        f"CPU per request, trio thread (the client only: the server is in its own process), "
+        f"measured before the watchers start, httpx's INFO line per request silenced: {n:,} "
+        f"tasks each GETting its item every {INTERVAL:g} s through {BASE_CONCURRENCY} bare "
+        f"keep-alive httpx clients (body parsed as JSON), the watchers' load without the watchers, "
         f"{paced_ms:.3f} ms at {r['baseline']['paced_rate']:,.0f} GETs/s; back to back, "
         f"{BASE_CONCURRENCY} at once, a bare GET {bare_ms:.3f} ms and http.get (watch_runner, "
         f"registry, module, netguard, shared pool) {tool_ms:.3f} ms ({tool_ms / bare_ms:.2f}x). "
