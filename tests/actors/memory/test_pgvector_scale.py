@@ -69,6 +69,8 @@ async def test_a_user_with_a_small_share_gets_its_limit_nearest(pgvector, analyz
     rows = [(owner, f"{owner}-{i}") for owner, count in OWNERS for i in range(count)]
     vectors = _unit(rng, len(rows))
     async with pgvector.database() as url, open_store(url, migrations=[MEMORY]) as store:
+        # building the index of these rows took longer than an operation's 20 s at load 8
+        store.engine.operation_timeout = 300.0
         await store.run(VECTOR_SETUP, dimensions=DIMENSIONS)
         await store.run(
             LOAD,

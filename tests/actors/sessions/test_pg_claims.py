@@ -39,7 +39,9 @@ async def test_a_turn_on_postgresql_claims_once_and_what_is_queued_still_runs(pg
             claims = sum(
                 s.calls for name, s in spent.by_operation.items() if name.startswith("claim_")
             )
-            assert claims == 5  # before: 10, an empty claim after each turn
+            # before: 10, an empty claim after each turn; a wake-up of the node's sweep (every
+            # lease_seconds / 3) that lands between two turns may add one
+            assert 5 <= claims <= 7
 
             # several queued behind a running turn: the closing statement says "queued",
             # and they run in order
