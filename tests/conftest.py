@@ -7,10 +7,14 @@ except under ``CI=true``, where a skipped PostgreSQL test is a failure.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import inspect
 import os
 import socket
+import tempfile
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -62,6 +66,36 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "guard(seconds): raise the per-test fail_after deadline (trio's clock)"
     )
+    config.addinivalue_line(
+        "markers",
+        "pg_nodes: runs several serving nodes on PostgreSQL; one such test at a time",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _one_pg_nodes_test_at_a_time(request: pytest.FixtureRequest):
+    """Tests marked ``pg_nodes`` run one at a time, across xdist workers and test runs.
+
+    Each serving node holds up to about fifteen PostgreSQL connections (its pool, its lease's
+    pool, a listener per channel). Two three-node tests that met at the end of a quiet CI run,
+    a node restarted in one of them, took the server past its 100 connections: ``sorry, too
+    many clients already``, answered ``503 store_unavailable`` to the test's clients. The lock
+    is an ``flock`` on a file named after the server's DSN, so two suites on one server (a CI
+    clone beside a working tree) also take turns. It is taken before the test's trio run
+    starts, so the wait does not count against the test's hang guard.
+    """
+    if request.node.get_closest_marker("pg_nodes") is None:
+        yield
+        return
+    dsn = os.environ.get("TURNSTILE_TEST_PG_DSN", DEFAULT_PG_DSN)
+    digest = hashlib.sha256(dsn.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"turnstile-tests-pg-nodes-{digest}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

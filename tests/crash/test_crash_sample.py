@@ -48,6 +48,7 @@ async def test_crash_sample_sqlite(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(HANG_GUARD)
 async def test_crash_sample_postgres(tmp_path, pg_dsn):
     await _sample("postgres", tmp_path, pg_dsn)

@@ -118,6 +118,7 @@ async def input_row(store_url: str, session_key: str, input_id: int):
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_a_restart_spares_a_live_nodes_turn_and_a_killed_nodes_turn_is_recovered(
     tmp_path, pg_store
@@ -267,6 +268,7 @@ async def start_turn(client, content: str, msg_id: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_a_node_paused_past_its_lease_writes_nothing_when_it_resumes(tmp_path, pg_store):
     """Fencing with a real SIGSTOP: A holds session ``s`` and runs a turn of it; A is stopped
@@ -367,6 +369,7 @@ FENCED_SESSIONS = 30
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_the_paused_owner_of_a_third_of_the_sessions_writes_nothing_on_resume(
     tmp_path, pg_store
@@ -485,6 +488,7 @@ async def session_logs(store_url: str, sessions: list[str]) -> dict[str, tuple[l
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_three_nodes_under_load_lose_nothing_when_one_is_killed(tmp_path, pg_store):
     """Three nodes, 200 sessions, clients spread over all of them; node C is killed with
@@ -552,6 +556,7 @@ async def test_three_nodes_under_load_lose_nothing_when_one_is_killed(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_sigterm_drains_a_node_its_turn_finishes_and_what_waits_moves(tmp_path, pg_store):
     """A graceful stop with several nodes: on SIGTERM node A takes no new work, lets the turn
@@ -597,6 +602,7 @@ TIMERS = 10_000
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_three_nodes_fire_ten_thousand_timers_once_each(tmp_path, pg_store):
     """Three nodes, 10,000 one-shot timers over 100 sessions, 20% of them due in the same
@@ -704,6 +710,7 @@ async def test_three_nodes_fire_ten_thousand_timers_once_each(tmp_path, pg_store
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(GUARD)
 async def test_a_rolling_restart_of_three_nodes_under_load_loses_and_doubles_nothing(
     tmp_path, pg_store
@@ -838,6 +845,7 @@ CROSS_NODE = int(os.environ.get("TURNSTILE_CROSS_NODE_MESSAGES", "2000"))
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 @pytest.mark.guard(2 * GUARD)
 async def test_messages_between_nodes_survive_listener_connections_being_cut(tmp_path, pg_store):
     """Node A holds 20 sessions; 10,000 messages (the issue's figure) are sent to them through

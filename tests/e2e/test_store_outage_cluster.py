@@ -31,7 +31,7 @@ from turnstile.actors.node import open_node
 
 LEASE = 3.0
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.pg_nodes]
 
 
 @asynccontextmanager

@@ -57,6 +57,7 @@ async def serve_node(
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.pg_nodes
 async def test_each_node_runs_its_own_server_and_shares_only_the_tool_list(pg_store):
     stop_a, a_stopped = trio.Event(), trio.Event()
     stop_b, b_stopped = trio.Event(), trio.Event()
