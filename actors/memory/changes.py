@@ -373,7 +373,9 @@ async def _announce_postgres(conn: Any, announce: str | None) -> None:
     write's transaction: PostgreSQL sends it when, and only if, the write commits. (SQLite is one
     node's: its writes take ``announce`` and ignore it.)"""
     if announce is not None:
-        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, announce)
+        await conn.execute(
+            f"SELECT pg_notify({ops.scoped_channel_sql('$1')}, $2)", CHANNEL, announce
+        )
 
 
 def _summary_sqlite(

@@ -66,6 +66,7 @@ from operator import itemgetter
 from typing import Any, Generic, TypeVar, overload
 
 __all__ = [
+    "CHANNEL_SUFFIX_SQL",
     "Operation",
     "Statement",
     "count",
@@ -74,6 +75,7 @@ __all__ = [
     "procedure",
     "row",
     "rows",
+    "scoped_channel_sql",
     "value",
 ]
 
@@ -506,3 +508,19 @@ def procedure(
     return Operation(
         name, sqlite=sqlite, postgres=postgres, decode=decode, writes=writes, first=first
     )
+
+
+#: A channel's name on the server, ``<channel>:<12 hex digits of md5(current_schema())>``: as
+#: SQL of a text parameter (:func:`scoped_channel_sql`). Notifications are per database, not per
+#: schema, so two deployments in two schemas of one database (``?search_path=``, as the suite's
+#: tests are) heard each other's: a ``p <session>`` from one made the other's actor of a session
+#: with the same id rewrite its policy, an ``x <session>`` would have deleted it. The server
+#: names the schema, so every node on one schema agrees without being told; the hash keeps the
+#: name under PostgreSQL's 63 bytes for any schema name.
+CHANNEL_SUFFIX_SQL = "':' || left(md5(current_schema()), 12)"
+
+
+def scoped_channel_sql(parameter: str) -> str:
+    """SQL for the server-side name of the channel given as the text ``parameter`` (``$1``,
+    ``:channel``): see :data:`CHANNEL_SUFFIX_SQL`."""
+    return f"{parameter}::text || {CHANNEL_SUFFIX_SQL}"

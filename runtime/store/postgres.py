@@ -102,8 +102,10 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
             )
 
 
-#: ``pg_notify``: delivered to every listener once it commits.
-_NOTIFY = ops.execute("notify", postgres="SELECT pg_notify(:channel, :payload)")
+#: ``pg_notify``: delivered to every listener of the channel in this schema once it commits.
+_NOTIFY = ops.execute(
+    "notify", postgres=f"SELECT pg_notify({ops.scoped_channel_sql(':channel')}, :payload)"
+)
 
 
 class _Pool:
@@ -365,7 +367,8 @@ class PostgresBackend:
     # ---- notifications ----
 
     async def notify(self, channel: str, payload: str) -> None:
-        """``pg_notify(channel, payload)``: delivered to every listener once this commits."""
+        """``pg_notify(channel, payload)``: delivered to every listener of ``channel`` on this
+        store's schema once this commits (:data:`runtime.store.ops.CHANNEL_SUFFIX_SQL`)."""
         await self.run(_NOTIFY, channel=channel, payload=payload)
 
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
@@ -485,7 +488,8 @@ async def _subscribe(
     notified: Callable[..., None],
     terminated: Callable[..., None],
 ) -> None:
-    await conn.add_listener(channel, notified)
+    scoped = await conn.fetchval(f"SELECT {ops.scoped_channel_sql('$1')}", channel)
+    await conn.add_listener(scoped, notified)
     conn.add_termination_listener(terminated)
 
 

@@ -70,3 +70,38 @@ async def test_a_listener_hears_and_on_postgres_reconnects_when_its_connection_i
         await heard.until(4)
         nursery.cancel_scope.cancel()
     assert heard.messages == [None, "one", None, "two"]
+
+
+@pytest.mark.postgres
+async def test_two_schemas_of_one_database_do_not_hear_each_other(pg_dsn):
+    """Notifications are per database in PostgreSQL, so two deployments in two schemas of one
+    database (``?search_path=``) heard each other's under one channel name: a policy change in
+    one made the other's session of the same id rewrite its policy (the flaky memory-sweep
+    test), and a delete announcement would have deleted it. Each schema has its own channel."""
+    from tests.runtime.store._support import pg_schema
+    from turnstile.runtime.store import open_store
+
+    channel = f"t_{secrets.token_hex(4)}"
+    heard_a, heard_b, heard_a2 = Heard(), Heard(), Heard()
+    async with (
+        pg_schema(pg_dsn) as (url_a, _),
+        pg_schema(pg_dsn) as (url_b, _),
+        open_store(url_a, name="a") as a,
+        open_store(url_a, name="a2") as a2,
+        open_store(url_b, name="b") as b,
+        trio.open_nursery() as nursery,
+    ):
+        for store, heard in ((a, heard_a), (a2, heard_a2), (b, heard_b)):
+            nursery.start_soon(store.listen, channel, heard)
+            await heard.until(1)  # connected
+        await b.notify(channel, "from b")
+        await a.notify(channel, "from a")
+        await heard_a2.until(2)
+        await heard_b.until(2)
+        await a2.notify(channel, "from a2")
+        await heard_a.until(3)
+        nursery.cancel_scope.cancel()
+    # each heard its own schema's, in order, and nothing of the other's
+    assert heard_a.messages == [None, "from a", "from a2"]
+    assert heard_a2.messages == [None, "from a", "from a2"]
+    assert heard_b.messages == [None, "from b"]
