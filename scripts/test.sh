@@ -21,6 +21,6 @@ bash scripts/lint-imports.sh
 bash scripts/typecheck.sh
 # three workers, each test sent to whichever is free (most tests wait on real processes, sockets and
 # PostgreSQL, so 3 workers on 2 cores finish in about half the serial time); TURNSTILE_TEST_WORKERS=0
-# runs the suite in this one process. Not the slow tests first: started together, the multi-node
-# PostgreSQL tests used up the server's 100 connections (503 store_unavailable in two of them).
+# runs the suite in this one process. The several-node PostgreSQL tests take turns (marker
+# pg_nodes, tests/conftest.py): two at once took the server past its 100 connections.
 exec .venv/bin/python -m pytest -n "${TURNSTILE_TEST_WORKERS:-3}" --dist worksteal "$@"

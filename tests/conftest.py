@@ -104,6 +104,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     The deadline is on trio's clock, so under ``MockClock(autojump_threshold=0)`` a deadlock
     (every task blocked forever) fails at once instead of hanging.
     """
+    # the tests that take turns on PostgreSQL (``pg_nodes``) first: xdist's worksteal gives each
+    # worker a contiguous share of the collection, so they all land on the first worker and run
+    # one after the other from the start, while the other workers take the rest (and steal from
+    # the far end of its queue). Spread over the workers, they waited on each other's lock, idle.
+    items.sort(key=lambda item: item.get_closest_marker("pg_nodes") is None)
     for item in items:
         fn = getattr(item, "obj", None)
         if not inspect.iscoroutinefunction(fn):
