@@ -38,4 +38,22 @@ if ! psql -h "$host" -p "$port" -U "$user" -d postgres -tAc \
   echo "ensure-postgres: creating database $db" >&2
   createdb -h "$host" -p "$port" -U "$user" "$db" || fail "could not create database $db"
 fi
+# The several-node tests hold about 45 connections each (fifteen a node), and two of them can
+# meet under xdist: a local cluster with the default 100 refused them ("too many clients"). On
+# the local Debian cluster this raises max_connections to 300 once (a restart); on any other
+# server the tests marked pg_nodes take turns instead (tests/conftest.py).
+want=300
+have="$(psql -h "$host" -p "$port" -U "$user" -d "$db" -tAc "show max_connections" 2>/dev/null)"
+if [ -n "$have" ] && [ "$have" -lt "$want" ] && [ "$host" = "127.0.0.1" ] \
+    && command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+  echo "ensure-postgres: max_connections $have -> $want (restarting the local cluster)" >&2
+  if psql -h "$host" -p "$port" -U "$user" -d "$db" -qtAc \
+      "alter system set max_connections = $want" >&2; then
+    for version in $(ls /etc/postgresql); do
+      pg_ctlcluster --skip-systemctl-redirect "$version" main restart >&2 || true
+    done
+    for _ in $(seq 1 30); do ready && break; sleep 0.5; done
+    ready || fail "PostgreSQL did not come back after the restart"
+  fi
+fi
 echo "$dsn"

@@ -21,6 +21,7 @@ bash scripts/lint-imports.sh
 bash scripts/typecheck.sh
 # three workers, each test sent to whichever is free (most tests wait on real processes, sockets and
 # PostgreSQL, so 3 workers on 2 cores finish in about half the serial time); TURNSTILE_TEST_WORKERS=0
-# runs the suite in this one process. The several-node PostgreSQL tests take turns (marker
-# pg_nodes, tests/conftest.py): two at once took the server past its 100 connections.
+# runs the suite in this one process. Two several-node PostgreSQL tests at once took a server
+# with 100 connections past its limit: ensure-postgres.sh raises the local cluster's to 300, and
+# on a server it cannot change those tests take turns (marker pg_nodes, tests/conftest.py).
 exec .venv/bin/python -m pytest -n "${TURNSTILE_TEST_WORKERS:-3}" --dist worksteal "$@"

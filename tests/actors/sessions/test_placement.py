@@ -87,6 +87,11 @@ async def test_one_node_at_a_time_then_the_lease_moves_and_the_old_holder_is_fen
         # a message through b is stored (and announced to a): it waits behind "long"
         sent = await http_b.post("/sessions/s/messages", json={"content": "x"}, headers=AUTH)
         assert sent.status_code == 202, sent.text
+        # ... and a hears of it (its turn_queued) before its lease lapses: heard after, a's
+        # actor writes with the old epoch, is fenced and stops, cutting its turn before the
+        # release below (a CI run at load 6, a's listener a few seconds behind)
+        with trio.fail_after(WAIT):
+            await on_a.until(b'"turn_queued"')
         assert [i.state for i in await b.store.list_inputs("ada/s")] == ["running", "queued"]
         assert b_agent.turns == []
         # a is paused past its lease: for everyone else it is dead, and the session moves to b
