@@ -76,8 +76,9 @@ async def test_a_listener_hears_and_on_postgres_reconnects_when_its_connection_i
 async def test_two_schemas_of_one_database_do_not_hear_each_other(pg_dsn):
     """Notifications are per database in PostgreSQL, so two deployments in two schemas of one
     database (``?search_path=``) heard each other's under one channel name: a policy change in
-    one made the other's session of the same id rewrite its policy (the flaky memory-sweep
-    test), and a delete announcement would have deleted it. Each schema has its own channel."""
+    one made the other's holder of the same session id store its policy again (the flaky
+    memory-sweep test saw the write), and a delete request reached the other's holder. Each
+    schema has its own channel."""
     from tests.runtime.store._support import pg_schema
     from turnstile.runtime.store import open_store
 
