@@ -11,7 +11,6 @@ import fcntl
 import functools
 import hashlib
 import inspect
-import itertools
 import os
 import socket
 import subprocess
@@ -119,13 +118,12 @@ def _one_pg_nodes_test_at_a_time(request: pytest.FixtureRequest):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Wrap every async test in ``trio.fail_after``: no test may hang the suite.
 
     The deadline is on trio's clock, so under ``MockClock(autojump_threshold=0)`` a deadlock
     (every task blocked forever) fails at once instead of hanging.
     """
-    _slow_tests_first_on_each_worker(config, items)
     for item in items:
         fn = getattr(item, "obj", None)
         if not inspect.iscoroutinefunction(fn):
@@ -133,35 +131,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = item.get_closest_marker("guard")
         seconds = marker.args[0] if marker else GUARD_SECONDS
         item.obj = _guarded(fn, seconds)
-
-
-def _slow_tests_first_on_each_worker(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, put the ``slow`` tests (real processes, several nodes) at the head of each
-    worker's first share, dealt round the workers.
-
-    ``--dist worksteal`` first splits the collection into one contiguous share per worker
-    (worker k: what is left // (workers - k)), and a worker that runs dry steals from the far
-    end of another's queue. In collection order the several-node tests of
-    ``tests/e2e/test_cluster.py`` came last: a quiet run's last minute or two was two workers
-    finishing a rolling restart and a listener-cut test while the third sat idle. Started
-    first, they overlap with the rest. (Every worker computes the same order from the same
-    collection, as xdist requires.)
-    """
-    workers = getattr(config, "workerinput", {}).get("workercount", 0)
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    if workers < 2 or not slow:
-        return
-    rest = iter([item for item in items if item.get_closest_marker("slow") is None])
-    ordered: list[pytest.Item] = []
-    left = len(items)
-    for k in range(workers):
-        share = left // (workers - k)
-        left -= share
-        dealt = slow[k::workers]
-        ordered += dealt
-        ordered += itertools.islice(rest, max(0, share - len(dealt)))
-    ordered += rest
-    items[:] = ordered
 
 
 def _guarded(fn, seconds: float):
