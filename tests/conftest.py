@@ -69,7 +69,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "pg_nodes: runs several serving nodes on PostgreSQL; one such test at a time",
+        "pg_nodes: runs several serving nodes on PostgreSQL; one such test at a time on a"
+        " server with fewer than 200 connections",
     )
 
 
