@@ -515,9 +515,9 @@ def procedure(
 #: schema, so two deployments in two schemas of one database (``?search_path=``, as the suite's
 #: tests are) heard each other's: a ``p <session>`` from one made the other's actor of a session
 #: with the same id store its policy again, an ``x <session>`` (a delete request for the
-#: holder) reached the other's holder of the same id. The server
-#: names the schema, so every node on one schema agrees without being told; the hash keeps the
-#: name under PostgreSQL's 63 bytes for any schema name.
+#: holder) reached the other's holder of the same id. The server names the schema, so every node
+#: on one schema agrees without being told; the hash keeps the name under PostgreSQL's 63 bytes
+#: for any schema name.
 CHANNEL_SUFFIX_SQL = "':' || left(md5(current_schema()), 12)"
 
 

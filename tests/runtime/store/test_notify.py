@@ -13,7 +13,9 @@ import pytest
 import trio
 import trio.testing
 
+from tests.runtime.store._support import pg_schema
 from turnstile.runtime.errors import InvalidArgument
+from turnstile.runtime.store import open_store
 
 #: a hang guard (real clock: PostgreSQL's listener reconnects after a second's pause), not a
 #: promise: generous, so that a 2-core box at load 8 passes
@@ -79,9 +81,6 @@ async def test_two_schemas_of_one_database_do_not_hear_each_other(pg_dsn):
     one made the other's holder of the same session id store its policy again (the flaky
     memory-sweep test saw the write), and a delete request reached the other's holder. Each
     schema has its own channel."""
-    from tests.runtime.store._support import pg_schema
-    from turnstile.runtime.store import open_store
-
     channel = f"t_{secrets.token_hex(4)}"
     heard_a, heard_b, heard_a2 = Heard(), Heard(), Heard()
     async with (
