@@ -15,6 +15,13 @@ chromium="$(bash scripts/ensure-chromium.sh)"
 if [ -n "$chromium" ]; then
   export TURNSTILE_CHROMIUM="${TURNSTILE_CHROMIUM:-$chromium}"
 fi
+# The suite starts hundreds of Python processes (nodes, the CLI, the crash harness): each one
+# compiles every module it imports that has no .pyc. PYTHONDONTWRITEBYTECODE (set on this
+# project's CI machines) keeps them from ever being written, so the checkout's own modules are
+# compiled once here, and the suite's processes may write what changes after (__pycache__ is
+# ignored by git). Measured: importing the CLI 2.3 s -> 1.0 s, a node's start 3.5-4.1 s -> 1.3 s.
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 0 turnstile actors runtime tools protocol client bench tests >/dev/null
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/lint-imports.sh
