@@ -76,6 +76,7 @@ from turnstile.actors.scheduling.firing import (
     due_occurrences,
     fires_here,
     occurrence_input,
+    reread_job,
     run_detail,
     spread_overdue,
     traced_fire,
@@ -565,9 +566,8 @@ class SchedulerActor(Actor):
         self._tasks.start_soon(self._reload, job_id, name=f"reload {job_id}")
 
     async def _reload(self, job_id: str) -> None:
-        try:
-            job = await self.jobs.get_job(job_id)
-        except NotFound:
+        job = await reread_job(self.jobs, job_id)  # (a store that does not answer: again)
+        if job is None:
             return
         if job.state == "active" and job.next_fire_at is not None and job_id not in self.entries:
             entry = self._entry(job)

@@ -27,6 +27,7 @@ from turnstile.actors.scheduling.spec import (
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.ids import public_id
 from turnstile.runtime import tracing
+from turnstile.runtime.errors import NotFound, StoreUnavailable
 from turnstile.runtime.timerwheel import TimerHandle
 
 __all__ = [
@@ -43,12 +44,40 @@ __all__ = [
     "occurrence_content",
     "occurrence_input",
     "occurrence_jitter",
+    "reread_job",
     "run_detail",
     "spread_overdue",
     "traced_fire",
 ]
 
 log = logging.getLogger("turnstile.scheduler")
+
+#: ``reread_job`` asks a store that does not answer again after this long at first, doubling
+#: up to ``REREAD_MAX_DELAY`` seconds.
+REREAD_FIRST_DELAY = 0.25
+REREAD_MAX_DELAY = 5.0
+
+
+async def reread_job(jobs: JobStore, job_id: str) -> Job | None:
+    """The job ``job_id`` as stored now, or None when it is gone.
+
+    A store that does not answer (``StoreUnavailable``: an outage, or on a loaded box a pool
+    whose connections stayed busy past the operation's bound) is asked again, with backoff,
+    until it does: raised, it would crash the scheduler, whose restart re-reads every job it
+    holds (seen in a three-node test at load 8), where one job is all that is missing."""
+    delay = REREAD_FIRST_DELAY
+    while True:
+        try:
+            return await jobs.get_job(job_id)
+        except NotFound:
+            return None
+        except StoreUnavailable:
+            log.warning(
+                "re-reading job %s: the store did not answer; again in %.2f s", job_id, delay
+            )
+            await trio.sleep(delay)
+            delay = min(2 * delay, REREAD_MAX_DELAY)
+
 
 #: At most this many occurrences are fired in one ``JobStore.fire_jobs`` (PostgreSQL, sequential
 #: statements: 1 occurrence 0.8 ms, 50 in 6 ms, 200 in 29 ms, which is more per occurrence).

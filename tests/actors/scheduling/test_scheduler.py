@@ -22,7 +22,7 @@ from turnstile.actors.sessions.actor import (
     Delivered,
     Submit,
 )
-from turnstile.runtime.errors import StoreError
+from turnstile.runtime.errors import StoreError, StoreUnavailable
 
 
 @pytest.mark.guard(2 * DAY)
@@ -433,3 +433,53 @@ async def test_an_occurrence_due_alone_is_fired_on_its_own(autojump_clock):
         await trio.sleep(600)
         assert store.batches == [] and store.alone == 3
         assert len(await n.store.list_inputs("s")) == 3
+
+
+class LosingJobs(JobStore):
+    """The node's job store, where the first fire loses its compare-and-set (as when another
+    node changed the job) and the re-read that follows finds the store not answering twice
+    (a pool whose connections stayed busy past the bound, on a loaded box)."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        self.lost = False
+        self.unanswered = 2
+
+    async def fire_job(self, *args, **kwargs):
+        if not self.lost:
+            self.lost = True
+            return None
+        return await super().fire_job(*args, **kwargs)
+
+    async def get_job(self, id: str):
+        if self.lost and self.unanswered:
+            self.unanswered -= 1
+            raise StoreUnavailable("the store is unavailable; retry in a few seconds")
+        return await super().get_job(id)
+
+
+@pytest.mark.guard(2 * DAY)
+async def test_a_job_re_read_while_the_store_does_not_answer_is_asked_again_not_crashed(
+    autojump_clock,
+):
+    """A fire that lost its compare-and-set re-reads its job; the store does not answer the
+    first two re-reads: the scheduler asks again (it does not crash and restart, which
+    re-read every job), and the job fires once."""
+    async with node(start_scheduler=False) as n:
+        store = LosingJobs(n.store)
+        scheduler = await n.sup.spawn(
+            lambda: SchedulerActor(n.store, n.clock, publish=n.publish, limits=LIMITS, jobs=store)
+        )
+        job = await scheduler.ask(
+            AddJob(
+                session_id="s",
+                kind="once",
+                schedule=once(T0 + timedelta(minutes=5)),
+                deliver={"prompt": "p"},
+            )
+        )
+        await trio.sleep(600)
+        assert list(n.sup.crash_reports) == []  # (before: StoreUnavailable crashed it)
+        assert store.lost and store.unanswered == 0
+        assert len(await JobStore(n.store).list_runs(job.id)) == 1
+        assert len(await n.store.list_inputs("s")) == 1
