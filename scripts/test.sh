@@ -21,7 +21,8 @@ fi
 # compiled once here, and the suite's processes may write what changes after (__pycache__ is
 # ignored by git). Measured: importing the CLI 2.3 s -> 1.0 s, a node's start 3.5-4.1 s -> 1.3 s.
 unset PYTHONDONTWRITEBYTECODE
-.venv/bin/python -m compileall -q -j 0 turnstile actors runtime tools protocol client bench tests >/dev/null
+# (a file that does not compile is left to ruff and pytest, which say where)
+.venv/bin/python -m compileall -q -j 0 turnstile actors runtime tools protocol client bench tests >/dev/null || true
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/lint-imports.sh
