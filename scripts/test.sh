@@ -31,13 +31,16 @@ bash scripts/lint-imports.sh
 typecheck_out="$(mktemp)"
 bash scripts/typecheck.sh >"$typecheck_out" 2>&1 &
 typecheck_pid=$!
-# three workers, each test sent to whichever is free (most tests wait on real processes, sockets and
-# PostgreSQL, so 3 workers on 2 cores finish in about half the serial time); TURNSTILE_TEST_WORKERS=0
+# three workers, each module sent whole to whichever is free, in collection order, which puts the
+# longest modules first (tests/conftest.py, LONGEST_FIRST): with each test sent to whichever was
+# free (worksteal), the longest modules started last and ran on their own at the end (most tests
+# wait on real processes, sockets and PostgreSQL, so 3 workers on 2 cores finish in about half
+# the serial time); TURNSTILE_TEST_WORKERS=0
 # runs the suite in this one process. Two several-node PostgreSQL tests at once took a server
 # with 100 connections past its limit: ensure-postgres.sh raises the local cluster's to 300, and
 # on a server it cannot change those tests take turns (marker pg_nodes, tests/conftest.py).
 tests=0
-.venv/bin/python -m pytest -n "${TURNSTILE_TEST_WORKERS:-3}" --dist worksteal "$@" || tests=$?
+.venv/bin/python -m pytest -n "${TURNSTILE_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
 typecheck=0
 wait "$typecheck_pid" || typecheck=$?
 cat "$typecheck_out"
