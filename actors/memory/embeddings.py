@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import numpy as np
 
 from turnstile.actors.memory.settings import EmbeddingsConfig
 from turnstile.runtime.errors import TurnstileError
+
+if TYPE_CHECKING:  # numpy is imported where vectors are made (~0.1 s a process otherwise)
+    import numpy as np
 
 __all__ = [
     "BadEmbedding",
@@ -139,6 +141,8 @@ class Embedder:
         Raises:
             EmbedderUnavailable, EmbedderRejected, BadEmbedding: see the module docstring.
         """
+        import numpy as np
+
         if not texts:
             return np.zeros((0, self.dimensions or 0), dtype=np.float32)
         parts = []
@@ -189,6 +193,8 @@ def _vectors(kind: str, body: Any, n: int) -> np.ndarray:
         vectors = [row["embedding"] for row in rows]
     else:
         vectors = body["embeddings"]
+    import numpy as np
+
     array = np.asarray(vectors, dtype=np.float32)
     if array.ndim != 2 or array.shape[0] != n or array.shape[1] == 0:
         raise ValueError(f"shape {array.shape}")

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import msgspec
-import numpy as np
 
 from turnstile.actors.memory.schema import (
     ENSURE_TRIGRAM,
@@ -36,6 +35,9 @@ from turnstile.actors.memory.schema import (
 from turnstile.actors.memory.tokens import fact_tokens, query_words
 from turnstile.actors.memory.vector_cache import VectorCache
 from turnstile.runtime.errors import LimitExceeded
+
+if TYPE_CHECKING:  # numpy is imported where vectors are made (~0.1 s a process otherwise)
+    import numpy as np
 from turnstile.runtime.store import ops
 
 __all__ = [
@@ -335,7 +337,11 @@ INDEX_UNINDEXED = ops.procedure(
 
 
 def vector_blob(vector: np.ndarray | None) -> bytes | None:
-    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+    if vector is None:
+        return None
+    import numpy as np
+
+    return np.asarray(vector, dtype="<f4").tobytes()
 
 
 def pg_vector(vector: np.ndarray | None) -> str | None:

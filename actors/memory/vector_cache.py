@@ -27,9 +27,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where vectors are used (~0.1 s a process otherwise)
+    import numpy as np
 
 __all__ = ["CacheStatistics", "VectorCache", "nearest"]
 
@@ -115,6 +116,8 @@ class VectorCache:
             " AND length(embedding) = ?",
             (owner, 4 * dimensions),
         ).fetchall()
+        import numpy as np
+
         if rows:
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(
@@ -142,6 +145,8 @@ def nearest(
     """
     if len(entry.ids) == 0 or limit <= 0:
         return []
+    import numpy as np
+
     similarity = entry.matrix @ np.asarray(vector, dtype=np.float32)
     for row, expires_at in entry.expiring:
         if expires_at <= now:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from turnstile.actors.memory.queries import (
     FACT_COLUMNS,
@@ -35,6 +33,9 @@ from turnstile.actors.memory.schema import (
 from turnstile.actors.memory.search_queries import AT_MOST, FACT_SELECT, SEARCH_SETTINGS
 from turnstile.actors.memory.vector_cache import VectorCache, nearest
 from turnstile.runtime.store import ops
+
+if TYPE_CHECKING:  # numpy is imported where vectors are made (~0.1 s a process otherwise)
+    import numpy as np
 
 __all__ = [
     "EF_SEARCH_FIRST",
