@@ -97,6 +97,24 @@ async def test_kv_values_and_keys_round_trip(store):
     await _run(prop)
 
 
+async def test_kv_items_written_together_round_trip_and_the_last_of_a_key_wins(store):
+    """Several items in one ``kv_put_items`` (on SQLite one statement over a JSON array, unless
+    a name holds U+0000): every value and name comes back as given, and of a key given twice
+    the last value is kept, as if they had been written one after the other."""
+
+    @SETTINGS
+    @given(items=st.lists(st.tuples(NAME, NAME, OBJECT), min_size=2, max_size=6))
+    def prop(items):
+        trio.from_thread.run(
+            store.kv_put_items, [(space, key, value, None) for space, key, value in items]
+        )
+        last = {(space, key): value for space, key, value in items}
+        for (space, key), value in last.items():
+            assert trio.from_thread.run(store.kv_get, space, key) == value
+
+    await _run(prop)
+
+
 async def test_session_metadata_and_ids_round_trip(store):
     made = set()
 
