@@ -123,7 +123,7 @@ def _one_pg_nodes_test_at_a_time(request: pytest.FixtureRequest):
 #: ``scripts/test.sh --durations=0`` on the quiet 2-core box, 2026-11-28). They are collected
 #: first so that, with ``--dist loadfile`` (scripts/test.sh: a module at a time to whichever
 #: worker is free, in collection order), each starts early instead of the slowest ones
-#: starting last and running alone: a CI run spent its last 30 s on one worker of three. A
+#: starting last and running alone: a CI run spent its last 25 s on one worker of three. A
 #: stale list only costs time, never a result.
 LONGEST_FIRST = (
     "tests/e2e/test_cluster.py",  # 136 s

@@ -35,10 +35,10 @@ from turnstile.actors.memory.schema import (
 from turnstile.actors.memory.tokens import fact_tokens, query_words
 from turnstile.actors.memory.vector_cache import VectorCache
 from turnstile.runtime.errors import LimitExceeded
+from turnstile.runtime.store import ops
 
 if TYPE_CHECKING:  # numpy is imported where vectors are made (~0.1 s a process otherwise)
     import numpy as np
-from turnstile.runtime.store import ops
 
 __all__ = [
     "DETECT",
