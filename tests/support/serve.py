@@ -78,3 +78,17 @@ async def serving(db: str, token: str, *args: str) -> AsyncIterator[tuple[trio.P
                 except trio.TooSlowError:
                     process.kill()
                     await process.wait()
+
+
+async def run_script(code: str, *args: str) -> str:
+    """``python -c code args…`` in a fresh interpreter (what a new process imports, which this
+    one has long imported): its stdout, once it exited 0 (else an AssertionError with the end
+    of its stderr)."""
+    done = await trio.run_process(
+        [sys.executable, "-c", code, *args],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout.decode()

@@ -5,16 +5,15 @@ streamable HTTP with the node's bearer tokens; and a node whose MCP server is an
 from __future__ import annotations
 
 import json
-import sys
 from contextlib import asynccontextmanager
 
 import httpx2
 import pytest
-import trio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.actors.mcp.conftest import ALICE, BOB, TOKENS, mcp_node, mcp_server, session_key, until
+from tests.support.serve import run_script
 from turnstile.actors.config import Config
 from turnstile.actors.mcp import McpConfig, McpServerConfig
 from turnstile.actors.node import open_node
@@ -205,14 +204,7 @@ async def test_a_node_loads_the_mcp_sdk_only_when_mcp_is_first_asked(tmp_path):
     """A node without MCP servers starts without the SDK (about a second of CPU each start)
     nor jsonschema (which checks MCP servers' tools: 0.04 s); the first ``POST /mcp`` loads
     the SDK and is answered like any other."""
-    done = await trio.run_process(
-        [sys.executable, "-c", _NO_SDK_UNTIL_ASKED, str(tmp_path / "node.db")],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    out = await run_script(_NO_SDK_UNTIL_ASKED, str(tmp_path / "node.db"))
     assert "at start False" in out
     assert "jsonschema False" in out
     assert "asked 200 True" in out

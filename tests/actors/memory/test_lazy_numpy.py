@@ -9,9 +9,7 @@ must not load it.
 
 from __future__ import annotations
 
-import sys
-
-import trio
+from tests.support.serve import run_script
 
 _NO_NUMPY = """
 import sys, trio, httpx
@@ -37,14 +35,7 @@ trio.run(main, sys.argv[1])
 
 
 async def test_a_node_saves_and_searches_facts_without_importing_numpy(tmp_path):
-    done = await trio.run_process(
-        [sys.executable, "-c", _NO_NUMPY, str(tmp_path / "node.db")],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    out = await run_script(_NO_NUMPY, str(tmp_path / "node.db"))
     assert "at start False" in out
     assert "saved 200 found 200" in out
     assert '"dark"' in out  # the search found the fact
