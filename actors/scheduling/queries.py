@@ -16,6 +16,7 @@ from typing import Any
 from turnstile.actors.scheduling.records import ActiveJob, Job, JobRun
 from turnstile.runtime.errors import ConflictError, NotFound
 from turnstile.runtime.store import (
+    ClosingStep,
     decode_json,
     decode_optional_json,
     no_session,
@@ -38,6 +39,7 @@ __all__ = [
     "LIST_RUNS",
     "TRANSITION_JOB",
     "UPDATE_JOB",
+    "SETTLE_RUN",
     "UPDATE_RUN",
     "active_record",
     "job_record",
@@ -337,4 +339,12 @@ UPDATE_RUN = ops.row(
     " updated_at = :now WHERE id = :run_id RETURNING *",
     decode=run_record,
     writes=True,
+)
+#: ``(run_id, state, detail, now)``: a job's turn settles its run record in the turn's closure
+#: (``close_input``'s steps): on PostgreSQL inside the closing statement, one round trip for
+#: both (issue 26).
+SETTLE_RUN = ClosingStep(
+    "settle_run",
+    "UPDATE job_runs SET state = :state, detail = coalesce(:detail::jsonb, detail),"
+    " updated_at = :now WHERE id = :run_id AND {moved}",
 )

@@ -36,7 +36,7 @@ from turnstile.actors.scheduling.inputs import (
     ScheduledAction,
     ScheduledCheck,
 )
-from turnstile.actors.scheduling.queries import UPDATE_RUN
+from turnstile.actors.scheduling.queries import SETTLE_RUN
 from turnstile.actors.scheduling.records import JobRun
 from turnstile.actors.scheduling.store import JobStore
 from turnstile.actors.sessions.agents.base import TurnInput
@@ -325,7 +325,7 @@ class ScheduledTurn(InputTurn):
             "detail": store.db_json(detail),
             "now": store.db_time(store.clock.now()),
         }
-        return ((UPDATE_RUN, args),)
+        return ((SETTLE_RUN, args),)
 
     async def _settle_heartbeat(
         self,

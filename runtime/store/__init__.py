@@ -41,7 +41,7 @@ from turnstile.runtime.store._util import (
     no_session,
 )
 from turnstile.runtime.store.base import UNSET, UnsetType, optional_ts, ts
-from turnstile.runtime.store.closing import Step
+from turnstile.runtime.store.closing import ClosingStep, Step
 from turnstile.runtime.store.escaping import escape_json, unescape_json
 from turnstile.runtime.store.front import Store, StoreFront
 from turnstile.runtime.store.inbox import INPUT_COLUMNS, INSERT_INPUT, input_record
@@ -74,6 +74,7 @@ __all__ = [
     "Operation",
     "Statement",
     "Step",
+    "ClosingStep",
     "ops",
     "pgerrors",
     "UNSET",

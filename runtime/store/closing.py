@@ -6,12 +6,18 @@ A turn's closure used to be three commits: its ``stream_end`` appended, its inpu
 turn that had ended as ``running`` in the inbox, and recovery closed it a second time (a second
 ``stream_start`` / ``stream_end`` for one input). :meth:`CloseMethods.close_input` makes them
 one: either all of it is stored, or none of it is and recovery closes the turn once.
+
+On PostgreSQL the closure is one statement, and a step written as a :class:`ClosingStep` joins
+that statement (a job's run record): a job's turn closes in one round trip instead of four
+(BEGIN, the closure, the step, COMMIT; issue 26). Any other step runs in a transaction with it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 from turnstile.runtime.store import _util as u
@@ -24,11 +30,49 @@ from turnstile.runtime.store.inbox import input_record
 from turnstile.runtime.store.records import EventRecord, InboxItem
 from turnstile.runtime.store.sessions import fenced_postgres
 
-__all__ = ["CLOSE_INPUT", "CloseMethods", "Step"]
+__all__ = ["CLOSE_INPUT", "CloseMethods", "ClosingStep", "Step"]
 
 #: One more write of the closing transaction: an operation and its arguments, as the backend
 #: takes them (times through ``Store.db_time``, JSON through ``Store.db_json``).
 Step = tuple[ops.Operation[Any], Mapping[str, Any]]
+
+#: What ``{moved}`` says inside the closing statement: the input was moved (``mv``, below).
+_MOVED = "EXISTS (SELECT 1 FROM mv)"
+
+
+class ClosingStep(ops.Operation[None]):
+    """A step of a turn's closure (what the input's owner settles with it) written as one SQL
+    statement, which PostgreSQL runs inside the closing statement itself: a job's turn closes
+    in one round trip, not four (BEGIN, the closure, the step, COMMIT; issue 26).
+
+    Inside the closing statement every part sees the same snapshot and commits or fails
+    together, and the step must write nothing unless the closure moved its input (a refused
+    closure writes nothing at all): its condition says so with ``{moved}``, which is the
+    closure's "the input moved" there and ``TRUE`` where the step runs on its own (SQLite's
+    closing transaction, or PostgreSQL's when the closure has no events or another step).
+
+    Args:
+        name: what it is called in errors.
+        sql: one ``UPDATE``, ``INSERT … SELECT`` or ``DELETE`` with ``:name`` placeholders, whose
+            condition holds ``{moved}`` (``… WHERE id = :run_id AND {moved}``); what it answers
+            is not read.
+
+    Raises:
+        ValueError: ``sql`` without ``{moved}`` (a step that would write after a refused
+            closure), or as :class:`~runtime.store.ops.Statement`.
+    """
+
+    __slots__ = ("joined",)
+
+    #: the statement as it runs inside the closing statement (its own placeholders)
+    joined: ops.Statement
+
+    def __init__(self, name: str, sql: str) -> None:
+        if "{moved}" not in sql:
+            raise ValueError(f"closing step {name!r} must say {{moved}} in its condition")
+        alone = ops.execute(name, sql.replace("{moved}", "TRUE"))
+        super().__init__(name, sqlite=alone.sqlite, postgres=alone.postgres, writes=True)
+        self.joined = ops.Statement(sql.replace("{moved}", _MOVED))
 
 
 class _NotRunning(Exception):  # noqa: N818 - a signal inside the transaction, never raised out
@@ -71,6 +115,9 @@ def _close_sqlite(
 # when it is false, instead of a claim that would find nothing (issue 26: one round trip a
 # turn). An input stored by another node after that snapshot is announced to this one, as one
 # stored after an empty claim was.
+# ``{joined}`` is where the closure's ``ClosingStep`` CTEs go (``j0``, ``j1``, …): they read
+# ``mv`` (through ``{moved}``), and a step's SQL must not name a table ``lk``, ``mv``, ``s``,
+# ``ins`` or ``j<i>``, which these CTEs would shadow.
 _CLOSE_PG = (
     "WITH lk AS (SELECT 1 FROM sessions WHERE id = :session_id{held} FOR NO KEY UPDATE),"
     " mv AS (UPDATE inbox SET state = :state, detail = :detail::jsonb, updated_at = :now"
@@ -80,15 +127,32 @@ _CLOSE_PG = (
     " ins AS (INSERT INTO events (session_id, seq, type, payload, ts)"
     " SELECT :session_id, s.last_seq - :n + x.n, x.t, x.p::jsonb, :now"
     " FROM s, unnest(:types::text[], :payloads::text[]) WITH ORDINALITY AS x(t, p, n))"
+    "{joined}"
     " SELECT EXISTS (SELECT 1 FROM lk) AS _held, (SELECT last_seq FROM s) AS _last_seq,"
     " EXISTS (SELECT 1 FROM inbox WHERE session_id = :session_id AND state = 'queued')"
     " AS _queued, mv.* FROM (SELECT 1) AS one LEFT JOIN mv ON true"
 )
 _CLOSE_ARGS = ("session_id", "state", "detail", "now", "input_id", "n", "types", "payloads")
-_CLOSE_FREE = ops.Statement(_CLOSE_PG.format(held=""), params=_CLOSE_ARGS)
+_CLOSE_FREE = ops.Statement(_CLOSE_PG.format(held="", joined=""), params=_CLOSE_ARGS)
 _CLOSE_FENCED = ops.Statement(
-    _CLOSE_PG.format(held=" AND lease_epoch = :fence"), params=(*_CLOSE_ARGS, "fence")
+    _CLOSE_PG.format(held=" AND lease_epoch = :fence", joined=""),
+    params=(*_CLOSE_ARGS, "fence"),
 )
+
+
+@lru_cache(maxsize=64)
+def _close_joined(fenced: bool, steps: tuple[ClosingStep, ...]) -> ops.Statement:
+    """The closing statement with ``steps`` joined as CTEs ``j0``, ``j1``, … after ``ins``: each
+    step's placeholders renamed ``j<i>_<name>`` and numbered after the closure's own (and the
+    fence's), in the step's order; compiled once per combination."""
+    params: list[str] = [*_CLOSE_ARGS, "fence"] if fenced else list(_CLOSE_ARGS)
+    joined = []
+    for i, step in enumerate(steps):
+        prefix = f"j{i}_"
+        joined.append(f", j{i} AS ({ops.renamed(step.joined.text, prefix)})")
+        params += [prefix + name for name in step.joined.params]
+    held = " AND lease_epoch = :fence" if fenced else ""
+    return ops.Statement(_CLOSE_PG.format(held=held, joined="".join(joined)), params=params)
 
 
 async def _close_one_postgres(
@@ -100,9 +164,11 @@ async def _close_one_postgres(
     state: str,
     detail: str | None,
     fence: int | None,
+    steps: Sequence[tuple[ClosingStep, Mapping[str, Any]]] = (),
 ) -> tuple[int | None, Any, bool | None]:
-    """The closure without steps: one statement (see ``_CLOSE_PG``); answers as
-    :data:`CLOSE_INPUT`."""
+    """The closure in one statement (see ``_CLOSE_PG``), with ``steps`` (each a
+    :class:`ClosingStep`) joined to it; without events, the move alone (and no steps).
+    Answers as :data:`CLOSE_INPUT`."""
     if not events:
         row = await MOVE_INPUT.postgres(conn, input_id, "running", state, detail, now, fence)
         if row is None:
@@ -112,7 +178,12 @@ async def _close_one_postgres(
     types = [escape_text(t) for t, _ in events]
     payloads = [p for _, p in events]
     values = (session_id, state, detail, now, input_id, len(events), types, payloads)
-    if fence is None:
+    if steps:
+        statement = _close_joined(fence is not None, tuple(op for op, _ in steps))
+        fenced = () if fence is None else (fence,)
+        joined = chain.from_iterable(op.joined.values(args) for op, args in steps)
+        row = await conn.fetchrow(statement.postgres, *values, *fenced, *joined)
+    elif fence is None:
         row = await conn.fetchrow(_CLOSE_FREE.postgres, *values)
     else:
         row = await conn.fetchrow(_CLOSE_FENCED.postgres, *values, fence)
@@ -139,6 +210,11 @@ async def _close_postgres(
     if not steps:  # one statement: atomic without a transaction of its own
         return await _close_one_postgres(
             conn, session_id, events, now, input_id, state, detail, fence
+        )
+    joined = [(op, args) for op, args in steps if isinstance(op, ClosingStep)]
+    if events and len(joined) == len(steps):  # the steps joined: one statement likewise
+        return await _close_one_postgres(
+            conn, session_id, events, now, input_id, state, detail, fence, joined
         )
     async with conn.transaction():
         last, row, queued = await _close_one_postgres(

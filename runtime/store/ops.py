@@ -73,6 +73,7 @@ __all__ = [
     "execute",
     "found",
     "procedure",
+    "renamed",
     "row",
     "rows",
     "scoped_channel_sql",
@@ -178,6 +179,18 @@ class Statement:
 
 def _one_value(name: str, args: Mapping[str, Any]) -> tuple[Any]:
     return (args[name],)
+
+
+def renamed(text: str, prefix: str) -> str:
+    """``text`` with each placeholder ``:name`` written ``:<prefix>name`` (its cast kept; quoted
+    text and comments left alone): a statement joined into another one, whose placeholders it
+    must not meet (``runtime/store/closing.py``, :class:`~runtime.store.closing.ClosingStep`)."""
+
+    def rename(match: re.Match[str]) -> str:
+        name = match.group(2)
+        return match.group(1) if name is None else f":{prefix}{name}{match.group(3)}"
+
+    return _TOKENS.sub(rename, text)
 
 
 class Operation(Generic[R]):

@@ -11,7 +11,7 @@ import pytest
 from tests.runtime.store._support import pg_schema
 from tests.runtime.store.test_nodes import LEASE, expire
 from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError
-from turnstile.runtime.store import open_store, ops
+from turnstile.runtime.store import ClosingStep, open_store, ops
 from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
 
 #: a step of the closing transaction, as a feature writes one (its run record, here the
@@ -21,6 +21,17 @@ MARK = ops.execute(
 )
 #: a step that fails: the whole closure must be rolled back
 BROKEN = ops.execute("test.broken", "INSERT INTO no_such_table VALUES (1)")
+#: a step that joins PostgreSQL's closing statement (a job's run record, here a key-value row)
+NOTE = ClosingStep(
+    "test.note",
+    "INSERT INTO kv (namespace, key, value, updated_at)"
+    " SELECT 'test', :key, :value::jsonb, :now WHERE {moved}",
+)
+
+
+def note(store, key: str, value) -> tuple:
+    args = {"key": key, "value": store.db_json(value), "now": store.db_time(store.clock.now())}
+    return (NOTE, args)
 
 
 async def running(store, session_id: str = "s", text: str = "hi"):
@@ -151,6 +162,77 @@ async def test_steps_commit_with_the_closure_or_not_at_all(store):
     assert await store.last_seq("s") == 1
 
 
+async def test_a_closing_step_commits_with_the_closure_or_not_at_all(store, backend, clock):
+    """A ``ClosingStep`` (on PostgreSQL inside the closing statement): written with the
+    closure; not written when the closure is refused (the input not running, the session gone,
+    a stale fence), nor when another step of the closure fails; several join one closure."""
+    await store.create_session("s", "ada")
+    item = await running(store)
+    with pytest.raises(StoreError):
+        await store.close_input(
+            "s",
+            [("stream_end", {})],
+            item.id,
+            "done",
+            steps=[note(store, "a", {"n": 1}), (BROKEN, {})],
+        )
+    assert await store.kv_get("test", "a") is None
+    assert [i.state for i in await store.list_inputs("s")] == ["running"]
+    steps = [note(store, "a", {"run": 1}), note(store, "b", {"n": 2})]
+    records, closed = await store.close_input(
+        "s", [("stream_end", {})], item.id, "done", steps=steps
+    )
+    assert ([r.seq for r in records], closed.state) == ([1], "done")
+    assert (await store.kv_get("test", "a"), await store.kv_get("test", "b")) == (
+        {"run": 1},
+        {"n": 2},
+    )
+    for events in ([("stream_end", {})], []):
+        with pytest.raises(ConflictError):  # not running any more
+            await store.close_input(
+                "s", events, item.id, "done", steps=[note(store, "c", {"n": 3})]
+            )
+    assert await store.kv_get("test", "c") is None
+    # a stale fence
+    a, _ = await store.register_node("a", lease_seconds=LEASE)
+    b, _ = await store.register_node("b", lease_seconds=LEASE)
+    old = (await store.acquire_session("s", a.ref)).fence
+    await store.enqueue_input("s", "user", {"content": "two"})
+    second = await store.claim_next_input("s", fence=old)
+    await expire(store, backend, clock, a.ref)
+    if backend.kind == "sqlite":
+        await store.heartbeat_node(b.ref, lease_seconds=LEASE)
+    new = (await store.acquire_session("s", b.ref)).fence
+    with pytest.raises(Fenced):
+        await store.close_input(
+            "s",
+            [("stream_end", {})],
+            second.id,
+            "done",
+            fence=old,
+            steps=[note(store, "d", {"n": 4})],
+        )
+    assert await store.kv_get("test", "d") is None
+    await store.close_input(
+        "s", [("stream_end", {})], second.id, "done", fence=new, steps=[note(store, "d", {"n": 5})]
+    )
+    assert await store.kv_get("test", "d") == {"n": 5}
+    # the session gone
+    await store.enqueue_input("s", "user", {"content": "three"})
+    third = await store.claim_next_input("s", fence=new)
+    await store.delete_session("s")
+    with pytest.raises(NotFound):
+        await store.close_input(
+            "s", [("stream_end", {})], third.id, "done", steps=[note(store, "e", {"n": 6})]
+        )
+    assert await store.kv_get("test", "e") is None
+
+
+def test_a_closing_step_must_say_when_the_input_moved():
+    with pytest.raises(ValueError, match=r"must say \{moved\}"):
+        ClosingStep("test.bad", "UPDATE kv SET value = :value::jsonb WHERE key = :key")
+
+
 async def test_an_empty_claim_and_an_empty_list_tell_no_session_from_none(store):
     await store.create_session("s", "ada")
     assert await store.claim_next_input("s") is None
@@ -231,6 +313,15 @@ async def test_a_turn_on_postgresql_takes_one_round_trip_per_operation(pg_dsn, m
         assert await trips(store.append_events("s", [("token", {})], fence=fence)) == 1
         closing = store.close_input("s", [("stream_end", {})], item.id, "done", fence=fence)
         assert await trips(closing) == 1
+        # a job's turn: its run record joins the closing statement (a ClosingStep)
+        await store.enqueue_input("s", "cron", {"content": "y"})
+        item = await store.claim_next_input("s", fence=fence)
+        steps = [note(store, "run", {"state": "turn_completed"})]
+        closing = store.close_input(
+            "s", [("stream_end", {})], item.id, "done", fence=fence, steps=steps
+        )
+        assert await trips(closing) == 1
+        assert await store.kv_get("test", "run") == {"state": "turn_completed"}
         # refused: the closure's one, then the read that says why
         again = store.close_input("s", [("stream_end", {})], item.id, "done")
         assert await trips(again, operations=2) == 2
