@@ -339,29 +339,18 @@ class TurnRunner:
             cancelled = trio.current_effective_deadline() == -math.inf
             bound = CLOSE_GRACE_SECONDS if cancelled else CLOSE_TIMEOUT_SECONDS
             with trio.move_on_after(bound, shield=True) as closing:
-                closed = False
                 try:
                     steps: Sequence[Step] = ()
                     if kind_turn is not None:
                         outcome = await kind_turn.settle(host, turn, outcome)
                         steps = kind_turn.closing(outcome)
-                    await self._close_turn(turn, outcome, steps)
-                    closed = True
-                except Fenced as exc:  # the new holder's recovery closes this turn
-                    self._lost_lease(exc)
-                if closed and (headless or (kind_turn is not None and kind_turn.sync_after)):
                     # recall.md's finally: a run nobody started watching (or of a kind that
                     # asks, a recall) ends with a session_sync, so late observers re-read
-                    # history and state at once. Same fields as the attach-time frame, plus
-                    # which turn just ended.
-                    sync = SessionSync(
-                        busy=False,
-                        policy=self._loaded.policy,
-                        queued=self.queued,
-                        input_id=item.id,
-                        status=outcome.status,
-                    )
-                    await self._emit(sync)
+                    # history and state at once
+                    sync = headless or (kind_turn is not None and kind_turn.sync_after)
+                    await self._close_turn(turn, outcome, steps, sync=sync)
+                except Fenced as exc:  # the new holder's recovery closes this turn
+                    self._lost_lease(exc)
             if closing.cancelled_caught:
                 log.error(
                     "closing turn %s of session %s took over %g s and was given up; the input "
@@ -379,9 +368,14 @@ class TurnRunner:
         await self._add_context(context)
         return await self.services.agent.run_turn(context)
 
-    async def _close_turn(self, turn: Turn, outcome: TurnOutcome, steps: Sequence[Step]) -> None:
+    async def _close_turn(
+        self, turn: Turn, outcome: TurnOutcome, steps: Sequence[Step], *, sync: bool = False
+    ) -> None:
         """Close the turn visibly (stream and history) and settle its inbox row and what its
-        input's kind keeps (``steps``), all in one transaction (``EventLog.close``)."""
+        input's kind keeps (``steps``), all in one transaction (``EventLog.close``); with
+        ``sync``, a ``session_sync`` after its ``stream_end`` in the same transaction (one
+        commit, not two: issue 26), with the attach-time frame's fields and which turn ended.
+        """
         usage: TokenUsage | msgspec.UnsetType = msgspec.UNSET
         if turn.usage is not None:
             prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
@@ -407,6 +401,18 @@ class TurnRunner:
                 turn.buffer.append(end)
             else:
                 events.append(end)
+        if sync:
+            # the injections the agent never took are queued right after the closure
+            queued = self.queued + len(turn.injections)
+            events.append(
+                SessionSync(
+                    busy=False,
+                    policy=self._loaded.policy,
+                    queued=queued,
+                    input_id=turn.item.id,
+                    status=status,
+                ).stored()
+            )
         state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
             status, "interrupted"
         )

@@ -99,6 +99,7 @@ async def test_a_crash_right_after_a_turns_stream_end_is_stored_does_not_close_i
             ("stream_start", None),
             ("stream_delta", None),
             ("stream_end", "completed"),
+            ("session_sync", "completed"),  # nobody watched: committed with the stream_end
         ]
         (item,) = await store.list_inputs("s")
         assert (item.id, item.state) == (submitted.input_id, "done")
