@@ -77,6 +77,17 @@ def _acquire_sqlite(
 
 
 async def _acquire_postgres(conn: Any, session_id: str, node: str, epoch: int, now: Any) -> Any:
+    # A live holder that is not this node refuses in one read, without a transaction or a lock:
+    # with several nodes, every message for a session another node holds (a fire's input, its
+    # job_update) comes here first, and the locking transaction was six round trips and a row
+    # lock against the holder's own writes each time (issue 26). The refusal is as good as the
+    # locked one: either holder may stop right after it; what may take the lease is re-read
+    # under the lock below.
+    current = await conn.fetchrow(_HOLDER_PG.postgres, session_id)
+    if current is None:
+        return None, None, []
+    if not _mine(current, node, epoch):
+        return None, current, []
     async with conn.transaction():
         # lock first, then look at the holder's node in a statement of its own: a join in the
         # locking statement would be re-checked against the node row it read before the wait

@@ -12,8 +12,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from tests.runtime.store._support import pg_schema
 from tests.runtime.store.test_nodes import LEASE, expire
 from turnstile.runtime.errors import Fenced, NotFound
+from turnstile.runtime.store import open_store
+from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
 
 
 async def two_nodes(store):
@@ -163,3 +166,29 @@ async def test_the_turns_a_dead_holder_left_are_closed_by_whoever_takes_the_sess
     assert not held.acquired and held.holder == "b"  # not before b has closed it
     assert await store.release_session("two", swept.leases["two"])
     assert (await store.acquire_session("two", c.ref)).acquired
+
+
+@pytest.mark.postgres
+async def test_a_refusal_on_postgresql_is_one_read(pg_dsn, monkeypatch):
+    """With several nodes every message for a session another node holds asks for its lease
+    first: a live holder refuses in one round trip, without the locking transaction (six round
+    trips and a row lock against the holder's writes, issue 26). Taking the lease still
+    re-reads the holder under the lock."""
+    monkeypatch.setenv(STATS_ENV, "1")
+    async with pg_schema(pg_dsn) as (url, _), open_store(url) as store:
+        await store.create_session("s", "ada")
+        a, b = await two_nodes(store)
+        engine = store.engine
+
+        async def trips(node) -> tuple[bool, int]:
+            before = engine.statistics()
+            lease = await store.acquire_session("s", node)
+            spent = engine.statistics() - before
+            return lease.acquired, spent.round_trips - spent.prepares
+
+        acquired, taking = await trips(a)
+        assert acquired and taking > 1  # the read, then the locking transaction
+        assert await trips(b) == (False, 1)
+        await store.release_session("s", (await store.acquire_session("s", a)).fence)
+        acquired, _ = await trips(b)
+        assert acquired  # released: b takes it
