@@ -180,6 +180,42 @@ class EventLog:
         self.queued_at_close = batch.queued
         return batch.closed
 
+    async def enqueue(
+        self, source: str, payload: dict[str, Any], event: tuple[str, dict[str, Any]]
+    ) -> InboxItem | None:
+        """Store an input and append ``event``, which announces it (its payload without the
+        ``input_id`` the store puts first), in one transaction (``Store.enqueue_announced``);
+        once stored, offer the event. One commit instead of two for every input the session
+        stores itself (issue 26).
+
+        Only while the log is idle: otherwise (events wait or are being stored, a turn
+        streaming) and when the lease moved (``Fenced``: nothing was stored), the answer is
+        None and the caller stores the input and emits its announcement as two writes, in
+        order behind the rest. Emits meanwhile are stored after it.
+
+        Returns:
+            the stored input, or None (nothing stored).
+
+        Raises:
+            whatever ``enqueue_input`` raises (``NotFound``, ``StoreError``…).
+        """
+        if not self.idle:
+            return None
+        batch = self._storing = _EventBatch()  # whoever emits meanwhile waits behind it
+        try:
+            item, record = await self._store.enqueue_announced(
+                self._session_id, source, payload, event, fence=self.fence
+            )
+        except Fenced:
+            return None
+        finally:
+            self._storing = None
+            batch.done.set()
+        self._offer([record])
+        if self.on_stored is not None:
+            self.on_stored(self._session_id, record.seq)
+        return item
+
     async def all_stored(self) -> None:
         """Wait until every event emitted so far is stored (or failed to be)."""
         batch = self._batch or self._storing

@@ -12,6 +12,7 @@ a new kind of record. The backends under it only run operations
 
 from __future__ import annotations
 
+from turnstile.runtime.store.announce import AnnounceMethods
 from turnstile.runtime.store.claims import ClaimMethods
 from turnstile.runtime.store.closing import CloseMethods
 from turnstile.runtime.store.events import MAX_EVENT_TYPES, EventMethods
@@ -27,6 +28,7 @@ __all__ = ["MAX_EVENT_TYPES", "Store", "StoreFront"]
 class Store(
     SessionMethods,
     InboxMethods,
+    AnnounceMethods,
     ClaimMethods,
     CloseMethods,
     EventMethods,

@@ -47,13 +47,22 @@ def refusing_appends(refuse: set[int], error: Exception):
     ids=["outage", "failed-commit"],
 )
 async def test_a_refused_batch_is_stored_later_in_order_not_dropped(autojump_clock, error):
+    agent = GatedAgent()
     async with open_store("sqlite:///:memory:") as store:
         await store.create_session("s", "ada")
-        # (the turn's events go in one append, refused twice; its closure, stream_end and
-        # session_sync, commits with its input's state: tests/actors/sessions/test_closure.py)
+        # the turn's stream_start goes in an append of its own while the agent waits (refused
+        # twice); the message's turn_queued commits with it, and the closure (stream_delta,
+        # stream_end, session_sync) with its input's state (tests/actors/sessions/
+        # test_closure.py)
         appends = refusing_appends({1, 2}, error)
-        async with session_actors(StoreWith(store, append_events=appends)) as registry:
-            submitted = await registry.ref("session:s").ask(Submit(content="hello"))
+        async with session_actors(StoreWith(store, append_events=appends), agent) as registry:
+            submitted = await registry.ref("session:s").ask(Submit(content="wait:hello"))
+
+            async def started() -> bool:
+                return appends.appends >= 3  # (mock time: the retries' pauses pass at once)
+
+            await eventually(started)
+            agent.gate("wait:hello").set()
 
             async def closed() -> bool:
                 return [i.state for i in await store.list_inputs("s")] == ["done"]
@@ -69,7 +78,7 @@ async def test_a_refused_batch_is_stored_later_in_order_not_dropped(autojump_clo
         ]
         assert all(e.payload["input_id"] == submitted.input_id for e in events)
         assert events[3].payload["status"] == "completed"
-        assert appends.appends >= 3  # the refused tries were made, and made again
+        assert appends.appends == 3  # the refused tries were made, and made again
 
 
 async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own_turn(

@@ -95,8 +95,9 @@ def check_turn_trace(spans, *, node_id: str | None = None, remote: bool = False)
     assert attrs(submit)["turnstile.input.source"] == "user"
     assert attrs(submit).get("turnstile.session.remote", False) is remote
     stored = [c.name for c in children(trace, submit) if "db.system.name" in attrs(c)]
-    # the row, then its turn_queued (here), or its announcement to the holder (another node)
-    expected = ["enqueue_input", "notify" if remote else "append_events"]
+    # the row with its turn_queued in one commit (here), or the row and its announcement to
+    # the holder (another node)
+    expected = ["enqueue_input", "notify"] if remote else ["enqueue_announced"]
     assert stored == expected, tree(trace)
 
     (turn,) = by_name["turn"]

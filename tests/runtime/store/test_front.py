@@ -28,8 +28,8 @@ def _operations(module) -> list[ops.Operation]:
 def test_the_front_is_assembled_from_its_areas():
     names = {module.__name__.rpartition(".")[2] for module in AREAS}
     assert names == {
-        "base", "sessions", "inbox", "claims", "closing", "events", "nodes", "leases", "kv",
-        "front",
+        "base", "sessions", "inbox", "announce", "claims", "closing", "events", "nodes",
+        "leases", "kv", "front",
     }  # fmt: skip
     assert base in AREAS
 
