@@ -420,17 +420,19 @@ class SessionActor(TurnRunner, Actor):
         """
         store = self.services.store
         stored = tracing.carry({**payload, "content": content}, trace)
-        if key is None:
-            # the input and its turn_queued in one commit while the log is idle (a session
-            # between turns); else two writes, the announcement in order behind the rest
-            ahead = self.queued + (1 if self.runner_active else 0)
-            _, announced = TurnQueued(input_id=0, source=source, ahead=ahead).stored()
-            del announced["input_id"]  # the store's to fill in
-            item = await self.events.enqueue(source, stored, ("turn_queued", announced))
-            if item is not None:
+        # the input and its turn_queued in one commit while the log is idle (a session between
+        # turns); else two writes, the announcement in order behind the rest
+        ahead = self.queued + (1 if self.runner_active else 0)
+        _, announced = TurnQueued(input_id=0, source=source, ahead=ahead).stored()
+        del announced["input_id"]  # the store's to fill in
+        answer = await self.events.enqueue(source, stored, ("turn_queued", announced), key)
+        if answer is not None:
+            item, created = answer
+            if created:
                 self.queued += 1
                 self._ensure_runner()
-                return item, True
+            return item, created
+        if key is None:
             item, created = await store.enqueue_input(self.session_id, source, stored), True
         else:
             enqueued = await store.enqueue_keyed(self.session_id, source, stored, key)

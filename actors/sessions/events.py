@@ -181,12 +181,17 @@ class EventLog:
         return batch.closed
 
     async def enqueue(
-        self, source: str, payload: dict[str, Any], event: tuple[str, dict[str, Any]]
-    ) -> InboxItem | None:
-        """Store an input and append ``event``, which announces it (its payload without the
-        ``input_id`` the store puts first), in one transaction (``Store.enqueue_announced``);
-        once stored, offer the event. One commit instead of two for every input the session
-        stores itself (issue 26).
+        self,
+        source: str,
+        payload: dict[str, Any],
+        event: tuple[str, dict[str, Any]],
+        key: str | None = None,
+    ) -> tuple[InboxItem, bool] | None:
+        """Store an input (under ``key``, when given) and append ``event``, which announces it
+        (its payload without the ``input_id`` the store puts first), in one transaction
+        (``Store.enqueue_announced``); once stored, offer the event. One commit instead of two
+        for every input the session stores itself (issue 26). A key already taken stores and
+        announces nothing.
 
         Only while the log is idle: otherwise (events wait or are being stored, a turn
         streaming) and when the lease moved (``Fenced``: nothing was stored), the answer is
@@ -194,27 +199,31 @@ class EventLog:
         order behind the rest. Emits meanwhile are stored after it.
 
         Returns:
-            the stored input, or None (nothing stored).
+            the input (new, or the key's) and whether this call stored it; None when nothing
+            was stored.
 
         Raises:
-            whatever ``enqueue_input`` raises (``NotFound``, ``StoreError``…).
+            whatever ``enqueue_input`` and ``enqueue_keyed`` raise (``NotFound``,
+            ``IdempotencyKeyReused``, ``StoreError``…).
         """
         if not self.idle:
             return None
         batch = self._storing = _EventBatch()  # whoever emits meanwhile waits behind it
         try:
             item, record = await self._store.enqueue_announced(
-                self._session_id, source, payload, event, fence=self.fence
+                self._session_id, source, payload, event, idempotency_key=key, fence=self.fence
             )
         except Fenced:
             return None
         finally:
             self._storing = None
             batch.done.set()
+        if record is None:
+            return item, False
         self._offer([record])
         if self.on_stored is not None:
             self.on_stored(self._session_id, record.seq)
-        return item
+        return item, True
 
     async def all_stored(self) -> None:
         """Wait until every event emitted so far is stored (or failed to be)."""

@@ -22,7 +22,7 @@ from turnstile.runtime.store.sessions import (
 )
 from turnstile.runtime.tracing import TRACE_KEYS, without_trace
 
-__all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record"]
+__all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record", "same_input"]
 
 
 def input_record(row: Any) -> InboxItem:
@@ -207,7 +207,7 @@ QUEUED_SESSIONS_FOR_NODE = ops.rows(
 _KEYED_STATES = ("queued", "done")
 
 
-def _same_input(item: InboxItem, source: str, payload: str) -> None:
+def same_input(item: InboxItem, source: str, payload: str) -> None:
     """Raise ``IdempotencyKeyReused`` unless ``item`` is the input ``(source, payload)``.
 
     The trace context a payload carries (``tracing.TRACE_KEYS``) is not part of the input: a
@@ -312,7 +312,7 @@ class InboxMethods(StoreBase):
             raise u.no_session(session_id)
         item, created = found
         if not created:
-            _same_input(item, source, data)
+            same_input(item, source, data)
         return Enqueued(item=item, created=created)
 
     async def keyed_input(
@@ -327,7 +327,7 @@ class InboxMethods(StoreBase):
         key = u.check_idempotency_key(idempotency_key)
         item = await self.engine.run(KEYED_INPUT, session_id=session_id, key=key)
         if item is not None:
-            _same_input(item, source, u.encode_json(payload))
+            same_input(item, source, u.encode_json(payload))
         return item
 
     async def list_inputs(

@@ -241,16 +241,25 @@ async def test_a_notice_whose_commit_is_refused_is_asked_again_while_the_node_li
     chosen = default_features(make_agent(config))
     async with open_node(config, features=[*chosen[:-1], Quick(), chosen[-1]], serve=False) as node:
         await node.directory.create_session("ada", session_id="s")
-        real = node.store.enqueue_keyed
+        real, real_announced = node.store.enqueue_keyed, node.store.enqueue_announced
         refused: list[str] = []
 
-        async def refuse_once(session_id, source, payload, key, *args, **kwargs):
+        def refusing(source: str, key: str) -> None:
             if source == "notification" and not refused:
                 refused.append(key)
                 raise StoreError("sqlite: transaction failed: refused by the test")
+
+        async def refuse_once(session_id, source, payload, key, *args, **kwargs):
+            refusing(source, key)
             return await real(session_id, source, payload, key, *args, **kwargs)
 
+        async def refuse_once_announced(session_id, source, payload, event, **kwargs):
+            # (a session between turns stores an input with its turn_queued in one commit)
+            refusing(source, kwargs["idempotency_key"])
+            return await real_announced(session_id, source, payload, event, **kwargs)
+
         node.store.enqueue_keyed = refuse_once
+        node.store.enqueue_announced = refuse_once_announced
         started = await call(node, "ada/s", "background_run", name="test.quick")
         task_id = started.data["task_id"]
         told = await eventually(lambda: notices(node, "ada/s"))

@@ -5,10 +5,11 @@ own)."""
 from __future__ import annotations
 
 import pytest
+import trio
 
 from tests.runtime.store._support import pg_schema
 from tests.runtime.store.test_nodes import LEASE, expire
-from turnstile.runtime.errors import Fenced, NotFound
+from turnstile.runtime.errors import Fenced, IdempotencyKeyReused, NotFound
 from turnstile.runtime.store import open_store
 from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
 
@@ -53,8 +54,64 @@ async def test_no_session_and_a_stale_fence_store_nothing(store, backend, clock)
     assert (refused.value.fence, refused.value.current) == (old, new)
     assert await store.list_inputs("s") == []
     assert await store.last_seq("s") == 0
+    with pytest.raises(Fenced):
+        await store.enqueue_announced(
+            "s", "user", {"content": "hi"}, QUEUED, idempotency_key="k", fence=old
+        )
+    assert await store.list_inputs("s") == []
     item, record = await store.enqueue_announced("s", "user", {"content": "hi"}, QUEUED, fence=new)
     assert (record.seq, record.payload["input_id"]) == (1, item.id)
+
+
+async def test_under_a_key_an_input_is_stored_and_announced_once(store):
+    """As ``enqueue_keyed``: a key already taken stores nothing and announces nothing (no seq
+    used up), answers the key's row, and refuses another input under it."""
+    await store.create_session("s", "ada")
+    item, record = await store.enqueue_announced(
+        "s", "user", {"content": "hi"}, QUEUED, idempotency_key="client:1"
+    )
+    assert (item.idempotency_key, record.seq, record.payload["input_id"]) == (
+        "client:1",
+        1,
+        item.id,
+    )
+    again, none = await store.enqueue_announced(
+        "s", "user", {"content": "hi"}, QUEUED, idempotency_key="client:1"
+    )
+    assert (again.id, none) == (item.id, None)
+    with pytest.raises(IdempotencyKeyReused):
+        await store.enqueue_announced(
+            "s", "user", {"content": "other"}, QUEUED, idempotency_key="client:1"
+        )
+    # the plain keyed enqueue sees the same key
+    assert (
+        await store.enqueue_keyed("s", "user", {"content": "hi"}, "client:1")
+    ).item.id == item.id
+    assert await store.last_seq("s") == 1
+    assert [i.id for i in await store.list_inputs("s")] == [item.id]
+    _, second = await store.enqueue_announced(
+        "s", "user", {"content": "hi"}, QUEUED, idempotency_key="client:2"
+    )
+    assert second.seq == 2
+
+
+async def test_concurrent_sends_under_one_key_store_and_announce_one(store):
+    await store.create_session("s", "ada")
+    answers = []
+
+    async def send() -> None:
+        answers.append(
+            await store.enqueue_announced(
+                "s", "user", {"content": "hi"}, QUEUED, idempotency_key="client:1"
+            )
+        )
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(send)
+    assert len({item.id for item, _ in answers}) == 1
+    assert sum(record is not None for _, record in answers) == 1
+    assert [e.type for e in await store.read_events("s")] == ["turn_queued"]
 
 
 async def test_an_announcement_may_not_name_its_input(store):
@@ -72,8 +129,10 @@ async def test_on_postgresql_it_is_one_round_trip(pg_dsn, monkeypatch):
         a, _ = await store.register_node("a", lease_seconds=LEASE)
         fence = (await store.acquire_session("s", a.ref)).fence
         engine = store.engine
-        for _ in range(2):  # (the first may prepare the statement)
+        for key in (None, None, "k1", "k2"):  # (a first may prepare its statement)
             before = engine.statistics()
-            await store.enqueue_announced("s", "user", {"content": "x"}, QUEUED, fence=fence)
+            await store.enqueue_announced(
+                "s", "user", {"content": "x"}, QUEUED, idempotency_key=key, fence=fence
+            )
             spent = engine.statistics() - before
-        assert (spent.operations, spent.round_trips - spent.prepares) == (1, 1)
+            assert (spent.operations, spent.round_trips - spent.prepares) == (1, 1)
