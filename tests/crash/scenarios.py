@@ -31,7 +31,7 @@ def _call(tool: str, arguments: dict) -> str:
 
 class MessageWithToolCall(Scenario):
     name = "message_tool"
-    points = 20
+    points = 19
 
     async def drive(self, client: Client) -> None:
         await client.create_session("s")
