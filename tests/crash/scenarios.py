@@ -130,10 +130,18 @@ class CheckFire(_DueLater):
 
 
 class CronFire(_DueLater):
+    """Once a year, made due: every minute (as it was) fired in the setup node whenever its
+    second or so crossed a minute boundary, and the crash run then had no job (1 run of 60)."""
+
     name = "cron"
     points = 14
     tool = "schedule_cron"
-    arguments = {"cron": "* * * * *", "max_runs": 1, "prompt": "tick", "action_type": "llm_prompt"}
+    arguments = {
+        "cron": "0 0 1 1 *",
+        "max_runs": 1,
+        "prompt": "tick",
+        "action_type": "llm_prompt",
+    }
 
 
 class HeartbeatFire(_DueLater):
