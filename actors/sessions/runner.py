@@ -401,18 +401,12 @@ class TurnRunner:
                 turn.buffer.append(end)
             else:
                 events.append(end)
-        if sync:
-            # the injections the agent never took are queued right after the closure
-            queued = self.queued + len(turn.injections)
-            events.append(
-                SessionSync(
-                    busy=False,
-                    policy=self._loaded.policy,
-                    queued=queued,
-                    input_id=turn.item.id,
-                    status=status,
-                ).stored()
+        if sync:  # (the injections the agent never took are queued right after the closure)
+            policy, queued = self._loaded.policy, self.queued + len(turn.injections)
+            sync_event = SessionSync(
+                busy=False, policy=policy, queued=queued, input_id=turn.item.id, status=status
             )
+            events.append(sync_event.stored())
         state = {"completed": "done", "empty": "done", "failed": "failed"}.get(
             status, "interrupted"
         )
