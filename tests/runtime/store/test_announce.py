@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from tests.runtime.store._support import pg_schema
-from tests.runtime.store.test_nodes import LEASE, expire
+from tests.runtime.store.test_nodes import LEASE, take_over
 from turnstile.runtime.errors import Fenced, IdempotencyKeyReused, NotFound
 from turnstile.runtime.store import open_store
 from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
@@ -45,10 +45,7 @@ async def test_no_session_and_a_stale_fence_store_nothing(store, backend, clock)
     a, _ = await store.register_node("a", lease_seconds=LEASE)
     b, _ = await store.register_node("b", lease_seconds=LEASE)
     old = (await store.acquire_session("s", a.ref)).fence
-    await expire(store, backend, clock, a.ref)
-    if backend.kind == "sqlite":
-        await store.heartbeat_node(b.ref, lease_seconds=LEASE)
-    new = (await store.acquire_session("s", b.ref)).fence
+    new = await take_over(store, backend, clock, "s", a.ref, b.ref)
     with pytest.raises(Fenced) as refused:
         await store.enqueue_announced("s", "user", {"content": "hi"}, QUEUED, fence=old)
     assert (refused.value.fence, refused.value.current) == (old, new)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.store._support import pg_schema
-from tests.runtime.store.test_nodes import LEASE, expire
+from tests.runtime.store.test_nodes import LEASE, take_over
 from turnstile.runtime.errors import ConflictError, Fenced, NotFound, StoreError
 from turnstile.runtime.store import ClosingStep, open_store, ops
 from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
@@ -124,10 +124,7 @@ async def test_a_closure_with_a_stale_fence_writes_nothing(store, backend, clock
     old = (await store.acquire_session("s", a.ref)).fence
     await store.enqueue_input("s", "user", {"content": "one"})
     item = await store.claim_next_input("s", fence=old)
-    await expire(store, backend, clock, a.ref)
-    if backend.kind == "sqlite":
-        await store.heartbeat_node(b.ref, lease_seconds=LEASE)
-    new = (await store.acquire_session("s", b.ref)).fence
+    new = await take_over(store, backend, clock, "s", a.ref, b.ref)
     for events in ([("stream_end", {})], []):
         with pytest.raises(Fenced) as refused:
             await store.close_input("s", events, item.id, "done", fence=old)
@@ -199,10 +196,7 @@ async def test_a_closing_step_commits_with_the_closure_or_not_at_all(store, back
     old = (await store.acquire_session("s", a.ref)).fence
     await store.enqueue_input("s", "user", {"content": "two"})
     second = await store.claim_next_input("s", fence=old)
-    await expire(store, backend, clock, a.ref)
-    if backend.kind == "sqlite":
-        await store.heartbeat_node(b.ref, lease_seconds=LEASE)
-    new = (await store.acquire_session("s", b.ref)).fence
+    new = await take_over(store, backend, clock, "s", a.ref, b.ref)
     with pytest.raises(Fenced):
         await store.close_input(
             "s",

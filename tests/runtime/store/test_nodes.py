@@ -35,6 +35,16 @@ async def expire(store, backend, clock, node: NodeRef) -> None:
         )
 
 
+async def take_over(store, backend, clock, session_id: str, holder: NodeRef, taker: NodeRef) -> int:
+    """``holder``'s lease runs out (:func:`expire`) and ``taker`` acquires ``session_id``: the
+    new lease epoch, against which ``holder``'s fence is stale. On SQLite the store's clock
+    moved past ``taker``'s lease too, so it renews first."""
+    await expire(store, backend, clock, holder)
+    if backend.kind == "sqlite":
+        await store.heartbeat_node(taker, lease_seconds=LEASE)
+    return (await store.acquire_session(session_id, taker)).fence
+
+
 async def run_as(store, node: NodeRef | None, session_id: str, payload: dict):
     """Enqueue an input and claim it as ``node`` would (its store stamps its claims)."""
     await store.enqueue_input(session_id, "user", payload)

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.runtime.store._support import pg_schema
-from tests.runtime.store.test_nodes import LEASE, expire
+from tests.runtime.store.test_nodes import LEASE, expire, take_over
 from turnstile.runtime.errors import Fenced, NotFound
 from turnstile.runtime.store import open_store
 from turnstile.runtime.store.postgres_stats import ENV as STATS_ENV
@@ -75,10 +75,7 @@ async def test_a_stale_fence_writes_nothing(store, backend, clock):
     assert claimed is not None
     await store.append_events("s", [("stream_start", {"input_id": claimed.id})], fence=old)
     # a pauses past its lease; b takes the session
-    await expire(store, backend, clock, a)
-    if backend.kind == "sqlite":
-        await store.heartbeat_node(b, lease_seconds=LEASE)
-    new = (await store.acquire_session("s", b)).fence
+    new = await take_over(store, backend, clock, "s", a, b)
     assert new == old + 1
     await store.enqueue_input("s", "user", {"content": "two"})
     last = await store.last_seq("s")
