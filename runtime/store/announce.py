@@ -18,7 +18,13 @@ from turnstile.runtime.store import _util as u
 from turnstile.runtime.store import ops
 from turnstile.runtime.store.base import StoreBase, ts
 from turnstile.runtime.store.events import APPEND_EVENTS
-from turnstile.runtime.store.inbox import INSERT_INPUT, KEYED_INPUT, input_record, same_input
+from turnstile.runtime.store.inbox import (
+    INSERT_INPUT,
+    INSERT_KEYED,
+    KEYED_INPUT,
+    input_record,
+    same_input,
+)
 from turnstile.runtime.store.records import EventRecord, InboxItem
 from turnstile.runtime.store.sessions import fenced_postgres, has_session_sqlite
 
@@ -28,14 +34,6 @@ __all__ = ["AnnounceMethods", "ENQUEUE_ANNOUNCED"]
 def _with_input_id(event: str, input_id: int) -> str:
     """The event's payload (compact JSON of an object) with ``input_id`` first."""
     return f'{{"input_id":{input_id}}}' if event == "{}" else f'{{"input_id":{input_id},{event[1:]}'
-
-
-_INSERT_KEYED_SQLITE = ops.Statement(
-    "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at,"
-    " idempotency_key) VALUES (:session_id, :source, :payload, 'queued', :now, :now, :key)"
-    " ON CONFLICT DO NOTHING RETURNING *",
-    params=("session_id", "source", "payload", "now", "key"),
-)
 
 
 def _enqueue_announced_sqlite(
@@ -55,8 +53,9 @@ def _enqueue_announced_sqlite(
     if key is None:
         row = conn.execute(INSERT_INPUT.sqlite, (session_id, source, payload, now)).fetchone()
     else:
-        values = (session_id, source, payload, now, key)
-        row = conn.execute(_INSERT_KEYED_SQLITE.sqlite, values).fetchone()
+        args = {"session_id": session_id, "source": source, "payload": payload, "now": now}
+        values = INSERT_KEYED.values({**args, "state": "queued", "detail": None, "key": key})
+        row = conn.execute(INSERT_KEYED.sqlite, values).fetchone()
         if row is None:  # the key's row, as it is: nothing announced
             return None, KEYED_INPUT.sqlite(conn, session_id=session_id, key=key)
     announced = [(type, _with_input_id(event, row["id"]))]

@@ -22,7 +22,14 @@ from turnstile.runtime.store.sessions import (
 )
 from turnstile.runtime.tracing import TRACE_KEYS, without_trace
 
-__all__ = ["INPUT_COLUMNS", "INSERT_INPUT", "InboxMethods", "input_record", "same_input"]
+__all__ = [
+    "INPUT_COLUMNS",
+    "INSERT_INPUT",
+    "INSERT_KEYED",
+    "InboxMethods",
+    "input_record",
+    "same_input",
+]
 
 
 def input_record(row: Any) -> InboxItem:
@@ -85,7 +92,8 @@ ENQUEUE_INPUT = ops.row(
     writes=True,
 )
 
-_INSERT_KEYED = ops.Statement(
+#: A new input under an idempotency key: nothing (no row back) when the key is taken.
+INSERT_KEYED = ops.Statement(
     "INSERT INTO inbox (session_id, source, payload, state, created_at, updated_at, detail,"
     " idempotency_key) VALUES (:session_id, :source, :payload::jsonb, :state, :now, :now,"
     " :detail::jsonb, :key) ON CONFLICT DO NOTHING RETURNING *"
@@ -98,7 +106,7 @@ _KEYED = ops.Statement(
 def _enqueue_keyed_sqlite(conn: sqlite3.Connection, **args: Any) -> tuple[Any, bool] | None:
     if not has_session_sqlite(conn, args["session_id"]):
         return None
-    row = conn.execute(_INSERT_KEYED.sqlite, _INSERT_KEYED.values(args)).fetchone()
+    row = conn.execute(INSERT_KEYED.sqlite, INSERT_KEYED.values(args)).fetchone()
     if row is not None:
         return row, True
     return conn.execute(_KEYED.sqlite, _KEYED.values(args)).fetchone(), False
@@ -108,7 +116,7 @@ async def _enqueue_keyed_postgres(conn: Any, **args: Any) -> tuple[Any, bool] | 
     # Two statements, each its own snapshot (READ COMMITTED): a concurrent insert of the same
     # key makes the first wait for it and do nothing; the second then sees its committed row.
     try:
-        row = await conn.fetchrow(_INSERT_KEYED.postgres, *_INSERT_KEYED.values(args))
+        row = await conn.fetchrow(INSERT_KEYED.postgres, *INSERT_KEYED.values(args))
     except pgerrors.ForeignKeyViolationError:
         return None
     if row is not None:
