@@ -28,8 +28,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # PYTHONDONTWRITEBYTECODE is set (this project's CI machines) nothing writes them later: every
   # process then compiles each module it imports, about a second of CPU per node start (measured:
   # `turnstile serve` up in 3.5-4.1 s without them, 1.3 s with them).
+  # Not for the dev extra: compiling all ~300 packages is 21 s of CPU (12 s of the 2-core box)
+  # where the suite imports a fraction of them, and scripts/test.sh lets its processes write
+  # the .pyc of what they import (it unsets PYTHONDONTWRITEBYTECODE), once each.
+  compile=(--compile-bytecode)
+  [ "$extras" = "dev" ] && compile=()
   if .venv/bin/python -m pip install --quiet uv >/dev/null 2>&1; then
-    install=(.venv/bin/python -m uv pip install --python .venv/bin/python --quiet --compile-bytecode)
+    install=(.venv/bin/python -m uv pip install --python .venv/bin/python --quiet "${compile[@]}")
   else
     .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
     install=(.venv/bin/python -m pip install --quiet)
