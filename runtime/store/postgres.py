@@ -90,8 +90,10 @@ async def _migrate(conn: asyncpg.Connection, sets: Sequence[MigrationSet], now: 
         await conn.execute(POSTGRES_SCHEMA_TABLE)
         applied = await conn.fetch("SELECT set_name, version, name FROM schema_migrations")
         for step in plan(cast(list[tuple[str, int, str]], applied), sets, "postgres"):
-            for stmt in step.statements:
-                await conn.execute(stmt)
+            # a step's statements in one round trip (the simple query protocol takes several;
+            # they run inside this transaction): a fresh schema's start-up is 20-odd fewer
+            if step.statements:  # (an empty query is asyncpg's AttributeError)
+                await conn.execute(";\n".join(step.statements))
             await conn.execute(
                 "INSERT INTO schema_migrations (set_name, version, name, applied_at)"
                 " VALUES ($1, $2, $3, $4)",
