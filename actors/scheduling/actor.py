@@ -258,13 +258,21 @@ class SchedulerActor(Actor):
             await trio.sleep(share.interval)
             now = self.clock.now()
             horizon = now + timedelta(seconds=2 * share.interval)
+            orphaned = now - timedelta(seconds=share.lease_seconds)
+
+            def wanted(job_id: str, due: datetime | None, orphaned: datetime = orphaned) -> bool:
+                """Not indexed here yet, and this node's to fire (``fires_here``)."""
+                if job_id in self.entries:
+                    return False
+                return share.owns(job_id) or (due is not None and due <= orphaned)
+
             try:
-                due = await self.jobs.due_jobs(horizon, limit=_TAKE_ON_PAGE)
+                due = await self.jobs.due_jobs_wanted(horizon, wanted, limit=_TAKE_ON_PAGE)
             except StoreError as exc:
                 log.warning("looking for jobs to take on failed: %s", exc)
                 continue
             for job in due:
-                if job.id in self.entries or not fires_here(self.share, job, now):
+                if job.id in self.entries:  # indexed while the query ran
                     continue
                 entry = self._entry(job)
                 if entry is not None:

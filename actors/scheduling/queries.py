@@ -32,6 +32,7 @@ __all__ = [
     "CREATE_JOB",
     "CREATE_JOB_WITHIN",
     "DELETE_JOB",
+    "DUE_ACTIVE",
     "DUE_JOBS",
     "GET_JOB",
     "GET_RUN",
@@ -302,6 +303,28 @@ ACTIVE_JOBS = ops.rows(
     sqlite=_active_sqlite,
     postgres=_ACTIVE.format(state="state"),
     decode=active_record,
+)
+_DUE_ACTIVE_TEXT = (
+    "SELECT id, session_id, kind, spec, next_fire_at, run_count, created_at FROM jobs"
+    " WHERE state = 'active' AND next_fire_at IS NOT NULL AND next_fire_at <= :before"
+    " ORDER BY next_fire_at, id LIMIT :limit"
+)
+_DUE_ACTIVE = ops.Statement(_DUE_ACTIVE_TEXT)
+
+
+def _due_active_sqlite(conn: sqlite3.Connection, before: str, limit: int) -> list[Any]:
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples, as ``_active_sqlite``'s
+    try:
+        return cursor.execute(_DUE_ACTIVE.sqlite, (before, limit)).fetchall()
+    finally:
+        cursor.close()
+
+
+#: ``(before, limit)``: active jobs due, by ``(next_fire_at, id)``, each row undecoded (a
+#: tuple of :func:`active_record`'s columns): the caller decodes the ones it wants.
+DUE_ACTIVE = ops.rows(
+    "due_active", sqlite=_due_active_sqlite, postgres=_DUE_ACTIVE_TEXT, decode=tuple
 )
 #: ``(before, limit)``: active jobs due, by ``(next_fire_at, id)``.
 DUE_JOBS = ops.rows(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -114,6 +115,32 @@ async def test_due_jobs(jobs):
     assert [j.id for j in await jobs.due_jobs(T0 + 3 * H)] == ["early", "a", "b", "late"]
     # a naive datetime is taken to be UTC
     assert len(await jobs.due_jobs(T0.replace(tzinfo=None))) == 3
+
+
+async def test_due_jobs_wanted_decodes_only_what_the_predicate_wants(jobs):
+    """A scheduler's take-on pass: every due job is offered as (id, next_fire_at), in due
+    order; only those wanted come back, whole."""
+    await jobs.create_job("late", kind="once", spec={"a": 1}, next_fire_at=T0 + 2 * H)
+    await jobs.create_job("b", kind="cron", spec={"b": [2]}, next_fire_at=T0, session_id=None)
+    await jobs.create_job("a", kind="once", spec={}, next_fire_at=T0)
+    await jobs.create_job("early", kind="once", spec={}, next_fire_at=T0 - H)
+    await jobs.create_job("paused", kind="once", spec={}, next_fire_at=T0 - H, state="paused")
+    offered: list[tuple[str, datetime | None]] = []
+
+    def wanted(job_id: str, due: datetime | None) -> bool:
+        offered.append((job_id, due))
+        return job_id != "a"
+
+    found = await jobs.due_jobs_wanted(T0, wanted)
+    assert offered == [("early", T0 - H), ("a", T0), ("b", T0)]
+    assert [(j.id, j.kind, j.next_fire_at, j.run_count) for j in found] == [
+        ("early", "once", T0 - H, 0),
+        ("b", "cron", T0, 0),
+    ]
+    assert json.loads(found[1].spec) == {"b": [2]}  # the stored text, decoded when it fires
+    offered.clear()
+    assert [j.id for j in await jobs.due_jobs_wanted(T0 + 3 * H, wanted, limit=2)] == ["early"]
+    assert [job_id for job_id, _ in offered] == ["early", "a"]
 
 
 async def test_fire_job(jobs, jobs_store, clock):
