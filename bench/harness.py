@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.boxspeed import box_speed
 from bench.scenarios import SCENARIOS
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -56,12 +57,14 @@ class Measure:
 
 @dataclass
 class ScenarioResult:
-    """Everything one scenario measured."""
+    """Everything one scenario measured, and how fast the box was meanwhile."""
 
     scenario: str
     measures: list[Measure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: ``bench/boxspeed.py``'s reading before and after the scenario (ns per reference step)
+    box_speed: tuple[float, float] | None = None
 
 
 def machine() -> dict[str, object]:
@@ -111,9 +114,17 @@ def run_scenario(name: str, quick: bool = False) -> ScenarioResult:
         raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     module = importlib.import_module(SCENARIOS[name])
     gc.collect()
+    before = box_speed()
     start = time.perf_counter()
     result = module.run(quick=quick)
     result.seconds = time.perf_counter() - start
+    after = box_speed()
+    result.box_speed = (before, after)
+    result.notes.append(
+        f"Box speed before and after: {before:.1f} and {after:.1f} ns per reference step"
+        " (`bench/boxspeed.py`; lower is faster): figures of two runs compare only at about"
+        " the same speed."
+    )
     return result
 
 
@@ -128,6 +139,7 @@ def write_results(results: list[ScenarioResult], out_dir: Path = RESULTS_DIR) ->
             {
                 "scenario": r.scenario,
                 "seconds": r.seconds,
+                "box_speed_ns": r.box_speed,
                 "notes": r.notes,
                 "measures": [asdict(m) | {"ratio": m.ratio} for m in r.measures],
             }

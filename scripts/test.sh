@@ -39,8 +39,12 @@ typecheck_pid=$!
 # runs the suite in this one process. Two several-node PostgreSQL tests at once took a server
 # with 100 connections past its limit: ensure-postgres.sh raises the local cluster's to 300, and
 # on a server it cannot change those tests take turns (marker pg_nodes, tests/conftest.py).
+# how fast the box is before and after (bench/boxspeed.py): this project's machines are virtual,
+# and the same suite took 297 s and 577 s of pytest on one afternoon with nothing else running
+.venv/bin/python -m bench.boxspeed || true
 tests=0
 .venv/bin/python -m pytest -n "${TURNSTILE_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
+.venv/bin/python -m bench.boxspeed || true
 typecheck=0
 wait "$typecheck_pid" || typecheck=$?
 cat "$typecheck_out"
