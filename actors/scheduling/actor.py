@@ -249,32 +249,28 @@ class SchedulerActor(Actor):
             self._tasks.start_soon(self._take_on, name="scheduler: jobs to take on")
 
     async def _take_on(self) -> None:
-        """Several nodes: every share interval, index the jobs due within two intervals that
-        are this node's (created on another node, or moved here when a node left) and the
-        orphans; the wheel drops, when they come due, those that are not."""
+        """Several nodes: every share interval, index the jobs due within two intervals that are
+        this node's (made elsewhere, or moved here) and the orphans; the wheel drops the rest."""
         share = self.share
         assert share is not None
         while True:
             await trio.sleep(share.interval)
             now = self.clock.now()
             horizon = now + timedelta(seconds=2 * share.interval)
-            orphaned = now - timedelta(seconds=share.lease_seconds)
+            orphaned = now - timedelta(seconds=share.lease_seconds)  # wanted: as fires_here
 
             def wanted(job_id: str, due: datetime | None, orphaned: datetime = orphaned) -> bool:
-                """Not indexed here yet, and this node's to fire (``fires_here``)."""
-                if job_id in self.entries:
-                    return False
-                return share.owns(job_id) or (due is not None and due <= orphaned)
+                return job_id not in self.entries and (
+                    share.owns(job_id) or (due is not None and due <= orphaned)
+                )
 
             try:
                 due = await self.jobs.due_jobs_wanted(horizon, wanted, limit=_TAKE_ON_PAGE)
             except StoreError as exc:
                 log.warning("looking for jobs to take on failed: %s", exc)
                 continue
-            for job in due:
-                if job.id in self.entries:  # indexed while the query ran
-                    continue
-                entry = self._entry(job)
+            for job in due:  # (one may have been indexed while the query ran)
+                entry = None if job.id in self.entries else self._entry(job)
                 if entry is not None:
                     self.entries[job.id] = entry
                     self._index(entry, entry.due_at())
