@@ -275,8 +275,10 @@ TRANSITION_JOB = ops.row(
 )
 #: ``(id)``: whether it existed.
 DELETE_JOB = ops.found("delete_job", "DELETE FROM jobs WHERE id = :id RETURNING id", writes=True)
+#: the columns :func:`active_record` unpacks, in its order
+_ACTIVE_COLUMNS = "id, session_id, kind, spec, next_fire_at, run_count, created_at"
 _ACTIVE = (
-    "SELECT id, session_id, kind, spec, next_fire_at, run_count, created_at FROM jobs"
+    f"SELECT {_ACTIVE_COLUMNS} FROM jobs"
     " WHERE id > :after AND {state} = 'active' AND next_fire_at IS NOT NULL"
     " ORDER BY id LIMIT :limit"
 )
@@ -285,13 +287,19 @@ _ACTIVE = (
 _ACTIVE_SQLITE = ops.Statement(_ACTIVE.format(state="+state"))
 
 
-def _active_sqlite(conn: sqlite3.Connection, after: str, limit: int) -> list[Any]:
+def _tuples(statement: ops.Statement, conn: sqlite3.Connection, *args: Any) -> list[Any]:
+    """``statement``'s rows on SQLite as plain tuples (``active_record`` unpacks them; no
+    mapping is built per row)."""
     cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples: ``active_record`` unpacks them
+    cursor.row_factory = None
     try:
-        return cursor.execute(_ACTIVE_SQLITE.sqlite, (after, limit)).fetchall()
+        return cursor.execute(statement.sqlite, args).fetchall()
     finally:
         cursor.close()
+
+
+def _active_sqlite(conn: sqlite3.Connection, after: str, limit: int) -> list[Any]:
+    return _tuples(_ACTIVE_SQLITE, conn, after, limit)
 
 
 #: ``(after, limit)``: a page of the active jobs with a next occurrence, the first ``limit``
@@ -305,7 +313,7 @@ ACTIVE_JOBS = ops.rows(
     decode=active_record,
 )
 _DUE_ACTIVE_TEXT = (
-    "SELECT id, session_id, kind, spec, next_fire_at, run_count, created_at FROM jobs"
+    f"SELECT {_ACTIVE_COLUMNS} FROM jobs"
     " WHERE state = 'active' AND next_fire_at IS NOT NULL AND next_fire_at <= :before"
     " ORDER BY next_fire_at, id LIMIT :limit"
 )
@@ -313,12 +321,7 @@ _DUE_ACTIVE = ops.Statement(_DUE_ACTIVE_TEXT)
 
 
 def _due_active_sqlite(conn: sqlite3.Connection, before: str, limit: int) -> list[Any]:
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples, as ``_active_sqlite``'s
-    try:
-        return cursor.execute(_DUE_ACTIVE.sqlite, (before, limit)).fetchall()
-    finally:
-        cursor.close()
+    return _tuples(_DUE_ACTIVE, conn, before, limit)
 
 
 #: ``(before, limit)``: active jobs due, by ``(next_fire_at, id)``, each row undecoded (a

@@ -294,8 +294,8 @@ class JobStore:
         at most ``limit`` looked at) for which ``wanted(id, next_fire_at)`` is true.
 
         Only those are decoded: a scheduler's take-on pass looks at every due job of every
-        node each interval and wants the few it does not have (decoding all 10,000 of a
-        10,000-timer cluster's was about a tenth of each node's trio thread)."""
+        node each interval and wants the few it does not have (10,000 due jobs on SQLite, the
+        pass took 162-230 ms of CPU decoding them all, 114-120 ms with this)."""
         b = self._time(before, "before")
         check_limit(limit)
         rows = await self.store.run(DUE_ACTIVE, before=b, limit=limit)
