@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow
 WORDS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
 #: About 2.2 s of streaming: time enough to reload or drop the connection in the middle.
 LONG = f"{WORDS} {WORDS}"
+#: About 4.5 s: the reload test needs the turn still streaming once the reloaded page has
+#: replayed the log, and a reload took more than LONG's remaining 2 s on a busy box (a CI run).
+LONGER = f"{LONG} {LONG}"
 
 
 def api(node: ConsoleNode) -> httpx.Client:
@@ -253,16 +256,16 @@ def test_pause_and_resume_a_job_from_the_automations_view(browser, console_node)
 def test_reload_mid_stream_shows_no_gap_and_no_duplicate(browser, console_node):
     new_session(console_node, "reload")
     page = open_page(browser, console_node, "#/sessions/reload")
-    send(page, LONG)
+    send(page, LONGER)
     expect(turn(page, 0).locator(".turn-text")).to_contain_text("three")
     page.reload()
     expect(page.get_by_role("heading", name="reload")).to_be_visible()
     # the turn is still streaming after the reload: what came before it was replayed
     expect(page.locator(".session-status")).to_have_text("Running a turn")
-    expect(turn(page, 0).locator(".turn-text")).not_to_have_text(f"You said: {LONG}", timeout=0)
+    expect(turn(page, 0).locator(".turn-text")).not_to_have_text(f"You said: {LONGER}", timeout=0)
     expect(turn(page, 0)).to_have_attribute("data-status", "completed")
     # every word once, in order
-    expect(turn(page, 0).locator(".turn-text")).to_have_text(f"You said: {LONG}")
+    expect(turn(page, 0).locator(".turn-text")).to_have_text(f"You said: {LONGER}")
     expect(page.locator("article.turn")).to_have_count(1)
 
 
