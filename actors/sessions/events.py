@@ -93,6 +93,7 @@ class EventLog:
         "on_fenced",
         "on_stored",
         "queued_at_close",
+        "_unsure",
     )
 
     def __init__(
@@ -127,6 +128,10 @@ class EventLog:
         #: closed, as the store said in the closing statement (None: it did not say). The
         #: runner takes False as its next claim's answer.
         self.queued_at_close: bool | None = None
+        #: How many of the next batch's first events were in a write that was cut or refused
+        #: with an outcome nobody knows (a commit cut mid-flight may have gone through): the
+        #: next write asks the store first (``_settle``).
+        self._unsure = 0
 
     @property
     def idle(self) -> bool:
@@ -171,7 +176,9 @@ class EventLog:
         batch = self._batch
         if batch is None or batch.closure is not None:
             await self.all_stored()
-            batch = self._batch = _EventBatch()
+            batch = self._batch  # (what a write cut meanwhile left: ``_keep_cut``)
+            if batch is None or batch.closure is not None:
+                batch = self._batch = _EventBatch()
         batch.events.extend(events)
         batch.closure = closure
         self.queued_at_close = None
@@ -262,17 +269,15 @@ class EventLog:
         assert batch is not None, "no batch waits to be stored"
         self._storing = batch
         try:
-            records = await self._write(batch)
-            if records:
-                self._offer(records)
-            if self.on_stored is not None and records:
-                self.on_stored(self._session_id, records[-1].seq)
+            self._stored(await self._write(batch))
         except Fenced as exc:  # the session moved to another node: nothing was stored
             batch.error = exc
+            self._unsure = 0
             if self.on_fenced is not None:
                 self.on_fenced(exc)
         except Exception as exc:
             batch.error = exc
+            self._unsure = 0  # (the batch is dropped: nothing of the next one is in doubt)
             log.error(
                 "storing %d events of session %s failed: %r",
                 len(batch.events),
@@ -281,6 +286,7 @@ class EventLog:
             )
         except BaseException:
             batch.error = RuntimeError("the session stopped before its events were stored")
+            self._keep_cut(batch)
             raise
         finally:
             self._storing = None
@@ -298,8 +304,12 @@ class EventLog:
         delay, waited, refused = 0.1, 0.0, 0
         while True:
             try:
+                if self._unsure:
+                    await self._settle(batch)
                 closure = batch.closure
                 if closure is None:
+                    if not batch.events:  # all of it was stored by the cut write
+                        return []
                     return await self._store.append_events(
                         self._session_id, batch.events, fence=self.fence
                     )
@@ -320,6 +330,8 @@ class EventLog:
                 outage = isinstance(exc, StoreUnavailable)
                 if (waited >= RETRY_SECONDS) if outage else (refused > RETRIES):
                     raise
+                # a commit cut with its connection may have gone through: ask before again
+                self._unsure = len(batch.events)
                 log.warning(
                     "storing %d events of session %s failed (%s); trying again in %g s",
                     len(batch.events),
@@ -330,6 +342,48 @@ class EventLog:
                 await trio.sleep(delay)
                 waited += delay
                 delay = min(delay * 2, 5.0)
+
+    def _keep_cut(self, batch: _EventBatch) -> None:
+        """Put the events of ``batch``, whose write was cut (the session is stopping), back at
+        the head of the waiting batch, so that the next write (the turn's closure, shielded)
+        stores them ahead of its ``stream_end``. Before, they were dropped: a write cut at
+        shutdown lost the ``stream_start`` of a turn whose ``stream_end interrupted`` was then
+        stored alone (the suite's crash sample, seed 1959230062).
+
+        Only a cut write's: a batch the store refused past its tries (an outage over
+        ``RETRY_SECONDS``, or what the store cannot take) is still dropped, so one batch never
+        holds up the session's log for good; and a closure's batch is not kept, since nobody
+        closes the turn after its closure was cut (the node's recovery does)."""
+        if batch.closure is not None or not batch.events:
+            return
+        waiting = self._batch
+        if waiting is None:
+            waiting = self._batch = _EventBatch()
+        waiting.events[:0] = batch.events
+        self._unsure = len(batch.events)
+
+    async def _settle(self, batch: _EventBatch) -> None:
+        """Whether the write that was cut or refused last stored its events after all: ask
+        the store for the session's last seq. Whatever it stored beyond ``last_seq`` is read
+        back (to be offered) and taken off the head of ``batch``, which holds those events
+        first; an append never stores part of a batch, and under a lease nobody else
+        appends (another node that took the session over fences this write anyway)."""
+        stored = await self._store.last_seq(self._session_id) - self.last_seq
+        stored = min(stored, self._unsure, len(batch.events))
+        if stored > 0:
+            records = await self._store.read_events(
+                self._session_id, after_seq=self.last_seq, limit=stored
+            )
+            del batch.events[: len(records)]
+            self._stored(records)
+        self._unsure = 0
+
+    def _stored(self, records: list[EventRecord]) -> None:
+        """Offer stored events and announce them (``on_stored``)."""
+        if records:
+            self._offer(records)
+            if self.on_stored is not None:
+                self.on_stored(self._session_id, records[-1].seq)
 
     def _offer(self, records: list[EventRecord]) -> None:
         """Offer stored events to every subscriber, dropping those that fell too far behind."""

@@ -130,3 +130,81 @@ async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own
         ]
         assert starts == ["wait:a", "the task ended"]
         assert answers[0].input_id is not None
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["not-stored", "stored"])
+async def test_a_batch_cut_by_shutdown_goes_in_ahead_of_the_closure(autojump_clock, committed):
+    """Found by the suite's crash sample (seed 1959230062, ``cron on sqlite at fail:7``): the
+    node stopped while the batch holding a turn's ``stream_start`` was being written; the cut
+    write stored nothing, and the shielded closure stored ``stream_end interrupted`` alone: a
+    turn that ended without having started. Now the cut batch's events go in with the closure,
+    ahead of its ``stream_end``. When the cut write had committed after all (PostgreSQL: a
+    commit cut mid-flight may have gone through), they are not stored a second time."""
+    agent = GatedAgent()
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        cut = trio.Event()
+
+        async def append_events(real, *args: Any, **kwargs: Any) -> Any:
+            if cut.is_set():
+                return await real(*args, **kwargs)
+            cut.set()  # the stream_start's batch: the node stops while it is being written
+            if committed:
+                await real(*args, **kwargs)
+            await trio.sleep_forever()
+
+        async with session_actors(StoreWith(store, append_events=append_events), agent) as reg:
+            submitted = await reg.ref("session:s").ask(Submit(content="wait:hello"))
+            await cut.wait()
+            # leaving the block stops the node: the turn is cut and closed, shielded
+        events = await store.read_events("s")
+        assert [(e.seq, e.type) for e in events] == [
+            (1, "turn_queued"),
+            (2, "stream_start"),
+            (3, "stream_end"),
+            (4, "session_sync"),
+        ]
+        assert all(e.payload["input_id"] == submitted.input_id for e in events)
+        assert events[2].payload["status"] == "interrupted"
+        assert [i.state for i in await store.list_inputs("s")] == ["interrupted"]
+
+
+async def test_a_refused_commit_that_went_through_is_not_stored_twice(autojump_clock):
+    """A commit whose answer was lost (PostgreSQL: the connection dropped during ``COMMIT``)
+    is refused as an outage although it went through. Before, the batch was tried again as it
+    was, and the log held the turn's ``stream_start`` twice; now the store is asked first."""
+    agent = GatedAgent()
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        calls = 0
+
+        async def append_events(real, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            records = await real(*args, **kwargs)
+            if calls == 1:
+                raise StoreUnavailable("the store is unavailable; retry in a few seconds")
+            return records
+
+        async with session_actors(StoreWith(store, append_events=append_events), agent) as reg:
+            ref = reg.ref("session:s")
+            await ref.ask(Submit(content="wait:hello"))
+
+            async def started() -> bool:
+                return calls >= 1
+
+            await eventually(started)
+            agent.gate("wait:hello").set()
+
+            async def closed() -> bool:
+                return [i.state for i in await store.list_inputs("s")] == ["done"]
+
+            await eventually(closed)
+        types = [e.type for e in await store.read_events("s")]
+        assert types == [
+            "turn_queued",
+            "stream_start",
+            "stream_delta",
+            "stream_end",
+            "session_sync",
+        ]
