@@ -4,8 +4,9 @@ The store is the truth; memory is a cache. One protocol (:class:`Store`), two ba
 
 * ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or ``sqlite:///:memory:``
   (embedded default; option ``?synchronous=normal`` trades power-loss durability for latency);
-* ``postgresql://user@host:5432/db`` (also ``postgres://``; other query parameters become
-  server settings, e.g. ``?search_path=myschema``).
+* ``postgresql://user@host:5432/db`` (also ``postgres://``; option ``?pool_size=N``, the
+  most connections the store opens at once, 1 to ``MAX_POOL_SIZE``, default 10; other query
+  parameters become server settings, e.g. ``?search_path=myschema``).
 
 One validating front (:class:`~runtime.store.front.Store`) checks every argument and builds
 every record; the backend under it only runs operations (:mod:`runtime.store.ops`: typed query
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from turnstile.runtime.clock import Clock, SystemClock
 from turnstile.runtime.store import ops, pgerrors
@@ -117,6 +118,33 @@ __all__ = [
 ]
 
 _SQLITE_OPTIONS = {"synchronous"}
+#: The most connections ``?pool_size=`` may ask a PostgreSQL store for.
+MAX_POOL_SIZE = 500
+
+
+def postgres_options(url: str) -> tuple[str, dict[str, int]]:
+    """Take the store's own options (``pool_size``) out of a PostgreSQL URL: the URL left for
+    the driver (whose other query parameters become server settings, so ours must not reach
+    it) and the pool options.
+
+    Raises:
+        ValueError: ``pool_size`` is not a whole number from 1 to ``MAX_POOL_SIZE``.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, int] = {}
+    for key, value in query:
+        if key == "pool_size":
+            if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_POOL_SIZE:
+                raise ValueError(
+                    f"bad postgresql url: pool_size must be a whole number from 1 to "
+                    f"{MAX_POOL_SIZE}, not {value[:20]!r}"
+                )
+            options["max_size"] = int(value)
+    if not options:
+        return url, options
+    rest = urlencode([(k, v) for k, v in query if k != "pool_size"])
+    return urlunsplit(parts._replace(query=rest)), options
 
 
 @asynccontextmanager
@@ -169,7 +197,8 @@ async def open_store(
     elif url.startswith(("postgresql://", "postgres://")):
         from turnstile.runtime.store.postgres import open_postgres_backend
 
-        async with open_postgres_backend(url, sets, clock.now(), name=name) as postgres:
+        dsn, pool = postgres_options(url)
+        async with open_postgres_backend(dsn, sets, clock.now(), name=name, **pool) as postgres:
             yield Store(postgres, clock)
     else:
         scheme = url.partition(":")[0]

@@ -26,13 +26,13 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import trio
 
 from turnstile.runtime import tracing
-from turnstile.runtime.errors import MigrationError, StoreError
+from turnstile.runtime.errors import MigrationError, StoreError, StoreUnavailable
 from turnstile.runtime.store import faults, ops, postgres_text
 from turnstile.runtime.store.migrations import (
     POSTGRES_SCHEMA_TABLE,
@@ -211,6 +211,23 @@ class _Pool:
                     self._wake()  # it was woken for a connection: pass the turn on
                 raise
 
+    @property
+    def full(self) -> bool:
+        """Whether every connection the pool may open is open and in use."""
+        return self._size >= self._max_size and not self._idle
+
+    def exhausted(self, waited: float | None) -> StoreUnavailable:
+        """The error of an operation that found no connection free for ``waited`` seconds:
+        unavailable to the caller (503, try again), and said apart from a database outage in
+        the log, since raising ``?pool_size=`` is the cure rather than the database."""
+        log.warning(
+            "postgres: no pooled connection came free within %g s: all %d are in use "
+            "(the node is busier than its pool; raise the store URL's ?pool_size=)",
+            waited,
+            self._max_size,
+        )
+        return StoreUnavailable()
+
     def release(self, conn: asyncpg.Connection, clean: bool) -> None:
         self._in_use -= 1
         if clean and not self._finished and not conn.is_closed() and not conn.is_in_transaction():
@@ -293,7 +310,15 @@ class PostgresBackend:
         self._counter: StatsCounter | None = None  # tests and benchmarks only
 
     def __repr__(self) -> str:
-        return f"<PostgresBackend {self.dsn!r}>"
+        parts = urlsplit(self.dsn)  # the password stays out of whatever prints this
+        if parts.password is not None:
+            host = parts.netloc.rpartition("@")[2]
+            parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if any(key == "password" for key, _ in query):
+            masked = [(k, "***" if k == "password" else v) for k, v in query]
+            parts = parts._replace(query=urlencode(masked, safe="*"))
+        return f"<PostgresBackend {urlunsplit(parts)!r}>"
 
     @staticmethod
     def db_time(value: datetime) -> datetime:
@@ -465,6 +490,10 @@ async def _with_conn(
         try:
             async with asyncio.timeout(bound):  # (TimeoutError: an OSError, a driver error)
                 conn = await pool.acquire(first)
+        except TimeoutError as exc:
+            if pool.full:  # not the database: every connection stayed busy with other work
+                raise pool.exhausted(bound) from exc
+            raise postgres_error(exc) from exc
         except _DRIVER_ERRORS as exc:
             raise postgres_error(exc) from exc
     # kept unless the link may be unusable: a query cut off by cancellation or the bound, or

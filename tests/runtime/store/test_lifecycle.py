@@ -104,9 +104,28 @@ async def test_closed_store_refuses(backend):
         ("mysql://localhost/db", "unsupported store url scheme 'mysql'"),
         ("sqlite://relative.db", "bad sqlite url"),
         ("sqlite:///x.db?journal=off", "unknown sqlite option 'journal'"),
+        # refused before any connection is tried: no server needed
+        ("postgresql://u@127.0.0.1:1/db?pool_size=0", "pool_size must be a whole number"),
+        ("postgresql://u@127.0.0.1:1/db?pool_size=501", "from 1 to 500, not '501'"),
+        ("postgresql://u@127.0.0.1:1/db?a=b&pool_size=2.5", "not '2.5'"),
+        ("postgres://u@127.0.0.1:1/db?pool_size=", "not ''"),
     ],
 )
 async def test_bad_urls(url, message):
     with pytest.raises(ValueError, match=message):
         async with open_store(url):
             pass
+
+
+def test_a_postgres_store_prints_without_its_password():
+    """A store's repr (in a traceback, a log line, a debugger) names its database but never
+    its password, given in the URL's user part or as ``?password=``."""
+    from turnstile.runtime.store.postgres import PostgresBackend
+
+    for url in (
+        "postgresql://ann:s3cret-pw@db.example:5432/app?search_path=x",
+        "postgresql://ann@db.example/app?password=s3cret-pw&search_path=x",
+    ):
+        shown = repr(PostgresBackend(url))
+        assert "s3cret-pw" not in shown
+        assert "db.example" in shown and "search_path=x" in shown and "***" in shown

@@ -12,7 +12,7 @@ import trio.testing
 import trio_asyncio
 
 from tests.runtime.store._support import T0, pg_run
-from turnstile.runtime.errors import StoreError
+from turnstile.runtime.errors import StoreError, StoreUnavailable
 from turnstile.runtime.store import SCHEMA_VERSION, open_store, ops
 from turnstile.runtime.store.kernel import KERNEL
 from turnstile.runtime.store.postgres import open_postgres_backend
@@ -128,6 +128,40 @@ async def test_concurrent_start_ups_migrate_once(pg_store):
     assert counts == [SCHEMA_VERSION] * 4
     rows = await pg_run(pg_store, "SELECT count(*) FROM schema_migrations")
     assert rows[0][0] == SCHEMA_VERSION
+
+
+async def test_pool_size_in_the_url_bounds_the_connections(pg_store, caplog):
+    """``?pool_size=N`` (docs/operations.md): the store opens at most N connections, the option
+    does not reach the server as a setting, and an operation that finds all N busy past its
+    bound is ``StoreUnavailable`` with a log line that names the pool, not the database."""
+    name = f"p-{secrets.token_hex(4)}"
+    started, release = threading.Semaphore(0), threading.Event()
+
+    async def hold(conn):  # asyncio side: keep the connection until the test lets go
+        started.release()
+        while not release.is_set():
+            await conn.execute("SELECT pg_sleep(0.01)")
+
+    async with open_store(f"{pg_store}&pool_size=2", name=name) as store:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(store.engine.run, _on_postgres(hold))
+            for _ in range(2):
+                await trio.to_thread.run_sync(started.acquire)
+            rows = await pg_run(
+                pg_store,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                f"turnstile {name}",
+            )
+            assert rows[0][0] == 2
+            store.engine.operation_timeout = 0.5  # (the holds keep the default bound)
+            with pytest.raises(StoreUnavailable):
+                await store.create_session("s1", "ada")
+            release.set()
+        assert "all 2 are in use" in caplog.text
+        assert "?pool_size=" in caplog.text
+        store.engine.operation_timeout = None
+        await store.create_session("s1", "ada")  # free again
 
 
 async def test_unreachable_server():
