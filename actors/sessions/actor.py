@@ -465,6 +465,7 @@ class SessionActor(TurnRunner, Actor):
         runs as a turn of its own) and names the turn it went into; a key already taken answers
         what it was taken by, and nothing is folded in.
         """
+        kept: int | None = None
         if key is not None:
             enqueued = await self.services.store.enqueue_keyed(
                 self.session_id,
@@ -476,15 +477,32 @@ class SessionActor(TurnRunner, Actor):
             )
             if not enqueued.created:
                 return _replayed(enqueued.item)
+            kept = enqueued.item.id
             if self.turn is not turn:  # the turn closed while the key was stored
-                return await self._own_turn(source, content, payload)
+                return await self._unfold(kept, source)
         await self._emit(InjectedMessage.of(source, content, turn.item.id, payload))
         if self.turn is not turn:  # it closed meanwhile, and would never take it
+            if kept is not None:
+                return await self._unfold(kept, source)
             return await self._own_turn(source, content, payload)
         entry = HistoryEntry(role="user", content=content, source=source)
         turn.injections.append(entry)
         self._remember(entry)
         return Submitted(injected=True)
+
+    async def _unfold(self, input_id: int, source: str) -> Submitted:
+        """A folded input's row (kept ``done`` under its key, or moved there from another
+        node) whose turn closed before the agent took it: queued again, to run as a turn of its
+        own in the same row. Before, a second row was stored for that turn, so the session was
+        told twice of one background task (the crash harness, ``background`` with a refused
+        commit on PostgreSQL)."""
+        item = await self.services.store.unfold_input(input_id, fence=self.fence)
+        if item is not None:
+            self.queued += 1
+            ahead = self.queued - 1 + (1 if self.runner_active else 0)
+            await self._emit(TurnQueued(input_id=input_id, source=source, ahead=ahead))
+            self._ensure_runner()
+        return Submitted(input_id=input_id)
 
     async def _own_turn(self, source: str, content: str, payload: dict[str, Any]) -> Submitted:
         """An input meant for a turn that ended before it got there: a turn of its own, as the
@@ -528,7 +546,7 @@ class SessionActor(TurnRunner, Actor):
         payload = {k: v for k, v in tracing.without_trace(item.payload).items() if k != "content"}
         content = _raw_content(item)
         if self.turn is not turn:  # the turn closed while the row moved: a turn of its own
-            await self._enqueue(item.source, content, {**payload, "was_injected": True})
+            await self._unfold(input_id, item.source)
             return True
         await self._emit(InjectedMessage.of(item.source, content, into, payload))
         entry = HistoryEntry(role="user", content=content, source=item.source)

@@ -432,6 +432,30 @@ class ClaimMethods(StoreBase):
             fence=u.check_fence(fence),
         )
 
+    async def unfold_input(self, input_id: int, *, fence: int | None = None) -> InboxItem | None:
+        """Move an input folded into a turn (``done`` by ``fold_input`` or stored so by
+        ``enqueue_keyed(state="done")``) back to ``queued``, its detail cleared: the turn
+        closed before its agent could take it, so it runs as a turn of its own, in its own row
+        (under its own idempotency key), rather than as a second row that tells the session
+        the same thing (issue 23's crash harness, ``background`` with a refused commit).
+
+        Returns:
+            The item as stored after the change, or None when it was not ``done``.
+
+        Raises:
+            Fenced: ``fence`` was given and is no longer the session's lease epoch.
+        """
+        u.check_int(input_id, "input_id")
+        return await self.engine.run(
+            MOVE_INPUT,
+            input_id=input_id,
+            was="done",
+            state="queued",
+            detail=None,
+            now=self._now(),
+            fence=u.check_fence(fence),
+        )
+
     async def requeue_input(self, input_id: int, detail: dict[str, Any] | None = None) -> InboxItem:
         """Crash recovery that runs a cut-off turn again: move an ``interrupted`` input back
         to ``queued`` (the one way out of a final state). Its id keeps its place: it is the

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from tests.support.agents import GatedAgent
 from tests.support.polling import eventually
@@ -129,7 +130,64 @@ async def test_a_keyed_notice_whose_turn_ends_while_it_is_stored_runs_as_its_own
             e.payload["content"] for e in await store.read_events("s") if e.type == "stream_start"
         ]
         assert starts == ["wait:a", "the task ended"]
-        assert answers[0].input_id is not None
+        # one row tells the session: the keyed one, queued again, ran the turn
+        notices = [i for i in await store.list_inputs("s") if i.source != "user"]
+        assert [(i.id, i.state, i.idempotency_key) for i in notices] == [
+            (answers[0].input_id, "done", "background:bg-1")
+        ]
+
+
+async def test_a_keyed_notice_whose_turn_ends_while_its_message_is_stored_is_told_once(
+    autojump_clock,
+):
+    """Found by the crash harness (``background on postgres at fail:14``): the key was stored
+    (its row ``done``, folded into the running turn), then the notice's ``user_message`` met a
+    refused commit and was tried again, and the turn closed meanwhile. The notice then ran as
+    a turn of its own, in a second row: the session was told twice of one task. Now the keyed
+    row is queued again and runs that turn."""
+    agent = GatedAgent()
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        entered, release = trio.Event(), trio.Event()
+
+        async def append_events(real, session_id, events, **kwargs: Any) -> Any:
+            if any(t == "user_message" for t, _ in events) and not release.is_set():
+                entered.set()  # the notice's message is being stored (tried again)…
+                await release.wait()  # …until the test lets it
+            return await real(session_id, events, **kwargs)
+
+        holding = StoreWith(store, append_events=append_events)
+        async with session_actors(holding, agent) as registry:
+            ref = registry.ref("session:s")
+            await ref.ask(Submit(content="wait:a"))
+            answers: list[Any] = []
+
+            async def tell() -> None:
+                notice = Inject(content="the task ended", idempotency_key="background:bg-1")
+                answers.append(await ref.ask(notice))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tell)
+                await entered.wait()
+                agent.gate("wait:a").set()  # the agent ends its turn meanwhile…
+                # …and its closure waits behind the notice's message
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+
+            async def notice_ran() -> bool:
+                return "the task ended" in agent.running and all(
+                    i.state == "done" for i in await store.list_inputs("s")
+                )
+
+            await eventually(notice_ran)
+        notices = [i for i in await store.list_inputs("s") if i.source != "user"]
+        assert [(i.id, i.state, i.idempotency_key) for i in notices] == [
+            (answers[0].input_id, "done", "background:bg-1")
+        ]
+        starts = [
+            e.payload["content"] for e in await store.read_events("s") if e.type == "stream_start"
+        ]
+        assert starts == ["wait:a", "the task ended"]
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["not-stored", "stored"])
