@@ -348,8 +348,9 @@ class ScheduledTurn(InputTurn):
             log.info("heartbeat %s of session %s suppressed", turn.item.id, host.session_id)
             await host.emit(HeartbeatSuppressed(input_id=turn.item.id, chars=len(text)))
             return msgspec.structs.replace(outcome, detail=detail, suppressed=True)
-        for type_, payload in buffered:  # already as stored
-            await host.publish(type_, payload)
+        # already as stored; not one commit each: they go in with the closure, in one
+        for type_, payload in buffered:
+            await host.publish(type_, payload, durable=False)
         detail["response"] = text[:HEARTBEAT_RESPONSE_CHARS]  # what it found, for the run list
         if status == "failed":
             policy = settings.on_error

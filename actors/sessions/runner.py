@@ -586,8 +586,8 @@ class _TurnHost:
     ) -> None:
         await self._session._turn_emit_stored(self._turn, type_, payload, durable=durable)
 
-    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
-        await self._session.events.emit(type_, payload)
+    async def publish(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
+        await self._session.events.emit(type_, payload, durable=durable)
 
     async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:
         await self._session._enqueue(source, content, payload)

@@ -142,8 +142,10 @@ class TurnHost(Protocol):
         """:meth:`emit` for an event already as stored (the per-token deltas' fast path)."""
         ...
 
-    async def publish(self, type_: str, payload: dict[str, Any]) -> None:
-        """Append an event, as stored, straight to the session's log (past any buffer)."""
+    async def publish(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
+        """Append an event, as stored, straight to the session's log (past any buffer);
+        ``durable=False`` goes on without waiting for its commit (it is stored in order, with
+        the next write that waits: the turn's closure, for a heartbeat's forwarded events)."""
         ...
 
     async def enqueue(self, source: str, content: str, payload: dict[str, Any]) -> None:

@@ -183,6 +183,24 @@ class HeartbeatFire(_DueLater):
         return out
 
 
+class HeartbeatForwarded(HeartbeatFire):
+    """``set_heartbeat`` with ``suppress_threshold: 0``, made due: no answer is short enough
+    to be suppressed, so the turn's events, held back while it ran, are forwarded to the
+    session's log at its closure (``_settle_heartbeat``): a ``stream_start`` and one
+    ``stream_end``, as for any turn (the invariants check that); the job stays active."""
+
+    name = "heartbeat_forwarded"
+    points = 16  # (13 on SQLite, 16 on PostgreSQL)
+    arguments = {"enabled": True, "interval_minutes": 15, "suppress_threshold": 0}
+
+    def check(self, snap: Snapshot, record: Record) -> list[str]:
+        out = super().check(snap, record)
+        for beat in snap["inbox"]:
+            if beat["source"] == "heartbeat" and (beat["detail"] or {}).get("suppressed"):
+                out.append(f"heartbeat input {beat['id']} was suppressed (threshold 0)")
+        return out
+
+
 GITHUB_SECRET = "crash-harness-github-secret-0123"
 DELIVERY = "crash-delivery-1"
 
@@ -492,6 +510,7 @@ SCENARIOS: dict[str, type[Scenario]] = {
         OnceFire,
         RecallFire,
         HeartbeatFire,
+        HeartbeatForwarded,
         CheckFire,
         CronFire,
         WebhookDelivery,
