@@ -264,9 +264,9 @@ class SessionActor(TurnRunner, Actor):
                 self._ensure_runner()
                 return None
             case Delivered():
-                await self._emit(message.job_update)
-                for event in message.events:
-                    await self._emit(event)
+                defer = self._starts_at_once()  # (then they go in with the turn's first write)
+                for event in (message.job_update, *message.events):
+                    await self._emit(event, defer=defer)
                 await self._queued(message.input_id, message.source)
                 return None
             case Arrived():
@@ -518,11 +518,18 @@ class SessionActor(TurnRunner, Actor):
         nothing, so it may have claimed the input already: then its ``stream_start`` is out,
         and a ``turn_queued`` after it (with a count one too high) would be wrong."""
         if self._started(input_id):
-            return
+            return self.events.flush_deferred()
         self.queued += 1
         ahead = self.queued - 1 + (1 if self.turn is not None else 0)
-        await self._emit(TurnQueued(input_id=input_id, source=source, ahead=ahead))
+        queued = TurnQueued(input_id=input_id, source=source, ahead=ahead)
+        await self._emit(queued, defer=self._starts_at_once())
         self._ensure_runner()
+
+    def _starts_at_once(self) -> bool:
+        """Whether a runner started now claims at once (no turn or runner, nothing written):
+        then an input's announcement waits for its turn's first write (``defer``)."""
+        events = self.events
+        return not self.runner_active and self.turn is None and (events.idle or events.deferring)
 
     def _started(self, input_id: int) -> bool:
         """Whether the turn of ``input_id`` started here (turns start in id order)."""

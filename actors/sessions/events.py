@@ -94,6 +94,7 @@ class EventLog:
         "on_stored",
         "queued_at_close",
         "_unsure",
+        "_deferred",
     )
 
     def __init__(
@@ -132,13 +133,22 @@ class EventLog:
         #: with an outcome nobody knows (a commit cut mid-flight may have gone through): the
         #: next write asks the store first (``_settle``).
         self._unsure = 0
+        #: Whether events wait that were emitted with ``defer`` and no writer started for.
+        self._deferred = False
+
+    @property
+    def deferring(self) -> bool:
+        """Whether all that waits was emitted with ``defer`` and no write is under way."""
+        return self._deferred and self._storing is None and not self._flushing
 
     @property
     def idle(self) -> bool:
         """Whether no event waits to be stored and no write is under way."""
         return self._batch is None and self._storing is None and not self._flushing
 
-    async def emit(self, type_: str, payload: dict[str, Any], *, durable: bool = True) -> None:
+    async def emit(
+        self, type_: str, payload: dict[str, Any], *, durable: bool = True, defer: bool = False
+    ) -> None:
         """Append an event to the session's log; once stored, offer it to every subscriber.
 
         Events are stored in batches, in order, one batch at a time: while one is being
@@ -150,6 +160,12 @@ class EventLog:
         burst of them in one write. Only once ``MAX_UNSTORED_EVENTS`` wait does it wait too.
         An event is never offered before it is stored, so a client never sees a ``seq`` that
         a crash could take back.
+
+        ``defer`` (not durable) starts no write either: the event waits for the next write,
+        another emit's or :meth:`flush_deferred`'s. A session that is about to claim and start
+        a turn announces its input so: the ``turn_queued`` (and a fire's ``job_update``) go in
+        with the turn's first write rather than a commit of their own (issue 26: two round
+        trips of a fire's six).
         """
         batch = self._batch
         if batch is None:
@@ -157,9 +173,22 @@ class EventLog:
         batch.events.append((type_, payload))
         if durable or len(batch.events) >= MAX_UNSTORED_EVENTS:
             await self._until_stored(batch)
+        elif defer:
+            self._deferred = True
         elif not self._flushing:
             self._flushing = True
             self._nursery().start_soon(self._flush, name=f"events of session {self._session_id}")
+
+    def flush_deferred(self) -> None:
+        """Start writing events emitted with ``defer``, if any still wait: the turn they were
+        held for is not starting at once (nothing to claim, a wait for a slot or the store)."""
+        if self._deferred:
+            self._deferred = False
+            if self._batch is not None and not self._flushing:
+                self._flushing = True
+                self._nursery().start_soon(
+                    self._flush, name=f"events of session {self._session_id}"
+                )
 
     async def close(self, events: list[tuple[str, dict[str, Any]]], closure: Closure) -> InboxItem:
         """Append a turn's closing ``events`` (``stream_end``…; may be none) and close its
@@ -268,6 +297,7 @@ class EventLog:
         # waiting one
         assert batch is not None, "no batch waits to be stored"
         self._storing = batch
+        self._deferred = False  # (what was deferred is in this write)
         try:
             self._stored(await self._write(batch))
         except Fenced as exc:  # the session moved to another node: nothing was stored

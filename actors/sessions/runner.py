@@ -16,7 +16,7 @@ Every turn that starts ends with a visible closure: a ``stream_end`` whose ``sta
 detail, not the transcript), ``stopped`` or ``interrupted``; then its inbox row is settled.
 
 A turn's run is one sequence (claim, slot, decode, start, answer, settle, close) whose failure
-paths share its locals. A turn's span, when the node traces, is ``turn_tracing``'s.
+paths share its locals (hence the module's length). Its span is ``turn_tracing``'s.
 """
 
 from __future__ import annotations
@@ -58,8 +58,7 @@ __all__ = ["CLOSE_GRACE_SECONDS", "CLOSE_TIMEOUT_SECONDS", "UNREADABLE_INPUT", "
 
 log = logging.getLogger("turnstile.session")
 
-#: How long the turn runner waits before it asks an unavailable store for the next input again
-STORE_RETRY_SECONDS = 1.0
+STORE_RETRY_SECONDS = 1.0  # before the runner asks an unavailable store again
 
 #: How long closing a turn (its unstored events, final event, inbox state) may take when the
 #: session itself is being cancelled (node shutdown), and otherwise. The closure is shielded
@@ -112,13 +111,9 @@ class TurnRunner:
 
     @property
     def _loaded(self) -> Session:
-        """The session's row. There whenever a message or a turn is handled: ``receive``
-        answers those of a session that does not exist (or no longer does) on its own, and a
-        delete waits for the runner before it forgets the row.
-
-        Raises:
-            NotFound: the session does not exist (or no longer does).
-        """
+        """The session's row: there whenever a message or a turn is handled (``receive``
+        answers those of a session that is gone on its own; a delete waits for the runner).
+        Raises ``NotFound`` for a session that does not exist (or no longer does)."""
         session = self.session
         if session is None:
             raise NotFound(f"no session with id {public_id(self.session_id)!r}")
@@ -170,13 +165,16 @@ class TurnRunner:
                         if item is None:
                             uncertain = None
                             # (one that needs a slot waits queued for it: TurnSlots.claim)
-                            item = await self.slots.claim(self.fence)
+                            item = await self.slots.claim(
+                                self.fence, before_wait=self.events.flush_deferred
+                            )
                     except Fenced as exc:
                         self._lost_lease(exc)
                         return
                     except StoreUnavailable:
                         # the inputs wait in the inbox: look again once the store answers
                         # (the session stays up; a crash would fail whoever asks it meanwhile)
+                        self.events.flush_deferred()
                         uncertain = tried if uncertain is None else uncertain
                         self.wakeup_pending = True
                         await trio.sleep(STORE_RETRY_SECONDS)
@@ -211,6 +209,7 @@ class TurnRunner:
                     # the closing statement said none is queued (later ones are announced).
                     return
         finally:
+            self.events.flush_deferred()
             self.runner_active = False
             done.set()
 
@@ -541,10 +540,12 @@ class TurnRunner:
                 context.input, system_messages=(*context.input.system_messages, *messages)
             )
 
-    async def _emit(self, event: SessionEvent, *, durable: bool = True) -> None:
+    async def _emit(
+        self, event: SessionEvent, *, durable: bool = True, defer: bool = False
+    ) -> None:
         """Append an event to the session's log (see ``EventLog.emit``), as the store keeps
         it: ``(type, payload)``, made once here (``SessionEvent.stored``)."""
-        await self.events.emit(*event.stored(), durable=durable)
+        await self.events.emit(*event.stored(), durable=durable and not defer, defer=defer)
 
     def _remember(self, entry: HistoryEntry) -> None:
         self.history.append(entry)

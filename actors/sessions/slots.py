@@ -6,6 +6,8 @@ The node runs at most ``[limits] max_concurrent_scheduled_turns`` turns of sched
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from turnstile.actors.sessions.services import SessionServices
@@ -51,7 +53,9 @@ class TurnSlots:
         self._holding = True
         return True
 
-    async def claim(self, fence: int | None) -> InboxItem | None:
+    async def claim(
+        self, fence: int | None, before_wait: Callable[[], None] | None = None
+    ) -> InboxItem | None:
         """Claim the session's next input; one that needs a slot waits *queued* for one.
 
         Without a slot held, the claim leaves an oldest input of a scheduled kind queued and
@@ -62,6 +66,9 @@ class TurnSlots:
         trip a turn on a node whose slots were busy). A slot taken here is held on return
         when the claimed input needs one (the caller's :meth:`take` then answers at once) and
         given back otherwise.
+
+        ``before_wait`` is called before such a wait (the runner writes what it held back for
+        the turn: ``EventLog.flush_deferred``).
 
         Returns:
             the claimed input, or None (nothing queued, or the wait for a slot was ended by
@@ -80,6 +87,8 @@ class TurnSlots:
         if not isinstance(answer, str):
             return answer
         # its next input needs a slot and none is held: it waits queued for one
+        if before_wait is not None:
+            before_wait()
         if not await self.take():
             return None
         try:

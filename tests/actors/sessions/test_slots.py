@@ -16,7 +16,13 @@ import trio.testing
 from tests.support.agents import GatedAgent
 from tests.support.polling import eventually
 from tests.support.sessions import NoTools, StoreWith
-from turnstile.actors.sessions.actor import SessionActor, SessionLimits, SessionServices, Submit
+from turnstile.actors.sessions.actor import (
+    GetStatus,
+    SessionActor,
+    SessionLimits,
+    SessionServices,
+    Submit,
+)
 from turnstile.actors.sessions.inputs import UserMessage
 from turnstile.actors.sessions.kinds import PlainKind
 from turnstile.runtime.gateway.frames import encode_event
@@ -110,3 +116,87 @@ async def test_a_scheduled_input_waits_queued_for_a_slot_and_what_is_behind_it_t
                 return await states(store) == ["done", "done"]
 
             await eventually(all_done)
+
+
+def fired_update() -> Any:
+    from turnstile.actors.scheduling.events import JobUpdate
+
+    return JobUpdate(
+        job_id="j",
+        kind="cron",
+        event="fired",
+        state="active",
+        label="tick",
+        next_fire_at=None,
+        run_count=1,
+    )
+
+
+async def test_a_fire_into_an_idle_session_is_announced_in_its_turn_s_write(autojump_clock):
+    """Issue 26: a fire's ``job_update`` and ``turn_queued`` were a commit each before the
+    turn's own; into a session with nothing running they now wait for the turn's first write
+    (``EventLog.emit(defer=True)``): a fast turn stores all of it with its closure."""
+    from turnstile.actors.sessions.actor import Delivered
+
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        appends: list[list[str]] = []
+
+        async def append_events(real: Any, session_id: str, events: Any, **kw: Any) -> Any:
+            appends.append([t for t, _ in events])
+            return await real(session_id, events, **kw)
+
+        counted = StoreWith(store, append_events=append_events)
+        services = services_over(counted, trio.CapacityLimiter(3), GatedAgent())
+        async with sessions(services) as registry:
+            await registry.ref("session:s").ask(GetStatus())  # active, nothing queued
+            item = await store.enqueue_input("s", "tick", {"content": "now"})
+            await registry.ref("session:s").tell(
+                Delivered(input_id=item.id, source="tick", job_update=fired_update())
+            )
+
+            async def done() -> bool:
+                return await states(store) == ["done"]
+
+            await eventually(done)
+        assert appends == []  # one write, the closure's
+        types = [e.type for e in await store.read_events("s")]
+        assert types == [
+            "job_update",
+            "turn_queued",
+            "stream_start",
+            "stream_delta",
+            "stream_end",
+            "session_sync",
+        ]
+
+
+async def test_a_fire_that_waits_for_a_slot_is_announced_while_it_waits(autojump_clock):
+    """What was held back for a turn that cannot start at once (every slot busy) is written
+    before the wait, so a client sees the fire queued while it waits."""
+    from turnstile.actors.sessions.actor import Delivered
+
+    async with open_store("sqlite:///:memory:") as store:
+        await store.create_session("s", "ada")
+        slots = trio.CapacityLimiter(1)
+        elsewhere = object()
+        await slots.acquire_on_behalf_of(elsewhere)  # a scheduled turn elsewhere holds it
+        async with sessions(services_over(store, slots, GatedAgent())) as registry:
+            await registry.ref("session:s").ask(GetStatus())
+            item = await store.enqueue_input("s", "tick", {"content": "now"})
+            await registry.ref("session:s").tell(
+                Delivered(input_id=item.id, source="tick", job_update=fired_update())
+            )
+
+            async def announced() -> bool:
+                types = [e.type for e in await store.read_events("s")]
+                return types == ["job_update", "turn_queued"]
+
+            await eventually(announced)
+            assert await states(store) == ["queued"]
+            slots.release_on_behalf_of(elsewhere)
+
+            async def done() -> bool:
+                return await states(store) == ["done"]
+
+            await eventually(done)
