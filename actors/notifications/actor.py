@@ -151,6 +151,7 @@ class Notifier(SessionBufferMixin, ExternalChannelsMixin):
         self.user_resolver = user_resolver
         self.limiter = trio.CapacityLimiter(config.max_concurrency)
         self._locks = {}
+        self._retrying = set()
 
     # -- checks (also for scheduled jobs and watchers, at creation time) --
 

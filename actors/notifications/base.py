@@ -32,6 +32,12 @@ class NotifierBase:
     tell_session: Callable[[str, Any], Awaitable[Any]] | None
     webhook_post: WebhookPost | None
     _locks: dict[str, list[Any]]  # session or path -> [trio.Lock, users]
+    #: Starts a background task owned by the node (``NodeContext.start_soon``; set by the
+    #: feature), and how long an attach that found its session held by another node keeps
+    #: trying to deliver the buffer (``SessionBufferMixin``); None: it does not.
+    spawn: Callable[..., None] | None = None
+    elsewhere_seconds: float = 45.0
+    _retrying: set[str]  # sessions whose buffer such a task is delivering
 
     @asynccontextmanager
     async def _lock(self, key: str) -> AsyncIterator[None]:

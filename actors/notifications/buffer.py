@@ -65,6 +65,8 @@ CLEANUP_GRACE_SECONDS = 5.0
 FLUSH_TRIES = 3
 #: the buffer's meta key naming the notifications a flush is publishing (``_flush``)
 _PUBLISHING = "publishing"
+#: how often an attach whose session another node held asks again (``_deliver_once_held``)
+ELSEWHERE_RETRY_SECONDS = 1.0
 
 
 def notification_text(
@@ -297,7 +299,8 @@ class SessionBufferMixin(NotifierBase):
                 try:
                     return await self._flush(session_id)
                 except PlacedElsewhere:  # (a client of a node that does not hold the session)
-                    return 0  # nothing was published: the buffer waits for the holder's attach
+                    self._once_held(session_id)
+                    return 0  # nothing was published yet
                 except StoreError as exc:
                     # A refused write (issue 23's crash harness, ``--fault fail``) failed the
                     # attach and left the buffer for the next one. Each step is safe to run
@@ -311,6 +314,41 @@ class SessionBufferMixin(NotifierBase):
                     )
                     await trio.sleep(0.5 * attempt)
             raise AssertionError("unreachable")
+
+    def _once_held(self, session_id: str) -> None:
+        """Deliver the buffer in the background once the session is held here or by nobody
+        (``_deliver_once_held``), when the feature gave a way to (``spawn``)."""
+        if self.spawn is not None and session_id not in self._retrying:
+            self._retrying.add(session_id)
+            self.spawn(self._deliver_once_held, session_id, name=f"buffer of {session_id}")
+
+    async def _deliver_once_held(self, session_id: str) -> None:
+        """An attach found the session held by another node: ask again every
+        ``ELSEWHERE_RETRY_SECONDS``, for ``elsewhere_seconds``, and deliver the buffer once
+        the session answers here. The holder may be dying: once its lease expired the session
+        activates here and the clients attached here get what was buffered, rather than
+        waiting for their next attach (issue 23's survivor runs, ``notification``: the client
+        attached to the survivor before the dead node's lease expired, and never got it). A
+        holder that lives on keeps the buffer for its own clients' attach, as before."""
+        try:
+            deadline = trio.current_time() + self.elsewhere_seconds
+            while trio.current_time() < deadline:
+                await trio.sleep(ELSEWHERE_RETRY_SECONDS)
+                if not (await self._buffered(session_id)):
+                    return  # delivered by another attach meanwhile, or expired
+                try:
+                    await self.ask_session(session_id, GetStatus())  # held here now?
+                    async with self._lock(session_id):
+                        await self._flush(session_id)
+                    return
+                except PlacedElsewhere:
+                    continue
+                except NotFound:
+                    return
+                except StoreError as exc:
+                    log.warning("delivering session %s's buffer: %s", session_id, exc)
+        finally:
+            self._retrying.discard(session_id)
 
     async def buffered(self, session_id: str) -> tuple[list[Notification], int]:
         """What waits for a client to attach, without delivering or forgetting any of it.

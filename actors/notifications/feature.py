@@ -48,6 +48,10 @@ class NotificationsFeature:
         node.notify = notifier.notify
         node.check_channel = notifier.check_channel
         node.hooks.on_attach.append(notifier.deliver_buffered)
+        # an attach through a node that does not hold the session: delivered once it does,
+        # within a few leases (the holder may have died: its lease then expires)
+        notifier.spawn = node.start_soon
+        notifier.elsewhere_seconds = 3 * node.config.node.lease_seconds
         node.hooks.on_session_end.append(notifier.discard_buffered)
 
     async def open(self, node: NodeContext) -> None:

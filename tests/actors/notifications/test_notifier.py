@@ -37,7 +37,13 @@ from turnstile.actors.notifications.actor import (
 )
 from turnstile.actors.sessions.actor import Attach, Detach, Submit
 from turnstile.actors.sessions.ids import session_key
-from turnstile.runtime.errors import InvalidArgument, LimitExceeded, NotFound, StoreError
+from turnstile.runtime.errors import (
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PlacedElsewhere,
+    StoreError,
+)
 from turnstile.tools.netguard import NetPolicy
 
 HOUR = 3600
@@ -973,3 +979,42 @@ user_resolver = "users"
     assert record.getMessage().startswith("[normal] hello (session ")
     (mail,) = smtp.mails
     assert [r.upper() for r in mail["to"]] == ["RCPT TO:<ADA@EXAMPLE.NET>"]
+
+
+async def test_an_attach_through_a_node_that_does_not_hold_the_session_is_served_once_held(
+    autojump_clock,
+):
+    """Found by issue 23's survivor runs (``notification``): a client attached through the
+    surviving node while the dead node's lease had not expired yet; the attach's delivery was
+    refused (``PlacedElsewhere``) and the buffer waited for an attach on the holder, which
+    never came. Now the node asks again every second, for a few leases, and delivers the
+    buffer as soon as the session answers there (the holder's lease expired)."""
+    async with node() as n:
+        await n.store.create_session("t", "ada")
+        notifier = make_notifier(n)
+        await notifier.notify("t", "ada", "llm_notification", "ding")
+        await trio.testing.wait_all_tasks_blocked()
+        held_elsewhere = [True]
+        real_ask = notifier.ask_session
+
+        async def ask(session_id, message):
+            if held_elsewhere[0]:
+                raise PlacedElsewhere("another node holds it")
+            return await real_ask(session_id, message)
+
+        notifier.ask_session = ask
+        client = Recorder()
+        await n.registry.ref("session:t").ask(Attach(subscriber=client))
+        async with trio.open_nursery() as nursery:
+            notifier.spawn = nursery.start_soon
+            notifier.elsewhere_seconds = 30.0
+            assert await notifier.deliver_buffered("t") == 0  # refused: held elsewhere
+            assert await notifier.deliver_buffered("t") == 0
+            await trio.sleep(5)  # (mock time) still held elsewhere: nothing yet
+            assert events(client, "notification") == []
+            assert notifier._retrying == {"t"}  # one task, however many attaches
+            held_elsewhere[0] = False  # the holder's lease expired
+            await trio.sleep(2)
+            assert [e["message"] for e in events(client, "notification")] == ["ding"]
+        assert notifier._retrying == set()
+        assert await n.store.kv_list("notify:t") == []
