@@ -33,7 +33,8 @@ PostgreSQL's ``LISTEN/NOTIFY`` (one channel, :data:`CHANNEL`):
   it from the store when a message arrives mid-turn, so a lost announcement changes nothing.
 * **Delete.** ``x <key>``: the holder deletes the session (with its derived sessions and jobs;
   the confirmation was checked where it was asked), and the asking node waits until the row
-  is gone; if it is not within :data:`DELETE_WAIT_SECONDS`, the client is told to try again.
+  is gone, or until the session is its own (the holder died and its lease expired: it deletes
+  it then); if neither within :data:`DELETE_WAIT_SECONDS`, the client is told to try again.
 * **Gone.** ``g <key>``: whichever node deleted a session (the holder, or the node asked when
   nobody held it) says so to all, once the row is gone. Every node forgets it in its cache of
   which sessions exist (``on_gone``: ``owners.OwnerCache``), and a node that follows it for
@@ -351,21 +352,29 @@ class RemoteSessions:
         await self._notify(f"p {key}")
         return policy
 
-    async def delete(self, key: str) -> None:
+    async def delete(
+        self, key: str, taken_here: Callable[[], Awaitable[bool]] | None = None
+    ) -> bool:
         """Ask the node that holds ``key`` to delete it (``x <key>``) and wait until it is gone
-        from the store.
+        from the store, asking ``taken_here`` twice a second whether the session is this
+        node's now (the holder died and its lease expired: nobody else will delete it).
+
+        Returns:
+            False once the holder deleted it; True when it came here: the caller deletes it.
 
         Raises:
-            Busy: it was not gone within :data:`DELETE_WAIT_SECONDS` (the holder did not hear,
-                or is slow): nothing is lost, the client tries again.
+            Busy: neither within :data:`DELETE_WAIT_SECONDS` (the holder did not hear, or is
+                slow): nothing is lost, the client tries again.
         """
         await self._notify(f"x {key}")
         with trio.move_on_after(DELETE_WAIT_SECONDS):
-            while True:
+            for tick in range(1, 10**9):
                 try:
                     await self.store.get_session(key)
                 except NotFound:
-                    return
+                    return False
+                if taken_here is not None and tick % 10 == 0 and await taken_here():
+                    return True
                 await trio.sleep(0.05)
         raise Busy(f"the node holding session {key!r} did not delete it in time; try again")
 
