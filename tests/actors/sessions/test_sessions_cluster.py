@@ -104,6 +104,24 @@ async def test_a_session_deleted_through_another_node_is_gone_there_and_its_name
             assert (await http.get("/sessions/s/jobs")).json() == {"jobs": []}
 
 
+async def test_a_delete_through_another_node_deletes_once_the_dead_holder_s_lease_expired(
+    store_url,
+):
+    """Found by the crash harness's survivor runs (``delete``): the session's holder died, and
+    a client asked another node to delete the session before the dead node's lease expired.
+    That node announced the delete, which nobody carried out, and answered ``409 busy`` after
+    10 s. Now it takes the session once the lease expired and deletes it itself."""
+    async with two_nodes(store_url) as nodes:
+        store = nodes.b.store
+        ghost, _ = await store.register_node("ghost", lease_seconds=2)  # it never beats again
+        assert (await store.acquire_session("ada/s", ghost.ref)).acquired
+        with trio.fail_after(HEARD_SECONDS):
+            response = await nodes.on_b.delete("/sessions/s")
+        assert response.status_code == 204, response.text
+        with pytest.raises(NotFound):
+            await store.get_session("ada/s")
+
+
 async def test_a_lost_announcement_lets_nothing_create_rows_under_the_deleted_session(
     store_url,
 ):
