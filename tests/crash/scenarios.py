@@ -31,7 +31,7 @@ def _call(tool: str, arguments: dict) -> str:
 
 class MessageWithToolCall(Scenario):
     name = "message_tool"
-    points = 19
+    points = 21
 
     async def drive(self, client: Client) -> None:
         await client.create_session("s")
@@ -93,14 +93,14 @@ class _Fires(Scenario):
 
 class OnceFire(_Fires):
     name = "once"
-    points = 24
+    points = 21
     tool = "schedule_once"
     arguments = {"when": "in 1s", "prompt": "fired", "action_type": "llm_prompt"}
 
 
 class RecallFire(_Fires):
     name = "recall"
-    points = 25
+    points = 22
     tool = "schedule_recall"
     arguments = {"call_type": "once", "when": "in 1s", "additional_context_message": "look again"}
 
@@ -124,7 +124,7 @@ class _DueLater(_Fires):
 
 class CheckFire(_DueLater):
     name = "check"
-    points = 14
+    points = 16
     tool = "schedule_check"
     arguments = {"delay_minutes": 1, "instructions": "is the build green?"}
 
@@ -134,7 +134,7 @@ class CronFire(_DueLater):
     second or so crossed a minute boundary, and the crash run then had no job (1 run of 60)."""
 
     name = "cron"
-    points = 14
+    points = 16
     tool = "schedule_cron"
     arguments = {
         "cron": "0 0 1 1 *",
@@ -151,7 +151,7 @@ class HeartbeatFire(_DueLater):
     it. The job stays active (it recurs every 15 minutes): over once it ran and settled."""
 
     name = "heartbeat"
-    points = 15
+    points = 17
     tool = "set_heartbeat"
     arguments = {"enabled": True, "interval_minutes": 15}
 
@@ -190,7 +190,7 @@ class HeartbeatForwarded(HeartbeatFire):
     ``stream_end``, as for any turn (the invariants check that); the job stays active."""
 
     name = "heartbeat_forwarded"
-    points = 16  # (13 on SQLite, 16 on PostgreSQL)
+    points = 16  # (11-13 on SQLite, 14-16 on PostgreSQL)
     arguments = {"enabled": True, "interval_minutes": 15, "suppress_threshold": 0}
 
     def check(self, snap: Snapshot, record: Record) -> list[str]:
@@ -211,7 +211,7 @@ class WebhookDelivery(Scenario):
     answered 200 ``duplicate`` and runs no second turn."""
 
     name = "webhook"
-    points = 19
+    points = 20
     #: the sweep redelivers what a crash left half-delivered every second (a target the dead
     #: node claimed waits for its claim to run out first: ``CLAIM_SECONDS``, 30 s)
     config = (
@@ -367,7 +367,7 @@ class MemorySave(Scenario):
     """A turn saves a fact (``memory.save``): one fact, kept once its turn completed."""
 
     name = "memory"
-    points = 17
+    points = 18
     FACT = {"category": "preferences", "key": "drink", "value": "tea"}
 
     async def drive(self, client: Client) -> None:
@@ -399,7 +399,7 @@ class BufferedNotification(Scenario):
     gets it, once."""
 
     name = "notification"
-    points = 22
+    points = 24
 
     async def drive(self, client: Client) -> None:
         from trio_websocket import open_websocket_url
@@ -480,7 +480,7 @@ class DeleteWithAutomations(Scenario):
     user made): nothing of it remains. A client that sent the delete re-sends only that."""
 
     name = "delete"
-    points = 45
+    points = 43
 
     def __init__(self) -> None:
         self.deleting = False
