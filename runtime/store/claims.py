@@ -421,16 +421,7 @@ class ClaimMethods(StoreBase):
         Raises:
             Fenced: ``fence`` was given and is no longer the session's lease epoch.
         """
-        u.check_int(input_id, "input_id")
-        return await self.engine.run(
-            MOVE_INPUT,
-            input_id=input_id,
-            was="queued",
-            state="done",
-            detail=u.encode_optional_json(detail),
-            now=self._now(),
-            fence=u.check_fence(fence),
-        )
+        return await self._move(input_id, "queued", "done", detail, fence)
 
     async def unfold_input(self, input_id: int, *, fence: int | None = None) -> InboxItem | None:
         """Move an input folded into a turn (``done`` by ``fold_input`` or stored so by
@@ -445,13 +436,19 @@ class ClaimMethods(StoreBase):
         Raises:
             Fenced: ``fence`` was given and is no longer the session's lease epoch.
         """
+        return await self._move(input_id, "done", "queued", None, fence)
+
+    async def _move(
+        self, input_id: int, was: str, state: str, detail: dict[str, Any] | None, fence: int | None
+    ) -> InboxItem | None:
+        """``MOVE_INPUT`` of ``input_id`` from ``was`` to ``state`` (None unless it was)."""
         u.check_int(input_id, "input_id")
         return await self.engine.run(
             MOVE_INPUT,
             input_id=input_id,
-            was="done",
-            state="queued",
-            detail=None,
+            was=was,
+            state=state,
+            detail=u.encode_optional_json(detail),
             now=self._now(),
             fence=u.check_fence(fence),
         )
