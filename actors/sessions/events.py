@@ -176,8 +176,7 @@ class EventLog:
         elif defer:
             self._deferred = True
         elif not self._flushing:
-            self._flushing = True
-            self._nursery().start_soon(self._flush, name=f"events of session {self._session_id}")
+            self._start_flush()
 
     def flush_deferred(self) -> None:
         """Start writing events emitted with ``defer``, if any still wait: the turn they were
@@ -185,10 +184,11 @@ class EventLog:
         if self._deferred:
             self._deferred = False
             if self._batch is not None and not self._flushing:
-                self._flushing = True
-                self._nursery().start_soon(
-                    self._flush, name=f"events of session {self._session_id}"
-                )
+                self._start_flush()
+
+    def _start_flush(self) -> None:
+        self._flushing = True
+        self._nursery().start_soon(self._flush, name=f"events of session {self._session_id}")
 
     async def close(self, events: list[tuple[str, dict[str, Any]]], closure: Closure) -> InboxItem:
         """Append a turn's closing ``events`` (``stream_end``…; may be none) and close its
