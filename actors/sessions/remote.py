@@ -54,6 +54,7 @@ poked by ``_handle``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
@@ -368,7 +369,7 @@ class RemoteSessions:
         """
         await self._notify(f"x {key}")
         with trio.move_on_after(DELETE_WAIT_SECONDS):
-            for tick in range(1, 10**9):
+            for tick in itertools.count(1):
                 try:
                     await self.store.get_session(key)
                 except NotFound:
